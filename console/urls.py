@@ -1,0 +1,21 @@
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from jobs import api, views
+
+urlpatterns = [
+    path("", views.job_list, name="job_list"),
+    path("jobs/new/", views.new_job, name="new_job"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("admin/", admin.site.urls),
+    path("healthz", views.healthz, name="healthz"),
+    path("api/v1/catalog", api.catalog, name="api_catalog"),
+    path("api/v1/jobs", api.jobs, name="api_jobs"),
+    path("api/v1/jobs/<int:job_id>", api.job_detail, name="api_job"),
+    path("api/v1/jobs/<int:job_id>/cancel", api.job_cancel, name="api_job_cancel"),
+    path("api/v1/jobs/<int:job_id>/logs", api.job_logs, name="api_job_logs"),
+]

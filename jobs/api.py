@@ -1,0 +1,227 @@
+"""HTTP API v1: JSON over session or token auth. Thin views over the services layer."""
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.views.decorators.csrf import csrf_exempt
+
+from jobs import logstream
+from jobs.access import get_job_for, visible_jobs
+from jobs.models import FrameworkImage, Job, Package
+from jobs.services import lifecycle, quota
+from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.tokens import user_for_token
+from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+MAX_LOG_PAGE = 10_000
+DEFAULT_LOG_PAGE = 1_000
+
+View = Callable[..., HttpResponse]
+
+
+def error(status: int, field: str, message: str, **extra: Any) -> JsonResponse:
+    return JsonResponse({"errors": {field: [message]}, **extra}, status=status)
+
+
+def _csrf_failure(request: HttpRequest) -> HttpResponse | None:
+    check = CsrfViewMiddleware(lambda r: HttpResponse())
+    check.process_request(request)
+    return check.process_view(request, lambda r: HttpResponse(), (), {})
+
+
+def api_endpoint(*methods: str) -> Callable[[View], View]:
+    """Method check, then token or session auth (session writes need the CSRF token)."""
+
+    def decorator(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return error(405, "method", f"Use {' or '.join(methods)}.")
+            header = request.headers.get("Authorization", "")
+            if header.startswith("Token "):
+                user = user_for_token(header[6:].strip())
+                if user is None:
+                    return error(401, "auth", "Invalid or revoked token.")
+                request.user = user
+            elif not request.user.is_authenticated:
+                return error(401, "auth", "Log in or send Authorization: Token KEY.")
+            elif request.method not in SAFE_METHODS and _csrf_failure(request) is not None:
+                return error(403, "auth", "CSRF check failed; send the X-CSRFToken header.")
+            try:
+                return view(request, *args, **kwargs)
+            except Http404:
+                return error(404, "job", "No such job.")
+
+        return wrapper
+
+    return decorator
+
+
+def _json_body(request: HttpRequest) -> Any:
+    try:
+        return json.loads(request.body or b"null")
+    except RequestDataTooBig:
+        raise
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
+
+
+def job_as_dict(job: Job) -> dict[str, Any]:
+    roles = {
+        r.role: {"package": r.package.name, "instances": r.instances}
+        for r in job.roles.select_related("package")
+    }
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "owner": job.owner.get_username(),
+        "image": job.image.name,
+        "program": {
+            "script": job.script,
+            "args": job.args,
+        },
+        "roles": roles,
+        "totals": {
+            "cpu": job.cpu_total,
+            "gpus": job.gpus_total,
+            "memory_gb": job.memory_gb_total,
+            "price_per_hour": str(job.price_per_hour),
+        },
+        "created": job.created.isoformat(),
+        "log_complete": job.log_complete,
+        **lifecycle.job_state_payload(job),
+    }
+
+
+def quota_summary(user: AbstractBaseUser) -> dict[str, Any] | None:
+    try:
+        limit = quota.effective_quota(user)
+    except quota.NoQuota:
+        return None
+    used = quota.usage(user)
+    return {
+        "limit": {
+            "cpu": limit.cpu,
+            "gpus": limit.gpus,
+            "memory_gb": limit.memory_gb,
+            "jobs": limit.running_jobs,
+        },
+        "used": {"cpu": used.cpu, "gpus": used.gpus, "memory_gb": used.memory_gb,
+                 "jobs": used.jobs},
+        "left": quota.remaining(limit, used),
+    }
+
+
+def catalog_for(user: AbstractBaseUser) -> dict[str, Any]:
+    return {
+        "images": [
+            {
+                "name": i.name,
+                "framework": i.framework,
+                "description": i.description,
+                "roles": list(i.roles),
+            }
+            for i in FrameworkImage.objects.filter(enabled=True)
+        ],
+        "packages": [
+            {
+                "name": p.name,
+                "cpu": p.cpu,
+                "gpus": p.gpus,
+                "gpu_model": p.gpu_model,
+                "memory_gb": p.memory_gb,
+                "price_per_hour": str(p.price_per_hour),
+                "roles": p.roles,
+                "summary": p.summary,
+            }
+            for p in Package.objects.filter(enabled=True)
+        ],
+        "examples": [
+            {"name": name, "description": BUILTIN_DESCRIPTIONS.get(name, "")}
+            for name in BUILTIN_EXAMPLES
+        ],
+        "code_root": str(settings.TRAINYARD_CODE_ROOT),
+        "max_instances": settings.TRAINYARD_MAX_INSTANCES,
+        "quota": quota_summary(user),
+    }
+
+
+@api_endpoint("GET")
+def catalog(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(catalog_for(request.user))  # type: ignore[arg-type]
+
+
+@api_endpoint("GET", "POST")
+def jobs(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return JsonResponse({"jobs": [job_as_dict(j) for j in visible_jobs(request.user)[:200]]})
+    try:
+        job_request = check_job_request(_json_body(request))
+        job = submit_job(request.user, job_request)  # type: ignore[arg-type]
+    except RequestDataTooBig:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return error(413, "request", f"The request body is over {limit} bytes.")
+    except ValidationFailed as exc:
+        return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
+    job.refresh_from_db()
+    return JsonResponse(job_as_dict(job), status=201)
+
+
+@api_endpoint("GET")
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    return JsonResponse(job_as_dict(get_job_for(request.user, job_id)))
+
+
+@api_endpoint("POST")
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    try:
+        job = lifecycle.cancel(job.pk, request.user)  # type: ignore[arg-type]
+    except lifecycle.InvalidTransition as exc:
+        return error(409, "state", str(exc))
+    return JsonResponse(job_as_dict(job))
+
+
+def _int_param(request: HttpRequest, name: str, default: int | None) -> int | None:
+    raw = request.GET.get(name)
+    if raw is None or raw == "":
+        return default
+    value = int(raw)  # ValueError is turned into a 400 by the caller
+    if value < 0:
+        raise ValueError
+    return value
+
+
+@api_endpoint("GET")
+def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    values: dict[str, int | None] = {}
+    for name, default in (("after", 0), ("index", None), ("limit", DEFAULT_LOG_PAGE)):
+        try:
+            values[name] = _int_param(request, name, default)
+        except ValueError:
+            return error(400, name, f"{name} must be a non-negative whole number.")
+    limit = min(values["limit"] or DEFAULT_LOG_PAGE, MAX_LOG_PAGE)
+    page = logstream.read_page(
+        job.pk,
+        after=values["after"] or 0,
+        limit=limit,
+        role=request.GET.get("role") or None,
+        index=values["index"],
+    )
+    return JsonResponse(
+        {
+            "lines": [line.as_dict() for line in page.lines],
+            "next": page.next,
+            "complete": page.ended,
+        }
+    )

@@ -1,0 +1,46 @@
+"""Load the starter catalog (images, packages, default quota). Safe to run again: existing
+rows keep whatever an admin changed."""
+
+from decimal import Decimal
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from jobs.models import Framework, FrameworkImage, Package, Quota
+
+IMAGES = [
+    {
+        "name": "pytorch:2.13-cpu",
+        "framework": Framework.PYTORCH,
+        "description": "PyTorch 2.13 DDP: gloo on CPU, NCCL where the package has GPUs.",
+    },
+]
+
+# Seed 004's example packages, plus small CPU ones that fit a laptop.
+PACKAGES = [
+    {"name": "cpu-1", "cpu": 1, "memory_gb": 2, "price_per_hour": Decimal("0.05")},
+    {"name": "cpu-2", "cpu": 2, "memory_gb": 4, "price_per_hour": Decimal("0.10")},
+    {"name": "server-2c12g", "cpu": 2, "memory_gb": 12, "price_per_hour": Decimal("0.20")},
+    {
+        "name": "worker-p100x2",
+        "cpu": 12,
+        "gpus": 2,
+        "gpu_model": "P100",
+        "memory_gb": 120,
+        "price_per_hour": Decimal("3.00"),
+    },
+]
+
+DEFAULT_QUOTA = {"cpu": 32, "gpus": 4, "memory_gb": 256, "running_jobs": 4}
+
+
+class Command(BaseCommand):
+    help = "Create the starter framework images, packages and default quota if missing."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        for image in IMAGES:
+            FrameworkImage.objects.get_or_create(name=image["name"], defaults=image)
+        for package in PACKAGES:
+            Package.objects.get_or_create(name=package["name"], defaults=package)
+        Quota.objects.get_or_create(is_default=True, defaults=DEFAULT_QUOTA)
+        self.stdout.write("starter catalog loaded")

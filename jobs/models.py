@@ -1,0 +1,238 @@
+"""Catalog (images, packages), nodes, quotas, jobs and their replicas.
+
+Job and replica state are written only by `jobs.services.lifecycle`; everything else reads.
+"""
+
+import hashlib
+import secrets
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+
+class Framework(models.TextChoices):
+    PYTORCH = "pytorch", "PyTorch DDP"
+
+
+# The roles of each framework, in launch order, and how many instances each may have.
+FRAMEWORK_ROLES: dict[str, tuple[str, ...]] = {Framework.PYTORCH: ("master", "worker")}
+
+
+class FrameworkImage(models.Model):
+    """A named runtime for trainers: its framework decides the roles and how they launch."""
+
+    name = models.CharField(max_length=100, unique=True)
+    framework = models.CharField(max_length=20, choices=Framework.choices)
+    description = models.CharField(max_length=300, blank=True)
+    container_image = models.CharField(
+        max_length=300, blank=True, help_text="Optional image reference for container clusters."
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        return FRAMEWORK_ROLES[self.framework]
+
+
+class Package(models.Model):
+    """A resource bundle (套餐) one instance runs with, and what it costs per hour."""
+
+    name = models.CharField(max_length=100, unique=True)
+    cpu = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_model = models.CharField(max_length=50, blank=True)
+    memory_gb = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal(0))
+    roles = models.JSONField(
+        default=list, blank=True, help_text='Roles that may use it, e.g. ["worker"]; empty: any.'
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["cpu", "gpus", "memory_gb", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def allows_role(self, role: str) -> bool:
+        return not self.roles or role in self.roles
+
+    @property
+    def summary(self) -> str:
+        gpu = f"{self.gpu_model or 'GPU'} ×{self.gpus}, " if self.gpus else ""
+        return f"{gpu}{self.cpu} cores, {self.memory_gb} GB"
+
+
+class Quota(models.Model):
+    """The most a user may hold at once. The row marked default applies to users without one."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
+    )
+    is_default = models.BooleanField(default=False)
+    cpu = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField()
+    memory_gb = models.PositiveIntegerField()
+    running_jobs = models.PositiveIntegerField(help_text="Jobs queued or running at once.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"], condition=Q(is_default=True), name="one_default_quota"
+            ),
+            models.CheckConstraint(
+                condition=Q(is_default=True, user__isnull=True)
+                | Q(is_default=False, user__isnull=False),
+                name="quota_is_default_xor_user",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return "default quota" if self.is_default else f"quota of {self.user}"
+
+
+class Node(models.Model):
+    """A machine with a node agent. Capacity is what its agent advertises."""
+
+    class State(models.TextChoices):
+        READY = "ready"
+        DRAINING = "draining"
+
+    name = models.CharField(max_length=100, unique=True)
+    address = models.CharField(max_length=255)
+    cpu = models.PositiveIntegerField()
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_model = models.CharField(max_length=50, blank=True)
+    memory_gb = models.PositiveIntegerField()
+    state = models.CharField(max_length=20, choices=State.choices, default=State.READY)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    registered = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(models.Model):
+    class State(models.TextChoices):
+        PENDING = "pending"
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE_STATES = (State.PENDING, State.QUEUED, State.RUNNING)
+    TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    name = models.CharField(max_length=200)
+    image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
+    program = models.JSONField(help_text='{"example": NAME} or {"path": RELATIVE_PATH}')
+    args = models.JSONField(default=list)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    # Totals by seed 004's formula, frozen at submission so later catalog edits can't change them.
+    cpu_total = models.PositiveIntegerField()
+    gpus_total = models.PositiveIntegerField()
+    memory_gb_total = models.PositiveIntegerField()
+    price_per_hour = models.DecimalField(max_digits=12, decimal_places=4)
+    reason = models.TextField(blank=True, help_text="Why the job waits, failed or was cancelled.")
+    log_complete = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["owner", "state"]), models.Index(fields=["state"])]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+    @property
+    def script(self) -> str:
+        """What the user picked: a built-in example's name or a path under the code root."""
+        return str(self.program.get("example") or self.program.get("path") or "")
+
+
+class JobRole(models.Model):
+    """What the user asked for one role: a package and an instance count."""
+
+    job = models.ForeignKey(Job, related_name="roles", on_delete=models.CASCADE)
+    role = models.CharField(max_length=20)
+    package = models.ForeignKey(Package, on_delete=models.PROTECT)
+    instances = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "role"], name="one_row_per_role")]
+
+
+class Replica(models.Model):
+    """One running copy of a role: what node it is on and how it ended."""
+
+    class State(models.TextChoices):
+        PENDING = "pending"  # not placed yet
+        ASSIGNED = "assigned"  # placed and sent to its node's agent
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        STOPPED = "stopped"  # stopped by the platform (cancel, or another replica failed)
+
+    HOLDING_STATES = (State.ASSIGNED, State.RUNNING)
+    FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.STOPPED)
+
+    job = models.ForeignKey(Job, related_name="replicas", on_delete=models.CASCADE)
+    role = models.CharField(max_length=20)
+    index = models.PositiveIntegerField()
+    package = models.ForeignKey(Package, on_delete=models.PROTECT)
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
+    exit_code = models.IntegerField(null=True, blank=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "role", "index"], name="one_replica_per_slot")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tag} of job {self.job_id}"
+
+    @property
+    def tag(self) -> str:
+        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+
+
+class ApiToken(models.Model):
+    """A key for `Authorization: Token KEY`. Only its SHA-256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    @staticmethod
+    def hash(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user: models.Model) -> str:
+        key = secrets.token_urlsafe(32)
+        cls.objects.create(user=user, digest=cls.hash(key))
+        return key

@@ -1,0 +1,24 @@
+"""Redis clients of the console process, created on first use from settings.REDIS_URL."""
+
+import functools
+
+import redis
+import redis.asyncio
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+
+def _url() -> str:
+    if not settings.REDIS_URL:
+        raise ImproperlyConfigured("REDIS_URL is not set; start the console with `make run`.")
+    return settings.REDIS_URL
+
+
+@functools.cache
+def get_redis() -> redis.Redis:
+    return redis.Redis.from_url(_url(), decode_responses=True)
+
+
+def get_async_redis() -> redis.asyncio.Redis:
+    """A client for the caller's event loop (async clients can't be shared across loops)."""
+    return redis.asyncio.Redis.from_url(_url(), decode_responses=True)

@@ -1,0 +1,80 @@
+"""Sending work to node agents through Celery: short messages on each node's own queue."""
+
+import logging
+
+from console.celery import app
+from jobs.models import Job, Replica
+from jobs.redis_client import get_redis
+from workers import contract
+from workers.spec import FRAMEWORK_PYTORCH, ReplicaSpec
+
+log = logging.getLogger(__name__)
+
+
+def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
+    """(node, spec) for every replica of a placed PyTorch job, in rank order.
+
+    The master is node rank 0 and hosts the rendezvous; an instance with several GPUs runs one
+    process per GPU, so ranks advance by each instance's local world size.
+    """
+    replicas = list(
+        job.replicas.select_related("node", "package").order_by("role", "index")
+    )
+    replicas.sort(key=lambda r: (r.role != "master", r.index))
+    master = replicas[0]
+    assert master.role == "master" and master.node is not None
+    local_sizes = [max(1, r.package.gpus) for r in replicas]
+    world_size = sum(local_sizes)
+    specs = []
+    rank = 0
+    for node_rank, (replica, local_size) in enumerate(zip(replicas, local_sizes, strict=True)):
+        assert replica.node is not None
+        spec = ReplicaSpec(
+            job_id=job.pk,
+            role=replica.role,
+            index=replica.index,
+            node=replica.node.name,
+            framework=FRAMEWORK_PYTORCH,
+            program=job.program,
+            args=list(job.args),
+            master_addr=master.node.address,
+            hosts_rendezvous=replica.role == "master",
+            world_size=world_size,
+            node_rank=node_rank,
+            rank_offset=rank,
+            local_world_size=local_size,
+            cpus=replica.package.cpu,
+            gpus=replica.package.gpus,
+        )
+        specs.append((replica.node.name, spec))
+        rank += local_size
+    return specs
+
+
+def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
+    # A job id can repeat when a fresh database meets an old Redis: clear what an earlier
+    # job of that id left, so its log and rendezvous port are not mistaken for this one's.
+    get_redis().delete(
+        contract.log_stream_key(job_id),
+        contract.log_cursor_key(job_id),
+        contract.rendezvous_key(job_id),
+    )
+    for node, spec in specs:
+        app.send_task(
+            contract.TASK_START_REPLICA,
+            kwargs={"spec": spec.to_dict()},
+            queue=contract.node_queue(node),
+        )
+
+
+def send_stops(job_id: int, nodes: list[str], reason: str) -> None:
+    for node in sorted(set(nodes)):
+        app.send_task(
+            contract.TASK_STOP_JOB,
+            kwargs={"job_id": job_id, "reason": reason},
+            queue=contract.node_queue(node),
+        )
+
+
+def replicas_holding(job: Job) -> list[Replica]:
+    return list(job.replicas.filter(state__in=Replica.HOLDING_STATES).select_related("node"))

@@ -1,0 +1,75 @@
+"""Gang placement: every instance of a job gets a node with room, or none of them does.
+
+Pure functions over plain values, so the policy is tested without a database.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One instance to place."""
+
+    key: tuple[str, int]  # (role, index)
+    cpu: int
+    gpus: int
+    memory_gb: int
+
+
+@dataclass
+class Room:
+    """What a node has free right now."""
+
+    node: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+
+    def fits(self, d: Demand) -> bool:
+        return self.cpu >= d.cpu and self.gpus >= d.gpus and self.memory_gb >= d.memory_gb
+
+    def take(self, d: Demand) -> None:
+        self.cpu -= d.cpu
+        self.gpus -= d.gpus
+        self.memory_gb -= d.memory_gb
+
+
+def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, int], str] | None:
+    """Best fit, largest demand first: each instance goes to the node it leaves least room on.
+
+    Packing tightly keeps whole nodes free for large (GPU) requests instead of leaving
+    fragments everywhere. Returns {(role, index): node} or None when not all of them fit now.
+    """
+    free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
+    order = sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True)
+    assignment: dict[tuple[str, int], str] = {}
+    for demand in order:
+        candidates = [r for r in free if r.fits(demand)]
+        if not candidates:
+            return None
+        best = min(
+            candidates,
+            key=lambda r: (
+                r.gpus - demand.gpus,
+                r.cpu - demand.cpu,
+                r.memory_gb - demand.memory_gb,
+                r.node,
+            ),
+        )
+        best.take(demand)
+        assignment[demand.key] = best.node
+    return assignment
+
+
+def never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> Demand | None:
+    """An instance that no node could hold even when empty, if there is one."""
+    for demand in demands:
+        if not any(c.fits(demand) for c in capacities):
+            return demand
+    return None
+
+
+def gang_never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> bool:
+    """True when the instances could not all run at once even on empty nodes."""
+    return place(demands, capacities) is None

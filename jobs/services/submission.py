@@ -1,0 +1,217 @@
+"""Checking a job request and admitting it against the quota.
+
+`check_job_request` validates (no writes); `submit_job` admits and writes. The API and the
+browser form both build the same request dict and go through here, so they can't disagree.
+Errors are collected per field: {"roles.worker.instances": ["..."]}.
+"""
+
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from jobs.models import FrameworkImage, Job, Package
+from jobs.services import lifecycle, quota
+from jobs.services.totals import RoleRequest, Totals, compute_totals
+from workers.programs import BUILTIN_EXAMPLES, ProgramError, resolve_under_root
+
+MAX_NAME_LENGTH = 200
+MAX_ARGS = 256
+MAX_ARG_LENGTH = 4096
+TOP_LEVEL_FIELDS = {"name", "image", "program", "roles"}
+
+
+class ValidationFailed(Exception):
+    def __init__(self, errors: dict[str, list[str]], detail: dict[str, Any] | None = None):
+        super().__init__(errors)
+        self.errors = errors
+        self.detail = detail or {}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    name: str
+    image: FrameworkImage
+    program: dict[str, str]
+    args: list[str]
+    roles: list[RoleRequest]
+    totals: Totals
+
+
+class _Errors:
+    def __init__(self) -> None:
+        self.by_field: dict[str, list[str]] = {}
+
+    def add(self, field: str, message: str) -> None:
+        self.by_field.setdefault(field, []).append(message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_name(raw: Any, errors: _Errors) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        errors.add("name", "Give the job a name.")
+        return ""
+    name = raw.strip()
+    if len(name) > MAX_NAME_LENGTH:
+        errors.add("name", f"The name is {len(name)} characters; at most {MAX_NAME_LENGTH}.")
+    elif any(unicodedata.category(c) == "Cc" for c in name):
+        errors.add("name", "The name may not contain control characters.")
+    return name
+
+
+def _check_program(raw: Any, errors: _Errors) -> tuple[dict[str, str], list[str]]:
+    if not isinstance(raw, dict):
+        errors.add("program", 'Give the program as {"script": ..., "args": [...]}.')
+        return {}, []
+    unknown = set(raw) - {"script", "args"}
+    if unknown:
+        errors.add("program", f"Unknown field(s): {', '.join(sorted(unknown))}.")
+    script = raw.get("script")
+    program: dict[str, str] = {}
+    if not isinstance(script, str) or not script.strip():
+        errors.add("program.script", "Pick a built-in example or give a script path.")
+    elif script in BUILTIN_EXAMPLES:
+        program = {"example": script}
+    else:
+        try:
+            resolve_under_root(settings.TRAINYARD_CODE_ROOT, script)
+            program = {"path": script}
+        except ProgramError as exc:
+            errors.add("program.script", str(exc))
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        errors.add("program.args", "Arguments must be a list of strings.")
+        return program, []
+    if len(args) > MAX_ARGS:
+        errors.add("program.args", f"{len(args)} arguments; at most {MAX_ARGS}.")
+    if any(len(a) > MAX_ARG_LENGTH for a in args):
+        errors.add("program.args", f"An argument is longer than {MAX_ARG_LENGTH} characters.")
+    if any("\x00" in a for a in args):
+        errors.add("program.args", "Arguments may not contain NUL bytes.")
+    return program, args
+
+
+def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> list[RoleRequest]:
+    if not isinstance(raw, dict) or not raw:
+        errors.add("roles", 'Give each role a package and instances: {"master": {...}, ...}.')
+        return []
+    if image is None:
+        return []
+    allowed = image.roles
+    unknown = [r for r in raw if r not in allowed]
+    if unknown:
+        errors.add(
+            "roles",
+            f"{image.name} has no role {', '.join(map(repr, unknown))}; "
+            f"its roles are {', '.join(allowed)}.",
+        )
+    packages = {p.name: p for p in Package.objects.filter(enabled=True)}
+    roles: list[RoleRequest] = []
+    limit = settings.TRAINYARD_MAX_INSTANCES
+    for role in allowed:
+        spec = raw.get(role)
+        if spec is None:
+            if role == "master":
+                errors.add("roles.master", "A PyTorch job needs its master (1 instance).")
+            continue
+        if not isinstance(spec, dict):
+            errors.add(f"roles.{role}", 'Give {"package": NAME, "instances": N}.')
+            continue
+        package = packages.get(spec.get("package"))  # type: ignore[arg-type]
+        if package is None:
+            errors.add(f"roles.{role}.package", f"Unknown package {spec.get('package')!r}.")
+        elif not package.allows_role(role):
+            errors.add(
+                f"roles.{role}.package",
+                f"Package {package.name!r} is for {', '.join(package.roles)}, not {role}.",
+            )
+        instances = spec.get("instances")
+        if not _is_int(instances):
+            errors.add(f"roles.{role}.instances", "Instances must be a whole number.")
+            continue
+        low = 1 if role == "master" else 0
+        if role == "master" and instances != 1:
+            errors.add("roles.master.instances", "A PyTorch job has exactly 1 master.")
+        elif instances < low:
+            errors.add(f"roles.{role}.instances", f"Instances must be at least {low}.")
+        elif instances > limit:
+            errors.add(f"roles.{role}.instances", f"At most {limit} instances per role.")
+        elif package is not None and package.allows_role(role):
+            roles.append(RoleRequest(role, package, instances))
+    return roles
+
+
+def check_job_request(data: Any) -> JobRequest:
+    """Validate a request dict; raise ValidationFailed with every problem found."""
+    errors = _Errors()
+    if not isinstance(data, dict):
+        raise ValidationFailed({"request": ["The request body must be a JSON object."]})
+    unknown = set(data) - TOP_LEVEL_FIELDS
+    if unknown:
+        errors.add("request", f"Unknown field(s): {', '.join(sorted(unknown))}.")
+    name = _check_name(data.get("name"), errors)
+    image = FrameworkImage.objects.filter(name=data.get("image"), enabled=True).first()
+    if image is None:
+        errors.add("image", f"Unknown framework image {data.get('image')!r}.")
+    program, args = _check_program(data.get("program"), errors)
+    roles = _check_roles(data.get("roles"), image, errors)
+    if errors.by_field:
+        raise ValidationFailed(errors.by_field)
+    assert image is not None
+    return JobRequest(name, image, program, args, roles, compute_totals(roles))
+
+
+def submit_job(user: AbstractBaseUser, request: JobRequest) -> Job:
+    """Admit the request and write the job, or raise ValidationFailed with every reason.
+
+    Admission asks two things: does the user's quota have room, and could the nodes ever hold
+    every instance at once (a job that never could would wait forever).
+
+    The check and the write share one transaction that holds the user's row locked (on SQLite
+    the IMMEDIATE transaction holds the whole database), so two racing submissions can never
+    both take the last of a quota.
+    """
+    with transaction.atomic():
+        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        try:
+            limit = quota.effective_quota(user)
+        except quota.NoQuota as exc:
+            raise ValidationFailed({"quota": [str(exc)]}) from None
+        over = quota.excesses(limit, quota.usage(user), request.totals)
+        never = lifecycle.why_never_placeable(request.roles)
+        if over or never:
+            errors = {field: [message] for field, message in never.items()}
+            if over:
+                errors["quota"] = [e.message for e in over]
+            raise ValidationFailed(
+                errors,
+                {
+                    "quota": {
+                        e.resource: {
+                            "requested": e.requested,
+                            "left": e.left,
+                            "limit": e.limit,
+                            "over_by": e.over_by,
+                        }
+                        for e in over
+                    }
+                },
+            )
+        job = lifecycle.create_job(
+            user,
+            request.name,
+            request.image.pk,
+            request.program,
+            request.args,
+            request.roles,
+            request.totals,
+        )
+    transaction.on_commit(lifecycle.schedule)
+    return job

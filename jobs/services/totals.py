@@ -1,0 +1,43 @@
+"""Resource totals of a request by seed 004's formula: CPU_total = Σ package.cpu × instances."""
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from jobs.models import Package
+
+RESOURCES = ("cpu", "gpus", "memory_gb")
+RESOURCE_LABELS = {"cpu": "CPU cores", "gpus": "GPUs", "memory_gb": "memory (GB)", "jobs": "jobs"}
+
+
+@dataclass(frozen=True)
+class RoleRequest:
+    role: str
+    package: Package
+    instances: int
+
+
+@dataclass(frozen=True)
+class Totals:
+    cpu: int
+    gpus: int
+    memory_gb: int
+    price_per_hour: Decimal
+    # Per resource, the formula with the numbers filled in: "2×1 + 12×2 = 26".
+    formulas: dict[str, str]
+
+    def as_dict(self) -> dict[str, int]:
+        return {"cpu": self.cpu, "gpus": self.gpus, "memory_gb": self.memory_gb}
+
+
+def compute_totals(roles: Iterable[RoleRequest]) -> Totals:
+    roles = [r for r in roles if r.instances > 0]
+    sums: dict[str, int] = {}
+    formulas: dict[str, str] = {}
+    for resource in RESOURCES:
+        terms = [(getattr(r.package, resource), r.instances) for r in roles]
+        sums[resource] = sum(per * n for per, n in terms)
+        expr = " + ".join(f"{per}×{n}" for per, n in terms) or "0"
+        formulas[resource] = f"{expr} = {sums[resource]}"
+    price = sum((r.package.price_per_hour * r.instances for r in roles), Decimal(0))
+    return Totals(sums["cpu"], sums["gpus"], sums["memory_gb"], price, formulas)

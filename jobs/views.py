@@ -1,0 +1,77 @@
+"""Browser pages: job list, New job form, job page. Thin views over the services layer."""
+
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+from redis import RedisError
+
+from jobs.access import get_job_for, visible_jobs
+from jobs.api import catalog_for
+from jobs.forms import NewJobForm
+from jobs.models import Node
+from jobs.redis_client import get_redis
+from jobs.services import lifecycle
+from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    jobs = visible_jobs(request.user).prefetch_related("replicas")[:200]
+    return render(request, "jobs/job_list.html", {"jobs": jobs})
+
+
+@login_required
+def new_job(request: HttpRequest) -> HttpResponse:
+    form = NewJobForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            job = submit_job(request.user, check_job_request(form.as_request()))  # type: ignore[arg-type]
+        except ValidationFailed as exc:
+            form.add_service_errors(exc.errors)
+        else:
+            return redirect("job_detail", job_id=job.pk)
+    catalog = catalog_for(request.user)  # type: ignore[arg-type]
+    return render(request, "jobs/new_job.html", {"form": form, "catalog": catalog})
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    return render(
+        request,
+        "jobs/job_detail.html",
+        {"job": job, "state": lifecycle.job_state_payload(job), "roles": job.roles.all()},
+    )
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    try:
+        lifecycle.cancel(job.pk, request.user)  # type: ignore[arg-type]
+    except lifecycle.InvalidTransition as exc:
+        messages.error(request, str(exc))
+    return redirect("job_detail", job_id=job.pk)
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness for operators and `make run`: database, Redis, and how many nodes heartbeat."""
+    nodes_live = len(_live_node_names())
+    try:
+        redis_ok = bool(get_redis().ping())
+    except RedisError:
+        redis_ok = False
+    status = 200 if redis_ok else 503
+    return JsonResponse({"redis": redis_ok, "nodes_live": nodes_live}, status=status)
+
+
+def _live_node_names() -> list[str]:
+    cutoff = timezone.now() - timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
+    return list(Node.objects.filter(last_heartbeat__gte=cutoff).values_list("name", flat=True))

@@ -1,0 +1,42 @@
+"""Debian's Chromium driven by Playwright (no browser download; `make test` installs it)."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.conftest import RunningStack
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Without these, Chromium keeps dialling Google's hosts on this closed network.
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail("Chromium is missing at /usr/bin/chromium: run `make test`, which installs it")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(120_000)  # a hang guard, not a measurement
+    page.goto(f"{stack.url}/accounts/login/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", stack.admin_password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{stack.url}/")
+    yield page
+    context.close()

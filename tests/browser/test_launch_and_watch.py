@@ -1,0 +1,85 @@
+"""A person's path: fill the New job form, press Launch, watch lines arrive live."""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.conftest import RunningStack
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+
+def test_launch_from_the_form_and_see_worker_lines_live(
+    page: Page, stack: RunningStack, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    page.click("text=New job")
+    page.fill("#id_name", "digits from the browser")
+    page.select_option("#id_script", "digits-ddp")
+    page.fill("#id_args", "--epochs 8")
+    page.select_option("#id_package", "cpu-1")
+    page.fill("#id_instances", "3")
+    # The totals follow seed 004's formula as the form is filled.
+    totals = page.locator("#totals")
+    expect(totals.locator("tr[data-resource=cpu] .need")).to_have_text("3")
+    expect(totals.locator("tr[data-resource=cpu] .left")).to_have_text("32")
+    expect(page.locator("#formula")).to_contain_text("CPU_total = 1×1 + 1×2 = 3")
+
+    pressed = time.monotonic()
+    page.click("#launch")
+    page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+    log = page.locator("#log")
+    expect(log.locator(".line[data-tag=master]").first).to_be_visible()
+    first_master = time.monotonic() - pressed
+    expect(log.locator(".line[data-tag=worker-1]").first).to_be_visible()
+    expect(log.locator(".line[data-tag=worker-1] .tag").first).to_have_text("[worker-1] ")
+    print(f"\nLaunch pressed -> first [master] line in the browser: {first_master:.2f} s")
+
+    # Filter to one instance: only its lines stay visible.
+    page.click("#log-tabs >> text=[worker-2]")
+    expect(log.locator(".line[data-tag=master]").first).to_be_hidden()
+    expect(log.locator(".line[data-tag=worker-2]").first).to_be_visible()
+    page.click("#log-tabs >> text=All")
+
+    expect(page.locator("#job-state")).to_have_text("succeeded")
+    expect(page.locator("#log-status")).to_contain_text("log complete")
+    count = log.locator(".line").count()
+    shots = tmp_path_factory.mktemp("screenshots")
+    page.screenshot(path=str(Path(shots) / "job.png"), full_page=True)
+
+    page.reload()  # lines stay after a reload: replayed from the start
+    expect(page.locator("#log-status")).to_contain_text("log complete")
+    assert log.locator(".line").count() == count
+    expect(page.locator("#replicas tbody tr")).to_have_count(3)
+
+
+def test_html_from_a_trainer_is_shown_as_text(page: Page, stack: RunningStack) -> None:
+    page.goto(f"{stack.url}/jobs/new/")
+    page.fill("#id_name", "markup")
+    page.select_option("#id_script", "__path__")
+    page.fill("#id_script_path", "markup.py")
+    page.fill("#id_instances", "1")
+    page.click("#launch")
+    log = page.locator("#log")
+    expect(page.locator("#log-status")).to_contain_text("log complete")
+    expect(log.locator(".line").first).to_contain_text("<b>not bold</b>")
+    assert log.locator("b, script").count() == 0
+    assert page.evaluate("window.pwned") is None
+
+
+def test_over_quota_form_says_which_resource_and_creates_nothing(
+    page: Page, stack: RunningStack
+) -> None:
+    before = len(stack.admin.http.get("/api/v1/jobs").json()["jobs"])
+    page.goto(f"{stack.url}/jobs/new/")
+    page.fill("#id_name", "too big")
+    page.select_option("#id_package", "cpu-2")
+    page.fill("#id_instances", "17")  # 34 cores: over the quota of 32
+    expect(page.locator("tr[data-resource=cpu]")).to_have_class(re.compile("over"))
+    page.click("#launch")
+    expect(page.locator("#form-errors")).to_contain_text(
+        "Over quota on CPU cores: this job needs 34"
+    )
+    assert len(stack.admin.http.get("/api/v1/jobs").json()["jobs"]) == before

@@ -1,0 +1,209 @@
+"""Fixtures shared by every test: a private real Redis, named users, the catalog and nodes."""
+
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.utils import timezone
+
+from jobs.models import Node, Quota
+from jobs.redis_client import get_redis
+from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+
+if TYPE_CHECKING:
+    from stack.run import Stack
+
+FIXTURE_CODE_ROOT = Path(__file__).parent / "fixtures" / "code"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server of our own on a free port (never the machine's shared one)."""
+    port = free_port()
+    data = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        redis_argv(redis_server_binary(), port, data),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_for_redis(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: str, settings: pytest.FixtureRequest) -> Iterator[str]:
+    """Point the console's Redis clients and channel layer at the test Redis, emptied."""
+    settings.REDIS_URL = redis_server  # type: ignore[attr-defined]
+    settings.CHANNEL_LAYERS = {  # type: ignore[attr-defined]
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_server]},
+        }
+    }
+    get_redis.cache_clear()
+    get_redis().flushdb()
+    yield redis_server
+    get_redis.cache_clear()
+
+
+@pytest.fixture
+def code_root(settings: pytest.FixtureRequest) -> Path:
+    settings.TRAINYARD_CODE_ROOT = FIXTURE_CODE_ROOT  # type: ignore[attr-defined]
+    return FIXTURE_CODE_ROOT
+
+
+@pytest.fixture
+def catalog(db: None) -> None:
+    call_command("load_catalog", stdout=open("/dev/null", "w"))  # noqa: SIM115
+
+
+@pytest.fixture
+def alice(db: None) -> User:
+    return User.objects.create_user("alice", password="alice-password")
+
+
+@pytest.fixture
+def bob(db: None) -> User:
+    return User.objects.create_user("bob", password="bob-password")
+
+
+@pytest.fixture
+def charlie_admin(db: None) -> User:
+    return User.objects.create_superuser("charlie", password="charlie-password")
+
+
+@pytest.fixture
+def nodes(db: None) -> list[Node]:
+    """Two live nodes of 8 cores and 32 GB each, as `make run` starts them (4 cores there)."""
+    now = timezone.now()
+    return [
+        Node.objects.create(
+            name=f"node-{i}", address="127.0.0.1", cpu=8, memory_gb=32, last_heartbeat=now
+        )
+        for i in (1, 2)
+    ]
+
+
+def make_stale(node: Node) -> None:
+    node.last_heartbeat = timezone.now() - timedelta(minutes=5)
+    node.save()
+
+
+def set_quota(user: User, cpu: int = 8, gpus: int = 0, memory_gb: int = 32, jobs: int = 4) -> Quota:
+    return Quota.objects.create(
+        user=user, cpu=cpu, gpus=gpus, memory_gb=memory_gb, running_jobs=jobs
+    )
+
+
+# --- the real stack, for integration and browser tests ------------------------------------------
+
+
+class RunningStack:
+    """A started `stack.run.Stack` with an admin login and API clients."""
+
+    def __init__(self, stack: "Stack", admin_password: str) -> None:
+        self.stack = stack
+        self.url = stack.url
+        self.admin_password = admin_password
+        self.admin = self.client_for("admin")
+
+    def client_for(self, username: str) -> "StackClient":
+        return StackClient(self.url, self.stack.manage("token", username).strip())
+
+    def create_user(self, username: str, password: str) -> "StackClient":
+        self.stack.manage(
+            "shell", "-c",
+            "from django.contrib.auth.models import User; "
+            f"User.objects.create_user({username!r}, password={password!r})",
+        )
+        return self.client_for(username)
+
+
+class StackClient:
+    def __init__(self, url: str, token: str) -> None:
+        import httpx
+
+        self.token = token
+        self.http = httpx.Client(
+            base_url=url, headers={"Authorization": f"Token {token}"}, timeout=30
+        )
+
+    def submit(self, request: dict[str, Any]) -> dict[str, Any]:
+        response = self.http.post("/api/v1/jobs", json=request)
+        assert response.status_code == 201, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        response = self.http.get(f"/api/v1/jobs/{job_id}")
+        assert response.status_code == 200, response.text
+        return response.json()  # type: ignore[no-any-return]
+
+    def wait(self, job_id: int, until: Callable[[dict[str, Any]], bool],
+             hang_guard: float = 300) -> dict[str, Any]:
+        """Poll until `until(job)`; the guard only stops a hung test, it measures nothing."""
+        deadline = time.monotonic() + hang_guard
+        while True:
+            job = self.job(job_id)
+            if until(job):
+                return job
+            assert time.monotonic() < deadline, f"job {job_id} stuck: {job}"
+            time.sleep(0.2)
+
+    def wait_finished(self, job_id: int) -> dict[str, Any]:
+        return self.wait(job_id, lambda j: j["state"] in TERMINAL and j["log_complete"])
+
+    def logs(self, job_id: int, **params: Any) -> list[dict[str, Any]]:
+        """The whole log, paged through with `after`."""
+        lines: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            response = self.http.get(
+                f"/api/v1/jobs/{job_id}/logs", params={"after": after, **params}
+            )
+            assert response.status_code == 200, response.text
+            page = response.json()
+            lines.extend(page["lines"])
+            if page["complete"] or page["next"] == after:
+                return lines
+            after = page["next"]
+
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def pytorch_request(name: str, script: str, instances: int, package: str = "cpu-1",
+                    args: list[str] | None = None) -> dict[str, Any]:
+    roles: dict[str, Any] = {"master": {"package": package, "instances": 1}}
+    if instances > 1:
+        roles["worker"] = {"package": package, "instances": instances - 1}
+    return {"name": name, "image": "pytorch:2.13-cpu",
+            "program": {"script": script, "args": args or []}, "roles": roles}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """Redis, the ASGI server, the console worker and two node agents, as `make run` runs them."""
+    from stack.run import Stack
+
+    var_dir = tmp_path_factory.mktemp("stack")
+    running = Stack(
+        var_dir=var_dir, port=free_port(), nodes=2, node_cpus=4, node_memory_gb=16,
+        code_root=FIXTURE_CODE_ROOT,
+    )
+    login = running.prepare()
+    try:
+        running.start()
+        yield RunningStack(running, login.split(" ", 1)[1])
+    finally:
+        running.stop()

@@ -1,0 +1,189 @@
+"""The whole path over real parts: HTTP API -> quota -> placement -> Celery -> node agents ->
+torch.distributed processes -> Redis streams -> HTTP and websocket clients."""
+
+import asyncio
+import json
+import re
+import time
+from typing import Any
+
+import psutil
+import pytest
+import websockets
+
+from tests.conftest import RunningStack, StackClient, pytorch_request
+
+pytestmark = pytest.mark.integration
+
+ACCURACY = re.compile(r"final eval_accuracy=([0-9.]+)")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def final_accuracy(lines: list[dict[str, Any]]) -> float:
+    found = [ACCURACY.search(x["text"]) for x in lines if x["role"] == "master"]
+    values = [float(m.group(1)) for m in found if m]
+    assert len(values) == 1, "the master prints its final accuracy exactly once"
+    return values[0]
+
+
+@pytest.fixture(scope="module")
+def digits_runs(stack: RunningStack) -> dict[int, dict[str, Any]]:
+    """A 3-instance and a 1-instance digits job, run side by side."""
+    admin = stack.admin
+    started = time.monotonic()
+    jobs = {n: admin.submit(pytorch_request(f"digits x{n}", "digits-ddp", n)) for n in (3, 1)}
+    results = {}
+    for n, job in jobs.items():
+        finished = admin.wait_finished(job["id"])
+        results[n] = {"job": finished, "lines": admin.logs(job["id"])}
+    print(f"\ndigits x3 and x1 side by side: {time.monotonic() - started:.1f} s wall time")
+    return results
+
+
+def test_a_3_instance_digits_job_succeeds_on_two_nodes(digits_runs: dict[int, Any]) -> None:
+    job = digits_runs[3]["job"]
+    assert job["state"] == "succeeded", job["reason"]
+    assert [(r["tag"], r["state"], r["exit_code"]) for r in job["replicas"]] == [
+        ("master", "succeeded", 0), ("worker-1", "succeeded", 0), ("worker-2", "succeeded", 0)]
+    assert {r["node"] for r in job["replicas"]} <= {"node-1", "node-2"}
+
+
+def test_every_instance_logs_and_every_line_keeps_its_origin(
+    digits_runs: dict[int, Any]
+) -> None:
+    lines = digits_runs[3]["lines"]
+    nodes = {r["tag"]: r["node"] for r in digits_runs[3]["job"]["replicas"]}
+    tags = {("master" if x["role"] == "master" else f"worker-{x['index']}") for x in lines}
+    assert tags == {"master", "worker-1", "worker-2"}
+    for x in lines:
+        tag = "master" if x["role"] == "master" else f"worker-{x['index']}"
+        assert x["node"] == nodes[tag] and x["stream"] in {"stdout", "stderr"}
+    cursors = [x["cursor"] for x in lines]
+    assert cursors == sorted(set(cursors)), "cursors only grow and never repeat"
+    epochs = [x for x in lines if x["role"] == "master" and x["text"].startswith("epoch=")]
+    assert epochs and all(
+        re.search(r"loss=\S+ lr=\S+ samples_per_sec=\S+ eval_accuracy=\S+", x["text"])
+        for x in epochs
+    )
+
+
+def test_three_instances_reach_the_accuracy_of_one(digits_runs: dict[int, Any]) -> None:
+    assert digits_runs[1]["job"]["state"] == "succeeded"
+    three, one = final_accuracy(digits_runs[3]["lines"]), final_accuracy(digits_runs[1]["lines"])
+    print(f"\neval accuracy: 1 instance {one:.4f}, 3 instances {three:.4f}")
+    assert one >= 0.95
+    assert three >= one - 0.02
+
+
+def test_a_failing_script_fails_the_job_with_its_exit_code_and_stderr(
+    stack: RunningStack,
+) -> None:
+    job = stack.admin.submit(pytorch_request("fails", "fail.py", 2))
+    job = stack.admin.wait_finished(job["id"])
+    assert job["state"] == "failed"
+    assert "exited with code 3" in job["reason"]
+    assert "RuntimeError: CUDA out of memory (simulated)" in job["reason"]
+    assert {r["state"] for r in job["replicas"]} <= {"failed", "stopped"}
+
+
+def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
+    admin = stack.admin
+    job = admin.submit(pytorch_request("sleeps", "sleep_tree.py", 3))
+    admin.wait(job["id"], lambda j: j["state"] == "running")
+    pids: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(pids) < 6 and time.monotonic() < deadline:
+        pids = [int(p) for x in admin.logs(job["id"])
+                for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])]
+        time.sleep(0.2)
+    assert len(pids) == 6 and all(alive(p) for p in pids)
+    response = admin.http.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert response.status_code == 200 and response.json()["state"] == "cancelled"
+    job = admin.wait_finished(job["id"])
+    assert {r["state"] for r in job["replicas"]} == {"stopped"}
+    assert not [p for p in pids if alive(p)]
+
+
+def test_lines_written_in_pieces_by_several_ranks_never_glue(stack: RunningStack) -> None:
+    job = stack.admin.submit(pytorch_request("markup", "markup.py", 3))
+    stack.admin.wait_finished(job["id"])
+    lines = stack.admin.logs(job["id"])
+    assert len(lines) == 3 * 21
+    pattern = re.compile(r"rank (\d) (line \d+ <b>not bold</b> <script>window.pwned=1</script>|done)")
+    for x in lines:
+        match = pattern.fullmatch(x["text"])
+        assert match, x["text"]
+        assert int(match.group(1)) == (0 if x["role"] == "master" else x["index"])
+
+
+def test_other_users_see_neither_the_job_nor_its_stream(stack: RunningStack) -> None:
+    job = stack.admin.submit(pytorch_request("private", "markup.py", 1))
+    mallory = stack.create_user("mallory", "mallory-password-1")
+    assert mallory.http.get(f"/api/v1/jobs/{job['id']}").status_code == 404
+    assert mallory.http.get(f"/api/v1/jobs/{job['id']}/logs").status_code == 404
+    assert mallory.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 404
+    assert all(j["id"] != job["id"] for j in mallory.http.get("/api/v1/jobs").json()["jobs"])
+
+    async def try_socket() -> int | None:
+        url = stack.url.replace("http", "ws") + f"/ws/jobs/{job['id']}/"
+        async with websockets.connect(
+            url, additional_headers={"Authorization": f"Token {mallory.token}"}
+        ) as ws:
+            try:
+                await asyncio.wait_for(ws.recv(), 10)
+            except websockets.ConnectionClosed as closed:
+                return closed.rcvd.code if closed.rcvd else None
+        return None
+
+    try:
+        code = asyncio.run(try_socket())
+    except websockets.InvalidStatus as refused:
+        code = refused.response.status_code
+    assert code in (4404, 403)
+    stack.admin.wait_finished(job["id"])
+
+
+async def _read(ws: Any, frames: list[dict[str, Any]], stop_after_lines: int | None) -> None:
+    lines = 0
+    while True:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
+        frames.append(frame)
+        if frame["type"] == "log":
+            lines += len(frame["lines"])
+            if stop_after_lines is not None and lines >= stop_after_lines:
+                return
+        if frame["type"] == "end":
+            return
+
+
+def test_websocket_reconnect_with_after_has_no_gap_and_no_duplicate(
+    stack: RunningStack,
+) -> None:
+    admin: StackClient = stack.admin
+    job = admin.submit(pytorch_request("resume", "digits-ddp", 2, args=["--epochs", "12"]))
+    url = stack.url.replace("http", "ws") + f"/ws/jobs/{job['id']}/"
+    headers = {"Authorization": f"Token {admin.token}"}
+
+    async def session() -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = []
+        async with websockets.connect(f"{url}?after=0", additional_headers=headers) as ws:
+            await _read(ws, frames, stop_after_lines=3)
+        cursor = max(x["cursor"] for f in frames if f["type"] == "log" for x in f["lines"])
+        await asyncio.sleep(1.0)  # away for a second while the job keeps printing
+        async with websockets.connect(f"{url}?after={cursor}", additional_headers=headers) as ws:
+            await _read(ws, frames, stop_after_lines=None)
+        return frames
+
+    frames = asyncio.run(session())
+    assert frames[-1]["type"] == "end" and "succeeded" in frames[-1]["reason"]
+    received = [x["cursor"] for f in frames if f["type"] == "log" for x in f["lines"]]
+    everything = [x["cursor"] for x in admin.logs(job["id"])]
+    assert len(received) == len(set(received)), "no line twice"
+    assert received == everything, "no line missing, in order"
+    assert received == list(range(1, len(received) + 1))

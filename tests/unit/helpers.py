@@ -1,0 +1,41 @@
+"""Building requests and capturing what the console would send to agents."""
+
+from typing import Any
+
+import pytest
+
+from jobs.services import dispatch
+
+
+def job_request(instances: int = 3, package: str = "cpu-1", **overrides: Any) -> dict[str, Any]:
+    roles: dict[str, Any] = {"master": {"package": package, "instances": 1}}
+    if instances > 1:
+        roles["worker"] = {"package": package, "instances": instances - 1}
+    request = {
+        "name": "digits",
+        "image": "pytorch:2.13-cpu",
+        "program": {"script": "digits-ddp", "args": ["--epochs", "2"]},
+        "roles": roles,
+    }
+    request.update(overrides)
+    return request
+
+
+class SentTasks:
+    """Records Celery messages instead of sending them (unit tests only)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], str]] = []
+
+    def __call__(self, name: str, kwargs: dict[str, Any], queue: str, **_: Any) -> None:
+        self.sent.append((name, kwargs, queue))
+
+    def named(self, name: str) -> list[tuple[str, dict[str, Any], str]]:
+        return [s for s in self.sent if s[0] == name]
+
+
+@pytest.fixture
+def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
+    recorder = SentTasks()
+    monkeypatch.setattr(dispatch.app, "send_task", recorder)
+    return recorder

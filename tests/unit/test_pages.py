@@ -1,0 +1,102 @@
+"""Browser pages through Django's test client: the form, its errors, access to job pages."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+
+from jobs.models import Job
+from jobs.services.submission import check_job_request, submit_job
+from tests.conftest import set_quota
+from tests.unit.helpers import job_request
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
+
+FORM = {
+    "name": "digits",
+    "image": "pytorch:2.13-cpu",
+    "script": "digits-ddp",
+    "script_path": "",
+    "args": "--epochs 3",
+    "package": "cpu-1",
+    "instances": "3",
+}
+
+
+def test_it_sends_anonymous_users_to_log_in(client: Client) -> None:
+    r = client.get("/jobs/new/")
+    assert r.status_code == 302 and r.url.startswith("/accounts/login/")
+
+
+def test_it_shows_the_form_with_quota_and_totals(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    r = client.get("/jobs/new/")
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert 'id="totals"' in html and '"left": {"cpu": 32' in html
+    assert 'value="2"' in html  # two instances by default
+
+
+def test_it_launches_a_job_from_the_form(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    r = client.post("/jobs/new/", FORM)
+    job = Job.objects.get()
+    assert r.status_code == 302 and r.url == f"/jobs/{job.pk}/"
+    assert job.args == ["--epochs", "3"]
+    assert job.replicas.count() == 3
+
+
+def test_it_says_which_resource_is_over_quota(client: Client, alice: User) -> None:
+    set_quota(alice, cpu=2)
+    client.force_login(alice)
+    r = client.post("/jobs/new/", FORM)
+    assert r.status_code == 200
+    assert "Over quota on CPU cores: this job needs 3, you have 2 left of 2 (over by 1)." in (
+        r.content.decode()
+    )
+    assert Job.objects.count() == 0
+
+
+def test_it_keeps_arguments_as_argv_not_shell(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    client.post("/jobs/new/", dict(FORM, args="--tag '$(whoami); rm -rf /' --x"))
+    assert Job.objects.get().args == ["--tag", "$(whoami); rm -rf /", "--x"]
+
+
+def test_it_reports_unbalanced_quotes(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    r = client.post("/jobs/new/", dict(FORM, args="--tag 'open"))
+    assert "Could not split the arguments" in r.content.decode()
+    assert Job.objects.count() == 0
+
+
+def test_it_refuses_a_script_outside_the_code_root(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    r = client.post("/jobs/new/", dict(FORM, script="__path__", script_path="../../setup.py"))
+    assert "may not contain" in r.content.decode()
+    assert Job.objects.count() == 0
+
+
+def test_it_escapes_job_names(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    client.post("/jobs/new/", dict(FORM, name="<img src=x onerror=alert(1)>"))
+    job = Job.objects.get()
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<img src=x" not in html and "&lt;img src=x" in html
+
+
+def test_it_hides_other_users_job_pages(client: Client, alice: User, bob: User) -> None:
+    job = submit_job(bob, check_job_request(job_request()))
+    client.force_login(alice)
+    assert client.get(f"/jobs/{job.pk}/").status_code == 404
+    assert client.post(f"/jobs/{job.pk}/cancel/").status_code == 404
+    job.refresh_from_db()
+    assert job.state == Job.State.QUEUED
+
+
+def test_it_cancels_from_the_job_page(client: Client, alice: User) -> None:
+    job = submit_job(alice, check_job_request(job_request()))
+    client.force_login(alice)
+    r = client.post(f"/jobs/{job.pk}/cancel/")
+    assert r.status_code == 302
+    job.refresh_from_db()
+    assert job.state == Job.State.CANCELLED

@@ -1,0 +1,170 @@
+"""Validation and admission: every bad request gets its field's message and writes nothing."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from jobs.models import Job, Package, Quota, Replica
+from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from tests.conftest import set_quota
+from tests.unit.helpers import job_request
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes")
+
+
+def errors_of(data: Any) -> dict[str, list[str]]:
+    with pytest.raises(ValidationFailed) as caught:
+        check_job_request(data)
+    assert Job.objects.count() == 0
+    return caught.value.errors
+
+
+def test_it_accepts_a_valid_request() -> None:
+    request = check_job_request(job_request(instances=3))
+    assert [(r.role, r.instances) for r in request.roles] == [("master", 1), ("worker", 2)]
+    assert request.totals.cpu == 3
+    assert request.program == {"example": "digits-ddp"}
+
+
+def test_it_accepts_a_script_under_the_code_root(code_root: Path) -> None:
+    request = check_job_request(job_request(program={"script": "fail.py"}))
+    assert request.program == {"path": "fail.py"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"image": "tensorflow:1"}, "image"),
+        ({"name": ""}, "name"),
+        ({"name": "   "}, "name"),
+        ({"name": "x" * 201}, "name"),
+        ({"name": "bad\x07name"}, "name"),
+        ({"program": {"script": "../etc/passwd"}}, "program.script"),
+        ({"program": {"script": "/etc/passwd"}}, "program.script"),
+        ({"program": {"script": "nope.py"}}, "program.script"),
+        ({"program": {"script": "digits-ddp", "args": "--epochs 2"}}, "program.args"),
+        ({"program": {"script": "digits-ddp", "args": [1, 2]}}, "program.args"),
+        ({"program": {"script": "digits-ddp", "args": ["a"] * 300}}, "program.args"),
+        ({"program": "digits-ddp"}, "program"),
+        ({"roles": {}}, "roles"),
+        ({"roles": {"master": {"package": "cpu-1", "instances": 1}, "ps": {}}}, "roles"),
+        ({"roles": {"worker": {"package": "cpu-1", "instances": 2}}}, "roles.master"),
+        ({"roles": {"master": {"package": "cpu-1", "instances": 2}}}, "roles.master.instances"),
+        ({"roles": {"master": {"package": "cpu-1", "instances": 0}}}, "roles.master.instances"),
+        ({"roles": {"master": {"package": "gold", "instances": 1}}}, "roles.master.package"),
+        ({"surprise": 1}, "request"),
+    ],
+)
+def test_it_names_the_field_that_is_wrong(overrides: dict[str, Any], field: str) -> None:
+    assert field in errors_of(job_request(**overrides))
+
+
+@pytest.mark.parametrize("instances", [-1, 65, 10**9, "3", 2.5, True, None])
+def test_it_refuses_bad_instance_counts(instances: Any) -> None:
+    data = job_request()
+    data["roles"]["worker"]["instances"] = instances
+    assert "roles.worker.instances" in errors_of(data)
+
+
+def test_it_refuses_a_package_not_allowed_for_the_role() -> None:
+    Package.objects.filter(name="server-2c12g").update(roles=["server"])
+    errors = errors_of(job_request(package="server-2c12g"))
+    assert "is for server, not master" in errors["roles.master.package"][0]
+
+
+def admission_errors(user: User, data: Any) -> dict[str, list[str]]:
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(user, check_job_request(data))
+    assert Job.objects.count() == 0
+    return caught.value.errors
+
+
+def test_it_refuses_at_once_a_package_no_node_can_ever_hold(alice: User) -> None:
+    errors = admission_errors(alice, job_request(package="worker-p100x2"))
+    assert "could never start" in errors["roles.master.package"][0]
+
+
+def test_it_refuses_a_body_that_is_not_an_object() -> None:
+    assert "request" in errors_of(["not", "an", "object"])
+
+
+def test_it_passes_shell_metacharacters_through_as_plain_arguments() -> None:
+    args = ["--name", "$(rm -rf /); `id` | cat > /tmp/x && echo ${HOME}"]
+    request = check_job_request(job_request(program={"script": "digits-ddp", "args": args}))
+    assert request.args == args
+
+
+def test_it_admits_within_quota(alice: User) -> None:
+    set_quota(alice, cpu=3)
+    job = submit_job(alice, check_job_request(job_request(instances=3)))
+    assert job.state == Job.State.QUEUED
+    assert job.cpu_total == 3
+    tags = [r.tag for r in job.replicas.order_by("id")]
+    assert tags == ["master", "worker-1", "worker-2"]
+    assert set(job.replicas.values_list("state", flat=True)) == {Replica.State.PENDING}
+
+
+def test_it_says_which_resource_is_over_and_by_how_much(alice: User) -> None:
+    set_quota(alice, cpu=2, memory_gb=100)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=3)))
+    assert caught.value.errors["quota"] == [
+        "Over quota on CPU cores: this job needs 3, you have 2 left of 2 (over by 1)."
+    ]
+    assert caught.value.detail["quota"]["cpu"]["over_by"] == 1
+    assert Job.objects.count() == 0
+
+
+def test_it_counts_what_active_jobs_hold(alice: User) -> None:
+    set_quota(alice, cpu=4)
+    submit_job(alice, check_job_request(job_request(instances=3)))
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=2)))
+    assert "you have 1 left of 4 (over by 1)" in caught.value.errors["quota"][0]
+    Job.objects.update(state=Job.State.SUCCEEDED)
+    submit_job(alice, check_job_request(job_request(instances=2)))
+    assert Job.objects.count() == 2
+
+
+def test_it_uses_the_default_quota_for_users_without_one(alice: User) -> None:
+    Quota.objects.filter(is_default=True).update(cpu=1)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=2)))
+    assert "left of 1" in caught.value.errors["quota"][0]
+
+
+def test_it_refuses_everything_when_no_quota_applies(alice: User) -> None:
+    Quota.objects.all().delete()
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request()))
+    assert "ask an admin" in caught.value.errors["quota"][0]
+
+
+def test_it_limits_the_number_of_running_jobs(alice: User) -> None:
+    set_quota(alice, cpu=100, jobs=1)
+    submit_job(alice, check_job_request(job_request(instances=1)))
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=1)))
+    assert "Over quota on jobs" in caught.value.errors["quota"][0]
+
+
+def test_it_refuses_at_once_a_gang_the_nodes_could_never_hold_together(alice: User) -> None:
+    errors = admission_errors(alice, job_request(instances=9, package="cpu-2"))  # 18 > 16
+    assert "could never all run at once" in errors["roles"][0]
+    assert "16 CPU cores" in errors["roles"][0]
+
+
+def test_it_reports_quota_and_capacity_problems_together(alice: User) -> None:
+    set_quota(alice, cpu=10)
+    errors = admission_errors(alice, job_request(instances=9, package="cpu-2"))
+    assert set(errors) == {"roles", "quota"}
+
+
+def test_it_queues_any_request_while_no_node_has_registered_yet(alice: User) -> None:
+    from jobs.models import Node
+
+    Node.objects.all().delete()
+    job = submit_job(alice, check_job_request(job_request(2, package="worker-p100x2")))
+    assert job.gpus_total == 4

@@ -1,0 +1,143 @@
+"""The agent's supervisor with real processes and a real Redis; reports are captured."""
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import redis
+
+from jobs.logstream import parse_entry
+from tests.conftest import FIXTURE_CODE_ROOT
+from workers import contract
+from workers.logship import LogShipper
+from workers.spec import ReplicaSpec
+from workers.supervisor import Supervisor
+
+
+class Reports:
+    def __init__(self) -> None:
+        self.items: list[tuple[str, dict[str, Any]]] = []
+        self.changed = threading.Condition()
+
+    def __call__(self, name: str, payload: dict[str, Any]) -> None:
+        with self.changed:
+            self.items.append((name, payload))
+            self.changed.notify_all()
+
+    def wait_for(self, name: str, timeout: float = 30) -> dict[str, Any]:
+        with self.changed:
+            ok = self.changed.wait_for(lambda: any(n == name for n, _ in self.items), timeout)
+        assert ok, f"no {name} report; got {self.items}"
+        return next(p for n, p in self.items if n == name)
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    c.flushdb()
+    yield c
+
+
+@pytest.fixture
+def reports() -> Reports:
+    return Reports()
+
+
+@pytest.fixture
+def supervisor(client: redis.Redis, reports: Reports, tmp_path: Path) -> Iterator[Supervisor]:
+    shipper = LogShipper(client)
+    sup = Supervisor("n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT)
+    yield sup
+    sup.shutdown()
+    shipper.close()
+
+
+def spec(script: str, role: str = "master", index: int = 0, **kw: Any) -> ReplicaSpec:
+    fields: dict[str, Any] = dict(
+        job_id=11, role=role, index=index, node="n1", framework="pytorch",
+        program={"path": script}, args=[], master_addr="127.0.0.1",
+        hosts_rendezvous=role == "master", world_size=1, node_rank=0, rank_offset=0,
+        local_world_size=1, cpus=1, gpus=0,
+    )
+    fields.update(kw)
+    return ReplicaSpec(**fields)
+
+
+def texts(client: redis.Redis, job_id: int = 11) -> list[str]:
+    entries = [parse_entry(i, f) for i, f in client.xrange(contract.log_stream_key(job_id))]
+    return [line.text for e in entries for line in e.lines]
+
+
+def alive(pid: int) -> bool:
+    """Running, not merely a zombie: an orphan's zombie waits for PID 1 to reap it."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_it_runs_a_replica_and_reports_only_after_its_lines_are_in_redis(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    assert supervisor.start(spec("markup.py"))
+    assert not supervisor.start(spec("markup.py"))  # the same replica twice: ignored
+    started = reports.wait_for(contract.TASK_REPLICA_STARTED)
+    assert started["node"] == "n1" and len(started["pids"]) == 1
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert (exited["state"], exited["exit_code"]) == ("succeeded", 0)
+    lines = texts(client)
+    assert len(lines) == 21 and lines[-1] == "rank 0 done"
+    assert client.get(contract.rendezvous_key(11)) is not None
+
+
+def test_it_reports_a_failure_with_exit_code_and_stderr_tail(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    supervisor.start(spec("fail.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert (exited["state"], exited["exit_code"]) == ("failed", 3)
+    assert exited["stderr_tail"][-1] == "RuntimeError: CUDA out of memory (simulated)"
+
+
+def test_it_stops_the_whole_process_group(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    supervisor.start(spec("sleep_tree.py"))
+    reports.wait_for(contract.TASK_REPLICA_STARTED)
+    deadline = time.monotonic() + 20
+    while not texts(client) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    match = re.match(r"pid=(\d+) child=(\d+)", texts(client)[0])
+    assert match
+    pids = [int(p) for p in match.groups()]
+    assert all(alive(p) for p in pids)
+    assert supervisor.stop_job(11, "cancelled") == 1
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert exited["state"] == "stopped" and exited["reason"] == "cancelled"
+    assert not any(alive(p) for p in pids)
+
+
+def test_it_stops_a_replica_still_waiting_for_the_rendezvous(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    supervisor.start(spec("markup.py", role="worker", index=1, world_size=2, node_rank=1,
+                          rank_offset=1))
+    time.sleep(0.3)
+    supervisor.stop_job(11, "cancelled")
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert exited["state"] == "stopped"
+    assert not [n for n, _ in reports.items if n == contract.TASK_REPLICA_STARTED]
+
+
+def test_it_refuses_a_program_outside_its_own_code_root(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    supervisor.start(spec("../unit/test_supervisor.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert exited["state"] == "failed"
+    assert "may not contain '..'" in exited["reason"]

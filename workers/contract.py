@@ -1,0 +1,67 @@
+"""Names shared by the console and the node agents: env variables, queues, tasks, Redis keys.
+
+Each name is defined once here so that the two sides cannot drift apart.
+"""
+
+# --- Environment of a PyTorch trainer process (the variables torchrun sets) ---
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+WORLD_SIZE = "WORLD_SIZE"
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+NODE_RANK = "NODE_RANK"
+
+# --- Environment of a parameter-server process (MXNet's names) ---
+DMLC_ROLE = "DMLC_ROLE"
+DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"
+DMLC_PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
+DMLC_NUM_SERVER = "DMLC_NUM_SERVER"
+DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
+
+# --- Environment every Trainyard process gets ---
+TRAINYARD_JOB_ID = "TRAINYARD_JOB_ID"
+TRAINYARD_ROLE = "TRAINYARD_ROLE"
+TRAINYARD_INDEX = "TRAINYARD_INDEX"
+TRAINYARD_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
+TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
+
+# --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
+CONSOLE_QUEUE = "console"
+TASK_START_REPLICA = "trainyard.agent.start_replica"
+TASK_STOP_JOB = "trainyard.agent.stop_job"
+TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
+TASK_REPLICA_STARTED = "trainyard.console.replica_started"
+TASK_REPLICA_EXITED = "trainyard.console.replica_exited"
+
+
+def node_queue(node_name: str) -> str:
+    """The Celery queue a node agent consumes; the console sends a node's work only there."""
+    return f"node.{node_name}"
+
+
+# --- Redis keys. The {job:N} hash tag keeps a job's keys on one Redis Cluster slot, which the
+# Lua append script needs. ---
+def log_stream_key(job_id: int) -> str:
+    return f"trainyard:{{job:{job_id}}}:log"
+
+
+def log_cursor_key(job_id: int) -> str:
+    return f"trainyard:{{job:{job_id}}}:cursor"
+
+
+def rendezvous_key(job_id: int) -> str:
+    """Where the master's agent publishes MASTER_PORT once it has found a free port."""
+    return f"trainyard:{{job:{job_id}}}:rendezvous"
+
+
+# --- Log stream entry fields ---
+# An entry holds a batch of consecutive lines of one replica; its stream id is "<C>-0" where C is
+# the cursor of the batch's last line, so XRANGE from "<after+1>-0" finds every line after a cursor.
+FIELD_ROLE = "r"
+FIELD_INDEX = "i"
+FIELD_NODE = "n"
+FIELD_LINES = "l"  # JSON list of [stream, ts, text]; stream is "o" (stdout) or "e" (stderr)
+FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
+STREAM_STDOUT = "o"
+STREAM_STDERR = "e"

@@ -1,0 +1,71 @@
+"""Turning a replica spec into the processes to start: argv and environment per local rank.
+
+Like torch's elastic agent, an instance with several GPUs runs one process per GPU, each with
+the variables torchrun would set (RANK, LOCAL_RANK, ...), and each with its own pipes.
+"""
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers import contract
+from workers.spec import ReplicaSpec
+
+# Variables a trainer may inherit from the agent's environment. Everything else (the agent's
+# Redis URL, credentials, Django settings) stays out of the trainer's reach.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_")
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    local_rank: int
+    argv: list[str]
+    env: dict[str, str]
+
+
+def inherited_env(source: dict[str, str] | None = None) -> dict[str, str]:
+    source = dict(os.environ) if source is None else source
+    return {
+        k: v for k, v in source.items() if k in INHERITED_ENV or k.startswith(INHERITED_PREFIXES)
+    }
+
+
+def build_processes(
+    spec: ReplicaSpec,
+    script: Path,
+    master_port: int,
+    checkpoint_dir: Path,
+    gpu_ids: list[int],
+    python: str = sys.executable,
+    base_env: dict[str, str] | None = None,
+) -> list[LocalProcess]:
+    """The processes of one replica. argv is a list: arguments are never seen by a shell."""
+    common = inherited_env(base_env)
+    common.update(spec.extra_env)
+    common.update(
+        {
+            # Unbuffered output so that lines reach the log viewer as they are printed.
+            "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": str(max(1, spec.cpus // spec.local_world_size)),
+            contract.MASTER_ADDR: spec.master_addr,
+            contract.MASTER_PORT: str(master_port),
+            contract.WORLD_SIZE: str(spec.world_size),
+            contract.NODE_RANK: str(spec.node_rank),
+            contract.LOCAL_WORLD_SIZE: str(spec.local_world_size),
+            contract.TRAINYARD_JOB_ID: str(spec.job_id),
+            contract.TRAINYARD_ROLE: spec.role,
+            contract.TRAINYARD_INDEX: str(spec.index),
+            contract.TRAINYARD_CHECKPOINT_DIR: str(checkpoint_dir),
+        }
+    )
+    # An instance without GPUs must not pick up the host's GPUs by accident.
+    common["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    processes = []
+    for local_rank in range(spec.local_world_size):
+        env = dict(common)
+        env[contract.LOCAL_RANK] = str(local_rank)
+        env[contract.RANK] = str(spec.rank_offset + local_rank)
+        processes.append(LocalProcess(local_rank, [python, "-u", str(script), *spec.args], env))
+    return processes

@@ -1,0 +1,65 @@
+"""What the console sends an agent to start one replica: a small, validated, JSON-able spec."""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FRAMEWORK_PYTORCH = "pytorch"
+FRAMEWORKS = (FRAMEWORK_PYTORCH,)
+
+
+class SpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One instance of one role of a job, as its node agent must run it.
+
+    The console computes everything that depends on the whole job (world size, this instance's
+    node rank and first global rank, the master's address); the agent adds what only the host
+    knows (the rendezvous port, local ranks, directories).
+    """
+
+    job_id: int
+    role: str
+    index: int
+    node: str
+    framework: str
+    program: dict[str, str]
+    args: list[str]
+    master_addr: str
+    hosts_rendezvous: bool  # this instance picks MASTER_PORT and publishes it to the others
+    world_size: int
+    node_rank: int
+    rank_offset: int  # global rank of this instance's local rank 0
+    local_world_size: int
+    cpus: int
+    gpus: int
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.framework not in FRAMEWORKS:
+            raise SpecError(f"unknown framework {self.framework!r}")
+        if self.index < 0 or self.job_id < 1:
+            raise SpecError("job id and index must be positive")
+        if not 1 <= self.local_world_size <= max(1, self.gpus):
+            raise SpecError("local_world_size must be between 1 and the instance's GPU count")
+        if not 0 <= self.rank_offset < self.world_size:
+            raise SpecError("rank_offset must lie inside the world")
+        if not all(isinstance(a, str) for a in self.args):
+            raise SpecError("args must be strings")
+
+    @property
+    def tag(self) -> str:
+        """How logs name this instance: `master`, `worker-1`, as in seed 004."""
+        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ReplicaSpec":
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise SpecError(str(exc)) from None
