@@ -13,8 +13,16 @@ class FrameworkImageAdmin(admin.ModelAdmin):
 
 @admin.register(Package)
 class PackageAdmin(admin.ModelAdmin):
-    list_display = ("name", "cpu", "gpus", "gpu_model", "memory_gb", "price_per_hour", "roles",
-                    "enabled")
+    list_display = (
+        "name",
+        "cpu",
+        "gpus",
+        "gpu_model",
+        "memory_gb",
+        "price_per_hour",
+        "roles",
+        "enabled",
+    )
     list_filter = ("enabled",)
 
 
@@ -40,8 +48,16 @@ class ReplicaInline(admin.TabularInline):
     model = Replica
     extra = 0
     can_delete = False
-    readonly_fields = ("role", "index", "package", "node", "state", "exit_code", "started",
-                       "finished")
+    readonly_fields = (
+        "role",
+        "index",
+        "package",
+        "node",
+        "state",
+        "exit_code",
+        "started",
+        "finished",
+    )
 
 
 @admin.register(Job)
@@ -51,5 +67,14 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ("name", "owner__username")
     inlines = [JobRoleInline, ReplicaInline]
     # State is written by the lifecycle service only; admins cancel through the job page.
-    readonly_fields = ("state", "reason", "log_complete", "started", "finished", "cpu_total",
-                       "gpus_total", "memory_gb_total", "price_per_hour")
+    readonly_fields = (
+        "state",
+        "reason",
+        "log_complete",
+        "started",
+        "finished",
+        "cpu_total",
+        "gpus_total",
+        "memory_gb_total",
+        "price_per_hour",
+    )

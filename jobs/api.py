@@ -6,7 +6,7 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -102,7 +102,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
     }
 
 
-def quota_summary(user: AbstractBaseUser) -> dict[str, Any] | None:
+def quota_summary(user: User) -> dict[str, Any] | None:
     try:
         limit = quota.effective_quota(user)
     except quota.NoQuota:
@@ -115,13 +115,17 @@ def quota_summary(user: AbstractBaseUser) -> dict[str, Any] | None:
             "memory_gb": limit.memory_gb,
             "jobs": limit.running_jobs,
         },
-        "used": {"cpu": used.cpu, "gpus": used.gpus, "memory_gb": used.memory_gb,
-                 "jobs": used.jobs},
+        "used": {
+            "cpu": used.cpu,
+            "gpus": used.gpus,
+            "memory_gb": used.memory_gb,
+            "jobs": used.jobs,
+        },
         "left": quota.remaining(limit, used),
     }
 
 
-def catalog_for(user: AbstractBaseUser) -> dict[str, Any]:
+def catalog_for(user: User) -> dict[str, Any]:
     return {
         "images": [
             {

@@ -45,17 +45,25 @@ class NewJobForm(forms.Form):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         images = FrameworkImage.objects.filter(enabled=True)
-        self.fields["image"].choices = [(i.name, i.name) for i in images]
-        self.fields["script"].choices = [
-            *((name, f"example: {name}") for name in BUILTIN_EXAMPLES),
-            (PATH_CHOICE, "a script under the code root…"),
-        ]
+        self._choices("image", [(i.name, i.name) for i in images])
+        self._choices(
+            "script",
+            [
+                *((name, f"example: {name}") for name in BUILTIN_EXAMPLES),
+                (PATH_CHOICE, "a script under the code root…"),
+            ],
+        )
         packages = Package.objects.filter(enabled=True)
-        self.fields["package"].choices = [(p.name, f"{p.name} — {p.summary}") for p in packages]
+        self._choices("package", [(p.name, f"{p.name} — {p.summary}") for p in packages])
         instances = self.fields["instances"]
         assert isinstance(instances, forms.IntegerField)
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
         instances.widget.attrs["max"] = settings.TRAINYARD_MAX_INSTANCES
+
+    def _choices(self, name: str, choices: list[tuple[str, str]]) -> None:
+        field = self.fields[name]
+        assert isinstance(field, forms.ChoiceField)
+        field.choices = choices
 
     def clean_args(self) -> list[str]:
         try:

@@ -7,13 +7,14 @@ entry's last line, so every line after cursor A is in the entries whose id is ab
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio
 
 from jobs.redis_client import get_redis
 from workers import contract
 
+RawEntry = tuple[str, dict[str, str]]  # (entry id, fields), as a decode_responses client gives
 STREAM_NAMES = {contract.STREAM_STDOUT: "stdout", contract.STREAM_STDERR: "stderr"}
 
 
@@ -80,7 +81,7 @@ def read_page(
     ended = False
     start = f"({after}-0"
     while len(lines) < limit and not ended:
-        batch = client.xrange(key, min=start, max="+", count=100)
+        batch = cast(list[RawEntry], client.xrange(key, min=start, max="+", count=100))
         if not batch:
             break
         for entry_id, fields in batch:
@@ -114,7 +115,10 @@ async def follow(
     key = contract.log_stream_key(job_id)
     last_id = f"{after}-0"
     while True:
-        response = await client.xread({key: last_id}, count=200, block=block_ms)
+        response = cast(
+            list[tuple[str, list[RawEntry]]],
+            await client.xread({key: last_id}, count=200, block=block_ms),
+        )
         if not response:
             yield Entry(after, [], None)
             continue

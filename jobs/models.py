@@ -181,6 +181,9 @@ class JobRole(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "role"], name="one_row_per_role")]
 
+    def __str__(self) -> str:
+        return f"{self.role} {self.package} ×{self.instances}"
+
 
 class Replica(models.Model):
     """One running copy of a role: what node it is on and how it ended."""
@@ -226,6 +229,9 @@ class ApiToken(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"token of {self.user} ({self.created:%Y-%m-%d})"
 
     @staticmethod
     def hash(key: str) -> str:

@@ -19,9 +19,7 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
 
 @shared_task(name=contract.TASK_REPLICA_STARTED)
 def replica_started(payload: dict[str, Any]) -> None:
-    lifecycle.replica_started(
-        payload["job_id"], payload["role"], payload["index"], payload["node"]
-    )
+    lifecycle.replica_started(payload["job_id"], payload["role"], payload["index"], payload["node"])
 
 
 @shared_task(name=contract.TASK_REPLICA_EXITED)

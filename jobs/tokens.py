@@ -1,9 +1,9 @@
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from jobs.models import ApiToken
 
 
-def user_for_token(key: str) -> AbstractBaseUser | None:
+def user_for_token(key: str) -> User | None:
     if not key:
         return None
     token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(key)).first()

@@ -90,7 +90,7 @@ class Stack:
 
     def _spawn(self, name: str, argv: list[str]) -> Child:
         log_path = self.var_dir / "logs" / f"{name}.log"
-        log_file = open(log_path, "ab")  # noqa: SIM115 (closed in stop())
+        log_file = open(log_path, "ab")  # closed in stop()
         proc = subprocess.Popen(
             argv,
             env=self.env(),
@@ -235,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         login = stack.prepare()
         stack.var_dir.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(str(os.getpid()))
-        print("Starting Redis, the web server, the console worker and "
-              f"{args.nodes} node agents…", flush=True)
+        print(
+            f"Starting Redis, the web server, the console worker and {args.nodes} node agents…",
+            flush=True,
+        )
         stack.start()
         user, _, password = login.partition(" ")
         print(f"\nTrainyard is running at {stack.url}/", flush=True)

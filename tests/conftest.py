@@ -1,5 +1,6 @@
 """Fixtures shared by every test: a private real Redis, named users, the catalog and nodes."""
 
+import io
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -42,10 +43,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_url(redis_server: str, settings: pytest.FixtureRequest) -> Iterator[str]:
+def redis_url(redis_server: str, settings: Any) -> Iterator[str]:
     """Point the console's Redis clients and channel layer at the test Redis, emptied."""
-    settings.REDIS_URL = redis_server  # type: ignore[attr-defined]
-    settings.CHANNEL_LAYERS = {  # type: ignore[attr-defined]
+    settings.REDIS_URL = redis_server
+    settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {"hosts": [redis_server]},
@@ -58,14 +59,14 @@ def redis_url(redis_server: str, settings: pytest.FixtureRequest) -> Iterator[st
 
 
 @pytest.fixture
-def code_root(settings: pytest.FixtureRequest) -> Path:
-    settings.TRAINYARD_CODE_ROOT = FIXTURE_CODE_ROOT  # type: ignore[attr-defined]
+def code_root(settings: Any) -> Path:
+    settings.TRAINYARD_CODE_ROOT = FIXTURE_CODE_ROOT
     return FIXTURE_CODE_ROOT
 
 
 @pytest.fixture
 def catalog(db: None) -> None:
-    call_command("load_catalog", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    call_command("load_catalog", stdout=io.StringIO())
 
 
 @pytest.fixture
@@ -123,7 +124,8 @@ class RunningStack:
 
     def create_user(self, username: str, password: str) -> "StackClient":
         self.stack.manage(
-            "shell", "-c",
+            "shell",
+            "-c",
             "from django.contrib.auth.models import User; "
             f"User.objects.create_user({username!r}, password={password!r})",
         )
@@ -142,15 +144,16 @@ class StackClient:
     def submit(self, request: dict[str, Any]) -> dict[str, Any]:
         response = self.http.post("/api/v1/jobs", json=request)
         assert response.status_code == 201, response.text
-        return response.json()  # type: ignore[no-any-return]
+        return response.json()
 
     def job(self, job_id: int) -> dict[str, Any]:
         response = self.http.get(f"/api/v1/jobs/{job_id}")
         assert response.status_code == 200, response.text
-        return response.json()  # type: ignore[no-any-return]
+        return response.json()
 
-    def wait(self, job_id: int, until: Callable[[dict[str, Any]], bool],
-             hang_guard: float = 300) -> dict[str, Any]:
+    def wait(
+        self, job_id: int, until: Callable[[dict[str, Any]], bool], hang_guard: float = 300
+    ) -> dict[str, Any]:
         """Poll until `until(job)`; the guard only stops a hung test, it measures nothing."""
         deadline = time.monotonic() + hang_guard
         while True:
@@ -182,13 +185,18 @@ class StackClient:
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-def pytorch_request(name: str, script: str, instances: int, package: str = "cpu-1",
-                    args: list[str] | None = None) -> dict[str, Any]:
+def pytorch_request(
+    name: str, script: str, instances: int, package: str = "cpu-1", args: list[str] | None = None
+) -> dict[str, Any]:
     roles: dict[str, Any] = {"master": {"package": package, "instances": 1}}
     if instances > 1:
         roles["worker"] = {"package": package, "instances": instances - 1}
-    return {"name": name, "image": "pytorch:2.13-cpu",
-            "program": {"script": script, "args": args or []}, "roles": roles}
+    return {
+        "name": name,
+        "image": "pytorch:2.13-cpu",
+        "program": {"script": script, "args": args or []},
+        "roles": roles,
+    }
 
 
 @pytest.fixture(scope="session")
@@ -198,7 +206,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 
     var_dir = tmp_path_factory.mktemp("stack")
     running = Stack(
-        var_dir=var_dir, port=free_port(), nodes=2, node_cpus=4, node_memory_gb=16,
+        var_dir=var_dir,
+        port=free_port(),
+        nodes=2,
+        node_cpus=4,
+        node_memory_gb=16,
         code_root=FIXTURE_CODE_ROOT,
     )
     login = running.prepare()

@@ -64,8 +64,12 @@ def make_reporter(app: Celery) -> Any:
             kwargs={"payload": payload},
             queue=contract.CONSOLE_QUEUE,
             retry=True,
-            retry_policy={"max_retries": 60, "interval_start": 0.5, "interval_step": 0.5,
-                          "interval_max": 5},
+            retry_policy={
+                "max_retries": 60,
+                "interval_start": 0.5,
+                "interval_step": 0.5,
+                "interval_max": 5,
+            },
         )
 
     return report
@@ -107,9 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""))
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
-    parser.add_argument(
-        "--memory-gb", type=int, default=int(psutil.virtual_memory().total / 2**30)
-    )
+    parser.add_argument("--memory-gb", type=int, default=int(psutil.virtual_memory().total / 2**30))
     parser.add_argument("--gpus", type=int, default=0)
     parser.add_argument("--gpu-model", default="")
     parser.add_argument("--workdir", type=Path, default=Path("var/agents"))
@@ -162,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     heartbeat = Heartbeat(app, inventory, supervisor)
     heartbeat.start()
-    worker = app.Worker(  # type: ignore[attr-defined]
+    worker = app.Worker(
         hostname=f"agent@{args.node}",
         queues=[contract.node_queue(args.node)],
         pool_cls="threads",

@@ -17,9 +17,7 @@ def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
     The master is node rank 0 and hosts the rendezvous; an instance with several GPUs runs one
     process per GPU, so ranks advance by each instance's local world size.
     """
-    replicas = list(
-        job.replicas.select_related("node", "package").order_by("role", "index")
-    )
+    replicas = list(job.replicas.select_related("node", "package").order_by("role", "index"))
     replicas.sort(key=lambda r: (r.role != "master", r.index))
     master = replicas[0]
     assert master.role == "master" and master.node is not None

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -77,7 +77,7 @@ def job_state_payload(job: Job) -> dict[str, Any]:
 
 
 def create_job(
-    owner: AbstractBaseUser,
+    owner: User,
     name: str,
     image_id: int,
     program: dict[str, str],
@@ -157,16 +157,22 @@ def schedule() -> list[int]:
     with transaction.atomic():
         nodes = live_nodes()  # locks the node rows: one scheduler at a time
         rooms = free_rooms(nodes)
-        waiting = Job.objects.select_for_update().filter(
-            state=Job.State.QUEUED, replicas__state=Replica.State.PENDING
-        ).distinct().order_by("created", "id")
+        # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
+        unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+        waiting = (
+            Job.objects.select_for_update()
+            .filter(state=Job.State.QUEUED, pk__in=unplaced)
+            .order_by("created", "id")
+        )
         for job in waiting:
-            replicas = list(job.replicas.filter(state=Replica.State.PENDING)
-                            .select_related("package"))
+            replicas = list(
+                job.replicas.filter(state=Replica.State.PENDING).select_related("package")
+            )
             assignment = place(demands_of(replicas), rooms)
             if assignment is None:
                 reason = (
-                    "waiting for a node agent to register" if not nodes
+                    "waiting for a node agent to register"
+                    if not nodes
                     else "waiting for room on the nodes"
                 )
                 if job.reason != reason:
@@ -230,7 +236,8 @@ def replica_exited(
         if job is None:
             return
         replica = (
-            job.replicas.select_related("node").filter(role=role, index=index, node__name=node)
+            job.replicas.select_related("node")
+            .filter(role=role, index=index, node__name=node)
             .first()
         )
         if replica is None or replica.state in Replica.FINAL_STATES:
@@ -249,8 +256,9 @@ def replica_exited(
                     _set_job_state(job, Job.State.SUCCEEDED, "")
             else:
                 # One replica down means the distributed job cannot go on: fail it whole.
-                _set_job_state(job, Job.State.FAILED, _failure_reason(replica, node, reason,
-                                                                      stderr_tail))
+                _set_job_state(
+                    job, Job.State.FAILED, _failure_reason(replica, node, reason, stderr_tail)
+                )
                 stop_nodes = [r.node.name for r in dispatch.replicas_holding(job) if r.node]
                 _stop_unplaced(job)
         if stop_nodes:
@@ -273,7 +281,7 @@ def _failure_reason(replica: Replica, node: str, reason: str, stderr_tail: list[
 # --- cancel -----------------------------------------------------------------------------------
 
 
-def cancel(job_id: int, by: AbstractBaseUser) -> Job:
+def cancel(job_id: int, by: User) -> Job:
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
         if not job.is_active:
@@ -324,9 +332,13 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
                 "last_heartbeat": timezone.now(),
             },
         )
-        was_stale = created or node.last_heartbeat is None or (
-            timezone.now() - node.last_heartbeat
-            > timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
+        was_stale = (
+            created
+            or node.last_heartbeat is None
+            or (
+                timezone.now() - node.last_heartbeat
+                > timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
+            )
         )
         if not created:
             node.address = payload["address"]

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 
@@ -42,14 +42,14 @@ class Excess:
         )
 
 
-def effective_quota(user: AbstractBaseUser) -> Quota:
+def effective_quota(user: User) -> Quota:
     quota = Quota.objects.filter(user=user).first() or Quota.objects.filter(is_default=True).first()
     if quota is None:
         raise NoQuota("No quota is set for you and there is no default quota; ask an admin.")
     return quota
 
 
-def usage(user: AbstractBaseUser) -> Usage:
+def usage(user: User) -> Usage:
     agg = Job.objects.filter(owner=user, state__in=Job.ACTIVE_STATES).aggregate(
         cpu=Coalesce(Sum("cpu_total"), 0),
         gpus=Coalesce(Sum("gpus_total"), 0),

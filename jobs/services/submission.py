@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from jobs.models import FrameworkImage, Job, Package
@@ -48,10 +47,6 @@ class _Errors:
 
     def add(self, field: str, message: str) -> None:
         self.by_field.setdefault(field, []).append(message)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_name(raw: Any, errors: _Errors) -> str:
@@ -133,7 +128,7 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
                 f"Package {package.name!r} is for {', '.join(package.roles)}, not {role}.",
             )
         instances = spec.get("instances")
-        if not _is_int(instances):
+        if not isinstance(instances, int) or isinstance(instances, bool):
             errors.add(f"roles.{role}.instances", "Instances must be a whole number.")
             continue
         low = 1 if role == "master" else 0
@@ -168,7 +163,7 @@ def check_job_request(data: Any) -> JobRequest:
     return JobRequest(name, image, program, args, roles, compute_totals(roles))
 
 
-def submit_job(user: AbstractBaseUser, request: JobRequest) -> Job:
+def submit_job(user: User, request: JobRequest) -> Job:
     """Admit the request and write the job, or raise ValidationFailed with every reason.
 
     Admission asks two things: does the user's quota have room, and could the nodes ever hold
@@ -179,7 +174,7 @@ def submit_job(user: AbstractBaseUser, request: JobRequest) -> Job:
     both take the last of a quota.
     """
     with transaction.atomic():
-        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        User.objects.select_for_update().filter(pk=user.pk).first()
         try:
             limit = quota.effective_quota(user)
         except quota.NoQuota as exc:

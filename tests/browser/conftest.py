@@ -11,8 +11,13 @@ from tests.conftest import RunningStack
 CHROMIUM = Path("/usr/bin/chromium")
 # Without these, Chromium keeps dialling Google's hosts on this closed network.
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 

@@ -50,13 +50,14 @@ def test_a_3_instance_digits_job_succeeds_on_two_nodes(digits_runs: dict[int, An
     job = digits_runs[3]["job"]
     assert job["state"] == "succeeded", job["reason"]
     assert [(r["tag"], r["state"], r["exit_code"]) for r in job["replicas"]] == [
-        ("master", "succeeded", 0), ("worker-1", "succeeded", 0), ("worker-2", "succeeded", 0)]
+        ("master", "succeeded", 0),
+        ("worker-1", "succeeded", 0),
+        ("worker-2", "succeeded", 0),
+    ]
     assert {r["node"] for r in job["replicas"]} <= {"node-1", "node-2"}
 
 
-def test_every_instance_logs_and_every_line_keeps_its_origin(
-    digits_runs: dict[int, Any]
-) -> None:
+def test_every_instance_logs_and_every_line_keeps_its_origin(digits_runs: dict[int, Any]) -> None:
     lines = digits_runs[3]["lines"]
     nodes = {r["tag"]: r["node"] for r in digits_runs[3]["job"]["replicas"]}
     tags = {("master" if x["role"] == "master" else f"worker-{x['index']}") for x in lines}
@@ -99,8 +100,11 @@ def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
     pids: list[int] = []
     deadline = time.monotonic() + 120
     while len(pids) < 6 and time.monotonic() < deadline:
-        pids = [int(p) for x in admin.logs(job["id"])
-                for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])]
+        pids = [
+            int(p)
+            for x in admin.logs(job["id"])
+            for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])
+        ]
         time.sleep(0.2)
     assert len(pids) == 6 and all(alive(p) for p in pids)
     response = admin.http.post(f"/api/v1/jobs/{job['id']}/cancel")
@@ -115,7 +119,9 @@ def test_lines_written_in_pieces_by_several_ranks_never_glue(stack: RunningStack
     stack.admin.wait_finished(job["id"])
     lines = stack.admin.logs(job["id"])
     assert len(lines) == 3 * 21
-    pattern = re.compile(r"rank (\d) (line \d+ <b>not bold</b> <script>window.pwned=1</script>|done)")
+    pattern = re.compile(
+        r"rank (\d) (line \d+ <b>not bold</b> <script>window.pwned=1</script>|done)"
+    )
     for x in lines:
         match = pattern.fullmatch(x["text"])
         assert match, x["text"]

@@ -1,10 +1,13 @@
 """Building requests and capturing what the console would send to agents."""
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import redis
 
+from jobs.logstream import RawEntry
 from jobs.services import dispatch
+from workers import contract
 
 
 def job_request(instances: int = 3, package: str = "cpu-1", **overrides: Any) -> dict[str, Any]:
@@ -39,3 +42,8 @@ def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
     recorder = SentTasks()
     monkeypatch.setattr(dispatch.app, "send_task", recorder)
     return recorder
+
+
+def stream_entries(client: redis.Redis, job_id: int) -> list[RawEntry]:
+    """Every raw entry of a job's log stream (client made with decode_responses=True)."""
+    return cast(list[RawEntry], client.xrange(contract.log_stream_key(job_id)))

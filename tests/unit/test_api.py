@@ -16,8 +16,14 @@ from workers.logsink import LogSink
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
 
-def api(client: Client, method: str, path: str, token: str | None = None,
-        body: Any = None, raw: bytes | None = None) -> Any:
+def api(
+    client: Client,
+    method: str,
+    path: str,
+    token: str | None = None,
+    body: Any = None,
+    raw: bytes | None = None,
+) -> Any:
     headers = {"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}
     data = raw if raw is not None else (json.dumps(body) if body is not None else None)
     call = getattr(client, method)
@@ -83,8 +89,9 @@ def test_it_refuses_a_10_mb_name_with_413(client: Client, alice_token: str) -> N
     assert Job.objects.count() == 0
 
 
-def test_it_reports_quota_failures_per_resource(client: Client, alice: User,
-                                               alice_token: str) -> None:
+def test_it_reports_quota_failures_per_resource(
+    client: Client, alice: User, alice_token: str
+) -> None:
     set_quota(alice, cpu=10)
     r = api(client, "post", "/api/v1/jobs", alice_token, job_request(instances=12))
     assert r.status_code == 400
@@ -127,8 +134,9 @@ def test_it_needs_the_csrf_token_for_session_writes(alice: User) -> None:
     assert Job.objects.count() == 0
 
 
-def test_it_pages_through_logs_filtered_by_instance(client: Client, bob: User,
-                                                    bobs_job: Job) -> None:
+def test_it_pages_through_logs_filtered_by_instance(
+    client: Client, bob: User, bobs_job: Job
+) -> None:
     sink = LogSink(__import__("jobs.redis_client").redis_client.get_redis())
     sink.append_lines(bobs_job.pk, "master", 0, "node-1", [("o", 1.0, f"m{i}") for i in range(3)])
     sink.append_lines(bobs_job.pk, "worker", 1, "node-2", [("e", 2.0, "<b>w</b>")])
@@ -139,9 +147,19 @@ def test_it_pages_through_logs_filtered_by_instance(client: Client, bob: User,
     assert [line["text"] for line in page["lines"]] == ["m0", "m1"]
     assert page["next"] == 2 and page["complete"] is False
     page = api(client, "get", f"{base}?after=2", token).json()
-    assert [(x["cursor"], x["text"]) for x in page["lines"]] == [(3, "m2"), (4, "<b>w</b>"),
-                                                                (5, "m3")]
+    assert [(x["cursor"], x["text"]) for x in page["lines"]] == [
+        (3, "m2"),
+        (4, "<b>w</b>"),
+        (5, "m3"),
+    ]
     worker = api(client, "get", f"{base}?role=worker&index=1", token).json()
-    assert worker["lines"][0] == {"cursor": 4, "role": "worker", "index": 1, "node": "node-2",
-                                  "stream": "stderr", "ts": 2.0, "text": "<b>w</b>"}
+    assert worker["lines"][0] == {
+        "cursor": 4,
+        "role": "worker",
+        "index": 1,
+        "node": "node-2",
+        "stream": "stderr",
+        "ts": 2.0,
+        "text": "<b>w</b>",
+    }
     assert api(client, "get", f"{base}?after=x", token).status_code == 400

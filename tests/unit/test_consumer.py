@@ -26,8 +26,9 @@ def job(alice: User) -> Job:
     return submit_job(alice, check_job_request(job_request(instances=2)))
 
 
-def communicator(job_id: int, token: str | None, after: int = 0,
-                 origin: bytes | None = None) -> WebsocketCommunicator:
+def communicator(
+    job_id: int, token: str | None, after: int = 0, origin: bytes | None = None
+) -> WebsocketCommunicator:
     headers = []
     if token:
         headers.append((b"authorization", f"Token {token}".encode()))

@@ -21,7 +21,9 @@ Capture = Callable[..., Any]
 
 @pytest.fixture
 def launched(
-    alice: User, nodes: list[Node], sent_tasks: SentTasks,
+    alice: User,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
     django_capture_on_commit_callbacks: Capture,
 ) -> Job:
     with django_capture_on_commit_callbacks(execute=True):
@@ -30,18 +32,37 @@ def launched(
     return job
 
 
+def node_of(replica: Replica) -> str:
+    assert replica.node is not None
+    return replica.node.name
+
+
 def report_started(job: Job, capture: Capture) -> None:
     for r in job.replicas.select_related("node"):
         with capture(execute=True):
-            lifecycle.replica_started(job.pk, r.role, r.index, r.node.name)
+            lifecycle.replica_started(job.pk, r.role, r.index, node_of(r))
 
 
-def report_exit(job: Job, tag: str, capture: Capture, outcome: str = "succeeded",
-                code: int | None = 0, tail: list[str] | None = None) -> None:
+def report_exit(
+    job: Job,
+    tag: str,
+    capture: Capture,
+    outcome: str = "succeeded",
+    code: int | None = 0,
+    tail: list[str] | None = None,
+) -> None:
     r = next(r for r in job.replicas.select_related("node") if r.tag == tag)
     with capture(execute=True):
-        lifecycle.replica_exited(job.pk, r.role, r.index, r.node.name, outcome, code,
-                                 "" if code == 0 else f"exited with code {code}", tail or [])
+        lifecycle.replica_exited(
+            job.pk,
+            r.role,
+            r.index,
+            node_of(r),
+            outcome,
+            code,
+            "" if code == 0 else f"exited with code {code}",
+            tail or [],
+        )
 
 
 def test_it_places_and_dispatches_a_job_to_its_nodes(launched: Job, sent_tasks: SentTasks) -> None:
@@ -49,7 +70,7 @@ def test_it_places_and_dispatches_a_job_to_its_nodes(launched: Job, sent_tasks: 
     replicas = list(launched.replicas.select_related("node").order_by("id"))
     assert all(r.state == Replica.State.ASSIGNED for r in replicas)
     starts = sent_tasks.named(contract.TASK_START_REPLICA)
-    assert [q for _, _, q in starts] == [f"node.{r.node.name}" for r in replicas]
+    assert [q for _, _, q in starts] == [f"node.{node_of(r)}" for r in replicas]
     specs = [kw["spec"] for _, kw, _ in starts]
     assert [s["node_rank"] for s in specs] == [0, 1, 2]
     assert [s["rank_offset"] for s in specs] == [0, 1, 2]
@@ -61,7 +82,7 @@ def test_it_places_and_dispatches_a_job_to_its_nodes(launched: Job, sent_tasks: 
 def test_it_never_places_more_than_a_node_holds(launched: Job) -> None:
     per_node: dict[str, int] = {}
     for r in launched.replicas.select_related("node", "package"):
-        per_node[r.node.name] = per_node.get(r.node.name, 0) + r.package.cpu
+        per_node[node_of(r)] = per_node.get(node_of(r), 0) + r.package.cpu
     assert all(cpu <= 8 for cpu in per_node.values())
 
 
@@ -95,8 +116,14 @@ def test_it_fails_the_job_with_the_exit_code_and_stderr_and_stops_the_rest(
     launched: Job, sent_tasks: SentTasks, django_capture_on_commit_callbacks: Capture
 ) -> None:
     report_started(launched, django_capture_on_commit_callbacks)
-    report_exit(launched, "worker-1", django_capture_on_commit_callbacks, "failed", 3,
-                ["Traceback (most recent call last):", "RuntimeError: boom"])
+    report_exit(
+        launched,
+        "worker-1",
+        django_capture_on_commit_callbacks,
+        "failed",
+        3,
+        ["Traceback (most recent call last):", "RuntimeError: boom"],
+    )
     launched.refresh_from_db()
     assert launched.state == Job.State.FAILED
     assert launched.reason.startswith("worker-1 on node-")
@@ -104,7 +131,8 @@ def test_it_fails_the_job_with_the_exit_code_and_stderr_and_stops_the_rest(
     assert launched.reason.endswith("RuntimeError: boom")
     stops = sent_tasks.named(contract.TASK_STOP_JOB)
     assert {q for _, _, q in stops} == {
-        f"node.{r.node.name}" for r in launched.replicas.select_related("node")
+        f"node.{node_of(r)}"
+        for r in launched.replicas.select_related("node")
         if r.tag != "worker-1"
     }
     assert not launched.log_complete  # the others still have to report
@@ -127,7 +155,9 @@ def test_it_ignores_a_repeated_exit_report(
 
 
 def test_it_cancels_and_stops_every_node(
-    launched: Job, alice: User, sent_tasks: SentTasks,
+    launched: Job,
+    alice: User,
+    sent_tasks: SentTasks,
     django_capture_on_commit_callbacks: Capture,
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
@@ -141,7 +171,9 @@ def test_it_cancels_and_stops_every_node(
 
 
 def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
-    alice: User, nodes: list[Node], sent_tasks: SentTasks,
+    alice: User,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
     django_capture_on_commit_callbacks: Capture,
 ) -> None:
     make_stale(nodes[1])
@@ -156,8 +188,9 @@ def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
         lifecycle.cancel(first.pk, alice)
     for r in first.replicas.select_related("node"):
         with django_capture_on_commit_callbacks(execute=True):
-            lifecycle.replica_exited(first.pk, r.role, r.index, r.node.name, "stopped", -15,
-                                     "cancelled", [])
+            lifecycle.replica_exited(
+                first.pk, r.role, r.index, node_of(r), "stopped", -15, "cancelled", []
+            )
     second.refresh_from_db()
     assert second.replicas.get().state == Replica.State.ASSIGNED
 
@@ -170,8 +203,9 @@ def test_it_says_when_no_node_agent_is_registered(
     job.refresh_from_db()
     assert job.reason == "waiting for a node agent to register"
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.node_heartbeat({"node": "gpu-7", "address": "10.0.0.7", "cpus": 16,
-                                  "memory_gb": 64, "gpus": 0})
+        lifecycle.node_heartbeat(
+            {"node": "gpu-7", "address": "10.0.0.7", "cpus": 16, "memory_gb": 64, "gpus": 0}
+        )
     job.refresh_from_db()
     assert job.reason == "starting on gpu-7"
     assert sent_tasks.named(contract.TASK_START_REPLICA)[0][2] == "node.gpu-7"

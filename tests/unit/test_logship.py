@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from jobs.logstream import parse_entry
-from workers import contract
+from tests.unit.helpers import stream_entries
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 
 
@@ -69,7 +69,7 @@ def test_it_ships_in_order_with_cursors_that_only_grow(client: redis.Redis) -> N
         shipper.put(a if i % 3 else b, "o", f"line {i}")
     assert shipper.flush(10)
     shipper.close()
-    entries = [parse_entry(i, f) for i, f in client.xrange(contract.log_stream_key(7))]
+    entries = [parse_entry(i, f) for i, f in stream_entries(client, 7)]
     lines = [line for e in entries for line in e.lines]
     assert [line.cursor for line in lines] == list(range(1, 1001))
     by_master = [line.text for line in lines if line.role == "master"]
@@ -85,5 +85,5 @@ def test_it_keeps_lines_while_redis_is_away(client: redis.Redis) -> None:
     # Point the same shipper at a working Redis: the held line goes out.
     shipper._sink = type(shipper._sink)(client)
     assert shipper.flush(5)
-    entry = parse_entry(*client.xrange(contract.log_stream_key(8))[0])
+    entry = parse_entry(*stream_entries(client, 8)[0])
     assert [line.text for line in entry.lines] == ["kept"]

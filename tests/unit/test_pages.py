@@ -24,7 +24,7 @@ FORM = {
 
 def test_it_sends_anonymous_users_to_log_in(client: Client) -> None:
     r = client.get("/jobs/new/")
-    assert r.status_code == 302 and r.url.startswith("/accounts/login/")
+    assert r.status_code == 302 and r["Location"].startswith("/accounts/login/")
 
 
 def test_it_shows_the_form_with_quota_and_totals(client: Client, alice: User) -> None:
@@ -40,7 +40,7 @@ def test_it_launches_a_job_from_the_form(client: Client, alice: User) -> None:
     client.force_login(alice)
     r = client.post("/jobs/new/", FORM)
     job = Job.objects.get()
-    assert r.status_code == 302 and r.url == f"/jobs/{job.pk}/"
+    assert r.status_code == 302 and r["Location"] == f"/jobs/{job.pk}/"
     assert job.args == ["--epochs", "3"]
     assert job.replicas.count() == 3
 

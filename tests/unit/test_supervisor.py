@@ -13,6 +13,7 @@ import redis
 
 from jobs.logstream import parse_entry
 from tests.conftest import FIXTURE_CODE_ROOT
+from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logship import LogShipper
 from workers.spec import ReplicaSpec
@@ -59,17 +60,28 @@ def supervisor(client: redis.Redis, reports: Reports, tmp_path: Path) -> Iterato
 
 def spec(script: str, role: str = "master", index: int = 0, **kw: Any) -> ReplicaSpec:
     fields: dict[str, Any] = dict(
-        job_id=11, role=role, index=index, node="n1", framework="pytorch",
-        program={"path": script}, args=[], master_addr="127.0.0.1",
-        hosts_rendezvous=role == "master", world_size=1, node_rank=0, rank_offset=0,
-        local_world_size=1, cpus=1, gpus=0,
+        job_id=11,
+        role=role,
+        index=index,
+        node="n1",
+        framework="pytorch",
+        program={"path": script},
+        args=[],
+        master_addr="127.0.0.1",
+        hosts_rendezvous=role == "master",
+        world_size=1,
+        node_rank=0,
+        rank_offset=0,
+        local_world_size=1,
+        cpus=1,
+        gpus=0,
     )
     fields.update(kw)
     return ReplicaSpec(**fields)
 
 
 def texts(client: redis.Redis, job_id: int = 11) -> list[str]:
-    entries = [parse_entry(i, f) for i, f in client.xrange(contract.log_stream_key(job_id))]
+    entries = [parse_entry(i, f) for i, f in stream_entries(client, job_id)]
     return [line.text for e in entries for line in e.lines]
 
 
@@ -125,8 +137,9 @@ def test_it_stops_the_whole_process_group(
 def test_it_stops_a_replica_still_waiting_for_the_rendezvous(
     supervisor: Supervisor, reports: Reports
 ) -> None:
-    supervisor.start(spec("markup.py", role="worker", index=1, world_size=2, node_rank=1,
-                          rank_offset=1))
+    supervisor.start(
+        spec("markup.py", role="worker", index=1, world_size=2, node_rank=1, rank_offset=1)
+    )
     time.sleep(0.3)
     supervisor.stop_job(11, "cancelled")
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
