@@ -69,7 +69,8 @@ class Package(models.Model):
     @property
     def summary(self) -> str:
         gpu = f"{self.gpu_model or 'GPU'} ×{self.gpus}, " if self.gpus else ""
-        return f"{gpu}{self.cpu} cores, {self.memory_gb} GB"
+        cores = "1 core" if self.cpu == 1 else f"{self.cpu} cores"
+        return f"{gpu}{cores}, {self.memory_gb} GB"
 
 
 class Quota(models.Model):

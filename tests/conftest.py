@@ -8,6 +8,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
@@ -94,6 +95,15 @@ def nodes(db: None) -> list[Node]:
         )
         for i in (1, 2)
     ]
+
+
+def process_alive(pid: int) -> bool:
+    """Running, not merely a zombie: an orphan's zombie waits for PID 1 to reap it, and this
+    sandbox's PID 1 may never do so."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def make_stale(node: Node) -> None:

@@ -128,15 +128,14 @@ def live_nodes() -> list[Node]:
 
 def free_rooms(nodes: list[Node]) -> list[Room]:
     rooms = {n.name: Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes}
-    held = Replica.objects.filter(
-        state__in=Replica.HOLDING_STATES, node__name__in=list(rooms)
-    ).select_related("node", "package")
-    for replica in held:
+    held = list(
+        Replica.objects.filter(
+            state__in=Replica.HOLDING_STATES, node__name__in=list(rooms)
+        ).select_related("node", "package")
+    )
+    for replica, demand in zip(held, demands_of(held), strict=True):
         assert replica.node is not None
-        room = rooms[replica.node.name]
-        room.cpu -= replica.package.cpu
-        room.gpus -= replica.package.gpus
-        room.memory_gb -= replica.package.memory_gb
+        rooms[replica.node.name].take(demand)
     return list(rooms.values())
 
 
@@ -183,12 +182,9 @@ def schedule() -> list[int]:
                 replica.node = by_name[assignment[(replica.role, replica.index)]]
                 replica.state = Replica.State.ASSIGNED
             Replica.objects.bulk_update(replicas, ["node", "state"])
-            for room in rooms:  # keep `rooms` true for the jobs behind this one
-                for replica in replicas:
-                    if replica.node is not None and replica.node.name == room.node:
-                        room.cpu -= replica.package.cpu
-                        room.gpus -= replica.package.gpus
-                        room.memory_gb -= replica.package.memory_gb
+            by_room = {room.node: room for room in rooms}
+            for demand in demands_of(replicas):  # keep `rooms` true for the jobs behind
+                by_room[assignment[demand.key]].take(demand)
             placed = sorted({r.node.name for r in replicas if r.node is not None})
             _set_job_state(job, Job.State.QUEUED, f"starting on {', '.join(placed)}")
             specs = dispatch.build_specs(job)

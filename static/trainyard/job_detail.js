@@ -36,7 +36,10 @@
         td.textContent = value;
         tr.appendChild(td);
       }
-      tr.children[2].className = `state state-${r.state}`;
+      const badge = document.createElement("span");
+      badge.className = `state state-${r.state}`;
+      badge.textContent = r.state;
+      tr.children[2].replaceChildren(badge);
       body.appendChild(tr);
       ensureTab(r.tag);
     }

@@ -7,22 +7,14 @@ import re
 import time
 from typing import Any
 
-import psutil
 import pytest
 import websockets
 
-from tests.conftest import RunningStack, StackClient, pytorch_request
+from tests.conftest import RunningStack, StackClient, process_alive, pytorch_request
 
 pytestmark = pytest.mark.integration
 
 ACCURACY = re.compile(r"final eval_accuracy=([0-9.]+)")
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def final_accuracy(lines: list[dict[str, Any]]) -> float:
@@ -106,12 +98,12 @@ def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
             for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])
         ]
         time.sleep(0.2)
-    assert len(pids) == 6 and all(alive(p) for p in pids)
+    assert len(pids) == 6 and all(process_alive(p) for p in pids)
     response = admin.http.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     job = admin.wait_finished(job["id"])
     assert {r["state"] for r in job["replicas"]} == {"stopped"}
-    assert not [p for p in pids if alive(p)]
+    assert not [p for p in pids if process_alive(p)]
 
 
 def test_lines_written_in_pieces_by_several_ranks_never_glue(stack: RunningStack) -> None:

@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import redis
 
 from jobs.logstream import parse_entry
-from tests.conftest import FIXTURE_CODE_ROOT
+from tests.conftest import FIXTURE_CODE_ROOT, process_alive
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logship import LogShipper
@@ -85,14 +84,6 @@ def texts(client: redis.Redis, job_id: int = 11) -> list[str]:
     return [line.text for e in entries for line in e.lines]
 
 
-def alive(pid: int) -> bool:
-    """Running, not merely a zombie: an orphan's zombie waits for PID 1 to reap it."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def test_it_runs_a_replica_and_reports_only_after_its_lines_are_in_redis(
     supervisor: Supervisor, reports: Reports, client: redis.Redis
 ) -> None:
@@ -127,11 +118,11 @@ def test_it_stops_the_whole_process_group(
     match = re.match(r"pid=(\d+) child=(\d+)", texts(client)[0])
     assert match
     pids = [int(p) for p in match.groups()]
-    assert all(alive(p) for p in pids)
+    assert all(process_alive(p) for p in pids)
     assert supervisor.stop_job(11, "cancelled") == 1
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
     assert exited["state"] == "stopped" and exited["reason"] == "cancelled"
-    assert not any(alive(p) for p in pids)
+    assert not any(process_alive(p) for p in pids)
 
 
 def test_it_stops_a_replica_still_waiting_for_the_rendezvous(
