@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import websockets
 
-from tests.conftest import RunningStack, StackClient, process_alive, pytorch_request
+from tests.conftest import (
+    RunningStack,
+    StackClient,
+    process_alive,
+    pytorch_request,
+    run_async,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -140,7 +146,7 @@ def test_other_users_see_neither_the_job_nor_its_stream(stack: RunningStack) -> 
         return None
 
     try:
-        code = asyncio.run(try_socket())
+        code = run_async(try_socket())
     except websockets.InvalidStatus as refused:
         code = refused.response.status_code
     assert code in (4404, 403)
@@ -178,7 +184,7 @@ def test_websocket_reconnect_with_after_has_no_gap_and_no_duplicate(
             await _read(ws, frames, stop_after_lines=None)
         return frames
 
-    frames = asyncio.run(session())
+    frames = run_async(session())
     assert frames[-1]["type"] == "end" and "succeeded" in frames[-1]["reason"]
     received = [x["cursor"] for f in frames if f["type"] == "log" for x in f["lines"]]
     everything = [x["cursor"] for x in admin.logs(job["id"])]
