@@ -118,12 +118,19 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
 # starts a private redis-server and passes its URL; nothing falls back to a shared server.
 REDIS_URL = env_str("REDIS_URL", "")
 
-CHANNEL_LAYERS = {
-    "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL or "redis://127.0.0.1:1/0"]},
+
+def channel_layers(redis_url: str) -> dict[str, object]:
+    # socket_timeout None: redis-py 8 defaults to 5 s, which races channels_redis's own 5 s
+    # blocking BZPOPMIN and kills idle websockets (channels_redis issue 422).
+    return {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [{"address": redis_url, "socket_timeout": None}]},
+        }
     }
-}
+
+
+CHANNEL_LAYERS = channel_layers(REDIS_URL or "redis://127.0.0.1:1/0")
 
 CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
 CELERY_TASK_SERIALIZER = "json"

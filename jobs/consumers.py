@@ -75,7 +75,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(event["payload"])
 
     async def _relay_log(self, after: int) -> None:
-        client = get_async_redis()
+        client = get_async_redis(blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS)
         try:
             async for entry in logstream.follow(client, self.job_id, after):
                 if entry.end is not None:

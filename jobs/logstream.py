@@ -15,6 +15,10 @@ from jobs.redis_client import get_redis
 from workers import contract
 
 RawEntry = tuple[str, dict[str, str]]  # (entry id, fields), as a decode_responses client gives
+# How long one XREAD waits for new lines before the follower looks up again (to send a
+# heartbeat, or notice that its client left).
+FOLLOW_BLOCK_SECONDS = 5
+
 STREAM_NAMES = {contract.STREAM_STDOUT: "stdout", contract.STREAM_STDERR: "stderr"}
 
 
@@ -104,9 +108,7 @@ def read_page(
     return Page(lines, position, ended)
 
 
-async def follow(
-    client: redis.asyncio.Redis, job_id: int, after: int, block_ms: int = 5000
-) -> AsyncIterator[Entry]:
+async def follow(client: redis.asyncio.Redis, job_id: int, after: int) -> AsyncIterator[Entry]:
     """Every entry after cursor `after`, then live ones as they come, until the end marker.
 
     Yields entries with no lines on idle timeouts, so the caller gets a chance to send a
@@ -117,7 +119,7 @@ async def follow(
     while True:
         response = cast(
             list[tuple[str, list[RawEntry]]],
-            await client.xread({key: last_id}, count=200, block=block_ms),
+            await client.xread({key: last_id}, count=200, block=FOLLOW_BLOCK_SECONDS * 1000),
         )
         if not response:
             yield Entry(after, [], None)

@@ -1,12 +1,14 @@
 """Fixtures shared by every test: a private real Redis, named users, the catalog and nodes."""
 
+import asyncio
+import concurrent.futures
 import io
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psutil
 import pytest
@@ -14,12 +16,15 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.utils import timezone
 
+from console.settings import channel_layers
 from jobs.models import Node, Quota
 from jobs.redis_client import get_redis
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
 if TYPE_CHECKING:
     from stack.run import Stack
+
+T = TypeVar("T")
 
 FIXTURE_CODE_ROOT = Path(__file__).parent / "fixtures" / "code"
 
@@ -47,12 +52,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def redis_url(redis_server: str, settings: Any) -> Iterator[str]:
     """Point the console's Redis clients and channel layer at the test Redis, emptied."""
     settings.REDIS_URL = redis_server
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [redis_server]},
-        }
-    }
+    settings.CHANNEL_LAYERS = channel_layers(redis_server)
     get_redis.cache_clear()
     get_redis().flushdb()
     yield redis_server
@@ -104,6 +104,16 @@ def process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to the end on a fresh loop in its own thread.
+
+    Playwright's sync API keeps a loop marked as running in the main thread for the whole
+    session, so asyncio.run() there would refuse to start.
+    """
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def make_stale(node: Node) -> None:

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tests.conftest import RunningStack
 
@@ -19,6 +19,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+# Hang guards, not measurements: how long a page may take to show what the test waits for.
+HANG_GUARD_MS = 120_000
+expect.set_options(timeout=HANG_GUARD_MS)
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +42,7 @@ def browser() -> Iterator[Browser]:
 def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
-    page.set_default_timeout(120_000)  # a hang guard, not a measurement
+    page.set_default_timeout(HANG_GUARD_MS)
     page.goto(f"{stack.url}/accounts/login/")
     page.fill("#id_username", "admin")
     page.fill("#id_password", stack.admin_password)
