@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test lint format chromium clean
+.PHONY: run test bench lint format chromium clean
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -20,6 +20,10 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed chromium
 	$(PY) -m pytest
+
+# Figures as ratios against a baseline measured in the same run; no thresholds, no asserts.
+bench: $(VENV)/.installed
+	$(PY) -m bench
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check .

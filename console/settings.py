@@ -149,6 +149,9 @@ TRAINYARD_CODE_ROOT = env_path("TRAINYARD_CODE_ROOT", BASE_DIR / "code")
 
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
+# How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
+# the queue turns strictly first come, first served so that it cannot starve.
+TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
 # Upper bound on instances of one role: a typo like 10000 must not create 10000 rows.
 TRAINYARD_MAX_INSTANCES = env_int("TRAINYARD_MAX_INSTANCES", 64)
 

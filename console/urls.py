@@ -9,6 +9,8 @@ urlpatterns = [
     path("jobs/new/", views.new_job, name="new_job"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("nodes/", views.node_list, name="node_list"),
+    path("quotas/", views.quota_list, name="quota_list"),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

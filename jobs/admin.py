@@ -1,8 +1,14 @@
 """Django admin: images, packages, quotas, nodes and jobs for administrators."""
 
+from typing import Any
+
 from django.contrib import admin
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from jobs.models import FrameworkImage, Job, JobRole, Node, Package, Quota, Replica
+from jobs.services import lifecycle
 
 
 @admin.register(FrameworkImage)
@@ -29,12 +35,87 @@ class PackageAdmin(admin.ModelAdmin):
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs")
+    fields = ("is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs")
+
+
+CAPACITY_FIELDS = ("cpu", "gpus", "memory_gb")
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    list_display = ("name", "address", "state", "cpu", "gpus", "memory_gb", "last_heartbeat")
+    list_display = (
+        "name",
+        "status",
+        "address",
+        "cpu",
+        "gpus",
+        "gpu_model",
+        "memory_gb",
+        "capacity_set_by_admin",
+        "last_heartbeat",
+    )
     list_filter = ("state",)
+    fields = (
+        "name",
+        "address",
+        "state",
+        "labels",
+        "cpu",
+        "gpus",
+        "memory_gb",
+        "capacity_set_by_admin",
+        "reported_cpu",
+        "reported_gpus",
+        "reported_memory_gb",
+        "gpu_model",
+        "running",
+        "last_heartbeat",
+        "registered",
+    )
+    readonly_fields = (
+        "name",
+        "address",
+        "reported_cpu",
+        "reported_gpus",
+        "reported_memory_gb",
+        "gpu_model",
+        "running",
+        "last_heartbeat",
+        "registered",
+    )
+    actions = ("drain", "return_to_service", "use_reported_capacity")
+
+    @admin.display(description="status")
+    def status(self, node: Node) -> str:
+        return node.status
+
+    def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
+        # An admin who edits the capacity means it: later heartbeats must not undo it.
+        if change and any(f in form.changed_data for f in CAPACITY_FIELDS):
+            obj.capacity_set_by_admin = True
+        super().save_model(request, obj, form, change)
+        transaction.on_commit(lifecycle.schedule)
+
+    @admin.action(description="Drain: no new work (running work continues)")
+    def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        queryset.update(state=Node.State.DRAINING)
+
+    @admin.action(description="Return to service (ready for new work)")
+    def return_to_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        queryset.update(state=Node.State.READY)
+        transaction.on_commit(lifecycle.schedule)
+
+    @admin.action(description="Advertise what the agent reports")
+    def use_reported_capacity(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset:
+            node.cpu, node.gpus, node.memory_gb = (
+                node.reported_cpu,
+                node.reported_gpus,
+                node.reported_memory_gb,
+            )
+            node.capacity_set_by_admin = False
+            node.save()
+        transaction.on_commit(lifecycle.schedule)
 
 
 class JobRoleInline(admin.TabularInline):

@@ -103,25 +103,24 @@ def job_as_dict(job: Job) -> dict[str, Any]:
 
 
 def quota_summary(user: User) -> dict[str, Any] | None:
+    """Room left (the tightest over every quota that binds the user), and each such quota."""
     try:
-        limit = quota.effective_quota(user)
+        scopes = quota.scopes_for(user)
     except quota.NoQuota:
         return None
-    used = quota.usage(user)
     return {
-        "limit": {
-            "cpu": limit.cpu,
-            "gpus": limit.gpus,
-            "memory_gb": limit.memory_gb,
-            "jobs": limit.running_jobs,
-        },
-        "used": {
-            "cpu": used.cpu,
-            "gpus": used.gpus,
-            "memory_gb": used.memory_gb,
-            "jobs": used.jobs,
-        },
-        "left": quota.remaining(limit, used),
+        "left": quota.effective_left(scopes),
+        "scopes": [scope_as_dict(s) for s in scopes],
+    }
+
+
+def scope_as_dict(scope: quota.Scope) -> dict[str, Any]:
+    return {
+        "kind": scope.kind,
+        "name": scope.name,
+        "limit": scope.limit,
+        "used": scope.used.as_dict(),
+        "left": scope.left,
     }
 
 

@@ -5,12 +5,15 @@ Job and replica state are written only by `jobs.services.lifecycle`; everything 
 
 import hashlib
 import secrets
+from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 
 class Framework(models.TextChoices):
@@ -74,11 +77,17 @@ class Package(models.Model):
 
 
 class Quota(models.Model):
-    """The most a user may hold at once. The row marked default applies to users without one."""
+    """The most a user, or a group of users together, may hold at once.
+
+    Exactly one of: the default (for users without a quota of their own), one user's, or one
+    group's (shared by all its members). A user's effective limit on each resource is the
+    tightest of their own (or the default) and those of their groups.
+    """
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE
     )
+    group = models.OneToOneField(Group, null=True, blank=True, on_delete=models.CASCADE)
     is_default = models.BooleanField(default=False)
     cpu = models.PositiveIntegerField()
     gpus = models.PositiveIntegerField()
@@ -91,30 +100,49 @@ class Quota(models.Model):
                 fields=["is_default"], condition=Q(is_default=True), name="one_default_quota"
             ),
             models.CheckConstraint(
-                condition=Q(is_default=True, user__isnull=True)
-                | Q(is_default=False, user__isnull=False),
-                name="quota_is_default_xor_user",
+                condition=Q(is_default=True, user__isnull=True, group__isnull=True)
+                | Q(is_default=False, user__isnull=False, group__isnull=True)
+                | Q(is_default=False, user__isnull=True, group__isnull=False),
+                name="quota_has_one_scope",
+                violation_error_message="A quota is the default, a user's or a group's.",
             ),
         ]
 
     def __str__(self) -> str:
-        return "default quota" if self.is_default else f"quota of {self.user}"
+        if self.is_default:
+            return "default quota"
+        return f"quota of group {self.group}" if self.group_id else f"quota of {self.user}"
 
 
 class Node(models.Model):
-    """A machine with a node agent. Capacity is what its agent advertises."""
+    """A machine with a node agent.
+
+    `reported_*` is what the agent found on the host; `cpu`, `gpus` and `memory_gb` are what
+    placement uses: the reported values, unless an admin set them (then heartbeats leave them).
+    Lost is not stored: a node is lost while its heartbeats are older than the stale limit.
+    """
 
     class State(models.TextChoices):
         READY = "ready"
-        DRAINING = "draining"
+        DRAINING = "draining", "draining (no new work)"
 
     name = models.CharField(max_length=100, unique=True)
     address = models.CharField(max_length=255)
-    cpu = models.PositiveIntegerField()
-    gpus = models.PositiveIntegerField(default=0)
+    cpu = models.PositiveIntegerField(help_text="Advertised CPU cores.")
+    gpus = models.PositiveIntegerField(default=0, help_text="Advertised GPUs.")
     gpu_model = models.CharField(max_length=50, blank=True)
-    memory_gb = models.PositiveIntegerField()
+    memory_gb = models.PositiveIntegerField(help_text="Advertised memory.")
+    capacity_set_by_admin = models.BooleanField(
+        default=False, help_text="Keep the advertised capacity instead of what the agent reports."
+    )
+    reported_cpu = models.PositiveIntegerField(default=0)
+    reported_gpus = models.PositiveIntegerField(default=0)
+    reported_memory_gb = models.PositiveIntegerField(default=0)
+    labels = models.JSONField(default=dict, blank=True, help_text='e.g. {"zone": "a"}')
     state = models.CharField(max_length=20, choices=State.choices, default=State.READY)
+    running = models.JSONField(
+        default=list, blank=True, help_text="What the agent said it runs, at its last heartbeat."
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered = models.DateTimeField(auto_now_add=True)
 
@@ -123,6 +151,17 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def is_lost(self, now: "datetime | None" = None) -> bool:
+        if self.last_heartbeat is None:
+            return True
+        now = now or timezone.now()
+        return (now - self.last_heartbeat).total_seconds() > settings.TRAINYARD_NODE_STALE_SECONDS
+
+    @property
+    def status(self) -> str:
+        """ready, draining or lost: what the node page shows."""
+        return "lost" if self.is_lost() else self.state
 
 
 class Job(models.Model):

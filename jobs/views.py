@@ -1,13 +1,10 @@
 """Browser pages: job list, New job form, job page. Thin views over the services layer."""
 
-from datetime import timedelta
-
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 from redis import RedisError
 
@@ -16,7 +13,7 @@ from jobs.api import catalog_for
 from jobs.forms import NewJobForm
 from jobs.models import Node
 from jobs.redis_client import get_redis
-from jobs.services import lifecycle
+from jobs.services import cluster, lifecycle
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 
 
@@ -29,15 +26,28 @@ def job_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def new_job(request: HttpRequest) -> HttpResponse:
     form = NewJobForm(request.POST or None)
+    over: dict[str, dict[str, object]] = {}
     if request.method == "POST" and form.is_valid():
         try:
             job = submit_job(request.user, check_job_request(form.as_request()))  # type: ignore[arg-type]
         except ValidationFailed as exc:
             form.add_service_errors(exc.errors)
+            over = exc.detail.get("quota", {})
         else:
             return redirect("job_detail", job_id=job.pk)
     catalog = catalog_for(request.user)  # type: ignore[arg-type]
-    return render(request, "jobs/new_job.html", {"form": form, "catalog": catalog})
+    formulas = [
+        {"label": RESOURCE_FORMULA_NAMES[r], **detail}
+        for r, detail in over.items()
+        if r in RESOURCE_FORMULA_NAMES
+    ]
+    return render(
+        request, "jobs/new_job.html", {"form": form, "catalog": catalog, "over": formulas}
+    )
+
+
+# Seed 004 writes the totals as CPU_Total and GPU_Total.
+RESOURCE_FORMULA_NAMES = {"cpu": "CPU_total", "gpus": "GPU_total", "memory_gb": "Memory_total"}
 
 
 @login_required
@@ -73,5 +83,19 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 
 def _live_node_names() -> list[str]:
-    cutoff = timezone.now() - timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
-    return list(Node.objects.filter(last_heartbeat__gte=cutoff).values_list("name", flat=True))
+    return [n.name for n in Node.objects.all() if not n.is_lost()]
+
+
+@login_required
+def node_list(request: HttpRequest) -> HttpResponse:
+    return render(
+        request,
+        "jobs/node_list.html",
+        {"rows": cluster.node_rows(), "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS},
+    )
+
+
+@login_required
+def quota_list(request: HttpRequest) -> HttpResponse:
+    rows = cluster.quota_rows(request.user)  # type: ignore[arg-type]
+    return render(request, "jobs/quota_list.html", {"rows": rows})

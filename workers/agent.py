@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import redis
 from celery import Celery
 
-from workers import contract
+from workers import contract, inventory
 from workers.logship import LogShipper
 from workers.spec import ReplicaSpec
 from workers.supervisor import Supervisor
@@ -110,10 +109,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--address", default="127.0.0.1", help="address other nodes reach this one at"
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""))
-    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--memory-gb", type=int, default=int(psutil.virtual_memory().total / 2**30))
-    parser.add_argument("--gpus", type=int, default=0)
-    parser.add_argument("--gpu-model", default="")
+    # Left unset, capacity is what the host has (GPUs through NVML); set them to advertise
+    # less (or, for a local demo, more) than that.
+    found = inventory.detect()
+    parser.add_argument("--cpus", type=int, default=found.cpus)
+    parser.add_argument("--memory-gb", type=int, default=found.memory_gb)
+    parser.add_argument("--gpus", type=int, default=found.gpus)
+    parser.add_argument("--gpu-model", default=found.gpu_model)
     parser.add_argument("--workdir", type=Path, default=Path("var/agents"))
     parser.add_argument(
         "--code-root",

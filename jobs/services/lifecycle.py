@@ -6,7 +6,8 @@ Replica:  pending -> assigned -> running -> succeeded | failed | stopped
           (pending | assigned -> stopped when the job ends before they run)
 
 Side effects (Celery messages to agents, websocket events, the log's end marker) happen on
-commit, so nobody hears of a state that could still roll back.
+commit, so nobody hears of a state that could still roll back. They are robust hooks: a broker
+hiccup after commit is logged, and never turns an accepted change into an error for the caller.
 """
 
 import logging
@@ -16,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.models import Job, JobRole, Node, Replica
@@ -23,6 +25,7 @@ from jobs.redis_client import get_redis
 from jobs.services import dispatch, events
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.totals import RoleRequest, Totals
+from jobs.services.waiting import Holding, NodeView, why_waiting
 from workers.logsink import LogSink
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ def job_state_payload(job: Job) -> dict[str, Any]:
         "id": job.pk,
         "state": job.state,
         "reason": job.reason,
+        "queue_position": queue_position(job),
         "started": job.started.isoformat() if job.started else None,
         "finished": job.finished.isoformat() if job.finished else None,
         "replicas": [
@@ -117,25 +121,37 @@ def create_job(
 # --- placement --------------------------------------------------------------------------------
 
 
-def live_nodes() -> list[Node]:
-    cutoff = timezone.now() - timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
-    return list(
-        Node.objects.select_for_update()
-        .filter(state=Node.State.READY, last_heartbeat__gte=cutoff)
-        .order_by("name")
+def ready_nodes(nodes: list[Node]) -> list[Node]:
+    """Nodes that take new work: not drained, and heard from recently."""
+    now = timezone.now()
+    return [n for n in nodes if n.state == Node.State.READY and not n.is_lost(now)]
+
+
+def holdings(nodes: list[Node]) -> list[Holding]:
+    """What each active job holds on each of these nodes (per replica, summed per job)."""
+    per: dict[tuple[int, str], Holding] = {}
+    held = Replica.objects.filter(state__in=Replica.HOLDING_STATES, node__in=nodes).select_related(
+        "node", "package"
     )
+    for r in held:
+        assert r.node is not None
+        key = (r.job_id, r.node.name)
+        old = per.get(key, Holding(r.job_id, r.node.name, 0, 0, 0))
+        per[key] = Holding(
+            r.job_id,
+            r.node.name,
+            old.cpu + r.package.cpu,
+            old.gpus + r.package.gpus,
+            old.memory_gb + r.package.memory_gb,
+        )
+    return list(per.values())
 
 
-def free_rooms(nodes: list[Node]) -> list[Room]:
+def free_rooms(nodes: list[Node], held: list[Holding]) -> list[Room]:
     rooms = {n.name: Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes}
-    held = list(
-        Replica.objects.filter(
-            state__in=Replica.HOLDING_STATES, node__name__in=list(rooms)
-        ).select_related("node", "package")
-    )
-    for replica, demand in zip(held, demands_of(held), strict=True):
-        assert replica.node is not None
-        rooms[replica.node.name].take(demand)
+    for h in held:
+        if h.node in rooms:
+            rooms[h.node].take(Demand(("held", h.job_id), h.cpu, h.gpus, h.memory_gb))
     return list(rooms.values())
 
 
@@ -146,52 +162,92 @@ def demands_of(replicas: list[Replica]) -> list[Demand]:
     ]
 
 
-def schedule() -> list[int]:
-    """Place waiting jobs in submission order while they fit; returns the ids dispatched.
+def waiting_jobs() -> list[Job]:
+    """Queued jobs not yet placed, first come first served."""
+    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
+    return list(
+        Job.objects.select_for_update()
+        .filter(state=Job.State.QUEUED, pk__in=unplaced)
+        .order_by("created", "id")
+    )
 
-    Strictly first come, first served: a job that does not fit holds back the ones behind it,
-    so a large job is never starved by a stream of small ones.
+
+def schedule() -> list[int]:
+    """Place waiting jobs in submission order; returns the ids dispatched.
+
+    A job that does not fit now does not hold back smaller jobs behind it that do (backfill),
+    unless it has waited longer than TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue
+    is strictly first come, first served until it starts, so a large job is never starved.
     """
     dispatched = []
     with transaction.atomic():
-        nodes = live_nodes()  # locks the node rows: one scheduler at a time
-        rooms = free_rooms(nodes)
-        # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
-        unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-        waiting = (
-            Job.objects.select_for_update()
-            .filter(state=Job.State.QUEUED, pk__in=unplaced)
-            .order_by("created", "id")
-        )
+        # Locking the node rows makes schedulers take turns.
+        nodes = list(Node.objects.select_for_update().order_by("name"))
+        usable = ready_nodes(nodes)
+        held = holdings(nodes)
+        rooms = free_rooms(usable, held)
+        views = [NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status) for n in nodes]
+        grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
+        blocker: Job | None = None
+        waiting = waiting_jobs()
+        unplaced: dict[int, list[Replica]] = {job.pk: [] for job in waiting}
+        for replica in (
+            Replica.objects.filter(job__in=waiting, state=Replica.State.PENDING)
+            .select_related("package")
+            .order_by("id")
+        ):
+            unplaced[replica.job_id].append(replica)
         for job in waiting:
-            replicas = list(
-                job.replicas.filter(state=Replica.State.PENDING).select_related("package")
-            )
-            assignment = place(demands_of(replicas), rooms)
+            replicas = unplaced[job.pk]
+            demands = demands_of(replicas)
+            if blocker is not None and timezone.now() - blocker.created > grace:
+                _set_reason(job, f"waiting behind job {blocker.pk}, which has waited longest")
+                continue
+            assignment = place(demands, rooms)
             if assignment is None:
-                reason = (
-                    "waiting for a node agent to register"
-                    if not nodes
-                    else "waiting for room on the nodes"
-                )
-                if job.reason != reason:
-                    _set_job_state(job, Job.State.QUEUED, reason)
-                break
-            by_name = {n.name: n for n in nodes}
-            for replica in replicas:
-                replica.node = by_name[assignment[(replica.role, replica.index)]]
-                replica.state = Replica.State.ASSIGNED
-            Replica.objects.bulk_update(replicas, ["node", "state"])
+                _set_reason(job, why_waiting(demands, rooms, views, held))
+                blocker = blocker or job
+                continue
+            by_name = {n.name: n for n in usable}
             by_room = {room.node: room for room in rooms}
-            for demand in demands_of(replicas):  # keep `rooms` true for the jobs behind
-                by_room[assignment[demand.key]].take(demand)
+            for replica, demand in zip(replicas, demands, strict=True):
+                replica.node = by_name[assignment[demand.key]]
+                replica.state = Replica.State.ASSIGNED
+                by_room[replica.node.name].take(demand)  # keep `rooms` true for the rest
+                held.append(
+                    Holding(job.pk, replica.node.name, demand.cpu, demand.gpus, demand.memory_gb)
+                )
+            Replica.objects.bulk_update(replicas, ["node", "state"])
             placed = sorted({r.node.name for r in replicas if r.node is not None})
             _set_job_state(job, Job.State.QUEUED, f"starting on {', '.join(placed)}")
             specs = dispatch.build_specs(job)
             job_id = job.pk
-            transaction.on_commit(lambda j=job_id, s=specs: dispatch.send_starts(j, s))  # type: ignore[misc]
+            transaction.on_commit(
+                lambda j=job_id, s=specs: dispatch.send_starts(j, s),  # type: ignore[misc]
+                robust=True,
+            )
             dispatched.append(job_id)
     return dispatched
+
+
+def _set_reason(job: Job, reason: str) -> None:
+    if job.reason != reason:
+        _set_job_state(job, Job.State.QUEUED, reason)
+
+
+def queue_position(job: Job) -> int | None:
+    """1 for the first job waiting for room, 2 for the next...; None when not waiting."""
+    if (
+        job.state != Job.State.QUEUED
+        or not job.replicas.filter(state=Replica.State.PENDING).exists()
+    ):
+        return None
+    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    ahead = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).filter(
+        Q(created__lt=job.created) | Q(created=job.created, pk__lt=job.pk)
+    )
+    return ahead.count() + 1
 
 
 # --- reports from agents ----------------------------------------------------------------------
@@ -259,11 +315,13 @@ def replica_exited(
                 _stop_unplaced(job)
         if stop_nodes:
             reason_text = f"{replica.tag} failed"
-            transaction.on_commit(lambda: dispatch.send_stops(job_id, stop_nodes, reason_text))
+            transaction.on_commit(
+                lambda: dispatch.send_stops(job_id, stop_nodes, reason_text), robust=True
+            )
         _complete_log_if_done(job)
         events.send_on_commit(job.pk, {"type": "state", "job": job_state_payload(job)})
     # Capacity was freed: let waiting jobs in.
-    transaction.on_commit(schedule)
+    transaction.on_commit(schedule, robust=True)
 
 
 def _failure_reason(replica: Replica, node: str, reason: str, stderr_tail: list[str]) -> str:
@@ -286,9 +344,11 @@ def cancel(job_id: int, by: User) -> Job:
         nodes = [r.node.name for r in dispatch.replicas_holding(job) if r.node]
         _stop_unplaced(job)
         if nodes:
-            transaction.on_commit(lambda: dispatch.send_stops(job_id, nodes, "cancelled"))
+            transaction.on_commit(
+                lambda: dispatch.send_stops(job_id, nodes, "cancelled"), robust=True
+            )
         _complete_log_if_done(job)
-    transaction.on_commit(schedule)
+    transaction.on_commit(schedule, robust=True)
     return job
 
 
@@ -307,41 +367,45 @@ def _complete_log_if_done(job: Job) -> None:
     job.log_complete = True
     job.save(update_fields=["log_complete"])
     end_reason = f"job {job.state}" + (f": {job.reason.splitlines()[0]}" if job.reason else "")
-    transaction.on_commit(lambda: LogSink(get_redis()).append_end(job.pk, end_reason))
+    transaction.on_commit(lambda: LogSink(get_redis()).append_end(job.pk, end_reason), robust=True)
 
 
 # --- nodes ------------------------------------------------------------------------------------
 
 
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    """Register or refresh a node from its agent's heartbeat; a new node may admit jobs."""
+    """Register or refresh a node from its agent's heartbeat.
+
+    The agent's capacity becomes the advertised one unless an admin has set it. A node that is
+    new, or back after being lost, may let waiting jobs in.
+    """
     name = str(payload["node"])
+    reported = {
+        "reported_cpu": int(payload["cpus"]),
+        "reported_gpus": int(payload["gpus"]),
+        "reported_memory_gb": int(payload["memory_gb"]),
+    }
+    now = timezone.now()
     with transaction.atomic():
-        node, created = Node.objects.select_for_update().get_or_create(
-            name=name,
-            defaults={
-                "address": payload["address"],
-                "cpu": payload["cpus"],
-                "gpus": payload["gpus"],
-                "gpu_model": payload.get("gpu_model", ""),
-                "memory_gb": payload["memory_gb"],
-                "last_heartbeat": timezone.now(),
-            },
-        )
-        was_stale = (
-            created
-            or node.last_heartbeat is None
-            or (
-                timezone.now() - node.last_heartbeat
-                > timedelta(seconds=settings.TRAINYARD_NODE_STALE_SECONDS)
+        node = Node.objects.select_for_update().filter(name=name).first()
+        came_back = node is None or node.is_lost(now)
+        if node is None:
+            node = Node(name=name, cpu=0, memory_gb=0)
+        node.address = str(payload["address"])
+        node.gpu_model = str(payload.get("gpu_model", ""))
+        for field, value in reported.items():
+            setattr(node, field, value)
+        if not node.capacity_set_by_admin:
+            node.cpu, node.gpus, node.memory_gb = (
+                reported["reported_cpu"],
+                reported["reported_gpus"],
+                reported["reported_memory_gb"],
             )
-        )
-        if not created:
-            node.address = payload["address"]
-            node.last_heartbeat = timezone.now()
-            node.save(update_fields=["address", "last_heartbeat"])
-        if was_stale:
-            transaction.on_commit(schedule)
+        node.running = list(payload.get("running", []))
+        node.last_heartbeat = now
+        node.save()
+        if came_back:
+            transaction.on_commit(schedule, robust=True)
 
 
 def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:

@@ -73,3 +73,40 @@ def never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> Demand 
 def gang_never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> bool:
     """True when the instances could not all run at once even on empty nodes."""
     return place(demands, capacities) is None
+
+
+def first_unplaceable(
+    demands: Sequence[Demand], rooms: Sequence[Room]
+) -> tuple[Demand, list[Room]] | None:
+    """The instance placement gets stuck on, with the rooms as they were at that moment
+    (after the larger instances before it were placed); None when everything fits."""
+    free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
+    for demand in sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True):
+        candidates = [r for r in free if r.fits(demand)]
+        if not candidates:
+            return demand, free
+        best = min(
+            candidates,
+            key=lambda r: (
+                r.gpus - demand.gpus,
+                r.cpu - demand.cpu,
+                r.memory_gb - demand.memory_gb,
+                r.node,
+            ),
+        )
+        best.take(demand)
+    return None
+
+
+def describe(cpu: int, gpus: int, memory_gb: int) -> str:
+    """ "2 GPUs, 12 CPU cores and 120 GB": the non-zero parts, GPUs first."""
+    parts = []
+    if gpus:
+        parts.append(f"{gpus} GPU{'s' if gpus != 1 else ''}")
+    if cpu:
+        parts.append(f"{cpu} CPU core{'s' if cpu != 1 else ''}")
+    if memory_gb:
+        parts.append(f"{memory_gb} GB")
+    if len(parts) > 1:
+        return ", ".join(parts[:-1]) + " and " + parts[-1]
+    return parts[0] if parts else "nothing"

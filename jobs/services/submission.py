@@ -166,39 +166,22 @@ def check_job_request(data: Any) -> JobRequest:
 def submit_job(user: User, request: JobRequest) -> Job:
     """Admit the request and write the job, or raise ValidationFailed with every reason.
 
-    Admission asks two things: does the user's quota have room, and could the nodes ever hold
-    every instance at once (a job that never could would wait forever).
+    Admission asks two things: does every quota that binds the user have room, and could the
+    nodes ever hold every instance at once (a job that never could would wait forever).
 
-    The check and the write share one transaction that holds the user's row locked (on SQLite
+    The check and the write share one transaction that holds the quota rows locked (on SQLite
     the IMMEDIATE transaction holds the whole database), so two racing submissions can never
     both take the last of a quota.
     """
     with transaction.atomic():
-        User.objects.select_for_update().filter(pk=user.pk).first()
         try:
-            limit = quota.effective_quota(user)
+            scopes = quota.scopes_for(user, lock=True)
         except quota.NoQuota as exc:
             raise ValidationFailed({"quota": [str(exc)]}) from None
-        over = quota.excesses(limit, quota.usage(user), request.totals)
+        over = quota.excesses(scopes, request.totals)
         never = lifecycle.why_never_placeable(request.roles)
         if over or never:
-            errors = {field: [message] for field, message in never.items()}
-            if over:
-                errors["quota"] = [e.message for e in over]
-            raise ValidationFailed(
-                errors,
-                {
-                    "quota": {
-                        e.resource: {
-                            "requested": e.requested,
-                            "left": e.left,
-                            "limit": e.limit,
-                            "over_by": e.over_by,
-                        }
-                        for e in over
-                    }
-                },
-            )
+            raise _admission_failure(request, scopes, over, never)
         job = lifecycle.create_job(
             user,
             request.name,
@@ -208,5 +191,33 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.roles,
             request.totals,
         )
-    transaction.on_commit(lifecycle.schedule)
+    transaction.on_commit(lifecycle.schedule, robust=True)
     return job
+
+
+def _admission_failure(
+    request: JobRequest,
+    scopes: list[quota.Scope],
+    over: list[quota.Excess],
+    never: dict[str, str],
+) -> ValidationFailed:
+    errors = {field: [message] for field, message in never.items()}
+    detail: dict[str, Any] = {"quota": {}}
+    if over:
+        errors["quota"] = [e.message for e in over]
+        # The tightest scope per resource is the one to report in the machine-readable part.
+        for e in sorted(over, key=lambda e: -e.over_by):
+            detail["quota"].setdefault(e.resource, e.as_dict())
+        fits = quota.largest_fitting(request.roles, scopes)
+        asked = next((r.instances for r in request.roles if r.role == "worker"), 0)
+        if fits is not None and fits < asked:
+            errors["quota"].append(
+                f"It fits with {fits} worker{'s' if fits != 1 else ''} "
+                f"({fits + _other_instances(request)} instances in all)."
+            )
+            detail["fits_with"] = {"role": "worker", "instances": fits}
+    return ValidationFailed(errors, detail)
+
+
+def _other_instances(request: JobRequest) -> int:
+    return sum(r.instances for r in request.roles if r.role != "worker")

@@ -23,7 +23,7 @@ class Totals:
     gpus: int
     memory_gb: int
     price_per_hour: Decimal
-    # Per resource, the formula with the numbers filled in: "2×1 + 12×2 = 26".
+    # Per resource, the formula expanded per role: "server 2×1 + worker 12×2 = 26".
     formulas: dict[str, str]
 
     def as_dict(self) -> dict[str, int]:
@@ -35,9 +35,9 @@ def compute_totals(roles: Iterable[RoleRequest]) -> Totals:
     sums: dict[str, int] = {}
     formulas: dict[str, str] = {}
     for resource in RESOURCES:
-        terms = [(getattr(r.package, resource), r.instances) for r in roles]
-        sums[resource] = sum(per * n for per, n in terms)
-        expr = " + ".join(f"{per}×{n}" for per, n in terms) or "0"
+        terms = [(r.role, getattr(r.package, resource), r.instances) for r in roles]
+        sums[resource] = sum(per * n for _, per, n in terms)
+        expr = " + ".join(f"{role} {per}×{n}" for role, per, n in terms) or "0"
         formulas[resource] = f"{expr} = {sums[resource]}"
     price = sum((r.package.price_per_hour * r.instances for r in roles), Decimal(0))
     return Totals(sums["cpu"], sums["gpus"], sums["memory_gb"], price, formulas)

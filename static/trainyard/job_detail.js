@@ -24,6 +24,9 @@
     stateEl.textContent = job.state;
     stateEl.className = `state state-${job.state}`;
     document.getElementById("job-reason").textContent = job.reason || "";
+    const position = document.getElementById("queue-position");
+    position.hidden = !job.queue_position;
+    position.querySelector("span").textContent = job.queue_position || "";
     const cancel = document.getElementById("cancel-form");
     if (cancel && ["succeeded", "failed", "cancelled"].includes(job.state)) cancel.remove();
     const body = document.querySelector("#replicas tbody");
@@ -107,6 +110,18 @@
     };
   }
 
+  // While the job waits for room, its place in the queue moves as other jobs start or leave;
+  // those changes are not this job's events, so ask for them.
+  async function refreshWhileWaiting() {
+    const position = document.getElementById("queue-position");
+    if (!ended && !position.hidden) {
+      const r = await fetch(`/api/v1/jobs/${jobId}`, { credentials: "same-origin" });
+      if (r.ok) renderState(await r.json());
+    }
+    setTimeout(refreshWhileWaiting, 3000);
+  }
+
   renderState(initial);
   connect();
+  setTimeout(refreshWhileWaiting, 3000);
 })();

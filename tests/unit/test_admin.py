@@ -49,3 +49,50 @@ def test_it_keeps_admin_pages_from_non_staff(client: Client, alice: User) -> Non
     client.force_login(alice)
     assert client.get("/admin/jobs/job/").status_code == 302
     assert FrameworkImage.objects.count() == 1
+
+
+def test_it_drains_and_returns_nodes(client: Client, charlie_admin: User) -> None:
+    from jobs.models import Node
+
+    client.force_login(charlie_admin)
+    node = Node.objects.get(name="node-1")
+    r = client.post("/admin/jobs/node/", {"action": "drain", "_selected_action": [node.pk]})
+    assert r.status_code == 302
+    node.refresh_from_db()
+    assert node.state == Node.State.DRAINING and node.status == "draining"
+    client.post("/admin/jobs/node/", {"action": "return_to_service", "_selected_action": [node.pk]})
+    node.refresh_from_db()
+    assert node.state == Node.State.READY
+
+
+def test_an_admin_set_capacity_sticks(client: Client, charlie_admin: User) -> None:
+    from jobs.models import Node
+
+    client.force_login(charlie_admin)
+    node = Node.objects.get(name="node-1")
+    r = client.post(
+        f"/admin/jobs/node/{node.pk}/change/",
+        {
+            "state": "ready",
+            "labels": '{"zone": "a"}',
+            "cpu": 4,
+            "gpus": 0,
+            "memory_gb": 32,
+        },
+    )
+    assert r.status_code == 302
+    node.refresh_from_db()
+    assert (node.cpu, node.capacity_set_by_admin, node.labels) == (4, True, {"zone": "a"})
+
+
+def test_it_lets_admins_give_a_group_a_quota(client: Client, charlie_admin: User) -> None:
+    from django.contrib.auth.models import Group
+
+    team = Group.objects.create(name="ml-team")
+    client.force_login(charlie_admin)
+    r = client.post(
+        "/admin/jobs/quota/add/",
+        {"group": team.pk, "cpu": 64, "gpus": 8, "memory_gb": 512, "running_jobs": 10},
+    )
+    assert r.status_code == 302
+    assert Quota.objects.get(group=team).gpus == 8

@@ -96,8 +96,16 @@ def test_it_reports_quota_failures_per_resource(
     r = api(client, "post", "/api/v1/jobs", alice_token, job_request(instances=12))
     assert r.status_code == 400
     body = r.json()
-    assert body["quota"]["cpu"] == {"requested": 12, "left": 10, "limit": 10, "over_by": 2}
+    assert body["quota"]["cpu"] == {
+        "requested": 12,
+        "left": 10,
+        "limit": 10,
+        "over_by": 2,
+        "scope": "you",
+        "formula": "master 1×1 + worker 1×11 = 12",
+    }
     assert "over by 2" in body["errors"]["quota"][0]
+    assert body["fits_with"] == {"role": "worker", "instances": 9}
     assert Job.objects.count() == 0
 
 

@@ -182,7 +182,11 @@ def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
         second = submit_job(alice, check_job_request(job_request(instances=1, package="cpu-2")))
     second.refresh_from_db()
     assert second.state == Job.State.QUEUED
-    assert second.reason == "waiting for room on the nodes"
+    assert second.reason == (
+        "waiting: needs a node with 2 CPU cores and 4 GB free; "
+        f"node-1 frees 2 CPU cores when job {first.pk} ends"
+    )
+    assert lifecycle.queue_position(second) == 1
     assert not second.replicas.filter(state=Replica.State.ASSIGNED).exists()
     with django_capture_on_commit_callbacks(execute=True):
         lifecycle.cancel(first.pk, alice)

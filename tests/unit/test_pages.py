@@ -100,3 +100,49 @@ def test_it_cancels_from_the_job_page(client: Client, alice: User) -> None:
     assert r.status_code == 302
     job.refresh_from_db()
     assert job.state == Job.State.CANCELLED
+
+
+def test_it_expands_the_formula_per_role_for_the_term_that_is_over(
+    client: Client, alice: User
+) -> None:
+    set_quota(alice, cpu=2)
+    client.force_login(alice)
+    html = client.post("/jobs/new/", FORM).content.decode()
+    assert "CPU_total = master 1×1 + worker 1×2 = 3 &gt; 2 left (you): over by 1" in html
+    assert "It fits with 1 worker (2 instances in all)." in html
+
+
+def test_the_node_page_shows_capacity_use_and_status(client: Client, alice: User) -> None:
+    from jobs.models import Node
+    from tests.conftest import make_stale
+
+    make_stale(Node.objects.get(name="node-2"))
+    job = submit_job(alice, check_job_request(job_request(instances=2)))
+    from jobs.services import lifecycle
+
+    lifecycle.schedule()
+    client.force_login(alice)
+    html = client.get("/nodes/").content.decode()
+    assert 'data-node="node-1"' in html and "state-ready" in html and "state-lost" in html
+    assert f"#{job.pk}" in html and "2 / 8" in html
+
+
+def test_the_quota_page_shows_use_against_limits(
+    client: Client, alice: User, bob: User, charlie_admin: User
+) -> None:
+    from django.contrib.auth.models import Group
+
+    from jobs.models import Quota
+
+    team = Group.objects.create(name="ml-team")
+    alice.groups.add(team)
+    Quota.objects.create(group=team, cpu=3, gpus=0, memory_gb=64, running_jobs=5)
+    submit_job(alice, check_job_request(job_request(instances=3)))
+    client.force_login(alice)
+    html = client.get("/quotas/").content.decode()
+    assert 'data-name="alice"' in html and 'data-name="ml-team"' in html
+    assert 'data-name="bob"' not in html  # users see themselves and their groups
+    assert '<td class="full" data-resource="cpu">3 / 3</td>' in html
+    client.force_login(charlie_admin)
+    html = client.get("/quotas/").content.decode()
+    assert 'data-name="bob"' in html and 'data-name="charlie"' in html

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 
 from jobs.models import Job, Package, Quota, Replica
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
@@ -111,10 +111,57 @@ def test_it_says_which_resource_is_over_and_by_how_much(alice: User) -> None:
     with pytest.raises(ValidationFailed) as caught:
         submit_job(alice, check_job_request(job_request(instances=3)))
     assert caught.value.errors["quota"] == [
-        "Over quota on CPU cores: this job needs 3, you have 2 left of 2 (over by 1)."
+        "Over quota on CPU cores: this job needs 3, you have 2 left of 2 (over by 1).",
+        "It fits with 1 worker (2 instances in all).",
     ]
     assert caught.value.detail["quota"]["cpu"]["over_by"] == 1
+    assert caught.value.detail["quota"]["cpu"]["formula"] == "master 1×1 + worker 1×2 = 3"
+    assert caught.value.detail["fits_with"] == {"role": "worker", "instances": 1}
     assert Job.objects.count() == 0
+
+
+def in_group(user: User, name: str, **limits: int) -> Group:
+    group, _ = Group.objects.get_or_create(name=name)
+    user.groups.add(group)
+    defaults = {"cpu": 100, "gpus": 0, "memory_gb": 1000, "running_jobs": 100}
+    Quota.objects.get_or_create(group=group, defaults={**defaults, **limits})
+    return group
+
+
+def test_a_group_quota_binds_all_its_members_together(alice: User, bob: User) -> None:
+    in_group(alice, "ml-team", cpu=5)
+    in_group(bob, "ml-team")
+    submit_job(alice, check_job_request(job_request(instances=3)))
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(bob, check_job_request(job_request(instances=3)))
+    assert caught.value.errors["quota"][0] == (
+        "Over quota on CPU cores (group ml-team): this job needs 3, group ml-team has 2 left "
+        "of 5 (over by 1)."
+    )
+    assert caught.value.detail["quota"]["cpu"]["scope"] == "group ml-team"
+    submit_job(bob, check_job_request(job_request(instances=2)))
+    assert Job.objects.count() == 2
+
+
+def test_the_tighter_of_user_and_group_limits_applies(alice: User) -> None:
+    set_quota(alice, cpu=3)
+    in_group(alice, "big-team", cpu=50)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=4)))
+    assert "you have 3 left of 3" in caught.value.errors["quota"][0]
+    in_group(alice, "tight-team", cpu=2)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=3)))
+    assert caught.value.errors["quota"][0].startswith("Over quota on CPU cores (group tight-team)")
+    assert "It fits with 1 worker (2 instances in all)." in caught.value.errors["quota"]
+
+
+def test_it_suggests_nothing_when_even_the_master_alone_is_over(alice: User) -> None:
+    set_quota(alice, cpu=0)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=3)))
+    assert "fits_with" not in caught.value.detail
+    assert len(caught.value.errors["quota"]) == 1
 
 
 def test_it_counts_what_active_jobs_hold(alice: User) -> None:

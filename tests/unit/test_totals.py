@@ -14,12 +14,12 @@ def test_it_reproduces_seed_004s_example() -> None:
     totals = compute_totals([RoleRequest("server", server, 1), RoleRequest("worker", worker, 2)])
     assert (totals.cpu, totals.gpus, totals.memory_gb) == (26, 4, 252)
     assert totals.price_per_hour == Decimal("6.20")
-    assert totals.formulas["cpu"] == "2×1 + 12×2 = 26"
-    assert totals.formulas["gpus"] == "0×1 + 2×2 = 4"
+    assert totals.formulas["cpu"] == "server 2×1 + worker 12×2 = 26"
+    assert totals.formulas["gpus"] == "server 0×1 + worker 2×2 = 4"
 
 
 def test_it_ignores_roles_with_no_instances() -> None:
     one = pkg("cpu-1", 1, 0, 2, "0.05")
     totals = compute_totals([RoleRequest("master", one, 1), RoleRequest("worker", one, 0)])
     assert totals.cpu == 1
-    assert totals.formulas["cpu"] == "1×1 = 1"
+    assert totals.formulas["cpu"] == "master 1×1 = 1"

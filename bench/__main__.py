@@ -1,0 +1,69 @@
+"""`make bench`: every figure beside a baseline measured in the same run, as a ratio.
+
+Admission: 8 processes racing 20 submissions each against a quota that admits 50, next to one
+process submitting 50 alone (no contention), on SQLite and on PostgreSQL when reachable.
+"""
+
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from bench.admission import RaceResult, race_in_subprocess
+from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+
+
+def admission(redis_url: str, tmp: Path) -> bool:
+    databases: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
+        ("sqlite", lambda: fresh_sqlite(tmp))
+    ]
+    reason = postgres_unreachable_reason()
+    if reason is None:
+        databases.append(("postgresql", fresh_postgres))
+    else:
+        print(f"admission on postgresql: SKIPPED ({reason})")
+    ok = True
+    for label, fresh in databases:
+        with fresh() as url:
+            alone = race_in_subprocess(url, redis_url, label, "user", 1, 50, 50)
+        for scope in ("user", "group"):
+            with fresh() as url:
+                race = race_in_subprocess(url, redis_url, label, scope)
+            print(race.summary())
+            print(_ratios(alone, race))
+            ok = ok and race.over_admitted == 0 and not race.errors
+    return ok
+
+
+def _ratios(alone: RaceResult, race: RaceResult) -> str:
+    return (
+        f"{'':<16} baseline 1 process alone: {alone.attempts / alone.seconds:.0f} decisions/s, "
+        f"p99 {alone.p(0.99) * 1000:.1f} ms -> racing/alone: throughput "
+        f"{(race.attempts / race.seconds) / (alone.attempts / alone.seconds):.2f}x, "
+        f"p99 latency {race.p(0.99) / alone.p(0.99):.1f}x"
+    )
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        port = free_port()
+        redis = subprocess.Popen(
+            redis_argv(redis_server_binary(), port, tmp), stdout=subprocess.DEVNULL
+        )
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            wait_for_redis(url, redis)
+            print("== admission: 8 processes x 20 submissions, quota admits 50 ==")
+            ok = admission(url, tmp)
+        finally:
+            redis.terminate()
+            redis.wait(10)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

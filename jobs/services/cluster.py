@@ -1,0 +1,73 @@
+"""Read models for the node and quota pages: what each node holds and each quota is used for."""
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import Group, User
+from django.db.models import Q
+
+from jobs.models import Node, Quota
+from jobs.services import quota as quotas
+from jobs.services.lifecycle import holdings
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: Node
+    status: str
+    used: dict[str, int]
+    free: dict[str, int]
+    jobs: list[int]
+
+
+def node_rows() -> list[NodeRow]:
+    nodes = list(Node.objects.order_by("name"))
+    held = holdings(nodes)
+    rows = []
+    for node in nodes:
+        mine = [h for h in held if h.node == node.name]
+        used = {
+            "cpu": sum(h.cpu for h in mine),
+            "gpus": sum(h.gpus for h in mine),
+            "memory_gb": sum(h.memory_gb for h in mine),
+        }
+        capacity = {"cpu": node.cpu, "gpus": node.gpus, "memory_gb": node.memory_gb}
+        free = {k: capacity[k] - used[k] for k in capacity}
+        rows.append(NodeRow(node, node.status, used, free, sorted({h.job_id for h in mine})))
+    return rows
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    kind: str  # "user", "default" (a user on the default quota) or "group"
+    name: str
+    limit: dict[str, int]
+    used: dict[str, int]
+
+    @property
+    def cells(self) -> list[tuple[str, int, int, bool]]:
+        """(resource, used, limit, full) in display order; full: nothing more fits."""
+        return [
+            (r, self.used[r], self.limit[r], self.used[r] >= self.limit[r]) for r in quotas.LIMITED
+        ]
+
+
+def quota_rows(viewer: User) -> list[QuotaRow]:
+    """Staff see every user and group; others see themselves and their groups."""
+    users = User.objects.order_by("username") if viewer.is_staff else [viewer]
+    groups = (
+        Group.objects.filter(quota__isnull=False).order_by("name")
+        if viewer.is_staff
+        else viewer.groups.filter(quota__isnull=False).order_by("name")
+    )
+    rows = []
+    for user in users:
+        try:
+            scope = quotas.scopes_for(user)[0]
+        except quotas.NoQuota:
+            continue
+        rows.append(QuotaRow(scope.kind, user.get_username(), scope.limit, scope.used.as_dict()))
+    for group in groups:
+        limit = Quota.objects.get(group=group)
+        scope = quotas.Scope("group", group.name, limit, quotas.usage_of(Q(owner__groups=group)))
+        rows.append(QuotaRow("group", group.name, scope.limit, scope.used.as_dict()))
+    return rows

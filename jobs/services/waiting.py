@@ -1,0 +1,84 @@
+"""Why a queued job waits, in words a user can act on.
+
+"waiting: needs a node with 2 GPUs free; node-2 frees 2 GPUs when job 41 ends"
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from jobs.services.placement import Demand, Room, describe, first_unplaceable
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one job holds on one node."""
+
+    job_id: int
+    node: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+    status: str  # ready, draining or lost
+
+
+def why_waiting(
+    demands: Sequence[Demand],
+    rooms: Sequence[Room],
+    nodes: Sequence[NodeView],
+    holdings: Sequence[Holding],
+) -> str:
+    if not nodes:
+        return "waiting for a node agent to register"
+    ready = [n for n in nodes if n.status == "ready"]
+    if not ready:
+        states = ", ".join(f"{n.name} {n.status}" for n in nodes)
+        return f"waiting: no node is ready ({states})"
+    stuck = first_unplaceable(demands, rooms)
+    if stuck is None:
+        return "waiting for its turn in the queue"
+    demand, rooms_then = stuck
+    need = describe(demand.cpu, demand.gpus, demand.memory_gb)
+    head = f"waiting: needs a node with {need} free"
+    best: tuple[int, str, list[int], Room] | None = None
+    by_name = {r.node: r for r in rooms_then}
+    for node in ready:
+        whole = Room(node.name, node.cpu, node.gpus, node.memory_gb)
+        room = by_name.get(node.name)
+        if room is None or not whole.fits(demand):
+            continue
+        ending = _jobs_to_end(demand, room, [h for h in holdings if h.node == node.name])
+        if ending and (best is None or len(ending) < best[0]):
+            best = (len(ending), node.name, ending, room)
+    if best is None:
+        return head
+    _, node_name, ending, room = best
+    freed = describe(
+        max(0, demand.cpu - room.cpu),
+        max(0, demand.gpus - room.gpus),
+        max(0, demand.memory_gb - room.memory_gb),
+    )
+    jobs = " and ".join(f"job {j}" for j in ending)
+    verb = "ends" if len(ending) == 1 else "end"
+    return f"{head}; {node_name} frees {freed} when {jobs} {verb}"
+
+
+def _jobs_to_end(demand: Demand, room: Room, holdings: list[Holding]) -> list[int]:
+    """The fewest jobs (largest holders first) whose end makes `room` fit `demand`."""
+    free = Room(room.node, room.cpu, room.gpus, room.memory_gb)
+    ending: list[int] = []
+    for h in sorted(holdings, key=lambda h: (h.gpus, h.cpu, h.memory_gb), reverse=True):
+        if free.fits(demand):
+            break
+        free.cpu += h.cpu
+        free.gpus += h.gpus
+        free.memory_gb += h.memory_gb
+        ending.append(h.job_id)
+    return sorted(ending) if free.fits(demand) else []

@@ -1,0 +1,43 @@
+"""Racing submissions never over-admit: 8 processes x 20 jobs against a quota that admits 50,
+on SQLite and on PostgreSQL, bound by a user's own quota and by a group's shared one."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.admission import race_in_subprocess
+from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+
+pytestmark = pytest.mark.integration
+
+
+def require_postgres() -> None:
+    reason = postgres_unreachable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the PostgreSQL race, but {reason}")
+    pytest.skip(f"SKIPPED, not run: {reason}")
+
+
+@pytest.mark.parametrize("scope", ["user", "group"])
+def test_sqlite_race_never_over_admits(scope: str, tmp_path: Path, redis_server: str) -> None:
+    with fresh_sqlite(tmp_path) as url:
+        result = race_in_subprocess(url, redis_server, "sqlite", scope)
+    print("\n" + result.summary())
+    assert result.errors == []
+    assert (result.attempts, result.admitted, result.rejected) == (160, 50, 110)
+    assert result.active_in_db == 50 and result.over_admitted == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("scope", ["user", "group"])
+def test_postgres_race_never_over_admits(scope: str, redis_server: str) -> None:
+    require_postgres()
+    with fresh_postgres() as url:
+        result = race_in_subprocess(url, redis_server, "postgresql", scope)
+    print("\n" + result.summary())
+    assert result.errors == []
+    assert (result.attempts, result.admitted, result.rejected) == (160, 50, 110)
+    assert result.active_in_db == 50 and result.over_admitted == 0

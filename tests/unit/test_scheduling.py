@@ -1,0 +1,164 @@
+"""Queue order, backfill, drained and lost nodes, and the reasons a waiting job is given."""
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from jobs.models import Job, Node, Replica
+from jobs.services import lifecycle
+from jobs.services.placement import Demand, Room
+from jobs.services.submission import check_job_request, submit_job
+from jobs.services.waiting import Holding, NodeView, why_waiting
+from tests.conftest import make_stale
+from tests.unit.helpers import SentTasks, job_request
+from workers import contract
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "redis_url")
+
+Capture = Callable[..., Any]
+
+
+@pytest.fixture
+def submit(
+    alice: User, sent_tasks: SentTasks, django_capture_on_commit_callbacks: Capture
+) -> Callable[..., Job]:
+    def go(instances: int, package: str = "cpu-2") -> Job:
+        with django_capture_on_commit_callbacks(execute=True):
+            job = submit_job(alice, check_job_request(job_request(instances, package)))
+        job.refresh_from_db()
+        return job
+
+    return go
+
+
+def placed(job: Job) -> bool:
+    return not job.replicas.filter(state=Replica.State.PENDING).exists()
+
+
+def finish(job: Job, capture: Capture) -> None:
+    for r in job.replicas.select_related("node"):
+        assert r.node is not None
+        with capture(execute=True):
+            lifecycle.replica_exited(job.pk, r.role, r.index, r.node.name, "succeeded", 0, "", [])
+
+
+def test_a_smaller_job_behind_a_blocked_one_starts_now(
+    nodes: list[Node], submit: Callable[..., Job]
+) -> None:
+    running = submit(6)  # 12 of the 16 cores
+    big = submit(4)  # 8 more: must wait
+    small = submit(2)  # 4: fits in what is left
+    assert placed(running) and not placed(big) and placed(small)
+    assert lifecycle.queue_position(big) == 1
+    assert lifecycle.queue_position(small) is None
+
+
+def test_the_queue_turns_strict_when_the_first_job_waited_too_long(
+    nodes: list[Node], submit: Callable[..., Job], settings: Any
+) -> None:
+    submit(6)
+    big = submit(4)
+    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(minutes=10))
+    settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
+    small = submit(2)
+    small.refresh_from_db()
+    assert not placed(small)
+    assert small.reason == f"waiting behind job {big.pk}, which has waited longest"
+    assert lifecycle.queue_position(small) == 2
+
+
+def test_freed_room_goes_to_the_first_job_in_the_queue(
+    nodes: list[Node],
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    first = submit(8)  # all 16 cores
+    second, third = submit(2), submit(1)
+    assert not placed(second) and not placed(third)
+    finish(first, django_capture_on_commit_callbacks)
+    second.refresh_from_db()
+    third.refresh_from_db()
+    assert placed(second) and placed(third)
+
+
+def test_a_drained_node_gets_no_new_work(nodes: list[Node], submit: Callable[..., Job]) -> None:
+    Node.objects.filter(name="node-1").update(state=Node.State.DRAINING)
+    job = submit(4)
+    assert {r.node.name for r in job.replicas.select_related("node") if r.node} == {"node-2"}
+    waiting = submit(1)
+    assert not placed(waiting)
+
+
+def test_a_lost_node_gets_no_new_work(nodes: list[Node], submit: Callable[..., Job]) -> None:
+    make_stale(nodes[0])
+    assert nodes[0].status == "lost"
+    job = submit(3)
+    assert {r.node.name for r in job.replicas.select_related("node") if r.node} == {"node-2"}
+
+
+def test_a_returning_node_lets_waiting_jobs_in(
+    nodes: list[Node],
+    submit: Callable[..., Job],
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    for node in nodes:
+        make_stale(node)
+    job = submit(2)
+    assert job.reason == "waiting: no node is ready (node-1 lost, node-2 lost)"
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.node_heartbeat(
+            {"node": "node-2", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0}
+        )
+    job.refresh_from_db()
+    assert placed(job) and job.reason == "starting on node-2"
+    assert sent_tasks.named(contract.TASK_START_REPLICA)[-1][2] == "node.node-2"
+
+
+def test_heartbeats_report_capacity_unless_an_admin_set_it(nodes: list[Node]) -> None:
+    beat = {
+        "node": "node-1",
+        "address": "10.0.0.1",
+        "cpus": 64,
+        "memory_gb": 256,
+        "gpus": 8,
+        "gpu_model": "A100",
+        "running": [{"job_id": 3, "role": "master", "index": 0}],
+    }
+    lifecycle.node_heartbeat(beat)
+    node = Node.objects.get(name="node-1")
+    assert (node.cpu, node.gpus, node.memory_gb, node.gpu_model) == (64, 8, 256, "A100")
+    assert node.running == beat["running"] and node.address == "10.0.0.1"
+    Node.objects.filter(pk=node.pk).update(cpu=16, capacity_set_by_admin=True)
+    lifecycle.node_heartbeat(dict(beat, cpus=128))
+    node.refresh_from_db()
+    assert (node.cpu, node.reported_cpu) == (16, 128)
+
+
+def test_it_explains_which_node_frees_what_when_which_job_ends() -> None:
+    nodes = [NodeView("node-1", 16, 0, 64, "ready"), NodeView("node-2", 24, 2, 240, "ready")]
+    rooms = [Room("node-1", 16, 0, 64), Room("node-2", 12, 0, 120)]
+    held = [Holding(41, "node-2", 12, 2, 120)]
+    reason = why_waiting([Demand(("worker", 1), 12, 2, 120)], rooms, nodes, held)
+    assert reason == (
+        "waiting: needs a node with 2 GPUs, 12 CPU cores and 120 GB free; "
+        "node-2 frees 2 GPUs when job 41 ends"
+    )
+
+
+def test_it_names_every_job_that_must_end() -> None:
+    nodes = [NodeView("node-1", 8, 0, 32, "ready")]
+    rooms = [Room("node-1", 0, 0, 8)]
+    held = [Holding(7, "node-1", 4, 0, 12), Holding(9, "node-1", 4, 0, 12)]
+    reason = why_waiting([Demand(("master", 0), 8, 0, 8)], rooms, nodes, held)
+    assert reason.endswith("node-1 frees 8 CPU cores when job 7 and job 9 end")
+
+
+def test_it_says_when_no_node_agent_has_registered() -> None:
+    assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], []) == (
+        "waiting for a node agent to register"
+    )

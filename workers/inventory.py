@@ -1,0 +1,51 @@
+"""What this host has: CPU cores, memory, and GPUs (count and model) through NVML.
+
+A host without an NVIDIA driver has no GPUs, and says so; it never reports a guess.
+"""
+
+import logging
+import os
+from dataclasses import dataclass
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    cpus: int
+    memory_gb: int
+    gpus: int
+    gpu_model: str
+
+
+def detect_gpus() -> tuple[int, str]:
+    """(count, model of GPU 0) from NVML; (0, "") when there is no driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return 0, ""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:  # no driver on this host: a CPU node
+        log.info("no GPUs: NVML unavailable (%s)", exc)
+        return 0, ""
+    try:
+        count = int(pynvml.nvmlDeviceGetCount())
+        if count == 0:
+            return 0, ""
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return count, name.decode() if isinstance(name, bytes) else str(name)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def detect() -> Inventory:
+    gpus, model = detect_gpus()
+    return Inventory(
+        cpus=os.cpu_count() or 1,
+        memory_gb=max(1, int(psutil.virtual_memory().total / 2**30)),
+        gpus=gpus,
+        gpu_model=model,
+    )
