@@ -35,19 +35,26 @@ class Room:
         self.memory_gb -= d.memory_gb
 
 
-def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, int], str] | None:
+@dataclass
+class _Attempt:
+    assignment: dict[tuple[str, int], str]
+    stuck: Demand | None  # the instance no room was left for, if any
+    free: list[Room]  # the rooms as they were when placement stopped
+
+
+def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
     """Best fit, largest demand first: each instance goes to the node it leaves least room on.
 
     Packing tightly keeps whole nodes free for large (GPU) requests instead of leaving
-    fragments everywhere. Returns {(role, index): node} or None when not all of them fit now.
+    fragments everywhere. Works on copies: the rooms passed in are not changed.
     """
     free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
-    order = sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True)
-    assignment: dict[tuple[str, int], str] = {}
-    for demand in order:
+    attempt = _Attempt({}, None, free)
+    for demand in sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True):
         candidates = [r for r in free if r.fits(demand)]
         if not candidates:
-            return None
+            attempt.stuck = demand
+            return attempt
         best = min(
             candidates,
             key=lambda r: (
@@ -58,8 +65,14 @@ def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, i
             ),
         )
         best.take(demand)
-        assignment[demand.key] = best.node
-    return assignment
+        attempt.assignment[demand.key] = best.node
+    return attempt
+
+
+def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, int], str] | None:
+    """{(role, index): node} for every instance, or None when not all of them fit now."""
+    attempt = _best_fit(demands, rooms)
+    return None if attempt.stuck is not None else attempt.assignment
 
 
 def never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> Demand | None:
@@ -80,22 +93,8 @@ def first_unplaceable(
 ) -> tuple[Demand, list[Room]] | None:
     """The instance placement gets stuck on, with the rooms as they were at that moment
     (after the larger instances before it were placed); None when everything fits."""
-    free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
-    for demand in sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True):
-        candidates = [r for r in free if r.fits(demand)]
-        if not candidates:
-            return demand, free
-        best = min(
-            candidates,
-            key=lambda r: (
-                r.gpus - demand.gpus,
-                r.cpu - demand.cpu,
-                r.memory_gb - demand.memory_gb,
-                r.node,
-            ),
-        )
-        best.take(demand)
-    return None
+    attempt = _best_fit(demands, rooms)
+    return None if attempt.stuck is None else (attempt.stuck, attempt.free)
 
 
 def describe(cpu: int, gpus: int, memory_gb: int) -> str:
