@@ -3,7 +3,8 @@
 It only relays: commands (cancel, submit) go through HTTP. Frames:
   {"type": "state", "job": {...}}           current state, then on every change
   {"type": "log", "lines": [...], "next": C} lines after the client's cursor, then live
-  {"type": "end", "reason": "...", "next": C} the job's log is complete; the socket closes
+  {"type": "end", "reason": "...", "next": C} the job's log is complete (after a last state
+                                              frame with the final state); the socket closes
 """
 
 import asyncio
@@ -79,6 +80,12 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         try:
             async for entry in logstream.follow(client, self.job_id, after):
                 if entry.end is not None:
+                    # The end marker is written after the final state commits, but the state
+                    # event travels another way and may come later than this: send the final
+                    # state now, so a client never closes on a stale one.
+                    state = await _state_for(self.scope["user"], self.job_id)
+                    if state is not None:
+                        await self.send_json({"type": "state", "job": state})
                     await self.send_json(
                         {"type": "end", "reason": entry.end, "next": entry.last_cursor}
                     )

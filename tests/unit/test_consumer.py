@@ -90,6 +90,7 @@ async def test_it_replays_follows_and_resumes_without_gap_or_duplicate(
     cursors = [line["cursor"] for f in frames if f["type"] == "log" for line in f["lines"]]
     assert cursors == [4, 5, 6, 7, 8]
     assert frames[-1] == {"type": "end", "reason": "job succeeded", "next": 9}
+    assert frames[-2]["type"] == "state"  # the final state, fresh from the database
     await comm.disconnect()
 
 
