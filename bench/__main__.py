@@ -2,6 +2,9 @@
 
 Admission: 8 processes racing 20 submissions each against a quota that admits 50, next to one
 process submitting 50 alone (no contention), on SQLite and on PostgreSQL when reachable.
+
+Parameter server: the digits example on 2 workers in kvstore modes dist_sync and dist_async,
+next to DDP with 2 ranks, same per-worker batch and seed (bench/ps.py).
 """
 
 import subprocess
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from bench.ps import ps_vs_ddp
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
 
@@ -62,6 +66,8 @@ def main() -> int:
         finally:
             redis.terminate()
             redis.wait(10)
+    print("== parameter server vs DDP: 2 workers, same batch and seed ==")
+    ok = ps_vs_ddp() and ok
     return 0 if ok else 1
 
 
