@@ -14,11 +14,11 @@ from django.views.decorators.csrf import csrf_exempt
 
 from jobs import logstream
 from jobs.access import get_job_for, visible_jobs
-from jobs.models import FrameworkImage, Job, Package
+from jobs.models import FrameworkImage, Job, KVStoreMode, Package
 from jobs.services import lifecycle, quota
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
-from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES
+from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_LOG_PAGE = 10_000
@@ -90,6 +90,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
             "args": job.args,
         },
         "roles": roles,
+        "kvstore": job.kvstore or None,
         "totals": {
             "cpu": job.cpu_total,
             "gpus": job.gpus_total,
@@ -132,6 +133,7 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "framework": i.framework,
                 "description": i.description,
                 "roles": list(i.roles),
+                "kvstore_modes": list(KVStoreMode.values) if i.framework == "kvstore" else [],
             }
             for i in FrameworkImage.objects.filter(enabled=True)
         ],
@@ -149,7 +151,11 @@ def catalog_for(user: User) -> dict[str, Any]:
             for p in Package.objects.filter(enabled=True)
         ],
         "examples": [
-            {"name": name, "description": BUILTIN_DESCRIPTIONS.get(name, "")}
+            {
+                "name": name,
+                "framework": BUILTIN_FRAMEWORKS[name],
+                "description": BUILTIN_DESCRIPTIONS.get(name, ""),
+            }
             for name in BUILTIN_EXAMPLES
         ],
         "code_root": str(settings.TRAINYARD_CODE_ROOT),

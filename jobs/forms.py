@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
-from jobs.models import FrameworkImage, Package
+from jobs.models import Framework, FrameworkImage, KVStoreMode, Package
 from workers.programs import BUILTIN_EXAMPLES
 
 PATH_CHOICE = "__path__"
@@ -18,10 +18,21 @@ FIELD_FOR_ERROR = {
     "program": "script",
     "program.script": "script",
     "program.args": "args",
+    "kvstore": "kvstore",
     "roles.master.package": "package",
     "roles.worker.package": "package",
     "roles.master.instances": "instances",
     "roles.worker.instances": "instances",
+}
+# A parameter-server form has its own worker fields, and server fields.
+PS_FIELD_FOR_ERROR = {
+    **FIELD_FOR_ERROR,
+    "roles.server": "servers",
+    "roles.worker": "workers",
+    "roles.server.package": "server_package",
+    "roles.server.instances": "servers",
+    "roles.worker.package": "worker_package",
+    "roles.worker.instances": "workers",
 }
 
 
@@ -37,15 +48,31 @@ class NewJobForm(forms.Form):
         label="Arguments",
         help_text="Split like a shell would, but never run through one.",
     )
-    package = forms.ChoiceField(label="Resource package")
+    # PyTorch images: one package for every instance.
+    package = forms.ChoiceField(label="Resource package", required=False)
     instances = forms.IntegerField(
-        min_value=1, initial=2, help_text="Instance 0 is [master], the rest [worker-1], ..."
+        min_value=1,
+        initial=2,
+        required=False,
+        help_text="Instance 0 is [master], the rest [worker-1], ...",
     )
+    # Parameter-server images: servers and workers each with their own package.
+    kvstore = forms.ChoiceField(
+        label="kvstore mode", choices=KVStoreMode.choices, initial="dist_sync", required=False
+    )
+    server_package = forms.ChoiceField(label="Server package", required=False)
+    servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
+    worker_package = forms.ChoiceField(label="Worker package", required=False)
+    workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        images = FrameworkImage.objects.filter(enabled=True)
+        images = list(FrameworkImage.objects.filter(enabled=True))
         self._choices("image", [(i.name, i.name) for i in images])
+        # PyTorch first: the most common kind of job, and the form's simplest shape.
+        self.fields["image"].initial = next(
+            (i.name for i in images if i.framework == Framework.PYTORCH), None
+        )
         self._choices(
             "script",
             [
@@ -53,8 +80,13 @@ class NewJobForm(forms.Form):
                 (PATH_CHOICE, "a script under the code root…"),
             ],
         )
-        packages = Package.objects.filter(enabled=True)
-        self._choices("package", [(p.name, f"{p.name} — {p.summary}") for p in packages])
+        packages = [
+            (p.name, f"{p.name} — {p.summary}") for p in Package.objects.filter(enabled=True)
+        ]
+        for name in ("package", "server_package", "worker_package"):
+            self._choices(name, packages)
+        self.fields["server_package"].initial = "server-2c12g"
+        self.fields["worker_package"].initial = "cpu-1"
         instances = self.fields["instances"]
         assert isinstance(instances, forms.IntegerField)
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
@@ -71,20 +103,45 @@ class NewJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None
 
+    def framework(self) -> str:
+        image = FrameworkImage.objects.filter(name=self.cleaned_data.get("image")).first()
+        return image.framework if image else Framework.PYTORCH
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        needed = (
+            ("kvstore", "server_package", "servers", "worker_package", "workers")
+            if self.framework() == Framework.KVSTORE
+            else ("package", "instances")
+        )
+        for name in needed:
+            if data.get(name) in (None, "") and name not in self.errors:
+                self.add_error(name, "This field is required.")
+        return data
+
     def as_request(self) -> dict[str, Any]:
         data = self.cleaned_data
         script = data["script_path"] if data["script"] == PATH_CHOICE else data["script"]
-        roles: dict[str, Any] = {"master": {"package": data["package"], "instances": 1}}
-        if data["instances"] > 1:
-            roles["worker"] = {"package": data["package"], "instances": data["instances"] - 1}
-        return {
+        request: dict[str, Any] = {
             "name": data["name"],
             "image": data["image"],
             "program": {"script": script, "args": data["args"]},
-            "roles": roles,
         }
+        if self.framework() == Framework.KVSTORE:
+            request["roles"] = {
+                "server": {"package": data["server_package"], "instances": data["servers"]},
+                "worker": {"package": data["worker_package"], "instances": data["workers"]},
+            }
+            request["kvstore"] = data["kvstore"]
+            return request
+        roles: dict[str, Any] = {"master": {"package": data["package"], "instances": 1}}
+        if data["instances"] > 1:
+            roles["worker"] = {"package": data["package"], "instances": data["instances"] - 1}
+        request["roles"] = roles
+        return request
 
     def add_service_errors(self, errors: dict[str, list[str]]) -> None:
+        where = PS_FIELD_FOR_ERROR if self.framework() == Framework.KVSTORE else FIELD_FOR_ERROR
         for field, messages in errors.items():
             for message in messages:
-                self.add_error(FIELD_FOR_ERROR.get(field), message)
+                self.add_error(where.get(field), message)

@@ -18,10 +18,22 @@ from django.utils import timezone
 
 class Framework(models.TextChoices):
     PYTORCH = "pytorch", "PyTorch DDP"
+    KVSTORE = "kvstore", "Parameter server (MXNet kvstore style)"
 
 
-# The roles of each framework, in launch order, and how many instances each may have.
-FRAMEWORK_ROLES: dict[str, tuple[str, ...]] = {Framework.PYTORCH: ("master", "worker")}
+# The roles of each framework, in launch order.
+FRAMEWORK_ROLES: dict[str, tuple[str, ...]] = {
+    Framework.PYTORCH: ("master", "worker"),
+    Framework.KVSTORE: ("scheduler", "server", "worker"),
+}
+# Roles the platform adds by itself: the user never asks for them and is not charged for them.
+PLATFORM_ROLES = ("scheduler",)
+
+
+class KVStoreMode(models.TextChoices):
+    DIST_SYNC = "dist_sync"
+    DIST_DEVICE_SYNC = "dist_device_sync"
+    DIST_ASYNC = "dist_async"
 
 
 class FrameworkImage(models.Model):
@@ -181,6 +193,9 @@ class Job(models.Model):
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
     program = models.JSONField(help_text='{"example": NAME} or {"path": RELATIVE_PATH}')
     args = models.JSONField(default=list)
+    kvstore = models.CharField(
+        max_length=20, choices=KVStoreMode.choices, blank=True, help_text="Parameter-server jobs."
+    )
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     # Totals by seed 004's formula, frozen at submission so later catalog edits can't change them.
     cpu_total = models.PositiveIntegerField()
@@ -203,6 +218,20 @@ class Job(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE_STATES
+
+    @property
+    def per_worker_batch(self) -> int | None:
+        """The --batch-size the program was given, if it was (seed 004: per machine)."""
+        args = list(self.args)
+        for i, arg in enumerate(args):
+            value = None
+            if arg == "--batch-size" and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith("--batch-size="):
+                value = arg.split("=", 1)[1]
+            if value is not None and value.isdigit():
+                return int(value)
+        return None
 
     @property
     def script(self) -> str:
@@ -242,7 +271,8 @@ class Replica(models.Model):
     job = models.ForeignKey(Job, related_name="replicas", on_delete=models.CASCADE)
     role = models.CharField(max_length=20)
     index = models.PositiveIntegerField()
-    package = models.ForeignKey(Package, on_delete=models.PROTECT)
+    # None for the platform's own roles (the scheduler): they hold no package and no capacity.
+    package = models.ForeignKey(Package, null=True, blank=True, on_delete=models.PROTECT)
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT)
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     exit_code = models.IntegerField(null=True, blank=True)

@@ -53,10 +53,18 @@ RESOURCE_FORMULA_NAMES = {"cpu": "CPU_total", "gpus": "GPU_total", "memory_gb": 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
+    workers = sum(r.instances for r in job.roles.all() if r.role == "worker")
+    batch = job.per_worker_batch
     return render(
         request,
         "jobs/job_detail.html",
-        {"job": job, "state": lifecycle.job_state_payload(job), "roles": job.roles.all()},
+        {
+            "job": job,
+            "state": lifecycle.job_state_payload(job),
+            "roles": job.roles.all(),
+            "workers": workers,
+            "global_batch": workers * batch if batch else None,
+        },
     )
 
 

@@ -25,6 +25,7 @@ TRAINYARD_ROLE = "TRAINYARD_ROLE"
 TRAINYARD_INDEX = "TRAINYARD_INDEX"
 TRAINYARD_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
+TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
 CONSOLE_QUEUE = "console"

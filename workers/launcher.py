@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from workers import contract
-from workers.spec import ReplicaSpec
+from workers.spec import FRAMEWORK_KVSTORE, ReplicaSpec
 
 # Variables a trainer may inherit from the agent's environment. Everything else (the agent's
 # Redis URL, credentials, Django settings) stays out of the trainer's reach.
@@ -41,7 +41,11 @@ def build_processes(
     python: str = sys.executable,
     base_env: dict[str, str] | None = None,
 ) -> list[LocalProcess]:
-    """The processes of one replica. argv is a list: arguments are never seen by a shell."""
+    """The processes of one replica. argv is a list: arguments are never seen by a shell.
+
+    `master_port` is the rendezvous port: MASTER_PORT for PyTorch, DMLC_PS_ROOT_PORT for a
+    parameter-server job (whose scheduler hosts the rendezvous).
+    """
     common = inherited_env(base_env)
     common.update(spec.extra_env)
     common.update(
@@ -49,11 +53,6 @@ def build_processes(
             # Unbuffered output so that lines reach the log viewer as they are printed.
             "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(max(1, spec.cpus // spec.local_world_size)),
-            contract.MASTER_ADDR: spec.master_addr,
-            contract.MASTER_PORT: str(master_port),
-            contract.WORLD_SIZE: str(spec.world_size),
-            contract.NODE_RANK: str(spec.node_rank),
-            contract.LOCAL_WORLD_SIZE: str(spec.local_world_size),
             contract.TRAINYARD_JOB_ID: str(spec.job_id),
             contract.TRAINYARD_ROLE: spec.role,
             contract.TRAINYARD_INDEX: str(spec.index),
@@ -62,10 +61,34 @@ def build_processes(
     )
     # An instance without GPUs must not pick up the host's GPUs by accident.
     common["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
+    argv = [python, "-u", str(script), *spec.args]
+    if spec.framework == FRAMEWORK_KVSTORE:
+        # MXNet's variables; one process per instance: a worker with several devices
+        # aggregates across them itself (dist_device_sync).
+        common.update(
+            {
+                contract.DMLC_ROLE: spec.role,
+                contract.DMLC_PS_ROOT_URI: spec.master_addr,
+                contract.DMLC_PS_ROOT_PORT: str(master_port),
+                contract.DMLC_NUM_SERVER: str(spec.num_servers),
+                contract.DMLC_NUM_WORKER: str(spec.num_workers),
+                contract.TRAINYARD_KVSTORE: spec.kvstore,
+            }
+        )
+        return [LocalProcess(0, argv, common)]
+    common.update(
+        {
+            contract.MASTER_ADDR: spec.master_addr,
+            contract.MASTER_PORT: str(master_port),
+            contract.WORLD_SIZE: str(spec.world_size),
+            contract.NODE_RANK: str(spec.node_rank),
+            contract.LOCAL_WORLD_SIZE: str(spec.local_world_size),
+        }
+    )
     processes = []
     for local_rank in range(spec.local_world_size):
         env = dict(common)
         env[contract.LOCAL_RANK] = str(local_rank)
         env[contract.RANK] = str(spec.rank_offset + local_rank)
-        processes.append(LocalProcess(local_rank, [python, "-u", str(script), *spec.args], env))
+        processes.append(LocalProcess(local_rank, argv, env))
     return processes

@@ -11,10 +11,14 @@ EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 # Built-in example programs by the name users pick in the form and the API.
 BUILTIN_EXAMPLES: dict[str, str] = {
     "digits-ddp": "digits_ddp.py",
+    "digits-ps": "digits_ps.py",
 }
 BUILTIN_DESCRIPTIONS: dict[str, str] = {
     "digits-ddp": "PyTorch DDP: a small MLP on scikit-learn's digits, one data shard per rank",
+    "digits-ps": "Parameter server: the same MLP, servers hold the weights, workers push grads",
 }
+# Which framework each example is written for; it only runs under an image of that framework.
+BUILTIN_FRAMEWORKS: dict[str, str] = {"digits-ddp": "pytorch", "digits-ps": "kvstore"}
 
 
 class ProgramError(ValueError):

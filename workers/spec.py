@@ -4,7 +4,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FRAMEWORK_PYTORCH = "pytorch"
-FRAMEWORKS = (FRAMEWORK_PYTORCH,)
+FRAMEWORK_KVSTORE = "kvstore"
+FRAMEWORKS = (FRAMEWORK_PYTORCH, FRAMEWORK_KVSTORE)
+KVSTORE_ROLES = ("scheduler", "server", "worker")
 
 
 class SpecError(ValueError):
@@ -36,6 +38,10 @@ class ReplicaSpec:
     cpus: int
     gpus: int
     extra_env: dict[str, str] = field(default_factory=dict)
+    # Parameter-server jobs only: how many servers and workers there are, and the kvstore mode.
+    num_servers: int = 0
+    num_workers: int = 0
+    kvstore: str = ""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -48,6 +54,11 @@ class ReplicaSpec:
             raise SpecError("rank_offset must lie inside the world")
         if not all(isinstance(a, str) for a in self.args):
             raise SpecError("args must be strings")
+        if self.framework == FRAMEWORK_KVSTORE:
+            if self.role not in KVSTORE_ROLES:
+                raise SpecError(f"a parameter-server job has no role {self.role!r}")
+            if self.num_servers < 1 or self.num_workers < 1 or not self.kvstore:
+                raise SpecError("a parameter-server job needs servers, workers and a mode")
 
     @property
     def tag(self) -> str:

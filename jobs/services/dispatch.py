@@ -6,27 +6,31 @@ from console.celery import app
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
 from workers import contract
-from workers.spec import FRAMEWORK_PYTORCH, ReplicaSpec
+from workers.spec import FRAMEWORK_KVSTORE, FRAMEWORK_PYTORCH, ReplicaSpec
 
 log = logging.getLogger(__name__)
 
 
 def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
-    """(node, spec) for every replica of a placed PyTorch job, in rank order.
+    """(node, spec) for every replica of a placed job."""
+    replicas = list(job.replicas.select_related("node", "package"))
+    if job.kvstore:
+        return _parameter_server_specs(job, replicas)
+    return _pytorch_specs(job, replicas)
 
-    The master is node rank 0 and hosts the rendezvous; an instance with several GPUs runs one
-    process per GPU, so ranks advance by each instance's local world size.
-    """
-    replicas = list(job.replicas.select_related("node", "package").order_by("role", "index"))
+
+def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, ReplicaSpec]]:
+    """In rank order: the master is node rank 0 and hosts the rendezvous; an instance with
+    several GPUs runs one process per GPU, so ranks advance by each local world size."""
     replicas.sort(key=lambda r: (r.role != "master", r.index))
     master = replicas[0]
     assert master.role == "master" and master.node is not None
-    local_sizes = [max(1, r.package.gpus) for r in replicas]
+    local_sizes = [max(1, r.package.gpus if r.package else 0) for r in replicas]
     world_size = sum(local_sizes)
     specs = []
     rank = 0
     for node_rank, (replica, local_size) in enumerate(zip(replicas, local_sizes, strict=True)):
-        assert replica.node is not None
+        assert replica.node is not None and replica.package is not None
         spec = ReplicaSpec(
             job_id=job.pk,
             role=replica.role,
@@ -46,6 +50,44 @@ def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
         )
         specs.append((replica.node.name, spec))
         rank += local_size
+    return specs
+
+
+PS_ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2}
+
+
+def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, ReplicaSpec]]:
+    """The scheduler hosts the rendezvous (DMLC_PS_ROOT_URI/PORT); everyone learns how many
+    servers and workers there are. One process per instance."""
+    replicas.sort(key=lambda r: (PS_ROLE_ORDER[r.role], r.index))
+    scheduler = replicas[0]
+    assert scheduler.role == "scheduler" and scheduler.node is not None
+    servers = sum(1 for r in replicas if r.role == "server")
+    workers = sum(1 for r in replicas if r.role == "worker")
+    specs = []
+    for position, replica in enumerate(replicas):
+        assert replica.node is not None
+        spec = ReplicaSpec(
+            job_id=job.pk,
+            role=replica.role,
+            index=replica.index,
+            node=replica.node.name,
+            framework=FRAMEWORK_KVSTORE,
+            program=job.program,
+            args=list(job.args),
+            master_addr=scheduler.node.address,
+            hosts_rendezvous=replica.role == "scheduler",
+            world_size=len(replicas),
+            node_rank=position,
+            rank_offset=position,
+            local_world_size=1,
+            cpus=replica.package.cpu if replica.package else 1,
+            gpus=replica.package.gpus if replica.package else 0,
+            num_servers=servers,
+            num_workers=workers,
+            kvstore=job.kvstore,
+        )
+        specs.append((replica.node.name, spec))
     return specs
 
 

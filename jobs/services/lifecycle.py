@@ -88,6 +88,7 @@ def create_job(
     args: list[str],
     roles: list[RoleRequest],
     totals: Totals,
+    kvstore: str = "",
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
@@ -104,12 +105,18 @@ def create_job(
         gpus_total=totals.gpus,
         memory_gb_total=totals.memory_gb,
         price_per_hour=totals.price_per_hour,
+        kvstore=kvstore,
     )
+    if kvstore:
+        # The platform's scheduler: one, uncharged, placed beside server-0.
+        Replica.objects.create(job=job, role="scheduler", index=0, package=None)
     for role in roles:
         JobRole.objects.create(
             job=job, role=role.role, package=role.package, instances=role.instances
         )
-        first = 0 if role.role == "master" else 1
+        # Seed 004's names: [master], [worker-1]... for PyTorch; [server-0], [worker-0]...
+        # for parameter-server jobs.
+        first = 1 if role.role == "worker" and not kvstore else 0
         Replica.objects.bulk_create(
             Replica(job=job, role=role.role, index=i, package=role.package)
             for i in range(first, first + role.instances)
@@ -135,6 +142,8 @@ def holdings(nodes: list[Node]) -> list[Holding]:
     )
     for r in held:
         assert r.node is not None
+        if r.package is None:
+            continue  # the platform's own roles hold nothing
         key = (r.job_id, r.node.name)
         old = per.get(key, Holding(r.job_id, r.node.name, 0, 0, 0))
         per[key] = Holding(
@@ -156,9 +165,11 @@ def free_rooms(nodes: list[Node], held: list[Holding]) -> list[Room]:
 
 
 def demands_of(replicas: list[Replica]) -> list[Demand]:
+    """What each charged replica needs; the platform's own roles need nothing."""
     return [
         Demand((r.role, r.index), r.package.cpu, r.package.gpus, r.package.memory_gb)
         for r in replicas
+        if r.package is not None
     ]
 
 
@@ -211,13 +222,18 @@ def schedule() -> list[int]:
                 continue
             by_name = {n.name: n for n in usable}
             by_room = {room.node: room for room in rooms}
-            for replica, demand in zip(replicas, demands, strict=True):
-                replica.node = by_name[assignment[demand.key]]
-                replica.state = Replica.State.ASSIGNED
-                by_room[replica.node.name].take(demand)  # keep `rooms` true for the rest
+            for demand in demands:
+                by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
                 held.append(
-                    Holding(job.pk, replica.node.name, demand.cpu, demand.gpus, demand.memory_gb)
+                    Holding(
+                        job.pk, assignment[demand.key], demand.cpu, demand.gpus, demand.memory_gb
+                    )
                 )
+            for replica in replicas:
+                # The scheduler goes where server-0 goes: it only coordinates.
+                key = ("server", 0) if replica.package is None else (replica.role, replica.index)
+                replica.node = by_name[assignment[key]]
+                replica.state = Replica.State.ASSIGNED
             Replica.objects.bulk_update(replicas, ["node", "state"])
             placed = sorted({r.node.name for r in replicas if r.node is not None})
             _set_job_state(job, Job.State.QUEUED, f"starting on {', '.join(placed)}")

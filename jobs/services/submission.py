@@ -13,15 +13,20 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from jobs.models import FrameworkImage, Job, Package
+from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, Job, KVStoreMode, Package
 from jobs.services import lifecycle, quota
 from jobs.services.totals import RoleRequest, Totals, compute_totals
-from workers.programs import BUILTIN_EXAMPLES, ProgramError, resolve_under_root
+from workers.programs import (
+    BUILTIN_EXAMPLES,
+    BUILTIN_FRAMEWORKS,
+    ProgramError,
+    resolve_under_root,
+)
 
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-TOP_LEVEL_FIELDS = {"name", "image", "program", "roles"}
+TOP_LEVEL_FIELDS = {"name", "image", "program", "roles", "kvstore"}
 
 
 class ValidationFailed(Exception):
@@ -39,6 +44,7 @@ class JobRequest:
     args: list[str]
     roles: list[RoleRequest]
     totals: Totals
+    kvstore: str = ""
 
 
 class _Errors:
@@ -93,28 +99,39 @@ def _check_program(raw: Any, errors: _Errors) -> tuple[dict[str, str], list[str]
     return program, args
 
 
+# Fewest instances of each role the user asks for, per framework; roles not listed are optional.
+MIN_INSTANCES: dict[str, dict[str, int]] = {
+    Framework.PYTORCH: {"master": 1, "worker": 0},
+    Framework.KVSTORE: {"server": 1, "worker": 1},
+}
+
+
 def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> list[RoleRequest]:
     if not isinstance(raw, dict) or not raw:
-        errors.add("roles", 'Give each role a package and instances: {"master": {...}, ...}.')
+        errors.add("roles", 'Give each role a package and instances: {"worker": {...}, ...}.')
         return []
     if image is None:
         return []
-    allowed = image.roles
-    unknown = [r for r in raw if r not in allowed]
+    asked_for = [r for r in image.roles if r not in PLATFORM_ROLES]
+    platform = [r for r in raw if r in PLATFORM_ROLES]
+    if platform:
+        errors.add("roles", f"The platform adds the {', '.join(platform)} itself; leave it out.")
+    unknown = [r for r in raw if r not in image.roles]
     if unknown:
         errors.add(
             "roles",
             f"{image.name} has no role {', '.join(map(repr, unknown))}; "
-            f"its roles are {', '.join(allowed)}.",
+            f"its roles are {', '.join(asked_for)}.",
         )
     packages = {p.name: p for p in Package.objects.filter(enabled=True)}
     roles: list[RoleRequest] = []
     limit = settings.TRAINYARD_MAX_INSTANCES
-    for role in allowed:
+    minimum = MIN_INSTANCES[image.framework]
+    for role in asked_for:
         spec = raw.get(role)
         if spec is None:
-            if role == "master":
-                errors.add("roles.master", "A PyTorch job needs its master (1 instance).")
+            if minimum.get(role, 0) > 0:
+                errors.add(f"roles.{role}", f"This job needs at least {minimum[role]} {role}.")
             continue
         if not isinstance(spec, dict):
             errors.add(f"roles.{role}", 'Give {"package": NAME, "instances": N}.')
@@ -131,7 +148,7 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
         if not isinstance(instances, int) or isinstance(instances, bool):
             errors.add(f"roles.{role}.instances", "Instances must be a whole number.")
             continue
-        low = 1 if role == "master" else 0
+        low = minimum.get(role, 0)
         if role == "master" and instances != 1:
             errors.add("roles.master.instances", "A PyTorch job has exactly 1 master.")
         elif instances < low:
@@ -141,6 +158,35 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
         elif package is not None and package.allows_role(role):
             roles.append(RoleRequest(role, package, instances))
     return roles
+
+
+def _check_kvstore(raw: Any, image: FrameworkImage | None, errors: _Errors) -> str:
+    if image is None:
+        return ""
+    if image.framework != Framework.KVSTORE:
+        if raw is not None:
+            errors.add("kvstore", f"{image.name} is not a parameter-server image.")
+        return ""
+    mode = raw if raw is not None else KVStoreMode.DIST_SYNC
+    if mode not in KVStoreMode.values:
+        errors.add("kvstore", f"The kvstore mode is one of {', '.join(KVStoreMode.values)}.")
+        return ""
+    return str(mode)
+
+
+def _check_program_fits_image(
+    program: dict[str, str], image: FrameworkImage | None, errors: _Errors
+) -> None:
+    example = program.get("example")
+    if image is None or example is None:
+        return
+    wanted = BUILTIN_FRAMEWORKS.get(example)
+    if wanted is not None and wanted != image.framework:
+        errors.add(
+            "program.script",
+            f"{example} is a {Framework(wanted).label} program; {image.name} runs "
+            f"{Framework(image.framework).label} jobs.",
+        )
 
 
 def check_job_request(data: Any) -> JobRequest:
@@ -156,11 +202,13 @@ def check_job_request(data: Any) -> JobRequest:
     if image is None:
         errors.add("image", f"Unknown framework image {data.get('image')!r}.")
     program, args = _check_program(data.get("program"), errors)
+    _check_program_fits_image(program, image, errors)
     roles = _check_roles(data.get("roles"), image, errors)
+    kvstore = _check_kvstore(data.get("kvstore"), image, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
-    return JobRequest(name, image, program, args, roles, compute_totals(roles))
+    return JobRequest(name, image, program, args, roles, compute_totals(roles), kvstore)
 
 
 def submit_job(user: User, request: JobRequest) -> Job:
@@ -190,6 +238,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.args,
             request.roles,
             request.totals,
+            request.kvstore,
         )
     transaction.on_commit(lifecycle.schedule, robust=True)
     return job

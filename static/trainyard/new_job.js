@@ -1,28 +1,74 @@
-// New job form: live totals by seed 004's formula and what the quota has left.
+// New job form: the fields of the chosen image's framework, and live totals by seed 004's
+// formula (total = Σ package × instances per role) against what the quota has left.
 (function () {
   "use strict";
   const catalog = JSON.parse(document.getElementById("catalog").textContent);
   const form = document.getElementById("new-job");
-  const byName = Object.fromEntries(catalog.packages.map((p) => [p.name, p]));
-  const field = (name) => form.elements[name];
+  const packages = Object.fromEntries(catalog.packages.map((p) => [p.name, p]));
+  const images = Object.fromEntries(catalog.images.map((i) => [i.name, i]));
+  const exampleFor = Object.fromEntries(catalog.examples.map((e) => [e.framework, e.name]));
+  const value = (name) => form.elements[name].value;
+  const count = (name) => parseInt(value(name), 10);
+  let shownFramework = null;
 
-  function togglePath() {
-    const wantsPath = field("script").value === "__path__";
-    document.getElementById("field-script_path").hidden = !wantsPath;
+  function framework() {
+    const image = images[value("image")];
+    return image ? image.framework : "pytorch";
+  }
+
+  function showFields(fw) {
+    for (const el of form.querySelectorAll("[data-framework]")) el.hidden = el.dataset.framework !== fw;
+    document.getElementById("field-script_path").hidden = value("script") !== "__path__";
+    // Switching image picks the built-in example written for it, unless a path is chosen.
+    if (fw !== shownFramework && value("script") !== "__path__" && exampleFor[fw]) {
+      form.elements.script.value = exampleFor[fw];
+    }
+    shownFramework = fw;
+  }
+
+  // [(role, package, instances)] as the request will be made; the scheduler is not charged.
+  function roleTerms(fw) {
+    if (fw === "kvstore") {
+      return [["server", packages[value("server_package")], count("servers")],
+              ["worker", packages[value("worker_package")], count("workers")]];
+    }
+    const n = count("instances");
+    const pkg = packages[value("package")];
+    return n > 1 ? [["master", pkg, 1], ["worker", pkg, n - 1]] : [["master", pkg, 1]];
+  }
+
+  function tags(fw, terms) {
+    const list = (role, n, from) => {
+      const out = [];
+      for (let i = from; i < from + Math.min(n, 3); i++) out.push(`[${role}-${i}]`);
+      if (n > 3) out.push("…", `[${role}-${from + n - 1}]`);
+      return out;
+    };
+    if (fw === "kvstore") return ["[scheduler]", ...list("server", terms[0][2], 0), ...list("worker", terms[1][2], 0)];
+    return ["[master]", ...(terms[1] ? list("worker", terms[1][2], 1) : [])];
+  }
+
+  function batchNote(workers) {
+    const match = value("args").match(/--batch-size[ =](\d+)/);
+    const b = match ? parseInt(match[1], 10) : null;
+    const mode = value("kvstore");
+    if (mode === "dist_async") return "dist_async: each push updates the parameters at once; workers never wait for each other.";
+    const global = b ? `${workers} × ${b} = ${workers * b}` : `${workers} × the per-worker batch`;
+    const device = mode === "dist_device_sync" ? " On CPU, dist_device_sync behaves exactly like dist_sync." : "";
+    return `Batch size means per worker: global batch = ${global}.${device}`;
   }
 
   function update() {
-    togglePath();
-    const pkg = byName[field("package").value];
-    const n = parseInt(field("instances").value, 10);
+    const fw = framework();
+    showFields(fw);
+    const terms = roleTerms(fw);
     const rows = document.querySelectorAll("#totals tbody tr");
-    if (!pkg || !Number.isInteger(n) || n < 1) {
+    if (terms.some(([, pkg, n]) => !pkg || !Number.isInteger(n) || n < 1)) {
       rows.forEach((r) => { r.querySelector(".need").textContent = "–"; });
       return;
     }
-    // PyTorch: 1 master + (n - 1) workers, all on the chosen package.
-    const terms = n > 1 ? [[1, "master"], [n - 1, "worker"]] : [[1, "master"]];
-    const need = { cpu: pkg.cpu * n, gpus: pkg.gpus * n, memory_gb: pkg.memory_gb * n, jobs: 1 };
+    const sum = (res) => terms.reduce((acc, [, pkg, n]) => acc + pkg[res] * n, 0);
+    const need = { cpu: sum("cpu"), gpus: sum("gpus"), memory_gb: sum("memory_gb"), jobs: 1 };
     const quota = catalog.quota;
     rows.forEach((row) => {
       const res = row.dataset.resource;
@@ -33,16 +79,19 @@
       row.classList.toggle("over", over);
       row.title = over && left !== null ? `over by ${need[res] - left}` : "";
     });
-    const price = (parseFloat(pkg.price_per_hour) * n).toFixed(2);
-    document.getElementById("price").textContent = price;
-    const expr = (per) => terms.map(([count]) => `${per}×${count}`).join(" + ");
+    const price = terms.reduce((acc, [, pkg, n]) => acc + parseFloat(pkg.price_per_hour) * n, 0);
+    document.getElementById("price").textContent = price.toFixed(2);
+    const expr = (res) => terms.map(([role, pkg, n]) => `${role} ${pkg[res]}×${n}`).join(" + ");
     document.getElementById("formula").textContent =
-      `CPU_total = ${expr(pkg.cpu)} = ${need.cpu}; GPU_total = ${expr(pkg.gpus)} = ${need.gpus}; ` +
-      `Memory_total = ${expr(pkg.memory_gb)} = ${need.memory_gb} GB`;
-    const tags = ["[master]"];
-    for (let i = 1; i < n && i <= 3; i++) tags.push(`[worker-${i}]`);
-    if (n > 4) tags.push("…", `[worker-${n - 1}]`);
-    document.getElementById("roles-preview").textContent = `Instances: ${tags.join(" ")}`;
+      `CPU_total = ${expr("cpu")} = ${need.cpu}; GPU_total = ${expr("gpus")} = ${need.gpus}; ` +
+      `Memory_total = ${expr("memory_gb")} = ${need.memory_gb} GB`;
+    document.getElementById("roles-preview").textContent = `Instances: ${tags(fw, terms).join(" ")}`;
+    const notes = document.getElementById("ps-notes");
+    notes.hidden = fw !== "kvstore";
+    if (fw === "kvstore") {
+      notes.textContent = "The scheduler (1 instance) is not charged: it only coordinates, beside server-0. " +
+        batchNote(terms[1][2]);
+    }
   }
 
   form.addEventListener("input", update);

@@ -25,7 +25,7 @@ def test_launch_from_the_form_and_see_worker_lines_live(
     totals = page.locator("#totals")
     expect(totals.locator("tr[data-resource=cpu] .need")).to_have_text("3")
     expect(totals.locator("tr[data-resource=cpu] .left")).to_have_text("32")
-    expect(page.locator("#formula")).to_contain_text("CPU_total = 1×1 + 1×2 = 3")
+    expect(page.locator("#formula")).to_contain_text("CPU_total = master 1×1 + worker 1×2 = 3")
 
     pressed = time.monotonic()
     page.click("#launch")

@@ -48,7 +48,7 @@ def test_it_refuses_a_quota_that_is_neither_default_nor_a_users(
 def test_it_keeps_admin_pages_from_non_staff(client: Client, alice: User) -> None:
     client.force_login(alice)
     assert client.get("/admin/jobs/job/").status_code == 302
-    assert FrameworkImage.objects.count() == 1
+    assert FrameworkImage.objects.count() == 2  # unchanged: the starter catalog
 
 
 def test_it_drains_and_returns_nodes(client: Client, charlie_admin: User) -> None:

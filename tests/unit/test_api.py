@@ -55,14 +55,21 @@ def test_it_lists_the_catalog(client: Client, alice_token: str) -> None:
     r = api(client, "get", "/api/v1/catalog", token=alice_token)
     assert r.status_code == 200
     body = r.json()
-    assert body["images"][0] == {
-        "name": "pytorch:2.13-cpu",
-        "framework": "pytorch",
-        "description": body["images"][0]["description"],
-        "roles": ["master", "worker"],
-    }
+    images = {i["name"]: i for i in body["images"]}
+    assert images["pytorch:2.13-cpu"]["framework"] == "pytorch"
+    assert images["pytorch:2.13-cpu"]["roles"] == ["master", "worker"]
+    assert images["pytorch:2.13-cpu"]["kvstore_modes"] == []
+    assert images["kvstore-ps:2.13"]["roles"] == ["scheduler", "server", "worker"]
+    assert images["kvstore-ps:2.13"]["kvstore_modes"] == [
+        "dist_sync",
+        "dist_device_sync",
+        "dist_async",
+    ]
     assert {p["name"] for p in body["packages"]} >= {"cpu-1", "worker-p100x2"}
-    assert [e["name"] for e in body["examples"]] == ["digits-ddp"]
+    assert [(e["name"], e["framework"]) for e in body["examples"]] == [
+        ("digits-ddp", "pytorch"),
+        ("digits-ps", "kvstore"),
+    ]
     assert body["quota"]["left"]["cpu"] == 32
 
 

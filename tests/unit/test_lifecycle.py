@@ -82,6 +82,7 @@ def test_it_places_and_dispatches_a_job_to_its_nodes(launched: Job, sent_tasks: 
 def test_it_never_places_more_than_a_node_holds(launched: Job) -> None:
     per_node: dict[str, int] = {}
     for r in launched.replicas.select_related("node", "package"):
+        assert r.package is not None  # a PyTorch job has no uncharged roles
         per_node[node_of(r)] = per_node.get(node_of(r), 0) + r.package.cpu
     assert all(cpu <= 8 for cpu in per_node.values())
 

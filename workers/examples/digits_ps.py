@@ -42,7 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--kvstore",
         choices=ps.MODES,
-        default="dist_sync",
+        # The mode picked in Trainyard's form arrives as TRAINYARD_KVSTORE.
+        default=os.environ.get("TRAINYARD_KVSTORE") or "dist_sync",
         help="how servers apply the workers' gradients (seed 004)",
     )
     parser.add_argument("--epochs", type=int, default=20, help="passes over the data")

@@ -14,6 +14,12 @@ IMAGES = [
         "framework": Framework.PYTORCH,
         "description": "PyTorch 2.13 DDP: gloo on CPU, NCCL where the package has GPUs.",
     },
+    {
+        "name": "kvstore-ps:2.13",
+        "framework": Framework.KVSTORE,
+        "description": "Parameter server in MXNet kvstore style (scheduler, servers, workers) "
+        "on torch.distributed 2.13.",
+    },
 ]
 
 # Seed 004's example packages, plus small CPU ones that fit a laptop.
