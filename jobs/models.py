@@ -31,9 +31,10 @@ PLATFORM_ROLES = ("scheduler",)
 
 
 class KVStoreMode(models.TextChoices):
-    DIST_SYNC = "dist_sync"
-    DIST_DEVICE_SYNC = "dist_device_sync"
-    DIST_ASYNC = "dist_async"
+    # Shown by MXNet's own names, which is how users know them.
+    DIST_SYNC = "dist_sync", "dist_sync"
+    DIST_DEVICE_SYNC = "dist_device_sync", "dist_device_sync"
+    DIST_ASYNC = "dist_async", "dist_async"
 
 
 class FrameworkImage(models.Model):
