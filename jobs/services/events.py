@@ -11,6 +11,7 @@ which made every state change cost ~25 ms inside admission and scheduling.
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -62,6 +63,33 @@ def _get_sender() -> _Sender:
         return _sender
 
 
-def send_on_commit(job_id: int, payload: dict[str, Any]) -> None:
-    message = {"type": "job.event", "payload": payload}
-    transaction.on_commit(lambda: _get_sender().send(job_group(job_id), message), robust=True)
+class _StateEvent:
+    """Sends a job's state as it is once the transaction has committed."""
+
+    def __init__(self, job_id: int, payload: Callable[[int], dict[str, Any] | None]) -> None:
+        self.job_id = job_id
+        self._payload = payload
+        self.sent = False
+
+    def __call__(self) -> None:
+        self.sent = True
+        job = self._payload(self.job_id)
+        if job is not None:
+            message = {"type": "job.event", "payload": {"type": "state", "job": job}}
+            _get_sender().send(job_group(self.job_id), message)
+
+
+def state_changed_on_commit(job_id: int, payload: Callable[[int], dict[str, Any] | None]) -> None:
+    """Tell the job's clients its state once this transaction commits, once per job.
+
+    The payload is built at commit, not now, so it shows every write the transaction made
+    (a state change and the replicas stopped after it), and several changes to one job in
+    one transaction become one event.
+    """
+    pending = transaction.get_connection().run_on_commit
+    if any(
+        isinstance(hook, _StateEvent) and hook.job_id == job_id and not hook.sent
+        for _, hook, _ in pending
+    ):
+        return
+    transaction.on_commit(_StateEvent(job_id, payload), robust=True)

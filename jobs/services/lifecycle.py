@@ -51,7 +51,12 @@ def _set_job_state(job: Job, state: str, reason: str | None = None) -> None:
         job.finished = now
         fields.append("finished")
     job.save(update_fields=fields)
-    events.send_on_commit(job.pk, {"type": "state", "job": job_state_payload(job)})
+    events.state_changed_on_commit(job.pk, _state_of)
+
+
+def _state_of(job_id: int) -> dict[str, Any] | None:
+    job = Job.objects.filter(pk=job_id).first()
+    return job_state_payload(job) if job is not None else None
 
 
 def job_state_payload(job: Job) -> dict[str, Any]:
@@ -280,11 +285,11 @@ def replica_started(job_id: int, role: str, index: int, node: str) -> None:
         replica.state = Replica.State.RUNNING
         replica.started = timezone.now()
         replica.save(update_fields=["state", "started"])
-        if job.state == Job.State.QUEUED:
-            if not job.replicas.exclude(state=Replica.State.RUNNING).exists():
-                _set_job_state(job, Job.State.RUNNING, "")
-            else:
-                events.send_on_commit(job.pk, {"type": "state", "job": job_state_payload(job)})
+        if job.state == Job.State.QUEUED and not (
+            job.replicas.exclude(state=Replica.State.RUNNING).exists()
+        ):
+            _set_job_state(job, Job.State.RUNNING, "")
+        events.state_changed_on_commit(job.pk, _state_of)  # the replica changed either way
 
 
 def replica_exited(
@@ -335,7 +340,7 @@ def replica_exited(
                 lambda: dispatch.send_stops(job_id, stop_nodes, reason_text), robust=True
             )
         _complete_log_if_done(job)
-        events.send_on_commit(job.pk, {"type": "state", "job": job_state_payload(job)})
+        events.state_changed_on_commit(job.pk, _state_of)
     # Capacity was freed: let waiting jobs in.
     transaction.on_commit(schedule, robust=True)
 

@@ -214,3 +214,37 @@ def test_it_says_when_no_node_agent_is_registered(
     job.refresh_from_db()
     assert job.reason == "starting on gpu-7"
     assert sent_tasks.named(contract.TASK_START_REPLICA)[0][2] == "node.gpu-7"
+
+
+class SentEvents:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    def send(self, group: str, message: dict[str, Any]) -> None:
+        self.sent.append((group, message))
+
+
+def test_a_transaction_tells_clients_once_with_the_state_after_every_write(
+    alice: User,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs.services import events
+
+    for node in nodes:
+        make_stale(node)  # the job waits with every replica unplaced
+    with django_capture_on_commit_callbacks(execute=True):
+        waiting = submit_job(alice, check_job_request(job_request(instances=3, package="cpu-2")))
+    recorder = SentEvents()
+    monkeypatch.setattr(events, "_get_sender", lambda: recorder)
+    # Cancelling writes the job's state, then stops its unplaced replicas.
+    with django_capture_on_commit_callbacks(execute=True):
+        lifecycle.cancel(waiting.pk, alice)
+    assert len(recorder.sent) == 1
+    group, message = recorder.sent[0]
+    assert group == f"job.{waiting.pk}"
+    job = message["payload"]["job"]
+    assert job["state"] == "cancelled"
+    assert {r["state"] for r in job["replicas"]} == {"stopped"}
