@@ -154,6 +154,9 @@ TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
 # Upper bound on instances of one role: a typo like 10000 must not create 10000 rows.
 TRAINYARD_MAX_INSTANCES = env_int("TRAINYARD_MAX_INSTANCES", 64)
+# A log websocket whose client has not taken one frame in this long is closed (code 4408) and
+# resumes from its cursor, rather than having the server buffer for it without bound.
+TRAINYARD_WS_SEND_TIMEOUT_SECONDS = env_int("TRAINYARD_WS_SEND_TIMEOUT_SECONDS", 20)
 
 LOGGING = {
     "version": 1,

@@ -20,4 +20,6 @@ urlpatterns = [
     path("api/v1/jobs/<int:job_id>", api.job_detail, name="api_job"),
     path("api/v1/jobs/<int:job_id>/cancel", api.job_cancel, name="api_job_cancel"),
     path("api/v1/jobs/<int:job_id>/logs", api.job_logs, name="api_job_logs"),
+    path("api/v1/jobs/<int:job_id>/logs/counts", api.job_log_counts, name="api_job_log_counts"),
+    path("api/v1/jobs/<int:job_id>/logs.txt", api.job_log_text, name="api_job_log_text"),
 ]

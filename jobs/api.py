@@ -8,7 +8,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 
@@ -24,7 +25,7 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_LOG_PAGE = 10_000
 DEFAULT_LOG_PAGE = 1_000
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def error(status: int, field: str, message: str, **extra: Any) -> JsonResponse:
@@ -43,7 +44,7 @@ def api_endpoint(*methods: str) -> Callable[[View], View]:
     def decorator(view: View) -> View:
         @csrf_exempt
         @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             if request.method not in methods:
                 return error(405, "method", f"Use {' or '.join(methods)}.")
             header = request.headers.get("Authorization", "")
@@ -212,25 +213,52 @@ def _int_param(request: HttpRequest, name: str, default: int | None) -> int | No
 
 @api_endpoint("GET")
 def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
+    """A page of the job's log: lines after `after` (or, with `before`, the last lines before
+    it), optionally only of one role, instance, node or stream, or containing `q`, or errors."""
     job = get_job_for(request.user, job_id)
     values: dict[str, int | None] = {}
-    for name, default in (("after", 0), ("index", None), ("limit", DEFAULT_LOG_PAGE)):
+    for name, default in (("after", 0), ("before", None), ("index", None), ("limit", None)):
         try:
             values[name] = _int_param(request, name, default)
         except ValueError:
             return error(400, name, f"{name} must be a non-negative whole number.")
-    limit = min(values["limit"] or DEFAULT_LOG_PAGE, MAX_LOG_PAGE)
-    page = logstream.read_page(
-        job.pk,
-        after=values["after"] or 0,
-        limit=limit,
+    stream = request.GET.get("stream") or None
+    if stream not in (None, "stdout", "stderr"):
+        return error(400, "stream", "stream must be stdout or stderr.")
+    where = logstream.LineFilter(
         role=request.GET.get("role") or None,
         index=values["index"],
+        node=request.GET.get("node") or None,
+        stream=stream,
+        text=request.GET.get("q") or None,
+        errors=request.GET.get("errors") in ("1", "true"),
     )
+    limit = min(values["limit"] or DEFAULT_LOG_PAGE, MAX_LOG_PAGE)
+    if values["before"] is not None:
+        page = logstream.read_page_before(job.pk, values["before"], limit, where)
+        extra = {"more_before": page.more_before}
+    else:
+        page = logstream.read_page(job.pk, values["after"] or 0, limit, where)
+        extra = {}
     return JsonResponse(
-        {
-            "lines": [line.as_dict() for line in page.lines],
-            "next": page.next,
-            "complete": page.ended,
-        }
+        {"lines": page.lines, "next": page.next, "complete": page.complete, **extra}
     )
+
+
+@api_endpoint("GET")
+def job_log_counts(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Lines so far per instance and stream, and per node."""
+    job = get_job_for(request.user, job_id)
+    return JsonResponse(logstream.line_counts(job.pk))
+
+
+@api_endpoint("GET")
+def job_log_text(request: HttpRequest, job_id: int) -> HttpResponseBase:
+    """The whole log as text, one "[tag] line" per line, streamed as it is read."""
+    job = get_job_for(request.user, job_id)
+    response = StreamingHttpResponse(
+        logstream.log_text(job.pk), content_type="text/plain; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}.log"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response

@@ -1,30 +1,45 @@
 """The job websocket: relays a job's log stream and state events to one browser.
 
-It only relays: commands (cancel, submit) go through HTTP. Frames:
-  {"type": "state", "job": {...}}           current state, then on every change
-  {"type": "log", "lines": [...], "next": C} lines after the client's cursor, then live
-  {"type": "end", "reason": "...", "next": C} the job's log is complete (after a last state
-                                              frame with the final state); the socket closes
+It only relays: commands (cancel, submit) go through HTTP. Connect with ?after=C (every line
+after cursor C, then live) or ?tail=N (about the last N lines, then live). Frames:
+  {"type": "state", "job": {...}}             current state, then on every change
+  {"type": "log", "batches": [...], "next": C}  lines after the client's cursor, then live; a
+                                               batch is {"first", "role", "index", "node",
+                                               "stream", "ts", "lines"}: line k is cursor first+k
+  {"type": "heartbeat", "next": C}            nothing new for a while; the connection is alive
+  {"type": "gap", "after": A, "next": B, "reason": "..."}
+                                               lines after A up to B are kept nowhere any more
+  {"type": "end", "reason": "...", "next": C}  the job's log is complete (after a last state
+                                               frame with the final state); the socket closes
+A client that cannot take frames as fast as they come is closed with code 4408 instead of
+being buffered for: it reconnects with ?after=<its cursor> and loses nothing.
 """
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.http import Http404
 
 from jobs import logstream
 from jobs.access import get_job_for
+from jobs.models import LogChunk
 from jobs.redis_client import get_async_redis
 from jobs.services.events import job_group
 from jobs.services.lifecycle import job_state_payload
 
+log = logging.getLogger(__name__)
+
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
+CLOSE_TOO_SLOW = 4408
+CLOSE_SERVER_ERROR = 1011
 
 
 @database_sync_to_async
@@ -48,9 +63,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
             after = int(query.get("after", ["0"])[0])
+            tail = int(query["tail"][0]) if "tail" in query else None
         except ValueError:
             after = -1
-        if after < 0:
+        if after < 0 or (tail is not None and tail < 0):
             await self.close(code=CLOSE_BAD_REQUEST)
             return
         # Join before reading the state, so no change can fall between the two.
@@ -62,6 +78,8 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         await self.send_json({"type": "state", "job": state})
+        if tail is not None:
+            after = max(0, await _head_cursor(self.job_id) - tail)
         self.follower = asyncio.create_task(self._relay_log(after))
 
     async def disconnect(self, code: int) -> None:
@@ -77,27 +95,59 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     async def _relay_log(self, after: int) -> None:
         client = get_async_redis(blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS)
+        position = after
         try:
-            async for entry in logstream.follow(client, self.job_id, after):
-                if entry.end is not None:
+            async for batches in logstream.follow(client, self.job_id, after):
+                if not batches:
+                    await self._send({"type": "heartbeat", "next": position})
+                    continue
+                first = batches[0]
+                if first.kind == LogChunk.Kind.END:
                     # The end marker is written after the final state commits, but the state
                     # event travels another way and may come later than this: send the final
                     # state now, so a client never closes on a stale one.
                     state = await _state_for(self.scope["user"], self.job_id)
                     if state is not None:
-                        await self.send_json({"type": "state", "job": state})
-                    await self.send_json(
-                        {"type": "end", "reason": entry.end, "next": entry.last_cursor}
-                    )
+                        await self._send({"type": "state", "job": state})
+                    await self._send({"type": "end", "reason": first.reason, "next": first.last})
                     await self.close()
                     return
-                if entry.lines:
-                    await self.send_json(
-                        {
-                            "type": "log",
-                            "lines": [line.as_dict() for line in entry.lines],
-                            "next": entry.last_cursor,
-                        }
+                if first.kind == LogChunk.Kind.GAP:
+                    await self._send(
+                        {"type": "gap", "after": position, "next": first.last,
+                         "reason": first.reason}
+                    )  # fmt: skip
+                    batches = batches[1:]
+                    position = first.last
+                if batches:
+                    position = batches[-1].last
+                    await self._send(
+                        {"type": "log", "batches": [b.wire() for b in batches], "next": position}
                     )
+        except _TooSlow:
+            await self.close(code=CLOSE_TOO_SLOW)
+        except Exception:
+            # Redis away, say: the client reconnects from its cursor and loses nothing.
+            log.exception("relaying the log of job %s failed", self.job_id)
+            await self.close(code=CLOSE_SERVER_ERROR)
         finally:
             await client.aclose()
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        """Send, or give up on a client that takes too long to read: the server never queues
+        more than the one frame in flight for it."""
+        try:
+            await asyncio.wait_for(
+                self.send_json(frame), settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS
+            )
+        except TimeoutError:
+            raise _TooSlow from None
+
+
+class _TooSlow(Exception):
+    pass
+
+
+@database_sync_to_async
+def _head_cursor(job_id: int) -> int:
+    return logstream.head_cursor(job_id)

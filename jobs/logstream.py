@@ -1,137 +1,445 @@
-"""Reading a job's log stream: pages for HTTP, and a live follow for the websocket.
+"""Reading a job's log: pages for HTTP, the whole text for download, a live follow for the
+websocket.
 
-Stream entries are written by `workers.logsink`: entry id "<C>-0" where C is the cursor of the
-entry's last line, so every line after cursor A is in the entries whose id is above "A-0".
+A log lives in two places. Agents append batches to the job's Redis Stream (`workers.logsink`:
+entry id "<C>-0" where C is the cursor of the batch's last line, entries contiguous in cursor
+space); the log keeper copies them, in order, into `LogChunk` rows, which outlive Redis. Readers
+take what the database has first and the newer rest from Redis, and say so when a range of
+lines is in neither.
 """
 
 import json
-from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+import re
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from typing import Any, cast
 
+import redis
 import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.db.models import F, Max, Sum
 
+from jobs.models import LogChunk
 from jobs.redis_client import get_redis
 from workers import contract
 
 RawEntry = tuple[str, dict[str, str]]  # (entry id, fields), as a decode_responses client gives
-# How long one XREAD waits for new lines before the follower looks up again (to send a
-# heartbeat, or notice that its client left).
+# How long one XREAD waits for new lines before the follower looks again (to send a heartbeat,
+# or to find lines that were archived and expired from Redis meanwhile).
 FOLLOW_BLOCK_SECONDS = 5
+# Batches read per query or XREAD: a batch holds up to 1000 lines.
+PAGE_BATCHES = 100
 
 STREAM_NAMES = {contract.STREAM_STDOUT: "stdout", contract.STREAM_STDERR: "stderr"}
+STREAM_CODES = {name: code for code, name in STREAM_NAMES.items()}
+
+# What "jump to the first error" looks for: a traceback, "SomethingError:" / "...Exception:",
+# or a log level word in capitals.
+ERROR_PATTERN = re.compile(
+    r"Traceback \(most recent call last\)|\w*(?:Error|Exception):|\b(?:ERROR|FATAL|CRITICAL)\b"
+)
 
 
-@dataclass(frozen=True)
-class LogLine:
-    cursor: int
-    role: str
-    index: int
-    node: str
-    stream: str
-    ts: float
-    text: str
+def tag_of(role: str, index: int) -> str:
+    return role if role in {"master", "scheduler"} else f"{role}-{index}"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Consecutive lines first..last of one process's stream; or a gap, or the end marker."""
+
+    first: int
+    last: int
+    kind: str = LogChunk.Kind.LINES
+    role: str = ""
+    index: int = 0
+    node: str = ""
+    stream: str = ""  # "stdout" or "stderr"
+    ts: float = 0.0
+    lines: list[str] = field(default_factory=list)
+    reason: str = ""  # END: why the log ended; GAP: why the lines are missing
 
     @property
     def tag(self) -> str:
-        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+        return tag_of(self.role, self.index)
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def after(self, cursor: int) -> "Batch":
+        """This batch without the lines at or before `cursor`."""
+        if self.first > cursor or self.kind != LogChunk.Kind.LINES:
+            return self
+        skip = cursor - self.first + 1
+        return Batch(
+            cursor + 1, self.last, self.kind, self.role, self.index, self.node, self.stream,
+            self.ts, self.lines[skip:], self.reason,
+        )  # fmt: skip
+
+    def wire(self) -> dict[str, Any]:
+        """A websocket "log" frame's batch: line k has cursor first + k."""
+        return {
+            "first": self.first,
+            "role": self.role,
+            "index": self.index,
+            "node": self.node,
+            "stream": self.stream,
+            "ts": self.ts,
+            "lines": self.lines,
+        }
+
+    def line_dict(self, k: int) -> dict[str, Any]:
+        return {
+            "cursor": self.first + k,
+            "role": self.role,
+            "index": self.index,
+            "node": self.node,
+            "stream": self.stream,
+            "ts": self.ts,
+            "text": self.lines[k],
+        }
+
+
+def gap(after: int, upto: int) -> Batch:
+    return Batch(
+        after + 1,
+        upto,
+        LogChunk.Kind.GAP,
+        reason=f"lines {after + 1} to {upto} are no longer kept: Redis trimmed them before "
+        "they were archived",
+    )
+
+
+def parse_entry(entry_id: str, fields: dict[str, str]) -> Batch:
+    last = int(entry_id.split("-", 1)[0])
+    if contract.FIELD_END in fields:
+        return Batch(last, last, LogChunk.Kind.END, reason=fields[contract.FIELD_END])
+    if contract.FIELD_STREAM not in fields:
+        return _parse_old_entry(last, fields)
+    lines = fields[contract.FIELD_LINES].split("\n")
+    return Batch(
+        first=last - len(lines) + 1,
+        last=last,
+        role=fields[contract.FIELD_ROLE],
+        index=int(fields[contract.FIELD_INDEX]),
+        node=fields[contract.FIELD_NODE],
+        stream=STREAM_NAMES.get(fields[contract.FIELD_STREAM], fields[contract.FIELD_STREAM]),
+        ts=float(fields[contract.FIELD_TS]),
+        lines=lines,
+    )
+
+
+def _parse_old_entry(last: int, fields: dict[str, str]) -> Batch:
+    """Entries written before batches had one stream each: a JSON list of [stream, ts, text]."""
+    records = json.loads(fields[contract.FIELD_LINES])
+    stream, ts = (records[0][0], records[0][1]) if records else (contract.STREAM_STDOUT, 0.0)
+    return Batch(
+        last - len(records) + 1, last, LogChunk.Kind.LINES, fields[contract.FIELD_ROLE],
+        int(fields[contract.FIELD_INDEX]), fields[contract.FIELD_NODE],
+        STREAM_NAMES.get(stream, stream), float(ts), [r[2] for r in records],
+    )  # fmt: skip
+
+
+def from_chunk(chunk: LogChunk) -> Batch:
+    if chunk.kind == LogChunk.Kind.LINES:
+        lines = chunk.text.split("\n")
+        reason = ""
+    else:
+        lines = []
+        reason = chunk.text
+    return Batch(
+        chunk.first_cursor, chunk.last_cursor, chunk.kind, chunk.role, chunk.index, chunk.node,
+        chunk.stream, chunk.ts, lines, reason,
+    )  # fmt: skip
+
+
+def to_chunk(job_id: int, batch: Batch) -> LogChunk:
+    text = "\n".join(batch.lines) if batch.kind == LogChunk.Kind.LINES else batch.reason
+    return LogChunk(
+        job_id=job_id, first_cursor=batch.first, last_cursor=batch.last, kind=batch.kind,
+        role=batch.role, index=batch.index, node=batch.node, stream=batch.stream, ts=batch.ts,
+        text=text,
+    )  # fmt: skip
+
+
+# --- the two places a log lives ---------------------------------------------------------------
+
+
+def saved_after(job_id: int, after: int, limit: int = PAGE_BATCHES) -> list[Batch]:
+    rows = LogChunk.objects.filter(job_id=job_id, last_cursor__gt=after).order_by("last_cursor")
+    return [from_chunk(c).after(after) for c in rows[:limit]]
+
+
+def saved_before(job_id: int, before: int, limit: int = PAGE_BATCHES) -> list[Batch]:
+    """Newest first."""
+    rows = LogChunk.objects.filter(job_id=job_id, first_cursor__lt=before).order_by("-last_cursor")
+    return [from_chunk(c) for c in rows[:limit]]
+
+
+def saved_head(job_id: int) -> int:
+    """Everything up to this cursor is in the database."""
+    return int(LogChunk.objects.filter(job_id=job_id).aggregate(m=Max("last_cursor"))["m"] or 0)
+
+
+def _live(entries: list[RawEntry], after: int) -> list[Batch]:
+    return [parse_entry(entry_id, fields).after(after) for entry_id, fields in entries]
+
+
+def live_after(client: redis.Redis, job_id: int, after: int) -> list[Batch]:
+    entries = client.xrange(
+        contract.log_stream_key(job_id), min=f"({after}-0", max="+", count=PAGE_BATCHES
+    )
+    return _live(cast(list[RawEntry], entries), after)
+
+
+def live_head(client: redis.Redis, job_id: int) -> int:
+    return int(cast(str | None, client.get(contract.log_cursor_key(job_id))) or 0)
+
+
+def batches_after(job_id: int, after: int) -> Iterator[Batch]:
+    """Every batch after cursor `after`, in cursor order, up to the end marker if there is one.
+
+    Ranges that are neither in the database nor in Redis come as one GAP batch.
+    """
+    client = get_redis()
+    position = after
+    while True:
+        saved = saved_after(job_id, position)
+        if not saved:
+            live = live_after(client, job_id, position)
+            if not live:
+                return
+            if live[0].first > position + 1:
+                # Archived between the two reads? Then the database has them now.
+                if saved_after(job_id, position, 1):
+                    continue
+                saved = [gap(position, live[0].first - 1)]
+            saved.extend(live)
+        for batch in saved:
+            yield batch
+            position = batch.last
+            if batch.kind == LogChunk.Kind.END:
+                return
+
+
+def batches_before(job_id: int, before: int) -> Iterator[Batch]:
+    """Batches with lines before cursor `before`, newest first: Redis's unarchived tail, then
+    the database."""
+    client = get_redis()
+    head = saved_head(job_id)
+    entries = cast(
+        list[RawEntry],
+        client.xrevrange(contract.log_stream_key(job_id), max="+", min=f"({head}-0"),
+    )
+    for entry_id, fields in entries:
+        batch = parse_entry(entry_id, fields)
+        if batch.first < before:
+            yield batch
+    position = min(before, head + 1)
+    while True:
+        saved = saved_before(job_id, position)
+        if not saved:
+            return
+        for batch in saved:
+            yield batch
+            position = batch.first
+
+
+def head_cursor(job_id: int) -> int:
+    """The newest cursor handed out so far."""
+    return max(saved_head(job_id), live_head(get_redis(), job_id))
+
+
+# --- pages for HTTP ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Entry:
-    last_cursor: int
-    lines: list[LogLine]
-    end: str | None  # the job's log ends here, for this reason
+class LineFilter:
+    role: str | None = None
+    index: int | None = None
+    node: str | None = None
+    stream: str | None = None  # "stdout" or "stderr"
+    text: str | None = None  # case-insensitive substring
+    errors: bool = False
 
+    def batch_may_match(self, batch: Batch) -> bool:
+        return (
+            batch.kind == LogChunk.Kind.LINES
+            and (self.role is None or batch.role == self.role)
+            and (self.index is None or batch.index == self.index)
+            and (self.node is None or batch.node == self.node)
+            and (self.stream is None or batch.stream == self.stream)
+        )
 
-def parse_entry(entry_id: str, fields: dict[str, str]) -> Entry:
-    last = int(entry_id.split("-", 1)[0])
-    if contract.FIELD_END in fields:
-        return Entry(last, [], fields[contract.FIELD_END])
-    records = json.loads(fields[contract.FIELD_LINES])
-    first = last - len(records) + 1
-    role = fields[contract.FIELD_ROLE]
-    index = int(fields[contract.FIELD_INDEX])
-    node = fields[contract.FIELD_NODE]
-    lines = [
-        LogLine(first + k, role, index, node, STREAM_NAMES.get(s, s), float(ts), text)
-        for k, (s, ts, text) in enumerate(records)
-    ]
-    return Entry(last, lines, None)
+    def matching(self, batch: Batch) -> list[int]:
+        """Positions of the batch's lines that match."""
+        if not self.batch_may_match(batch):
+            return []
+        ks: list[int] = list(range(len(batch.lines)))
+        if self.text:
+            needle = self.text.casefold()
+            ks = [k for k in ks if needle in batch.lines[k].casefold()]
+        if self.errors:
+            ks = [k for k in ks if ERROR_PATTERN.search(batch.lines[k])]
+        return ks
 
 
 @dataclass(frozen=True)
 class Page:
-    lines: list[LogLine]
-    next: int
-    ended: bool
+    lines: list[dict[str, Any]]
+    next: int  # read on after this cursor
+    complete: bool  # the end marker was reached: there is nothing after `next`, ever
+    more_before: bool = False
 
 
-def read_page(
-    job_id: int,
-    after: int,
-    limit: int,
-    role: str | None = None,
-    index: int | None = None,
-) -> Page:
-    """Up to `limit` lines after cursor `after`, optionally of one role (and index)."""
-    client = get_redis()
-    key = contract.log_stream_key(job_id)
-    lines: list[LogLine] = []
+def read_page(job_id: int, after: int, limit: int, where: LineFilter | None = None) -> Page:
+    """Up to `limit` matching lines after cursor `after`."""
+    where = where or LineFilter()
+    lines: list[dict[str, Any]] = []
     position = after
-    ended = False
-    start = f"({after}-0"
-    while len(lines) < limit and not ended:
-        batch = cast(list[RawEntry], client.xrange(key, min=start, max="+", count=100))
-        if not batch:
+    for batch in batches_after(job_id, after):
+        if batch.kind == LogChunk.Kind.END:
+            return Page(lines, batch.last, True)
+        for k in where.matching(batch):
+            lines.append(batch.line_dict(k))
+            if len(lines) == limit:
+                return Page(lines, batch.first + k, False)
+        position = batch.last
+    return Page(lines, position, False)
+
+
+def read_page_before(job_id: int, before: int, limit: int, where: LineFilter | None = None) -> Page:
+    """The last `limit` matching lines before cursor `before`, oldest first."""
+    where = where or LineFilter()
+    newest_first: list[dict[str, Any]] = []
+    for batch in batches_before(job_id, before):
+        if batch.last >= before:
+            batch = Batch(
+                batch.first, before - 1, batch.kind, batch.role, batch.index, batch.node,
+                batch.stream, batch.ts, batch.lines[: max(0, before - batch.first)], batch.reason,
+            )  # fmt: skip
+        for k in reversed(where.matching(batch)):
+            newest_first.append(batch.line_dict(k))
+            if len(newest_first) == limit:
+                lines = newest_first[::-1]
+                return Page(lines, before - 1, False, more_before=True)
+    return Page(newest_first[::-1], before - 1, False, more_before=False)
+
+
+def line_counts(job_id: int) -> dict[str, Any]:
+    """Lines per instance and stream, and per node, archived and not yet archived alike."""
+    counts: dict[tuple[str, int, str, str], int] = {}
+    rows = (
+        LogChunk.objects.filter(job_id=job_id, kind=LogChunk.Kind.LINES)
+        .values("role", "index", "node", "stream")
+        .annotate(n=Sum(F("last_cursor") - F("first_cursor") + 1))
+    )
+    for row in rows:
+        key = (row["role"], row["index"], row["node"], row["stream"])
+        counts[key] = counts.get(key, 0) + int(row["n"])
+    position = saved_head(job_id)
+    client = get_redis()
+    while batches := live_after(client, job_id, position):
+        for batch in batches:
+            if batch.kind == LogChunk.Kind.LINES:
+                key = (batch.role, batch.index, batch.node, batch.stream)
+                counts[key] = counts.get(key, 0) + len(batch.lines)
+            position = batch.last
+    replicas: dict[tuple[str, int, str], dict[str, Any]] = {}
+    by_node: dict[str, int] = {}
+    for (role, index, node, stream), n in sorted(counts.items()):
+        entry = replicas.setdefault(
+            (role, index, node),
+            {"tag": tag_of(role, index), "role": role, "index": index, "node": node,
+             "stdout": 0, "stderr": 0},
+        )  # fmt: skip
+        entry[stream] = entry.get(stream, 0) + n
+        by_node[node] = by_node.get(node, 0) + n
+    return {
+        "total": sum(by_node.values()),
+        "by_node": by_node,
+        "replicas": list(replicas.values()),
+    }
+
+
+# --- the whole text, for download -------------------------------------------------------------
+
+
+def _text_after(job_id: int, after: int) -> tuple[str, int, bool]:
+    """Up to a page of batches as "[tag] line" text; the cursor reached; whether it ended."""
+    parts: list[str] = []
+    position = after
+    for count, batch in enumerate(batches_after(job_id, after)):
+        position = batch.last
+        if batch.kind == LogChunk.Kind.END:
+            parts.append(f"--- log complete: {batch.reason} ---\n")
+            return "".join(parts), position, True
+        if batch.kind == LogChunk.Kind.GAP:
+            parts.append(f"--- {batch.reason} ---\n")
+        else:
+            prefix = f"[{batch.tag}] "
+            parts.append(prefix + ("\n" + prefix).join(batch.lines) + "\n")
+        if count + 1 >= PAGE_BATCHES:
             break
-        for entry_id, fields in batch:
-            entry = parse_entry(entry_id, fields)
-            if entry.end is not None:
-                ended = True
-                position = entry.last_cursor
-                break
-            for line in entry.lines:
-                if line.cursor <= after:
-                    continue
-                if len(lines) >= limit:
-                    break
-                position = line.cursor
-                if (role is None or line.role == role) and (index is None or line.index == index):
-                    lines.append(line)
-            if len(lines) >= limit:
-                break
-        start = f"({batch[-1][0]}"
-    return Page(lines, position, ended)
+    return "".join(parts), position, not parts
 
 
-async def follow(client: redis.asyncio.Redis, job_id: int, after: int) -> AsyncIterator[Entry]:
-    """Every entry after cursor `after`, then live ones as they come, until the end marker.
+async def log_text(job_id: int) -> AsyncIterator[bytes]:
+    """The job's whole log as text, a page at a time: never held in memory at once."""
+    position = 0
+    read = sync_to_async(_text_after)
+    while True:
+        text, position, done = await read(job_id, position)
+        if text:
+            yield text.encode()
+        if done:
+            return
 
-    Yields entries with no lines on idle timeouts, so the caller gets a chance to send a
-    heartbeat or notice that its client left.
+
+# --- following live, for the websocket --------------------------------------------------------
+
+
+async def follow(
+    client: redis.asyncio.Redis, job_id: int, after: int
+) -> AsyncIterator[list[Batch]]:
+    """Every batch after cursor `after`, then live ones as they come, until the end marker.
+
+    Yields an empty list when nothing came for a while, so the caller can send a heartbeat or
+    notice that its client left.
     """
     key = contract.log_stream_key(job_id)
-    last_id = f"{after}-0"
+    position = after
+    read_saved = sync_to_async(saved_after)
+    # The database first: it has everything the keeper archived, and a finished job's log may
+    # no longer be in Redis at all. Once caught up, Redis alone, until it goes quiet.
+    from_database = True
     while True:
-        response = cast(
-            list[tuple[str, list[RawEntry]]],
-            await client.xread({key: last_id}, count=200, block=FOLLOW_BLOCK_SECONDS * 1000),
-        )
-        if not response:
-            yield Entry(after, [], None)
-            continue
-        for _stream, entries in response:
-            for entry_id, fields in entries:
-                last_id = entry_id
-                entry = parse_entry(entry_id, fields)
-                if entry.end is None:
-                    fresh = [line for line in entry.lines if line.cursor > after]
-                    entry = Entry(entry.last_cursor, fresh, None)
-                after = max(after, entry.last_cursor)
-                yield entry
-                if entry.end is not None:
-                    return
+        if from_database:
+            batches = await read_saved(job_id, position)
+            if not batches:
+                from_database = False
+                continue
+        else:
+            response = cast(
+                list[tuple[str, list[RawEntry]]],
+                await client.xread(
+                    {key: f"{position}-0"},
+                    count=PAGE_BATCHES,
+                    block=int(FOLLOW_BLOCK_SECONDS * 1000),
+                ),
+            )
+            if not response:
+                from_database = True
+                yield []
+                continue
+            batches = _live(response[0][1], position)
+            if batches[0].first > position + 1:
+                if await read_saved(job_id, position, 1):
+                    from_database = True  # archived meanwhile, then trimmed
+                    continue
+                batches.insert(0, gap(position, batches[0].first - 1))
+        for k, batch in enumerate(batches):
+            if batch.kind == LogChunk.Kind.END:
+                if k:
+                    yield batches[:k]
+                yield [batch]
+                return
+        yield batches
+        position = batches[-1].last

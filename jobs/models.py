@@ -205,6 +205,8 @@ class Job(models.Model):
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=4)
     reason = models.TextField(blank=True, help_text="Why the job waits, failed or was cancelled.")
     log_complete = models.BooleanField(default=False)
+    # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
+    log_archived = models.BooleanField(default=False)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
@@ -292,6 +294,41 @@ class Replica(models.Model):
     @property
     def tag(self) -> str:
         return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+
+
+class LogChunk(models.Model):
+    """Consecutive lines of one process's stdout or stderr, archived from the job's Redis Stream.
+
+    Chunks of a job cover its cursors without holes: a range of lines that was gone from Redis
+    before it could be archived is a GAP chunk, so readers can say so instead of skipping it.
+    """
+
+    class Kind(models.TextChoices):
+        LINES = "lines"
+        GAP = "gap"
+        END = "end"
+
+    job = models.ForeignKey(Job, related_name="log_chunks", on_delete=models.CASCADE)
+    first_cursor = models.BigIntegerField()
+    last_cursor = models.BigIntegerField()
+    kind = models.CharField(max_length=5, choices=Kind.choices, default=Kind.LINES)
+    role = models.CharField(max_length=20, blank=True)
+    index = models.IntegerField(default=0)
+    node = models.CharField(max_length=100, blank=True)
+    stream = models.CharField(max_length=6, blank=True, help_text="stdout or stderr")
+    ts = models.FloatField(default=0.0, help_text="When the agent read the first line.")
+    text = models.TextField(
+        blank=True, help_text="The lines joined by newlines; for END, why the log ended."
+    )
+
+    class Meta:
+        constraints = [
+            # Also the index every read goes through: a job's chunks in cursor order.
+            models.UniqueConstraint(fields=["job", "last_cursor"], name="one_chunk_per_cursor")
+        ]
+
+    def __str__(self) -> str:
+        return f"log {self.first_cursor}-{self.last_cursor} of job {self.job_id}"
 
 
 class ApiToken(models.Model):

@@ -128,6 +128,7 @@ class Stack:
              "-n", f"console@{self.port}", "--pool", "threads", "--concurrency", "4",
              "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
         )  # fmt: skip
+        self._spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
         for i in range(1, self.nodes + 1):
             self._spawn(
                 f"node-{i}",
@@ -169,7 +170,8 @@ class Stack:
     def stop(self) -> None:
         # Agents first (they stop their trainers and report), then whoever they report to.
         def stage(child: Child) -> int:
-            return {"console-worker": 1, "web": 2, "redis": 3}.get(child.name, 0)
+            # The keeper stops after the agents, so it archives their last lines.
+            return {"console-worker": 1, "log-keeper": 1, "web": 2, "redis": 3}.get(child.name, 0)
 
         for rank in sorted({stage(c) for c in self.children}):
             group = [c for c in self.children if stage(c) == rank]

@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     client = redis.Redis.from_url(args.redis_url)
     app = make_celery(args.redis_url)
-    shipper = LogShipper(client)
     workdir = args.workdir.resolve() / args.node
+    # Lines wait here while Redis is unreachable, and survive a restart of this agent.
+    shipper = LogShipper(client, spool_dir=workdir / "log-spool")
     supervisor = Supervisor(
         node=args.node,
         client=client,

@@ -51,18 +51,32 @@ def log_cursor_key(job_id: int) -> str:
     return f"trainyard:{{job:{job_id}}}:cursor"
 
 
+def log_seen_key(job_id: int) -> str:
+    """Per writer, the sequence number of the last batch appended: a resent batch is ignored."""
+    return f"trainyard:{{job:{job_id}}}:seen"
+
+
+def job_log_keys(job_id: int) -> list[str]:
+    """Every key of a job's log, for expiring them once the log is archived in the database."""
+    return [log_stream_key(job_id), log_cursor_key(job_id), log_seen_key(job_id)]
+
+
 def rendezvous_key(job_id: int) -> str:
     """Where the master's agent publishes MASTER_PORT once it has found a free port."""
     return f"trainyard:{{job:{job_id}}}:rendezvous"
 
 
 # --- Log stream entry fields ---
-# An entry holds a batch of consecutive lines of one replica; its stream id is "<C>-0" where C is
-# the cursor of the batch's last line, so XRANGE from "<after+1>-0" finds every line after a cursor.
+# An entry holds a batch of consecutive lines of one process's stdout or stderr. Its stream id is
+# "<C>-0" where C is the cursor of the batch's last line, and entries are contiguous in cursor
+# space (each takes the cursors after the previous one), so XRANGE from "(<A>-0" finds every line
+# after cursor A and a batch's first cursor is C - (number of lines) + 1.
 FIELD_ROLE = "r"
 FIELD_INDEX = "i"
 FIELD_NODE = "n"
-FIELD_LINES = "l"  # JSON list of [stream, ts, text]; stream is "o" (stdout) or "e" (stderr)
+FIELD_STREAM = "s"  # "o" (stdout) or "e" (stderr)
+FIELD_TS = "t"  # unix time the agent read the batch's first line (the rest within milliseconds)
+FIELD_LINES = "l"  # the lines joined by "\n" (a line never holds one: the reader splits on it)
 FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"

@@ -1,34 +1,56 @@
-"""Reading a process's pipes line by line and shipping the lines to Redis in batches.
+"""Reading a process's pipes and shipping the lines to Redis in batches, spooling to disk when
+Redis is away.
 
 Each pipe of each process has its own reader thread, so lines of different ranks or streams can
-never glue together. Readers only put lines on an in-memory queue: a slow or absent Redis never
-blocks the pipe and so never blocks the trainer. One shipper thread drains the queue, groups
-consecutive lines by replica and appends each group as one stream entry.
+never glue together. Readers only put chunks of lines on an in-memory queue: a slow or absent
+Redis never blocks the pipe and so never blocks the trainer. One shipper thread drains the
+queue, packs consecutive lines of one pipe into batches and appends them all in one round trip.
+When Redis cannot be reached, batches go to an append-only spool on local disk instead, and
+are sent from there, in order, before anything newer once Redis answers again.
 """
 
 import logging
+import os
 import queue
+import re
+import select
 import threading
 import time
-from collections import deque
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import redis
 
-from workers.logsink import LogRecord, LogSink
+from workers.logsink import LogBatch, LogSink
 
 log = logging.getLogger(__name__)
 
-# A line longer than this is cut into pieces of this size; each piece is its own log line.
-MAX_LINE_BYTES = 64 * 1024
-# Lines per stream entry at most: large enough to amortise a round trip, small enough that a
+# A line longer than this many characters is cut into pieces of this size; every piece but the
+# last ends with CONTINUED, so a reader can tell a cut from a real line end.
+MAX_LINE_CHARS = 16 * 1024
+CONTINUED = " ⏎…"
+# A partial line (no newline yet) is sent as a line once its pipe has been quiet this long, so a
+# prompt or progress text written without a newline still shows up.
+PARTIAL_FLUSH_SECONDS = 0.5
+READ_BYTES = 256 * 1024
+# Lines per stream entry at most: large enough to amortise the round trip, small enough that a
 # websocket frame stays modest.
-MAX_BATCH_LINES = 500
+MAX_BATCH_LINES = 1000
+MAX_BATCH_CHARS = 512 * 1024
+# Queue items (chunks of lines) one round trip takes at most.
+MAX_DRAIN_ITEMS = 2000
+SPOOL_RETRY_SECONDS = 0.5
+SPOOL_REPLAY_BATCHES = 200
+
+# Escape sequences other than colour are kept as they are: the viewer strips what it does not
+# render. Only NUL is removed, which no database text column takes.
+_NUL = re.compile("\x00")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReplicaKey:
     job_id: int
     role: str
@@ -36,29 +58,133 @@ class ReplicaKey:
     node: str
 
 
-@dataclass(frozen=True)
-class _Line:
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """Lines one read of one pipe returned."""
+
     key: ReplicaKey
-    record: LogRecord
+    stream: str
+    ts: float
+    lines: list[str]
 
 
 class _Barrier:
-    """Queued behind lines; set once every line queued before it has reached Redis."""
+    """Queued behind lines; set once every line queued before it is in Redis."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
 
 
+# --- reading a pipe ---------------------------------------------------------------------------
+
+
+def pump_pipe(
+    pipe: IO[bytes],
+    emit: Callable[[float, list[str]], None],
+    max_line_chars: int = MAX_LINE_CHARS,
+    partial_flush_seconds: float = PARTIAL_FLUSH_SECONDS,
+) -> None:
+    """Read `pipe` to EOF, calling `emit(read_time, lines)` with the complete lines of each read
+    (no newline, valid UTF-8; a trailing "\\r" is dropped).
+
+    Lines are cut at the newline byte only, so bytes of one line that arrive in several writes
+    stay one line. Invalid UTF-8 becomes U+FFFD. A partial line is held until its newline, or
+    sent as it is after `partial_flush_seconds` without any byte.
+    """
+    fd = pipe.fileno()
+    pending = b""
+    # A pending partial line longer than this many bytes cannot be under the character limit.
+    max_pending = max_line_chars * 4
+    try:
+        while True:
+            if pending and not select.select([fd], [], [], partial_flush_seconds)[0]:
+                emit(time.time(), _split_long([_decode(pending)], max_line_chars))
+                pending = b""
+                continue
+            data = os.read(fd, READ_BYTES)
+            if not data:
+                break
+            now = time.time()
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                pending += data
+                if len(pending) > max_pending:
+                    head, pending = _cut_at_char(pending, max_pending)
+                    emit(now, _split_long([_decode(head)], max_line_chars, last_continues=True))
+                continue
+            complete = pending + data[:cut] if pending else data[:cut]
+            pending = data[cut + 1 :]
+            lines = _decode(complete).replace("\r\n", "\n").split("\n")
+            if max(map(len, lines)) > max_line_chars:
+                lines = _split_long(lines, max_line_chars)
+            emit(now, lines)
+        if pending:
+            emit(time.time(), _split_long([_decode(pending)], max_line_chars))
+    finally:
+        pipe.close()
+
+
+def _decode(data: bytes) -> str:
+    text = data.decode("utf-8", errors="replace")
+    if "\r" in text and text.endswith("\r"):
+        text = text[:-1]
+    return _NUL.sub("", text) if "\x00" in text else text
+
+
+def _cut_at_char(data: bytes, limit: int) -> tuple[bytes, bytes]:
+    """Split before `limit`, never inside a UTF-8 sequence (continuation bytes are 10xxxxxx)."""
+    cut = limit
+    while cut > limit - 4 and cut > 0 and (data[cut] & 0xC0) == 0x80:
+        cut -= 1
+    return data[:cut], data[cut:]
+
+
+def _split_long(lines: list[str], limit: int, last_continues: bool = False) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= limit:
+            out.append(line)
+            continue
+        pieces = [line[k : k + limit] for k in range(0, len(line), limit)]
+        out.extend(piece + CONTINUED for piece in pieces[:-1])
+        out.append(pieces[-1])
+    if last_continues and out:
+        out[-1] += CONTINUED
+    return out
+
+
+# --- shipping ---------------------------------------------------------------------------------
+
+
 class LogShipper:
-    def __init__(self, client: redis.Redis, retry_seconds: float = 0.5) -> None:
+    """Ships every line it is given to Redis, in order per pipe, exactly once.
+
+    `spool_dir` holds batches that could not be sent yet, across restarts of the agent: a new
+    shipper sends what an earlier one left there before its own lines.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        spool_dir: Path,
+        retry_seconds: float = SPOOL_RETRY_SECONDS,
+        writer: str | None = None,
+    ) -> None:
         self._sink = LogSink(client)
-        self._queue: queue.SimpleQueue[_Line | _Barrier | None] = queue.SimpleQueue()
+        self._spool = Spool(spool_dir)
+        self._writer = writer or uuid.uuid4().hex[:16]
+        self._seq = 0
+        self._queue: queue.SimpleQueue[_Chunk | _Barrier | None] = queue.SimpleQueue()
         self._retry_seconds = retry_seconds
+        self._next_try = 0.0
+        self._held_barriers: list[_Barrier] = []
+        self.lines_shipped = 0
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
-    def put(self, key: ReplicaKey, stream: str, text: str) -> None:
-        self._queue.put(_Line(key, (stream, time.time(), text)))
+    def put(self, key: ReplicaKey, stream: str, ts: float, lines: list[str]) -> None:
+        """Never blocks: the trainer's pipe must keep draining whatever Redis does."""
+        self._queue.put(_Chunk(key, stream, ts, lines))
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until everything put so far is in Redis (or timeout); True when it is."""
@@ -71,71 +197,194 @@ class LogShipper:
         self._queue.put(None)
         self._thread.join(timeout)
 
+    @property
+    def spooling(self) -> bool:
+        return not self._spool.empty()
+
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            try:
+                # While batches wait on disk, wake up now and then to send them.
+                item = self._queue.get(timeout=self._retry_seconds if self.spooling else None)
+            except queue.Empty:
+                self._send_spooled()
+                continue
             if item is None:
                 return
-            batch: list[_Line | _Barrier] = [item]
+            items: list[_Chunk | _Barrier] = [item]
             # Take whatever else is already waiting, without blocking: under load this makes
             # batches large, when idle every line leaves at once.
-            while len(batch) < MAX_BATCH_LINES * 4:
+            while len(items) < MAX_DRAIN_ITEMS:
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if more is None:
-                    self._queue.put(None)  # handle after this batch
+                    self._queue.put(None)  # handled after this drain
                     break
-                batch.append(more)
-            self._ship(batch)
+                items.append(more)
+            self._ship(items)
 
-    def _ship(self, batch: list["_Line | _Barrier"]) -> None:
-        pending: list[_Line] = []
-        for item in batch:
+    def _ship(self, items: list[_Chunk | _Barrier]) -> None:
+        chunks: list[_Chunk] = []
+        for item in items:
             if isinstance(item, _Barrier):
-                self._write(pending)
-                pending = []
-                item.done.set()
+                self._deliver(self._pack(chunks))
+                chunks = []
+                self._held_barriers.append(item)
+                self._release_barriers()
             else:
-                pending.append(item)
-        self._write(pending)
+                chunks.append(item)
+        self._deliver(self._pack(chunks))
 
-    def _write(self, lines: list[_Line]) -> None:
-        # Consecutive lines of one replica become one entry; order within a replica is kept.
-        groups: deque[tuple[ReplicaKey, list[LogRecord]]] = deque()
-        for line in lines:
-            if groups and groups[-1][0] == line.key and len(groups[-1][1]) < MAX_BATCH_LINES:
-                groups[-1][1].append(line.record)
-            else:
-                groups.append((line.key, [line.record]))
-        while groups:
-            key, records = groups[0]
-            try:
-                self._sink.append_lines(key.job_id, key.role, key.index, key.node, records)
-            except redis.RedisError as exc:
-                # Keep the lines and try again: nothing is dropped while Redis is away.
-                log.warning("log shipping to Redis failed (%s); retrying", exc)
-                time.sleep(self._retry_seconds)
-                continue
-            groups.popleft()
+    def _pack(self, chunks: list[_Chunk]) -> list[LogBatch]:
+        """Consecutive chunks of one pipe become one batch, up to the batch limits."""
+        batches: list[LogBatch] = []
+        current: _Chunk | None = None
+        lines: list[str] = []
+        chars = 0
+        for chunk in chunks:
+            for start in range(0, len(chunk.lines), MAX_BATCH_LINES):
+                part = chunk.lines[start : start + MAX_BATCH_LINES]
+                size = sum(map(len, part))
+                same_pipe = (
+                    current is not None
+                    and current.key == chunk.key
+                    and current.stream == chunk.stream
+                )
+                if (
+                    not same_pipe
+                    or len(lines) + len(part) > MAX_BATCH_LINES
+                    or chars + size > MAX_BATCH_CHARS
+                ):
+                    if current is not None and lines:
+                        batches.append(self._batch(current, lines))
+                    current = chunk
+                    lines = []
+                    chars = 0
+                lines.extend(part)
+                chars += size
+        if current is not None and lines:
+            batches.append(self._batch(current, lines))
+        return batches
+
+    def _batch(self, chunk: _Chunk, lines: list[str]) -> LogBatch:
+        self._seq += 1
+        key = chunk.key
+        return LogBatch(
+            key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
+            self._writer, self._seq,
+        )  # fmt: skip
+
+    def _deliver(self, batches: list[LogBatch]) -> None:
+        if not batches:
+            return
+        if self.spooling:
+            # Older lines wait on disk: these go behind them, or order would break.
+            self._spool.append(batches)
+            self._send_spooled()
+            return
+        try:
+            self._sink.append(batches)
+        except redis.RedisError as exc:
+            log.warning("Redis unreachable (%s): spooling log lines to %s", exc, self._spool.dir)
+            # Some of them may have been appended; the sink drops those when they come again.
+            self._spool.append(batches)
+            self._next_try = time.monotonic() + self._retry_seconds
+            return
+        self.lines_shipped += sum(len(b.lines) for b in batches)
+
+    def _send_spooled(self) -> None:
+        if time.monotonic() < self._next_try:
+            return
+        try:
+            while not self._spool.empty():
+                batches = self._spool.peek(SPOOL_REPLAY_BATCHES)
+                self._sink.append(batches)
+                self._spool.consume(len(batches))
+                self.lines_shipped += sum(len(b.lines) for b in batches)
+        except redis.RedisError:
+            self._next_try = time.monotonic() + self._retry_seconds
+            return
+        log.warning("Redis is back: spooled log lines sent")
+        self._release_barriers()
+
+    def _release_barriers(self) -> None:
+        if self.spooling:
+            return
+        for barrier in self._held_barriers:
+            barrier.done.set()
+        self._held_barriers.clear()
 
 
-def pump_pipe(
-    pipe: IO[bytes], emit: Callable[[str], None], max_line_bytes: int = MAX_LINE_BYTES
-) -> None:
-    """Read `pipe` to EOF, calling `emit` with each line's text (no newline, valid UTF-8).
+class Spool:
+    """An append-only queue of batches on local disk, in segment files read oldest first.
 
-    `readline` waits for the newline, so a writer that sends text and newline separately (as
-    `python -u` does) still gives one line. Invalid UTF-8 becomes U+FFFD rather than an error.
+    Only the shipper thread touches it. Appends are flushed and fsynced before they count, so a
+    crash of the agent (or of the host) after that loses nothing. A segment is deleted only once
+    every batch in it was sent; sending one again after a crash is harmless because the sink
+    ignores batches it has seen.
     """
-    with pipe:
-        while True:
-            chunk = pipe.readline(max_line_bytes)
-            if not chunk:
-                return
-            if chunk.endswith(b"\n"):
-                chunk = chunk[:-1]
-                if chunk.endswith(b"\r"):
-                    chunk = chunk[:-1]
-            emit(chunk.decode("utf-8", errors="replace"))
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._writing: IO[bytes] | None = None
+        self._writing_path: Path | None = None
+        self._read_path: Path | None = None
+        self._read_file: IO[bytes] | None = None
+        self._read_buffer: list[LogBatch] = []
+        self._segments = sorted(self.dir.glob("*.spool"))  # left by an earlier agent, if any
+
+    def empty(self) -> bool:
+        return not self._segments
+
+    def append(self, batches: list[LogBatch]) -> None:
+        if self._writing is None:
+            self._writing_path = self.dir / f"{time.time_ns():020d}-{os.getpid()}.spool"
+            self._writing = open(self._writing_path, "ab")
+            self._segments.append(self._writing_path)
+        self._writing.write("".join(b.to_json() + "\n" for b in batches).encode())
+        self._writing.flush()
+        os.fsync(self._writing.fileno())
+
+    def peek(self, limit: int) -> list[LogBatch]:
+        """Up to `limit` of the oldest batches, without removing them."""
+        while len(self._read_buffer) < limit and self._segments:
+            if self._read_file is None:
+                self._read_path = self._segments[0]
+                self._read_file = open(self._read_path, "rb")
+            line = self._read_file.readline()
+            if line.endswith(b"\n"):
+                self._read_buffer.append(LogBatch.from_json(line.decode()))
+                continue
+            # The end of this segment. A torn last line was a write a crash interrupted before
+            # it counted: its lines were never taken from the pipe reader's hands.
+            if self._read_path == self._writing_path or self._read_buffer:
+                break
+            self._finish_segment()
+        return self._read_buffer[:limit]
+
+    def consume(self, count: int) -> None:
+        """The first `count` batches peek returned are in Redis."""
+        del self._read_buffer[:count]
+        if self._read_buffer or self._read_file is None or self._read_path is None:
+            return
+        position = self._read_file.tell()
+        if self._read_path == self._writing_path:
+            assert self._writing is not None
+            if position >= self._writing.tell():
+                self._writing.close()
+                self._writing = None
+                self._writing_path = None
+                self._finish_segment()
+        elif position >= self._read_path.stat().st_size:
+            self._finish_segment()
+
+    def _finish_segment(self) -> None:
+        assert self._read_file is not None and self._read_path is not None
+        self._read_file.close()
+        self._read_path.unlink(missing_ok=True)
+        self._segments.remove(self._read_path)
+        self._read_file = None
+        self._read_path = None

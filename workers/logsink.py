@@ -1,60 +1,128 @@
-"""Appending lines to a job's Redis Stream with cursors that only grow.
+"""Appending batches of lines to a job's Redis Stream, with cursors that only grow, exactly once.
 
 Several agents write one job's stream at once. A Lua script takes the next cursors from a
-per-job counter and appends the batch in one atomic step, so stream order and cursor order
-are the same thing and a reader can resume after any cursor with one XRANGE.
+per-job counter and appends the batch in one atomic step, so stream order and cursor order are
+the same thing and a reader can resume after any cursor with one XRANGE.
+
+Every batch carries its writer's name and a sequence number that grows per writer. The script
+drops a batch whose number it has seen, so a writer may resend whatever it is unsure of (after a
+dropped connection, or from its disk spool after a crash) without ever duplicating a line.
 """
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from workers import contract
 
-# KEYS[1] stream, KEYS[2] cursor counter; ARGV[1] lines in the batch, ARGV[2] approximate
-# MAXLEN, ARGV[3..] field/value pairs. Returns the cursor of the batch's last line.
+# KEYS[1] stream, KEYS[2] cursor counter, KEYS[3] last sequence seen per writer.
+# ARGV[1] lines in the batch, ARGV[2] approximate MAXLEN, ARGV[3] writer, ARGV[4] its sequence
+# number, ARGV[5..] field/value pairs. Returns the cursor of the batch's last line, or -1 for a
+# batch already appended.
 _APPEND_LUA = """
+local seen = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '-1')
+if tonumber(ARGV[4]) <= seen then return -1 end
+redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 local last = redis.call('INCRBY', KEYS[2], tonumber(ARGV[1]))
 local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], last .. '-0'}
-for i = 3, #ARGV do args[#args + 1] = ARGV[i] end
+for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('XADD', unpack(args))
 return last
 """
 
-# Entries kept in Redis per job before the oldest are trimmed (a batch holds many lines).
-DEFAULT_MAXLEN = 200_000
+# Entries kept in Redis per job before the oldest are trimmed (an entry holds up to a few
+# hundred lines). The console archives entries to the database long before they are trimmed.
+DEFAULT_MAXLEN = 100_000
 
-LogRecord = tuple[str, float, str]  # (stream "o"|"e", unix time, text)
+# The writer name of the end marker: whoever appends it first wins, every later try is a no-op.
+END_WRITER = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class LogBatch:
+    """Consecutive lines of one process's stdout or stderr, as one stream entry."""
+
+    job_id: int
+    role: str
+    index: int
+    node: str
+    stream: str  # contract.STREAM_STDOUT or STREAM_STDERR
+    ts: float
+    lines: Sequence[str]
+    writer: str
+    seq: int
+
+    def fields(self) -> dict[str, str]:
+        return {
+            contract.FIELD_ROLE: self.role,
+            contract.FIELD_INDEX: str(self.index),
+            contract.FIELD_NODE: self.node,
+            contract.FIELD_STREAM: self.stream,
+            contract.FIELD_TS: repr(self.ts),
+            contract.FIELD_LINES: "\n".join(self.lines),
+        }
+
+    def to_json(self) -> str:
+        """One line of the agent's disk spool."""
+        return json.dumps(
+            [
+                self.job_id,
+                self.role,
+                self.index,
+                self.node,
+                self.stream,
+                self.ts,
+                list(self.lines),
+                self.writer,
+                self.seq,
+            ],
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "LogBatch":
+        job_id, role, index, node, stream, ts, lines, writer, seq = json.loads(text)
+        return cls(job_id, role, index, node, stream, ts, lines, writer, seq)
 
 
 class LogSink:
-    """Writes batches of one replica's lines, and the end marker, to per-job streams."""
+    """Writes batches of lines, and the end marker, to per-job streams."""
 
     def __init__(self, client: redis.Redis, maxlen: int = DEFAULT_MAXLEN) -> None:
         self._client = client
         self._maxlen = maxlen
         self._append = client.register_script(_APPEND_LUA)
 
-    def append_lines(
-        self, job_id: int, role: str, index: int, node: str, records: Sequence[LogRecord]
-    ) -> int:
-        """Append one replica's lines in order; returns the cursor of the last one."""
-        fields = {
-            contract.FIELD_ROLE: role,
-            contract.FIELD_INDEX: str(index),
-            contract.FIELD_NODE: node,
-            contract.FIELD_LINES: json.dumps(records, ensure_ascii=False),
-        }
-        return self._run(job_id, len(records), fields)
+    def append(self, batches: Sequence[LogBatch]) -> list[int]:
+        """Append batches in order with one round trip; the cursor of each one's last line
+        (-1 for a batch appended before). Raises redis.RedisError when Redis is unreachable,
+        in which case any prefix of the batches may have been appended: send them all again.
+        """
+        if not batches:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for batch in batches:
+            self._call(
+                pipe, batch.job_id, len(batch.lines), batch.writer, batch.seq, batch.fields()
+            )
+        return [int(cursor) for cursor in pipe.execute()]
 
     def append_end(self, job_id: int, reason: str) -> int:
-        """Mark the job's log complete: nothing is appended after this entry."""
-        return self._run(job_id, 1, {contract.FIELD_END: reason})
+        """Mark the job's log complete (once: later calls do nothing and return -1)."""
+        return int(self._call(self._client, job_id, 1, END_WRITER, 1, {contract.FIELD_END: reason}))
 
-    def _run(self, job_id: int, count: int, fields: dict[str, str]) -> int:
-        argv: list[str | int] = [count, self._maxlen]
+    def _call(
+        self, client: Any, job_id: int, count: int, writer: str, seq: int, fields: dict[str, str]
+    ) -> Any:
+        argv: list[str | int] = [count, self._maxlen, writer, seq]
         for key, value in fields.items():
             argv.extend((key, value))
-        keys = [contract.log_stream_key(job_id), contract.log_cursor_key(job_id)]
-        return int(self._append(keys=keys, args=argv))
+        keys = [
+            contract.log_stream_key(job_id),
+            contract.log_cursor_key(job_id),
+            contract.log_seen_key(job_id),
+        ]
+        return self._append(keys=keys, args=argv, client=client)

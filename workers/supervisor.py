@@ -228,12 +228,12 @@ class Supervisor:
         assert proc.stdout is not None and proc.stderr is not None
         key = run.key
 
-        def out(text: str) -> None:
-            self._shipper.put(key, contract.STREAM_STDOUT, text)
+        def out(ts: float, lines: list[str]) -> None:
+            self._shipper.put(key, contract.STREAM_STDOUT, ts, lines)
 
-        def err(text: str) -> None:
-            run.stderr_tail.append(text)
-            self._shipper.put(key, contract.STREAM_STDERR, text)
+        def err(ts: float, lines: list[str]) -> None:
+            run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
+            self._shipper.put(key, contract.STREAM_STDERR, ts, lines)
 
         for pipe, emit, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err")):
             reader = threading.Thread(
@@ -277,8 +277,10 @@ class Supervisor:
         spec = run.spec
         # The exit is reported only once every line is in Redis, so the console can close the
         # job's log knowing nothing more will come.
-        if not self._shipper.flush(timeout=60):
-            log.error("log lines of %s/%s not flushed in 60 s", spec.job_id, spec.tag)
+        while not self._shipper.flush(timeout=60):
+            # Redis is away and the lines wait in the spool; the report could not reach the
+            # console through Redis anyway, and sent before the lines it would close their log.
+            log.warning("log lines of %s/%s not in Redis yet; waiting", spec.job_id, spec.tag)
         with self._lock:
             self._runs.pop((spec.job_id, spec.role, spec.index), None)
             self._free_gpus |= set(run.gpu_ids)

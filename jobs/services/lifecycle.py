@@ -387,8 +387,14 @@ def _complete_log_if_done(job: Job) -> None:
         return
     job.log_complete = True
     job.save(update_fields=["log_complete"])
-    end_reason = f"job {job.state}" + (f": {job.reason.splitlines()[0]}" if job.reason else "")
+    end_reason = log_end_reason(job)
+    # If Redis is away now, the log keeper appends the marker later (logarchive).
     transaction.on_commit(lambda: LogSink(get_redis()).append_end(job.pk, end_reason), robust=True)
+
+
+def log_end_reason(job: Job) -> str:
+    """What the log's end marker says: how the job ended, and why."""
+    return f"job {job.state}" + (f": {job.reason.splitlines()[0]}" if job.reason else "")
 
 
 # --- nodes ------------------------------------------------------------------------------------

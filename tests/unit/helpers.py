@@ -1,5 +1,6 @@
 """Building requests and capturing what the console would send to agents."""
 
+import itertools
 from typing import Any, cast
 
 import pytest
@@ -8,6 +9,7 @@ import redis
 from jobs.logstream import RawEntry
 from jobs.services import dispatch
 from workers import contract
+from workers.logsink import LogBatch, LogSink
 
 
 def job_request(instances: int = 3, package: str = "cpu-1", **overrides: Any) -> dict[str, Any]:
@@ -47,3 +49,21 @@ def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
 def stream_entries(client: redis.Redis, job_id: int) -> list[RawEntry]:
     """Every raw entry of a job's log stream (client made with decode_responses=True)."""
     return cast(list[RawEntry], client.xrange(contract.log_stream_key(job_id)))
+
+
+_seq = itertools.count(1)
+
+
+def append_lines(
+    sink: LogSink,
+    job_id: int,
+    role: str,
+    index: int,
+    node: str,
+    lines: list[str],
+    stream: str = contract.STREAM_STDOUT,
+    ts: float = 1.0,
+) -> int:
+    """Append one batch as an agent would; returns the cursor of its last line."""
+    batch = LogBatch(job_id, role, index, node, stream, ts, lines, "test-writer", next(_seq))
+    return sink.append([batch])[0]

@@ -8,9 +8,10 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, Job
+from jobs.redis_client import get_redis
 from jobs.services.submission import check_job_request, submit_job
 from tests.conftest import set_quota
-from tests.unit.helpers import job_request
+from tests.unit.helpers import append_lines, job_request
 from workers.logsink import LogSink
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
@@ -152,10 +153,10 @@ def test_it_needs_the_csrf_token_for_session_writes(alice: User) -> None:
 def test_it_pages_through_logs_filtered_by_instance(
     client: Client, bob: User, bobs_job: Job
 ) -> None:
-    sink = LogSink(__import__("jobs.redis_client").redis_client.get_redis())
-    sink.append_lines(bobs_job.pk, "master", 0, "node-1", [("o", 1.0, f"m{i}") for i in range(3)])
-    sink.append_lines(bobs_job.pk, "worker", 1, "node-2", [("e", 2.0, "<b>w</b>")])
-    sink.append_lines(bobs_job.pk, "master", 0, "node-1", [("o", 3.0, "m3")])
+    sink = LogSink(get_redis())
+    append_lines(sink, bobs_job.pk, "master", 0, "node-1", [f"m{i}" for i in range(3)])
+    append_lines(sink, bobs_job.pk, "worker", 1, "node-2", ["<b>w</b>"], "e", ts=2.0)
+    append_lines(sink, bobs_job.pk, "master", 0, "node-1", ["m3"])
     token = ApiToken.issue(bob)
     base = f"/api/v1/jobs/{bobs_job.pk}/logs"
     page = api(client, "get", f"{base}?after=0&limit=2", token).json()

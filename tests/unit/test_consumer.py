@@ -1,5 +1,6 @@
 """The job websocket through the real ASGI stack, Redis stream and Redis channel layer."""
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -8,11 +9,14 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 
 from console.asgi import application
+from jobs import logstream
+from jobs.consumers import JobConsumer
 from jobs.models import ApiToken, Job
 from jobs.redis_client import get_redis
-from jobs.services import events
+from jobs.services import events, logarchive
 from jobs.services.submission import check_job_request, submit_job
-from tests.unit.helpers import job_request
+from tests.unit.helpers import append_lines, job_request
+from workers import contract
 from workers.logsink import LogSink
 
 pytestmark = [
@@ -27,14 +31,15 @@ def job(alice: User) -> Job:
 
 
 def communicator(
-    job_id: int, token: str | None, after: int = 0, origin: bytes | None = None
+    job_id: int, token: str | None, after: int = 0, origin: bytes | None = None, query: str = ""
 ) -> WebsocketCommunicator:
     headers = []
     if token:
         headers.append((b"authorization", f"Token {token}".encode()))
     if origin:
         headers.append((b"origin", origin))
-    return WebsocketCommunicator(application, f"/ws/jobs/{job_id}/?after={after}", headers)
+    query = query or f"after={after}"
+    return WebsocketCommunicator(application, f"/ws/jobs/{job_id}/?{query}", headers)
 
 
 async def frames_until(comm: WebsocketCommunicator, kind: str) -> list[dict[str, Any]]:
@@ -44,6 +49,20 @@ async def frames_until(comm: WebsocketCommunicator, kind: str) -> list[dict[str,
         got.append(frame)
         if frame["type"] == kind:
             return got
+
+
+def texts(frames: list[dict[str, Any]]) -> list[str]:
+    return [t for f in frames if f["type"] == "log" for b in f["batches"] for t in b["lines"]]
+
+
+def cursors(frames: list[dict[str, Any]]) -> list[int]:
+    return [
+        b["first"] + k
+        for f in frames
+        if f["type"] == "log"
+        for b in f["batches"]
+        for k in range(len(b["lines"]))
+    ]
 
 
 async def test_it_closes_for_anonymous_users(job: Job) -> None:
@@ -68,27 +87,31 @@ async def test_it_replays_follows_and_resumes_without_gap_or_duplicate(
 ) -> None:
     token = await database_sync_to_async(ApiToken.issue)(alice)
     sink = LogSink(get_redis())
-    sink.append_lines(job.pk, "master", 0, "node-1", [("o", 1.0, f"a{i}") for i in range(5)])
+    append_lines(sink, job.pk, "master", 0, "node-1", [f"a{i}" for i in range(5)])
     comm = communicator(job.pk, token)
     assert (await comm.connect())[0]
     first = await comm.receive_json_from(timeout=5)
     assert first["type"] == "state" and first["job"]["state"] == "queued"
     replay = await frames_until(comm, "log")
-    assert [x["text"] for x in replay[-1]["lines"]] == [f"a{i}" for i in range(5)]
+    assert texts(replay) == [f"a{i}" for i in range(5)]
     # Live: a line appended now arrives without reconnecting.
-    sink.append_lines(job.pk, "worker", 1, "node-2", [("e", 2.0, "<b>live</b>")])
+    append_lines(sink, job.pk, "worker", 1, "node-2", ["<b>live</b>"], contract.STREAM_STDERR)
     live = (await frames_until(comm, "log"))[-1]
-    assert live["lines"][0]["text"] == "<b>live</b>" and live["next"] == 6
+    assert live["batches"] == [
+        {"first": 6, "role": "worker", "index": 1, "node": "node-2", "stream": "stderr",
+         "ts": 1.0, "lines": ["<b>live</b>"]}
+    ]  # fmt: skip
+    assert live["next"] == 6
     await comm.disconnect()
 
-    # Away for a while; more lines and the end arrive meanwhile. Resume after cursor 3.
-    sink.append_lines(job.pk, "master", 0, "node-1", [("o", 3.0, "b0"), ("o", 3.1, "b1")])
+    # Away for a second; more lines and the end arrive meanwhile. Resume after cursor 3.
+    await asyncio.sleep(1)
+    append_lines(sink, job.pk, "master", 0, "node-1", ["b0", "b1"])
     sink.append_end(job.pk, "job succeeded")
     comm = communicator(job.pk, token, after=3)
     assert (await comm.connect())[0]
     frames = await frames_until(comm, "end")
-    cursors = [line["cursor"] for f in frames if f["type"] == "log" for line in f["lines"]]
-    assert cursors == [4, 5, 6, 7, 8]
+    assert cursors(frames) == [4, 5, 6, 7, 8]
     assert frames[-1] == {"type": "end", "reason": "job succeeded", "next": 9}
     assert frames[-2]["type"] == "state"  # the final state, fresh from the database
     await comm.disconnect()
@@ -108,3 +131,92 @@ async def test_it_relays_state_changes(job: Job, alice: User) -> None:
     frame = await comm.receive_json_from(timeout=5)
     assert frame == {"type": "state", "job": {"state": "running"}}
     await comm.disconnect()
+
+
+async def test_it_starts_from_the_tail_when_asked(job: Job, alice: User) -> None:
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    sink = LogSink(get_redis())
+    append_lines(sink, job.pk, "master", 0, "node-1", [f"a{i}" for i in range(100)])
+    comm = communicator(job.pk, token, query="tail=10")
+    assert (await comm.connect())[0]
+    frames = await frames_until(comm, "log")
+    assert texts(frames) == [f"a{i}" for i in range(90, 100)]
+    assert cursors(frames) == list(range(91, 101))
+    await comm.disconnect()
+
+
+async def test_it_replays_from_the_database_after_redis_trimmed_the_stream(
+    job: Job, alice: User
+) -> None:
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    client = get_redis()
+    sink = LogSink(client)
+    for k in range(5):
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"{k}-{i}" for i in range(10)])
+    await database_sync_to_async(logarchive.archive_once)(client, block_ms=10)
+    client.xtrim(
+        contract.log_stream_key(job.pk), maxlen=1, approximate=False
+    )  # only the newest batch is left
+    comm = communicator(job.pk, token, after=5)
+    assert (await comm.connect())[0]
+    frames = await frames_until(comm, "log")
+    while len(cursors(frames)) < 45:
+        frames += await frames_until(comm, "log")
+    assert cursors(frames) == list(range(6, 51))
+    assert not [f for f in frames if f["type"] == "gap"]
+    await comm.disconnect()
+
+
+async def test_it_says_so_when_lines_are_kept_nowhere(job: Job, alice: User) -> None:
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    client = get_redis()
+    sink = LogSink(client)
+    for k in range(3):
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"{k}-{i}" for i in range(10)])
+    client.xtrim(
+        contract.log_stream_key(job.pk), maxlen=1, approximate=False
+    )  # never archived, now trimmed
+    comm = communicator(job.pk, token, after=0)
+    assert (await comm.connect())[0]
+    frames = await frames_until(comm, "log")
+    gaps = [f for f in frames if f["type"] == "gap"]
+    assert gaps == [{"type": "gap", "after": 0, "next": 20, "reason": gaps[0]["reason"]}]
+    assert "no longer kept" in gaps[0]["reason"]
+    assert cursors(frames) == list(range(21, 31))  # from the oldest line still kept
+    await comm.disconnect()
+
+
+async def test_it_sends_heartbeats_while_the_job_is_quiet(
+    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(logstream, "FOLLOW_BLOCK_SECONDS", 0.2)
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    append_lines(LogSink(get_redis()), job.pk, "master", 0, "node-1", ["only line"])
+    comm = communicator(job.pk, token)
+    assert (await comm.connect())[0]
+    await frames_until(comm, "log")
+    beat = (await frames_until(comm, "heartbeat"))[-1]
+    assert beat == {"type": "heartbeat", "next": 1}
+    await comm.disconnect()
+
+
+async def test_it_closes_on_a_client_too_slow_to_read_instead_of_buffering(
+    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS = 0.2
+    original = JobConsumer.send_json
+
+    async def stuck_on_log_frames(self: JobConsumer, content: Any, close: bool = False) -> None:
+        # What a client that stopped reading looks like from here: the send never completes.
+        if content.get("type") == "log":
+            await asyncio.Event().wait()
+        await original(self, content, close)
+
+    monkeypatch.setattr(JobConsumer, "send_json", stuck_on_log_frames)
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    append_lines(LogSink(get_redis()), job.pk, "master", 0, "node-1", ["x"] * 10)
+    comm = communicator(job.pk, token)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=5))["type"] == "state"
+    closed = await comm.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": 4408}

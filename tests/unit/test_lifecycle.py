@@ -110,7 +110,7 @@ def test_it_succeeds_when_every_replica_exits_zero_and_ends_the_log(
     assert launched.state == Job.State.SUCCEEDED and launched.finished is not None
     assert launched.log_complete
     page = logstream.read_page(launched.pk, after=0, limit=10)
-    assert page.ended
+    assert page.complete
 
 
 def test_it_fails_the_job_with_the_exit_code_and_stderr_and_stops_the_rest(

@@ -4,27 +4,43 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
 from jobs.logstream import parse_entry
 from tests.unit.helpers import stream_entries
-from workers.logship import LogShipper, ReplicaKey, pump_pipe
+from workers import contract
+from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
+from workers.logsink import LogBatch, LogSink
 
 
-def lines_of(data: bytes, max_line_bytes: int = 1024) -> list[str]:
+class Collected:
+    """What pump_pipe emitted: every line, and when each read happened."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.reads: list[tuple[float, list[str]]] = []
+
+    def __call__(self, ts: float, lines: list[str]) -> None:
+        self.reads.append((ts, lines))
+        self.lines.extend(lines)
+
+
+def lines_of(data: bytes, max_line_chars: int = 1024) -> list[str]:
     read_fd, write_fd = os.pipe()
-    got: list[str] = []
+    got = Collected()
     reader = threading.Thread(
-        target=pump_pipe, args=(os.fdopen(read_fd, "rb"), got.append, max_line_bytes)
+        target=pump_pipe, args=(os.fdopen(read_fd, "rb"), got, max_line_chars)
     )
     reader.start()
     with os.fdopen(write_fd, "wb") as w:
         w.write(data)
     reader.join(5)
-    return got
+    return got.lines
 
 
 def test_it_keeps_a_line_whole_when_text_and_newline_arrive_apart() -> None:
@@ -35,11 +51,11 @@ def test_it_keeps_a_line_whole_when_text_and_newline_arrive_apart() -> None:
         "    sys.stdout.write('\\n'); sys.stdout.flush()\n"
     )
     proc = subprocess.Popen([sys.executable, "-u", "-c", script], stdout=subprocess.PIPE)
-    got: list[str] = []
+    got = Collected()
     assert proc.stdout is not None
-    pump_pipe(proc.stdout, got.append)
+    pump_pipe(proc.stdout, got)
     proc.wait()
-    assert got == [f"line {i}" for i in range(50)]
+    assert got.lines == [f"line {i}" for i in range(50)]
 
 
 def test_it_gives_a_last_line_without_newline_and_strips_crlf() -> None:
@@ -50,9 +66,41 @@ def test_it_replaces_invalid_utf8() -> None:
     assert lines_of(b"ok \xff\xfe bytes\n") == ["ok \ufffd\ufffd bytes"]
 
 
-def test_it_cuts_very_long_lines_into_pieces() -> None:
-    got = lines_of(b"x" * 2500 + b"\n", max_line_bytes=1000)
-    assert [len(p) for p in got] == [1000, 1000, 500]
+def test_it_keeps_ansi_and_html_as_they_are() -> None:
+    # Rendering them safely is the viewer's job; the log keeps what the trainer printed.
+    assert lines_of(b"\x1b[31mred\x1b[0m <b>x</b>\n") == ["\x1b[31mred\x1b[0m <b>x</b>"]
+
+
+def test_it_cuts_very_long_lines_into_marked_pieces() -> None:
+    got = lines_of(b"x" * 2500 + b"\nshort\n", max_line_chars=1000)
+    assert got == ["x" * 1000 + CONTINUED, "x" * 1000 + CONTINUED, "x" * 500, "short"]
+
+
+def test_it_never_cuts_inside_a_character() -> None:
+    # A long line with no newline yet is cut at a byte budget; "é" is two bytes.
+    got = lines_of("é".encode() * 3000, max_line_chars=1001)
+    assert "\ufffd" not in "".join(got)
+    assert "".join(p.removesuffix(CONTINUED) for p in got) == "é" * 3000
+
+
+def test_it_sends_a_partial_line_after_the_pipe_was_quiet() -> None:
+    read_fd, write_fd = os.pipe()
+    got = Collected()
+    reader = threading.Thread(
+        target=pump_pipe,
+        args=(os.fdopen(read_fd, "rb"), got),
+        kwargs={"partial_flush_seconds": 0.1},
+    )
+    reader.start()
+    with os.fdopen(write_fd, "wb") as w:
+        w.write(b"Password: ")
+        w.flush()
+        while not got.lines:  # the reader gives it up on its own, with the pipe still open
+            time.sleep(0.01)
+        assert got.lines == ["Password: "]
+        w.write(b"rest\n")
+    reader.join(5)
+    assert got.lines == ["Password: ", "rest"]
 
 
 @pytest.fixture
@@ -62,28 +110,90 @@ def client(redis_server: str) -> Iterator[redis.Redis]:
     yield c
 
 
-def test_it_ships_in_order_with_cursors_that_only_grow(client: redis.Redis) -> None:
-    shipper = LogShipper(client)
+def all_lines(client: redis.Redis, job_id: int) -> list[tuple[int, str, str]]:
+    """(cursor, tag, text) of every line in the stream, in stream order."""
+    out: list[tuple[int, str, str]] = []
+    for entry_id, fields in stream_entries(client, job_id):
+        batch = parse_entry(entry_id, fields)
+        out.extend((batch.first + k, batch.tag, t) for k, t in enumerate(batch.lines))
+    return out
+
+
+def test_it_ships_in_order_with_cursors_that_only_grow(client: redis.Redis, tmp_path: Path) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
     a, b = ReplicaKey(7, "master", 0, "n1"), ReplicaKey(7, "worker", 1, "n2")
     for i in range(1000):
-        shipper.put(a if i % 3 else b, "o", f"line {i}")
+        shipper.put(a if i % 3 else b, "o", time.time(), [f"line {i}"])
     assert shipper.flush(10)
     shipper.close()
-    entries = [parse_entry(i, f) for i, f in stream_entries(client, 7)]
-    lines = [line for e in entries for line in e.lines]
-    assert [line.cursor for line in lines] == list(range(1, 1001))
-    by_master = [line.text for line in lines if line.role == "master"]
-    assert by_master == [f"line {i}" for i in range(1000) if i % 3]
-    assert len(entries) < 1000  # batched
+    lines = all_lines(client, 7)
+    assert [c for c, _, _ in lines] == list(range(1, 1001))
+    assert [t for _, tag, t in lines if tag == "master"] == [
+        f"line {i}" for i in range(1000) if i % 3
+    ]
+    assert len(stream_entries(client, 7)) < 1000  # batched
 
 
-def test_it_keeps_lines_while_redis_is_away(client: redis.Redis) -> None:
+def test_the_sink_ignores_a_batch_sent_twice(client: redis.Redis) -> None:
+    sink = LogSink(client)
+    batch = LogBatch(9, "master", 0, "n1", "o", 1.0, ["once"], "writer-a", 1)
+    other = LogBatch(9, "master", 0, "n1", "o", 1.0, ["other writer"], "writer-b", 1)
+    assert sink.append([batch, batch, other]) == [1, -1, 2]
+    assert sink.append_end(9, "job succeeded") == 3
+    assert sink.append_end(9, "job succeeded") == -1  # the end marker is appended once
+    assert [t for _, _, t in all_lines(client, 9)] == ["once", "other writer"]
+
+
+def test_it_spools_to_disk_while_redis_is_away_and_sends_in_order_after(
+    client: redis.Redis, tmp_path: Path
+) -> None:
     broken = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.1)
-    shipper = LogShipper(broken, retry_seconds=0.05)
-    shipper.put(ReplicaKey(8, "master", 0, "n1"), "o", "kept")
-    assert not shipper.flush(0.5)  # not delivered, and not dropped either
-    # Point the same shipper at a working Redis: the held line goes out.
-    shipper._sink = type(shipper._sink)(client)
+    spool = tmp_path / "spool"
+    shipper = LogShipper(broken, spool, retry_seconds=0.05)
+    key = ReplicaKey(8, "master", 0, "n1")
+    for i in range(50):
+        shipper.put(key, "o", time.time(), [f"kept {i}"])
+    assert not shipper.flush(0.5)  # not delivered, and not dropped either: on disk
+    assert list(spool.glob("*.spool")) and shipper.spooling
+    # Redis answers again (here: the same shipper pointed at a working one).
+    shipper._sink = LogSink(client)
+    shipper.put(key, "o", time.time(), ["after the outage"])
     assert shipper.flush(5)
-    entry = parse_entry(*stream_entries(client, 8)[0])
-    assert [line.text for line in entry.lines] == ["kept"]
+    texts = [t for _, _, t in all_lines(client, 8)]
+    assert texts == [f"kept {i}" for i in range(50)] + ["after the outage"]
+    assert not list(spool.glob("*.spool"))  # sent, so gone
+    shipper.close()
+
+
+def test_a_new_agent_sends_what_a_crashed_one_left_in_its_spool(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    spool_dir = tmp_path / "spool"
+    left = Spool(spool_dir)
+    batches = [
+        LogBatch(5, "worker", 1, "n1", "e", 1.0, [f"old {i}"], "dead-agent", i + 1)
+        for i in range(3)
+    ]
+    left.append(batches)
+    LogSink(client).append(batches[:1])  # the dead agent got the first one out before it died
+    shipper = LogShipper(client, spool_dir, retry_seconds=0.05)
+    shipper.put(ReplicaKey(5, "worker", 1, "n1"), "e", 2.0, ["new"])
+    assert shipper.flush(5)
+    shipper.close()
+    assert [t for _, _, t in all_lines(client, 5)] == ["old 0", "old 1", "old 2", "new"]
+
+
+def test_the_trainer_is_never_blocked_by_an_absent_redis(tmp_path: Path) -> None:
+    broken = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.1)
+    shipper = LogShipper(broken, tmp_path / "spool", retry_seconds=0.05)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "for i in range(20000): print('x' * 100, i)"],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    key = ReplicaKey(3, "master", 0, "n1")
+    pump_pipe(proc.stdout, lambda ts, lines: shipper.put(key, contract.STREAM_STDOUT, ts, lines))
+    # The trainer ran to its end although none of its lines could reach Redis.
+    assert proc.wait() == 0
+    shipper.flush(0.2)
+    shipper.close(timeout=0.5)

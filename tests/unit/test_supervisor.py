@@ -50,7 +50,7 @@ def reports() -> Reports:
 
 @pytest.fixture
 def supervisor(client: redis.Redis, reports: Reports, tmp_path: Path) -> Iterator[Supervisor]:
-    shipper = LogShipper(client)
+    shipper = LogShipper(client, tmp_path / "spool")
     sup = Supervisor("n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT)
     yield sup
     sup.shutdown()
@@ -81,7 +81,7 @@ def spec(script: str, role: str = "master", index: int = 0, **kw: Any) -> Replic
 
 def texts(client: redis.Redis, job_id: int = 11) -> list[str]:
     entries = [parse_entry(i, f) for i, f in stream_entries(client, job_id)]
-    return [line.text for e in entries for line in e.lines]
+    return [text for e in entries for text in e.lines]
 
 
 def test_it_runs_a_replica_and_reports_only_after_its_lines_are_in_redis(

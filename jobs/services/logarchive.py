@@ -1,0 +1,115 @@
+"""The log keeper: copies every job's log from its Redis Stream into the database, in order.
+
+Redis is the fast path from agents to browsers, but it keeps only so much of each stream and may
+be flushed or restarted; the database keeps the whole log for as long as the job exists. The
+keeper reads all unarchived streams with one blocking XREAD, writes new batches as `LogChunk`
+rows in bulk, and once a job's end marker is in the database marks the job archived and lets its
+Redis keys expire. Several keepers may run: rows are unique per cursor, so a copy made twice is
+kept once.
+
+It also closes logs the console could not close: when a finished job's end marker never reached
+Redis (Redis was down at that moment), the keeper appends it.
+"""
+
+import logging
+import threading
+from typing import cast
+
+import redis
+from django.db.models import Max
+
+from jobs import logstream
+from jobs.logstream import RawEntry
+from jobs.models import Job, LogChunk
+from jobs.services.lifecycle import log_end_reason
+from workers import contract
+from workers.logsink import LogSink
+
+log = logging.getLogger(__name__)
+
+# How long an archived job's Redis keys stay, for followers that are still reading from there.
+EXPIRE_AFTER_ARCHIVE_SECONDS = 600
+BLOCK_MILLISECONDS = 1000
+ENTRIES_PER_READ = 100
+
+
+def archive_once(client: redis.Redis, block_ms: int = BLOCK_MILLISECONDS) -> int:
+    """One pass over every unarchived job; returns how many batches it saved."""
+    pending = dict(
+        Job.objects.filter(log_archived=False).values_list("pk", "log_complete").order_by("pk")
+    )
+    if not pending:
+        threading.Event().wait(block_ms / 1000)
+        return 0
+    heads = dict(
+        LogChunk.objects.filter(job_id__in=list(pending))
+        .values("job_id")
+        .annotate(head=Max("last_cursor"))
+        .values_list("job_id", "head")
+    )
+    streams = {contract.log_stream_key(job_id): f"{heads.get(job_id, 0)}-0" for job_id in pending}
+    response = cast(
+        list[tuple[str, list[RawEntry]]],
+        client.xread(streams, count=ENTRIES_PER_READ, block=block_ms),  # type: ignore[arg-type]
+    )
+    saved = 0
+    touched: set[int] = set()
+    for key, entries in response or []:
+        job_id = _job_of(key)
+        touched.add(job_id)
+        saved += _save(client, job_id, heads.get(job_id, 0), entries)
+    for job_id, complete in pending.items():
+        if complete and job_id not in touched:
+            _close_if_unclosed(client, job_id, heads.get(job_id, 0))
+    return saved
+
+
+def _job_of(key: str) -> int:
+    return int(key.split("{job:", 1)[1].split("}", 1)[0])
+
+
+def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) -> int:
+    rows: list[LogChunk] = []
+    ended = False
+    position = head
+    for entry_id, fields in entries:
+        batch = logstream.parse_entry(entry_id, fields)
+        if batch.first > position + 1:
+            # Trimmed from Redis before we got here: record the hole, readers will say so.
+            rows.append(logstream.to_chunk(job_id, logstream.gap(position, batch.first - 1)))
+        rows.append(logstream.to_chunk(job_id, batch))
+        position = batch.last
+        ended = ended or batch.kind == LogChunk.Kind.END
+    LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
+    if ended:
+        Job.objects.filter(pk=job_id).update(log_archived=True)
+        pipe = client.pipeline(transaction=False)
+        for key in contract.job_log_keys(job_id):
+            pipe.expire(key, EXPIRE_AFTER_ARCHIVE_SECONDS)
+        pipe.execute()
+    return len(rows)
+
+
+def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:
+    """A finished job with nothing left to archive and no end marker: append the marker."""
+    if LogChunk.objects.filter(job_id=job_id, kind=LogChunk.Kind.END).exists():
+        Job.objects.filter(pk=job_id).update(log_archived=True)
+        return
+    # Cursors must keep growing past what is archived, even if Redis lost its counter.
+    client.set(contract.log_cursor_key(job_id), head, nx=True)
+    job = Job.objects.get(pk=job_id)
+    if LogSink(client).append_end(job_id, log_end_reason(job)) >= 0:
+        log.warning("closed the log of job %s, whose end marker had not reached Redis", job_id)
+
+
+def run(client: redis.Redis, stop: threading.Event) -> None:
+    """Archive until `stop` is set; Redis or database outages are waited out."""
+    while not stop.is_set():
+        try:
+            archive_once(client)
+        except redis.RedisError as exc:
+            log.warning("Redis unreachable (%s); retrying", exc)
+            stop.wait(1.0)
+        except Exception:
+            log.exception("archiving logs failed; retrying")
+            stop.wait(1.0)

@@ -1,0 +1,162 @@
+"""The log keeper and the readers over the database and Redis together (real Redis)."""
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.test import AsyncClient, Client
+
+from jobs import logstream
+from jobs.models import ApiToken, Job, LogChunk
+from jobs.redis_client import get_redis
+from jobs.services import logarchive
+from jobs.services.submission import check_job_request, submit_job
+from tests.unit.helpers import append_lines, job_request
+from workers import contract
+from workers.logsink import LogSink
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
+
+
+@pytest.fixture
+def job(alice: User) -> Job:
+    return submit_job(alice, check_job_request(job_request(instances=2)))
+
+
+def write_log(job: Job, batches: int = 4, per_batch: int = 25) -> list[str]:
+    """Lines from two instances, stdout and stderr; returns every text in cursor order."""
+    sink = LogSink(get_redis())
+    texts = []
+    for b in range(batches):
+        role, index, node = ("master", 0, "node-1") if b % 2 == 0 else ("worker", 1, "node-2")
+        stream = contract.STREAM_STDERR if b == 3 else contract.STREAM_STDOUT
+        lines = [f"{role}-{b}-{i}" for i in range(per_batch)]
+        append_lines(sink, job.pk, role, index, node, lines, stream, ts=float(b))
+        texts.extend(lines)
+    return texts
+
+
+def archive_all() -> None:
+    while logarchive.archive_once(get_redis(), block_ms=10):
+        pass
+
+
+def every_line(job: Job) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = logstream.read_page(job.pk, after, 30)
+        lines.extend(page.lines)
+        if page.complete or page.next == after:
+            return lines
+        after = page.next
+
+
+def test_it_archives_every_line_and_the_end_and_serves_them_without_redis(job: Job) -> None:
+    texts = write_log(job)
+    LogSink(get_redis()).append_end(job.pk, "job succeeded")
+    archive_all()
+    job.refresh_from_db()
+    assert job.log_archived
+    assert LogChunk.objects.filter(job=job).count() == 5
+    get_redis().flushdb()  # Redis is gone (or restarted empty): the database has it all
+    lines = every_line(job)
+    assert [x["text"] for x in lines] == texts
+    assert [x["cursor"] for x in lines] == list(range(1, 101))
+    assert logstream.read_page(job.pk, 100, 10).complete
+
+
+def test_reads_join_the_archive_and_the_newer_lines_still_in_redis(job: Job) -> None:
+    texts = write_log(job, batches=2)
+    archive_all()
+    texts += write_log(job, batches=2)  # not archived yet
+    assert LogChunk.objects.filter(job=job).count() == 2
+    assert [x["text"] for x in every_line(job)] == texts
+    assert logstream.line_counts(job.pk)["total"] == 100
+
+
+def test_it_records_lines_trimmed_before_they_were_archived_as_a_gap(job: Job) -> None:
+    write_log(job)
+    get_redis().xtrim(contract.log_stream_key(job.pk), maxlen=1, approximate=False)
+    archive_all()
+    chunks = list(LogChunk.objects.filter(job=job).order_by("last_cursor"))
+    assert [(c.kind, c.first_cursor, c.last_cursor) for c in chunks] == [
+        ("gap", 1, 75),
+        ("lines", 76, 100),
+    ]
+
+
+def test_it_closes_a_finished_jobs_log_whose_end_marker_never_reached_redis(job: Job) -> None:
+    write_log(job, batches=1)
+    # The job finished while Redis was away: the console could not append the end marker.
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED, reason="", log_complete=True)
+    archive_all()
+    archive_all()
+    end = LogChunk.objects.get(job=job, kind="end")
+    assert (end.first_cursor, end.text) == (26, "job succeeded")
+    job.refresh_from_db()
+    assert job.log_archived
+
+
+def test_pages_go_backwards_and_filter(job: Job) -> None:
+    write_log(job)
+    archive_all()
+    before = logstream.read_page_before(job.pk, before=60, limit=20)
+    assert [x["cursor"] for x in before.lines] == list(range(40, 60)) and before.more_before
+    assert not logstream.read_page_before(job.pk, before=10, limit=20).more_before
+    where = logstream.LineFilter(node="node-2", stream="stderr")
+    assert {x["text"] for x in logstream.read_page(job.pk, 0, 100, where).lines} == {
+        f"worker-3-{i}" for i in range(25)
+    }
+    found = logstream.read_page(job.pk, 0, 5, logstream.LineFilter(text="MASTER-2-1"))
+    assert [x["text"] for x in found.lines] == ["master-2-1"] + [f"master-2-1{i}" for i in range(4)]
+
+
+def test_it_finds_the_first_error(job: Job) -> None:
+    sink = LogSink(get_redis())
+    append_lines(sink, job.pk, "master", 0, "node-1", ["epoch 1 error_rate=0.1", "fine"])
+    append_lines(
+        sink, job.pk, "worker", 1, "node-2",
+        ["Traceback (most recent call last):", '  File "x.py"', "ValueError: bad"], "e",
+    )  # fmt: skip
+    page = logstream.read_page(job.pk, 0, 1, logstream.LineFilter(errors=True))
+    assert [(x["cursor"], x["text"]) for x in page.lines] == [
+        (3, "Traceback (most recent call last):")
+    ]
+
+
+def test_the_api_serves_counts_and_the_whole_text(job: Job, alice: User) -> None:
+    write_log(job, batches=3)
+    archive_all()
+    write_log(job, batches=1)
+    LogSink(get_redis()).append_end(job.pk, "job failed: worker-1 exited with code 3")
+    client = Client(headers={"Authorization": f"Token {ApiToken.issue(alice)}"})
+    counts = client.get(f"/api/v1/jobs/{job.pk}/logs/counts").json()
+    assert counts["total"] == 100
+    assert counts["by_node"] == {"node-1": 75, "node-2": 25}
+    assert {(r["tag"], r["stdout"], r["stderr"]) for r in counts["replicas"]} == {
+        ("master", 75, 0),
+        ("worker-1", 25, 0),
+    }
+    page = client.get(f"/api/v1/jobs/{job.pk}/logs?before=30&limit=5&role=worker").json()
+    assert [x["cursor"] for x in page["lines"]] == [26, 27, 28, 29]
+    assert client.get(f"/api/v1/jobs/{job.pk}/logs?stream=both").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_download_is_streamed_page_by_page(job: Job, alice: User) -> None:
+    await sync_to_async(write_log)(job, batches=250, per_batch=200)
+    await sync_to_async(archive_all)()
+    await sync_to_async(write_log)(job, batches=1)
+    LogSink(get_redis()).append_end(job.pk, "job failed: worker-1 exited with code 3")
+    client = AsyncClient()
+    await client.aforce_login(alice)
+    response = await client.get(f"/api/v1/jobs/{job.pk}/logs.txt")
+    assert response.status_code == 200 and response.streaming, response.content
+    assert response["Content-Disposition"].startswith("attachment;")
+    parts = [part async for part in response.streaming_content]  # type: ignore[attr-defined]
+    assert len(parts) > 1  # written as it is read, not built whole first
+    lines = b"".join(parts).decode().splitlines()
+    assert lines[0] == "[master] master-0-0" and lines[200] == "[worker-1] worker-1-0"
+    assert len(lines) == 50_026 and lines[-1].startswith("--- log complete: job failed")
