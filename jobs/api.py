@@ -100,6 +100,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         },
         "created": job.created.isoformat(),
         "log_complete": job.log_complete,
+        "log_archived": job.log_archived,
         **lifecycle.job_state_payload(job),
     }
 

@@ -29,6 +29,7 @@ STOP_TIMEOUT_SECONDS = 30.0
 @dataclass
 class Child:
     name: str
+    argv: list[str]
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
@@ -100,7 +101,7 @@ class Stack:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
         )
-        child = Child(name, proc, log_path, log_file)
+        child = Child(name, argv, proc, log_path, log_file)
         self.children.append(child)
         return child
 
@@ -165,6 +166,19 @@ class Stack:
                     + "\n".join(tail)
                 )
 
+    def restart(self, name: str, down_seconds: float = 0.0) -> None:
+        """Stop one process by its PID and start it again as it was (same port, same data).
+
+        For trying out what survives a crash or an upgrade of one part.
+        """
+        child = next(c for c in self.children if c.name == name)
+        _stop_child(child)
+        self.children.remove(child)
+        time.sleep(down_seconds)
+        self._spawn(name, child.argv)
+        if name == "redis":
+            wait_for_redis(self.redis_url, self.children[-1].proc)
+
     # --- stop ---
 
     def stop(self) -> None:
@@ -178,13 +192,19 @@ class Stack:
             for child in group:
                 _signal_group(child.proc, signal.SIGTERM)
             for child in group:
-                try:
-                    child.proc.wait(STOP_TIMEOUT_SECONDS)
-                except subprocess.TimeoutExpired:
-                    _signal_group(child.proc, signal.SIGKILL)
-                    child.proc.wait()
-                child.log_file.close()
+                _stop_child(child, signalled=True)
         self.children.clear()
+
+
+def _stop_child(child: Child, signalled: bool = False) -> None:
+    if not signalled:
+        _signal_group(child.proc, signal.SIGTERM)
+    try:
+        child.proc.wait(STOP_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        _signal_group(child.proc, signal.SIGKILL)
+        child.proc.wait()
+    child.log_file.close()
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -205,6 +205,18 @@ class StackClient:
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
+def frame_lines(frame: dict[str, Any]) -> list[dict[str, Any]]:
+    """The lines of a websocket "log" frame, one dict each (as the HTTP API gives them)."""
+    if frame["type"] != "log":
+        return []
+    return [
+        {"cursor": b["first"] + k, "role": b["role"], "index": b["index"], "node": b["node"],
+         "stream": b["stream"], "ts": b["ts"], "text": text}
+        for b in frame["batches"]
+        for k, text in enumerate(b["lines"])
+    ]  # fmt: skip
+
+
 def pytorch_request(
     name: str, script: str, instances: int, package: str = "cpu-1", args: list[str] | None = None
 ) -> dict[str, Any]:

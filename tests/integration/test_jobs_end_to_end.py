@@ -13,6 +13,7 @@ import websockets
 from tests.conftest import (
     RunningStack,
     StackClient,
+    frame_lines,
     process_alive,
     pytorch_request,
     run_async,
@@ -159,7 +160,7 @@ async def _read(ws: Any, frames: list[dict[str, Any]], stop_after_lines: int | N
         frame = json.loads(await asyncio.wait_for(ws.recv(), 120))
         frames.append(frame)
         if frame["type"] == "log":
-            lines += len(frame["lines"])
+            lines += len(frame_lines(frame))
             if stop_after_lines is not None and lines >= stop_after_lines:
                 return
         if frame["type"] == "end":
@@ -178,7 +179,7 @@ def test_websocket_reconnect_with_after_has_no_gap_and_no_duplicate(
         frames: list[dict[str, Any]] = []
         async with websockets.connect(f"{url}?after=0", additional_headers=headers) as ws:
             await _read(ws, frames, stop_after_lines=3)
-        cursor = max(x["cursor"] for f in frames if f["type"] == "log" for x in f["lines"])
+        cursor = max(x["cursor"] for f in frames for x in frame_lines(f))
         await asyncio.sleep(1.0)  # away for a second while the job keeps printing
         async with websockets.connect(f"{url}?after={cursor}", additional_headers=headers) as ws:
             await _read(ws, frames, stop_after_lines=None)
@@ -186,7 +187,7 @@ def test_websocket_reconnect_with_after_has_no_gap_and_no_duplicate(
 
     frames = run_async(session())
     assert frames[-1]["type"] == "end" and "succeeded" in frames[-1]["reason"]
-    received = [x["cursor"] for f in frames if f["type"] == "log" for x in f["lines"]]
+    received = [x["cursor"] for f in frames for x in frame_lines(f)]
     everything = [x["cursor"] for x in admin.logs(job["id"])]
     assert len(received) == len(set(received)), "no line twice"
     assert received == everything, "no line missing, in order"

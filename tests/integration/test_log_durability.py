@@ -1,0 +1,161 @@
+"""The log path keeps every line through volume and restarts, over real parts: trainers, node
+agents, Redis, the log keeper, the ASGI server and websocket clients."""
+
+import asyncio
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import websockets
+
+from stack.redis_server import free_port
+from tests.conftest import (
+    FIXTURE_CODE_ROOT,
+    RunningStack,
+    StackClient,
+    frame_lines,
+    pytorch_request,
+    run_async,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def numbered(name: str, instances: int, lines: int, rate: float = 0.0) -> dict[str, Any]:
+    args = ["--lines", str(lines)] + (["--rate", str(rate)] if rate else [])
+    return pytorch_request(name, "numbered.py", instances, args=args)
+
+
+def check_every_line_in_order(lines: list[dict[str, Any]], instances: int, each: int) -> None:
+    """Every process's stdout and stderr arrived whole, in order, once; cursors only grow."""
+    cursors = [x["cursor"] for x in lines]
+    assert cursors == sorted(set(cursors)), "cursors grow and never repeat"
+    seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for x in lines:
+        tag, number = x["text"].split(" ")
+        assert tag == (f"{x['role']}-{x['index']}"), "a line keeps its origin"
+        seen[(tag, x["stream"])].append(int(number))
+    tags = ["master-0"] + [f"worker-{i}" for i in range(1, instances)]
+    for tag in tags:
+        assert seen[(tag, "stderr")] == [i for i in range(each) if i % 10 == 9], tag
+        assert seen[(tag, "stdout")] == [i for i in range(each) if i % 10 != 9], tag
+    assert len(lines) == instances * each
+
+
+def test_a_200k_line_job_is_fully_retrievable_over_http(stack: RunningStack) -> None:
+    admin = stack.admin
+    job = admin.submit(numbered("chatty", 2, 100_000))
+    finished = admin.wait_finished(job["id"])
+    assert finished["state"] == "succeeded", finished["reason"]
+    lines = admin.logs(job["id"], limit=10_000)
+    check_every_line_in_order(lines, 2, 100_000)
+    counts = admin.http.get(f"/api/v1/jobs/{job['id']}/logs/counts").json()
+    assert counts["total"] == 200_000
+    assert {(r["tag"], r["stdout"], r["stderr"]) for r in counts["replicas"]} == {
+        ("master", 90_000, 10_000),
+        ("worker-1", 90_000, 10_000),
+    }
+    with admin.http.stream("GET", f"/api/v1/jobs/{job['id']}/logs.txt") as response:
+        text_lines = sum(chunk.count("\n") for chunk in response.iter_text())
+    assert text_lines == 200_000 + 1  # and the "log complete" line
+
+
+# --- restarts: a stack of its own, so the others never see them --------------------------------
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    from stack.run import Stack
+
+    running = Stack(
+        var_dir=tmp_path_factory.mktemp("restarts"),
+        port=free_port(),
+        nodes=1,
+        code_root=FIXTURE_CODE_ROOT,
+    )
+    login = running.prepare()
+    try:
+        running.start()
+        yield RunningStack(running, login.split(" ", 1)[1])
+    finally:
+        running.stop()
+
+
+def wait_for_lines(client: StackClient, job_id: int, count: int) -> None:
+    deadline = time.monotonic() + 120  # hang guard only
+    while len(client.logs(job_id)) < count:
+        assert time.monotonic() < deadline, "the job's lines stopped coming"
+        time.sleep(0.2)
+
+
+def test_a_redis_restart_mid_job_loses_no_line_and_keeps_order(own_stack: RunningStack) -> None:
+    admin = own_stack.admin
+    job = admin.submit(numbered("through a restart", 2, 4000, rate=400))
+    wait_for_lines(admin, job["id"], 500)
+    # Redis goes away for two seconds while both processes keep printing: the agent spools
+    # their lines to disk and sends them when Redis is back.
+    own_stack.stack.restart("redis", down_seconds=2.0)
+    finished = admin.wait_finished(job["id"])
+    assert finished["state"] == "succeeded", finished["reason"]
+    check_every_line_in_order(admin.logs(job["id"]), 2, 4000)
+    agent_log = own_stack.stack.var_dir / "logs" / "node-1.log"
+    assert "spooling log lines" in agent_log.read_text(), "the outage did hit the log path"
+
+
+def test_a_web_server_restart_mid_stream_resumes_the_client_without_gap(
+    own_stack: RunningStack,
+) -> None:
+    admin = own_stack.admin
+    job = admin.submit(numbered("watched through a restart", 1, 3000, rate=500))
+    url = own_stack.url.replace("http", "ws") + f"/ws/jobs/{job['id']}/"
+    headers = {"Authorization": f"Token {admin.token}"}
+
+    async def watch() -> tuple[list[dict[str, Any]], int]:
+        lines: list[dict[str, Any]] = []
+        cursor, connections, restarted = 0, 0, False
+        deadline = time.monotonic() + 180  # hang guard only
+        while time.monotonic() < deadline:
+            try:
+                async with websockets.connect(
+                    f"{url}?after={cursor}", additional_headers=headers, max_size=None
+                ) as ws:
+                    connections += 1
+                    async for message in ws:
+                        frame = json.loads(message)
+                        lines.extend(frame_lines(frame))
+                        if frame["type"] in ("log", "end", "heartbeat"):
+                            cursor = frame["next"]
+                        if frame["type"] == "end":
+                            return lines, connections
+                        if not restarted and len(lines) >= 300:
+                            restarted = True
+                            await asyncio.to_thread(own_stack.stack.restart, "web")
+            except (OSError, websockets.ConnectionClosed, websockets.InvalidStatus):
+                pass
+            await asyncio.sleep(0.2)  # the server is coming back; try again from the cursor
+        raise AssertionError("the job's log never ended")
+
+    lines, connections = run_async(watch())
+    assert connections >= 2, "the restart did cut the connection"
+    everything = admin.logs(job["id"])
+    assert [x["cursor"] for x in lines] == [x["cursor"] for x in everything]
+    check_every_line_in_order(lines, 1, 3000)
+
+
+def test_the_log_of_a_finished_job_outlives_redis(own_stack: RunningStack) -> None:
+    admin = own_stack.admin
+    job = admin.submit(numbered("archived", 1, 2000))
+    admin.wait_finished(job["id"])
+    deadline = time.monotonic() + 60  # hang guard only
+    while not admin.job(job["id"])["log_archived"]:
+        assert time.monotonic() < deadline, "the keeper never archived the log"
+        time.sleep(0.2)
+    # Redis loses everything (a FLUSHALL, or a restart without its data).
+    redis.Redis.from_url(own_stack.stack.redis_url).flushall()
+    check_every_line_in_order(admin.logs(job["id"]), 1, 2000)
+    page = admin.http.get(f"/api/v1/jobs/{job['id']}/logs", params={"after": 0}).json()
+    assert page["lines"][0]["text"] == "master-0 0"
