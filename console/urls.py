@@ -22,4 +22,20 @@ urlpatterns = [
     path("api/v1/jobs/<int:job_id>/logs", api.job_logs, name="api_job_logs"),
     path("api/v1/jobs/<int:job_id>/logs/counts", api.job_log_counts, name="api_job_log_counts"),
     path("api/v1/jobs/<int:job_id>/logs.txt", api.job_log_text, name="api_job_log_text"),
+    path("api/v1/jobs/<int:job_id>/metrics", api.job_metrics, name="api_job_metrics"),
+    path(
+        "api/v1/jobs/<int:job_id>/metrics/summary",
+        api.job_metrics_summary,
+        name="api_job_metrics_summary",
+    ),
+    path("api/v1/jobs/<int:job_id>/metrics.csv", api.job_metrics_csv, name="api_job_metrics_csv"),
+    path(
+        "api/v1/jobs/<int:job_id>/metrics.tensorboard.tar.gz",
+        api.job_metrics_tensorboard,
+        name="api_job_metrics_tensorboard",
+    ),
+    path("api/v1/jobs/<int:job_id>/baseline", api.job_baseline, name="api_job_baseline"),
+    path(
+        "api/v1/jobs/<int:job_id>/baseline-run", api.job_baseline_run, name="api_job_baseline_run"
+    ),
 ]

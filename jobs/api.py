@@ -16,7 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from jobs import logstream
 from jobs.access import get_job_for, visible_jobs
 from jobs.models import FrameworkImage, Job, KVStoreMode, Package
-from jobs.services import lifecycle, quota
+from jobs.services import baselines, lifecycle, metric_export, quota, training_report
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
@@ -101,6 +101,8 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "created": job.created.isoformat(),
         "log_complete": job.log_complete,
         "log_archived": job.log_archived,
+        "baseline": job.baseline_id,
+        "metrics": job.metric_definitions,
         **lifecycle.job_state_payload(job),
     }
 
@@ -263,3 +265,76 @@ def job_log_text(request: HttpRequest, job_id: int) -> HttpResponseBase:
     response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}.log"'
     response["X-Content-Type-Options"] = "nosniff"
     return response
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+
+@api_endpoint("GET")
+def job_metrics(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Metric points after cursor `after`, optionally of one name."""
+    job = get_job_for(request.user, job_id)
+    try:
+        after = _int_param(request, "after", 0) or 0
+    except ValueError:
+        return error(400, "after", "after must be a non-negative whole number.")
+    points, position = logstream.metric_points(job.pk, after, name=request.GET.get("name") or None)
+    return JsonResponse({"points": points, "next": position})
+
+
+@api_endpoint("GET")
+def job_metrics_summary(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    return JsonResponse(training_report.report(request.user, job))  # type: ignore[arg-type]
+
+
+@api_endpoint("GET")
+def job_metrics_csv(request: HttpRequest, job_id: int) -> HttpResponseBase:
+    job = get_job_for(request.user, job_id)
+    response = StreamingHttpResponse(
+        metric_export.csv_rows(job.pk), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}-metrics.csv"'
+    return response
+
+
+@api_endpoint("GET")
+def job_metrics_tensorboard(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    response = HttpResponse(
+        metric_export.tensorboard_archive(job.pk), content_type="application/gzip"
+    )
+    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}-tb.tar.gz"'
+    return response
+
+
+@api_endpoint("POST")
+def job_baseline(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Body {"baseline": JOB_ID or null}: compare this job with an earlier one."""
+    job = get_job_for(request.user, job_id)
+    try:
+        body = _json_body(request)
+    except ValidationFailed as exc:
+        return JsonResponse({"errors": exc.errors}, status=400)
+    value = body.get("baseline") if isinstance(body, dict) else "missing"
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        return error(400, "baseline", 'Send {"baseline": JOB_ID} or {"baseline": null}.')
+    try:
+        baselines.set_baseline(request.user, job, value)  # type: ignore[arg-type]
+    except baselines.BaselineError as exc:
+        return error(400, "baseline", str(exc))
+    return JsonResponse(training_report.report(request.user, job))  # type: ignore[arg-type]
+
+
+@api_endpoint("POST")
+def job_baseline_run(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Launch a 1-worker copy of the job and make it the job's baseline."""
+    job = get_job_for(request.user, job_id)
+    try:
+        baseline = baselines.launch_single_worker_baseline(request.user, job)  # type: ignore[arg-type]
+    except baselines.BaselineError as exc:
+        return error(400, "baseline", str(exc))
+    except ValidationFailed as exc:
+        return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
+    baseline.refresh_from_db()
+    return JsonResponse(job_as_dict(baseline), status=201)

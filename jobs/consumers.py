@@ -17,6 +17,7 @@ being buffered for: it reconnects with ?after=<its cursor> and loses nothing.
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from typing import Any
 from urllib.parse import parse_qs
@@ -80,6 +81,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "state", "job": state})
         if tail is not None:
             after = max(0, await _head_cursor(self.job_id) - tail)
+            # The log starts late; the charts need every point from the start.
+            points, _ = await _metric_points(self.job_id, after)
+            await self.send_json({"type": "metric", "points": points, "next": after})
         self.follower = asyncio.create_task(self._relay_log(after))
 
     async def disconnect(self, code: int) -> None:
@@ -119,11 +123,17 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     )  # fmt: skip
                     batches = batches[1:]
                     position = first.last
-                if batches:
-                    position = batches[-1].last
-                    await self._send(
-                        {"type": "log", "batches": [b.wire() for b in batches], "next": position}
-                    )
+                # Log lines and metric points in stream order, each run of one kind a frame,
+                # so that a frame's `next` never passes something not yet sent.
+                for is_metrics, run in itertools.groupby(batches, key=lambda b: b.is_metrics):
+                    same = list(run)
+                    position = same[-1].last
+                    if is_metrics:
+                        points = [p for b in same for p in b.points()]
+                        await self._send({"type": "metric", "points": points, "next": position})
+                    else:
+                        wire = [b.wire() for b in same]
+                        await self._send({"type": "log", "batches": wire, "next": position})
         except _TooSlow:
             await self.close(code=CLOSE_TOO_SLOW)
         except Exception:
@@ -146,6 +156,11 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
 class _TooSlow(Exception):
     pass
+
+
+@database_sync_to_async
+def _metric_points(job_id: int, upto: int) -> tuple[list[dict[str, Any]], int]:
+    return logstream.metric_points(job_id, 0, upto)
 
 
 @database_sync_to_async

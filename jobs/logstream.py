@@ -19,10 +19,11 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.db.models import F, Max, Sum
 
-from jobs.models import LogChunk
+from jobs.models import LogChunk, MetricPoint
 from jobs.redis_client import get_redis
 from workers import contract
 
+METRIC = "metric"  # the stream name of batches whose lines are metric points
 RawEntry = tuple[str, dict[str, str]]  # (entry id, fields), as a decode_responses client gives
 # How long one XREAD waits for new lines before the follower looks again (to send a heartbeat,
 # or to find lines that were archived and expired from Redis meanwhile).
@@ -30,7 +31,11 @@ FOLLOW_BLOCK_SECONDS = 5
 # Batches read per query or XREAD: a batch holds up to 1000 lines.
 PAGE_BATCHES = 100
 
-STREAM_NAMES = {contract.STREAM_STDOUT: "stdout", contract.STREAM_STDERR: "stderr"}
+STREAM_NAMES = {
+    contract.STREAM_STDOUT: "stdout",
+    contract.STREAM_STDERR: "stderr",
+    contract.STREAM_METRIC: METRIC,
+}
 STREAM_CODES = {name: code for code, name in STREAM_NAMES.items()}
 
 # What "jump to the first error" looks for: a traceback, "SomethingError:" / "...Exception:",
@@ -62,6 +67,24 @@ class Batch:
     @property
     def tag(self) -> str:
         return tag_of(self.role, self.index)
+
+    @property
+    def is_log(self) -> bool:
+        """Lines to show (not metric points, a gap or the end)."""
+        return self.kind == LogChunk.Kind.LINES and self.stream != METRIC
+
+    @property
+    def is_metrics(self) -> bool:
+        return self.kind == LogChunk.Kind.LINES and self.stream == METRIC
+
+    def points(self) -> list[dict[str, Any]]:
+        """A metric batch's points, each with its origin and cursor."""
+        out = []
+        for k, text in enumerate(self.lines):
+            point = json.loads(text)
+            point.update(cursor=self.first + k, role=self.role, index=self.index, node=self.node)
+            out.append(point)
+        return out
 
     def after(self, cursor: int) -> "Batch":
         """This batch without the lines at or before `cursor`."""
@@ -261,7 +284,7 @@ class LineFilter:
 
     def batch_may_match(self, batch: Batch) -> bool:
         return (
-            batch.kind == LogChunk.Kind.LINES
+            batch.is_log
             and (self.role is None or batch.role == self.role)
             and (self.index is None or batch.index == self.index)
             and (self.node is None or batch.node == self.node)
@@ -328,6 +351,7 @@ def line_counts(job_id: int) -> dict[str, Any]:
     counts: dict[tuple[str, int, str, str], int] = {}
     rows = (
         LogChunk.objects.filter(job_id=job_id, kind=LogChunk.Kind.LINES)
+        .exclude(stream=METRIC)
         .values("role", "index", "node", "stream")
         .annotate(n=Sum(F("last_cursor") - F("first_cursor") + 1))
     )
@@ -338,7 +362,7 @@ def line_counts(job_id: int) -> dict[str, Any]:
     client = get_redis()
     while batches := live_after(client, job_id, position):
         for batch in batches:
-            if batch.kind == LogChunk.Kind.LINES:
+            if batch.is_log:
                 key = (batch.role, batch.index, batch.node, batch.stream)
                 counts[key] = counts.get(key, 0) + len(batch.lines)
             position = batch.last
@@ -359,6 +383,47 @@ def line_counts(job_id: int) -> dict[str, Any]:
     }
 
 
+# --- metric points ---------------------------------------------------------------------------
+
+
+def metric_points(
+    job_id: int, after: int = 0, upto: int | None = None, name: str | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """Points with cursor in (after, upto], oldest first, and the cursor read up to: archived
+    ones from MetricPoint, newer ones from the stream."""
+    rows = MetricPoint.objects.filter(job_id=job_id, cursor__gt=after).order_by("cursor")
+    if upto is not None:
+        rows = rows.filter(cursor__lte=upto)
+    if name is not None:
+        rows = rows.filter(name=name)
+    points = [_point_dict(p) for p in rows]
+    position = max(saved_head(job_id), after)
+    client = get_redis()
+    while upto is None or position < upto:
+        batches = live_after(client, job_id, position)
+        if not batches:
+            break
+        for batch in batches:
+            if batch.is_metrics:
+                points.extend(
+                    p
+                    for p in batch.points()
+                    if (upto is None or p["cursor"] <= upto) and (name is None or p["name"] == name)
+                )
+            position = batch.last
+    return points, position if upto is None else min(position, upto)
+
+
+def _point_dict(p: MetricPoint) -> dict[str, Any]:
+    point: dict[str, Any] = {"name": p.name, "value": p.value}
+    if p.step is not None:
+        point["step"] = p.step
+    if p.epoch is not None:
+        point["epoch"] = p.epoch
+    point.update(ts=p.ts, cursor=p.cursor, role=p.role, index=p.index, node=p.node)
+    return point
+
+
 # --- the whole text, for download -------------------------------------------------------------
 
 
@@ -373,12 +438,13 @@ def _text_after(job_id: int, after: int) -> tuple[str, int, bool]:
             return "".join(parts), position, True
         if batch.kind == LogChunk.Kind.GAP:
             parts.append(f"--- {batch.reason} ---\n")
-        else:
+        elif batch.is_log:
             prefix = f"[{batch.tag}] "
             parts.append(prefix + ("\n" + prefix).join(batch.lines) + "\n")
         if count + 1 >= PAGE_BATCHES:
             break
-    return "".join(parts), position, not parts
+    # Nothing more to read now: the end of what exists so far.
+    return "".join(parts), position, position == after
 
 
 async def log_text(job_id: int) -> AsyncIterator[bytes]:

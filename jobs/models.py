@@ -47,6 +47,12 @@ class FrameworkImage(models.Model):
         max_length=300, blank=True, help_text="Optional image reference for container clusters."
     )
     enabled = models.BooleanField(default=True)
+    metric_definitions = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Metrics read off log lines of every job on this image: "
+        '[{"name": "loss", "regex": "loss=([0-9.]+)"}]',
+    )
 
     class Meta:
         ordering = ["name"]
@@ -204,6 +210,17 @@ class Job(models.Model):
     memory_gb_total = models.PositiveIntegerField()
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=4)
     reason = models.TextField(blank=True, help_text="Why the job waits, failed or was cancelled.")
+    metric_definitions = models.JSONField(
+        default=list, blank=True, help_text="Regex metrics of this job, beside the image's."
+    )
+    baseline = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="An earlier job this one is compared with (curves, speedup, samples per dollar).",
+    )
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)
@@ -329,6 +346,31 @@ class LogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"log {self.first_cursor}-{self.last_cursor} of job {self.job_id}"
+
+
+class MetricPoint(models.Model):
+    """One metric value a job's process reported (or its agent sampled), archived for charts,
+    figures and export. `cursor` is its place in the job's log stream, which carries points too."""
+
+    job = models.ForeignKey(Job, related_name="metric_points", on_delete=models.CASCADE)
+    cursor = models.BigIntegerField()
+    role = models.CharField(max_length=20)
+    index = models.IntegerField()
+    node = models.CharField(max_length=100, blank=True)
+    name = models.CharField(max_length=64)
+    value = models.FloatField()
+    step = models.BigIntegerField(null=True, blank=True)
+    epoch = models.FloatField(null=True, blank=True)
+    ts = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "cursor"], name="one_point_per_cursor")
+        ]
+        indexes = [models.Index(fields=["job", "name", "cursor"])]
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value} of job {self.job_id}"
 
 
 class ApiToken(models.Model):

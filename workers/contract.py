@@ -26,6 +26,8 @@ TRAINYARD_INDEX = "TRAINYARD_INDEX"
 TRAINYARD_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
 TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
+# The metrics channel: a file the process appends JSON lines to (see workers/metrics.py).
+TRAINYARD_METRICS_FILE = "TRAINYARD_METRICS_FILE"
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
 CONSOLE_QUEUE = "console"
@@ -80,3 +82,4 @@ FIELD_LINES = "l"  # the lines joined by "\n" (a line never holds one: the reade
 FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"
+STREAM_METRIC = "m"  # the "lines" are metric points, one JSON object each (workers.metricparse)

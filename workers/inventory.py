@@ -49,3 +49,26 @@ def detect() -> Inventory:
         gpus=gpus,
         gpu_model=model,
     )
+
+
+def gpu_usage(ids: list[int]) -> list[tuple[float, float]]:
+    """(utilisation %, memory used in MB) of each of these GPUs; [] where NVML is unavailable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no module, no driver: no GPU figures, never made-up ones
+        return []
+    try:
+        usage = []
+        for gpu in ids:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu)
+            rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            usage.append((float(rates.gpu), float(memory.used) / 2**20))
+        return usage
+    except pynvml.NVMLError as exc:
+        log.warning("reading GPU usage failed: %s", exc)
+        return []
+    finally:
+        pynvml.nvmlShutdown()

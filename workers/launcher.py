@@ -16,6 +16,12 @@ from workers.spec import FRAMEWORK_KVSTORE, ReplicaSpec
 # Redis URL, credentials, Django settings) stays out of the trainer's reach.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_")
+TRAINER_LIB = Path(__file__).resolve().parent / "trainer_lib"
+
+
+def metrics_file(checkpoint_dir: Path, local_rank: int) -> Path:
+    """Where a process's metrics channel is: beside its checkpoints, one file per process."""
+    return checkpoint_dir.parent / f"metrics-{local_rank}.jsonl"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,10 @@ def build_processes(
     """
     common = inherited_env(base_env)
     common.update(spec.extra_env)
+    # `import trainyard_metrics` works in every trainer, whatever its image.
+    common["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(TRAINER_LIB), common.get("PYTHONPATH", "")) if p
+    )
     common.update(
         {
             # Unbuffered output so that lines reach the log viewer as they are printed.
@@ -75,6 +85,7 @@ def build_processes(
                 contract.TRAINYARD_KVSTORE: spec.kvstore,
             }
         )
+        common[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(checkpoint_dir, 0))
         return [LocalProcess(0, argv, common)]
     common.update(
         {
@@ -90,5 +101,6 @@ def build_processes(
         env = dict(common)
         env[contract.LOCAL_RANK] = str(local_rank)
         env[contract.RANK] = str(spec.rank_offset + local_rank)
+        env[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(checkpoint_dir, local_rank))
         processes.append(LocalProcess(local_rank, argv, env))
     return processes

@@ -12,13 +12,19 @@ EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
 BUILTIN_EXAMPLES: dict[str, str] = {
     "digits-ddp": "digits_ddp.py",
     "digits-ps": "digits_ps.py",
+    "synthetic-ddp": "synthetic_ddp.py",
 }
 BUILTIN_DESCRIPTIONS: dict[str, str] = {
     "digits-ddp": "PyTorch DDP: a small MLP on scikit-learn's digits, one data shard per rank",
     "digits-ps": "Parameter server: the same MLP, servers hold the weights, workers push grads",
+    "synthetic-ddp": "Throughput benchmark with cached input: DDP on one random batch, reused",
 }
 # Which framework each example is written for; it only runs under an image of that framework.
-BUILTIN_FRAMEWORKS: dict[str, str] = {"digits-ddp": "pytorch", "digits-ps": "kvstore"}
+BUILTIN_FRAMEWORKS: dict[str, str] = {
+    "digits-ddp": "pytorch",
+    "digits-ps": "kvstore",
+    "synthetic-ddp": "pytorch",
+}
 
 
 class ProgramError(ValueError):

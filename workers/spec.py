@@ -42,6 +42,8 @@ class ReplicaSpec:
     num_servers: int = 0
     num_workers: int = 0
     kvstore: str = ""
+    # Metrics read off log lines: [{"name": "loss", "regex": "loss=([0-9.]+)"}, ...]
+    metric_definitions: list[dict[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

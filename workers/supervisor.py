@@ -22,9 +22,11 @@ from typing import Any
 
 import redis
 
-from workers import contract
+from workers import contract, inventory
 from workers.launcher import build_processes
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
+from workers.metricfeed import MetricTail, SystemSampler, Watched
+from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
 from workers.programs import ProgramError, resolve_program
 from workers.spec import ReplicaSpec
 
@@ -70,6 +72,9 @@ class _ReplicaRun:
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
+    tails: list[MetricTail] = field(default_factory=list)
+    regex_metrics: list[RegexMetric] = field(default_factory=list)
+    watched: Watched | None = None
 
 
 class Supervisor:
@@ -93,6 +98,8 @@ class Supervisor:
         self._runs: dict[tuple[int, str, int], _ReplicaRun] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._sampler = SystemSampler(self._watched, gpu_usage=inventory.gpu_usage)
+        self._sampler.start()
 
     # --- what Celery tasks call ---
 
@@ -135,6 +142,7 @@ class Supervisor:
         with self._lock:
             self._closed = True
             runs = list(self._runs.values())
+        self._sampler.stop()
         for run in runs:
             self._request_stop(run, "the node agent shut down")
         deadline = time.monotonic() + timeout
@@ -196,6 +204,10 @@ class Supervisor:
         job_dir = self._workdir / "jobs" / str(spec.job_id) / spec.tag
         checkpoint_dir = job_dir / "checkpoints"
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            run.regex_metrics = compile_definitions(spec.metric_definitions)
+        except BadMetric as exc:
+            self._note(run, f"metric definitions ignored: {exc}")
         for local in build_processes(spec, script, master_port, checkpoint_dir, run.gpu_ids):
             with self._lock:
                 # A stop that arrived while we were starting must not miss this process.
@@ -212,6 +224,18 @@ class Supervisor:
                 )
                 run.procs.append(proc)
             self._pump(run, proc)
+            tail = MetricTail(
+                Path(local.env[contract.TRAINYARD_METRICS_FILE]),
+                lambda ts, points: self._ship_points(run, ts, points),
+                lambda ts, notes: self._shipper.put(run.key, contract.STREAM_STDERR, ts, notes),
+            )
+            tail.start()
+            run.tails.append(tail)
+        run.watched = Watched(
+            [p.pid for p in run.procs],
+            run.gpu_ids,
+            lambda ts, points: self._ship_points(run, ts, points),
+        )
         run.state = ReplicaState.RUNNING
         self._report(
             contract.TASK_REPLICA_STARTED,
@@ -230,10 +254,14 @@ class Supervisor:
 
         def out(ts: float, lines: list[str]) -> None:
             self._shipper.put(key, contract.STREAM_STDOUT, ts, lines)
+            if run.regex_metrics:
+                self._ship_points(run, ts, scan_lines(run.regex_metrics, lines, ts))
 
         def err(ts: float, lines: list[str]) -> None:
             run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
             self._shipper.put(key, contract.STREAM_STDERR, ts, lines)
+            if run.regex_metrics:
+                self._ship_points(run, ts, scan_lines(run.regex_metrics, lines, ts))
 
         for pipe, emit, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err")):
             reader = threading.Thread(
@@ -241,6 +269,21 @@ class Supervisor:
             )
             reader.start()
             run.readers.append(reader)
+
+    def _ship_points(self, run: _ReplicaRun, ts: float, points: list[Point]) -> None:
+        if points:
+            self._shipper.put(run.key, contract.STREAM_METRIC, ts, [p.to_json() for p in points])
+
+    def _note(self, run: _ReplicaRun, message: str) -> None:
+        """A message from the agent about this instance, in the instance's own log."""
+        self._shipper.put(run.key, contract.STREAM_STDERR, time.time(), [f"[trainyard] {message}"])
+
+    def _watched(self) -> list[Watched]:
+        with self._lock:
+            runs = list(self._runs.values())
+        return [
+            r.watched for r in runs if r.state == ReplicaState.RUNNING and r.watched is not None
+        ]
 
     def _monitor(self, run: _ReplicaRun) -> int:
         """Wait for the replica's processes; the first failure takes the others down with it."""
@@ -272,6 +315,10 @@ class Supervisor:
             _terminate_group(proc)
         for reader in run.readers:
             reader.join(STOP_GRACE_SECONDS)
+        for tail in run.tails:
+            tail.stop()
+        for tail in run.tails:
+            tail.join(STOP_GRACE_SECONDS)
 
     def _finish(self, run: _ReplicaRun, exit_code: int | None, reason: str) -> None:
         spec = run.spec

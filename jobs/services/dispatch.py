@@ -47,6 +47,7 @@ def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, Replica
             local_world_size=local_size,
             cpus=replica.package.cpu,
             gpus=replica.package.gpus,
+            metric_definitions=_metric_definitions(job),
         )
         specs.append((replica.node.name, spec))
         rank += local_size
@@ -86,9 +87,15 @@ def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str
             num_servers=servers,
             num_workers=workers,
             kvstore=job.kvstore,
+            metric_definitions=_metric_definitions(job),
         )
         specs.append((replica.node.name, spec))
     return specs
+
+
+def _metric_definitions(job: Job) -> list[dict[str, str]]:
+    """The image's regex metrics, then the job's own."""
+    return [*job.image.metric_definitions, *job.metric_definitions]
 
 
 def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:

@@ -94,6 +94,7 @@ def create_job(
     roles: list[RoleRequest],
     totals: Totals,
     kvstore: str = "",
+    metric_definitions: list[dict[str, str]] | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
@@ -111,6 +112,7 @@ def create_job(
         memory_gb_total=totals.memory_gb,
         price_per_hour=totals.price_per_hour,
         kvstore=kvstore,
+        metric_definitions=metric_definitions or [],
     )
     if kvstore:
         # The platform's scheduler: one, uncharged, placed beside server-0.

@@ -16,11 +16,12 @@ import threading
 from typing import cast
 
 import redis
+from django.db import transaction
 from django.db.models import Max
 
 from jobs import logstream
 from jobs.logstream import RawEntry
-from jobs.models import Job, LogChunk
+from jobs.models import Job, LogChunk, MetricPoint
 from jobs.services.lifecycle import log_end_reason
 from workers import contract
 from workers.logsink import LogSink
@@ -70,6 +71,7 @@ def _job_of(key: str) -> int:
 
 def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) -> int:
     rows: list[LogChunk] = []
+    points: list[MetricPoint] = []
     ended = False
     position = head
     for entry_id, fields in entries:
@@ -78,9 +80,13 @@ def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) 
             # Trimmed from Redis before we got here: record the hole, readers will say so.
             rows.append(logstream.to_chunk(job_id, logstream.gap(position, batch.first - 1)))
         rows.append(logstream.to_chunk(job_id, batch))
+        if batch.is_metrics:
+            points.extend(_metric_rows(job_id, batch))
         position = batch.last
         ended = ended or batch.kind == LogChunk.Kind.END
-    LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
+    with transaction.atomic():
+        MetricPoint.objects.bulk_create(points, ignore_conflicts=True)
+        LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
     if ended:
         Job.objects.filter(pk=job_id).update(log_archived=True)
         pipe = client.pipeline(transaction=False)
@@ -88,6 +94,26 @@ def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) 
             pipe.expire(key, EXPIRE_AFTER_ARCHIVE_SECONDS)
         pipe.execute()
     return len(rows)
+
+
+def _metric_rows(job_id: int, batch: logstream.Batch) -> list[MetricPoint]:
+    rows = []
+    for point in batch.points():
+        rows.append(
+            MetricPoint(
+                job_id=job_id,
+                cursor=point["cursor"],
+                role=batch.role,
+                index=batch.index,
+                node=batch.node,
+                name=point["name"],
+                value=point["value"],
+                step=point.get("step"),
+                epoch=point.get("epoch"),
+                ts=point["ts"],
+            )
+        )
+    return rows
 
 
 def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:

@@ -6,7 +6,7 @@ Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +16,7 @@ from django.db import transaction
 from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, Job, KVStoreMode, Package
 from jobs.services import lifecycle, quota
 from jobs.services.totals import RoleRequest, Totals, compute_totals
+from workers.metricparse import BadMetric, RegexMetric
 from workers.programs import (
     BUILTIN_EXAMPLES,
     BUILTIN_FRAMEWORKS,
@@ -26,7 +27,8 @@ from workers.programs import (
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-TOP_LEVEL_FIELDS = {"name", "image", "program", "roles", "kvstore"}
+TOP_LEVEL_FIELDS = {"name", "image", "program", "roles", "kvstore", "metrics"}
+MAX_METRIC_DEFINITIONS = 20
 
 
 class ValidationFailed(Exception):
@@ -45,6 +47,7 @@ class JobRequest:
     roles: list[RoleRequest]
     totals: Totals
     kvstore: str = ""
+    metric_definitions: list[dict[str, str]] = field(default_factory=list)
 
 
 class _Errors:
@@ -189,6 +192,24 @@ def _check_program_fits_image(
         )
 
 
+def check_metric_definitions(raw: Any) -> list[dict[str, str]]:
+    """[{"name": ..., "regex": ...}] with names the protocol accepts and regexes that compile
+    and have a group around the value; raises BadMetric saying what is wrong."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_METRIC_DEFINITIONS:
+        raise BadMetric(f"a list of at most {MAX_METRIC_DEFINITIONS} {{name, regex}} objects")
+    definitions = []
+    for item in raw:
+        if not isinstance(item, dict) or set(item) != {"name", "regex"}:
+            raise BadMetric('each definition is {"name": ..., "regex": ...}')
+        if not isinstance(item["regex"], str) or len(item["regex"]) > 500:
+            raise BadMetric("a regex is a string of at most 500 characters")
+        RegexMetric.compile(item["name"], item["regex"])
+        definitions.append({"name": item["name"], "regex": item["regex"]})
+    return definitions
+
+
 def check_job_request(data: Any) -> JobRequest:
     """Validate a request dict; raise ValidationFailed with every problem found."""
     errors = _Errors()
@@ -205,10 +226,17 @@ def check_job_request(data: Any) -> JobRequest:
     _check_program_fits_image(program, image, errors)
     roles = _check_roles(data.get("roles"), image, errors)
     kvstore = _check_kvstore(data.get("kvstore"), image, errors)
+    definitions: list[dict[str, str]] = []
+    try:
+        definitions = check_metric_definitions(data.get("metrics"))
+    except BadMetric as exc:
+        errors.add("metrics", f"Metric definitions: {exc}.")
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
-    return JobRequest(name, image, program, args, roles, compute_totals(roles), kvstore)
+    return JobRequest(
+        name, image, program, args, roles, compute_totals(roles), kvstore, definitions
+    )
 
 
 def submit_job(user: User, request: JobRequest) -> Job:
@@ -239,6 +267,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.roles,
             request.totals,
             request.kvstore,
+            request.metric_definitions,
         )
     transaction.on_commit(lifecycle.schedule, robust=True)
     return job

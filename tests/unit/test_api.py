@@ -70,6 +70,7 @@ def test_it_lists_the_catalog(client: Client, alice_token: str) -> None:
     assert [(e["name"], e["framework"]) for e in body["examples"]] == [
         ("digits-ddp", "pytorch"),
         ("digits-ps", "kvstore"),
+        ("synthetic-ddp", "pytorch"),
     ]
     assert body["quota"]["left"]["cpu"] == 32
 

@@ -3,8 +3,10 @@
 What it demonstrates: one process per rank, rendezvous through the environment variables that
 torchrun sets (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK), a DistributedSampler that
 gives every rank its own shard of the training set, gradients averaged by DistributedDataParallel,
-and per-epoch metrics reduced across ranks and printed as `key=value` lines that a log viewer can
-chart. The data set ships inside scikit-learn, so nothing is downloaded.
+per-epoch metrics reduced across ranks and printed as `key=value` lines, and loss, learning
+rate, throughput and eval accuracy reported through Trainyard's metrics channel
+(trainyard_metrics) for the console's charts. The data set ships inside scikit-learn, so
+nothing is downloaded.
 
 Run it by hand as a single process (no process group at all):
 
@@ -39,6 +41,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import SGD
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+try:  # on the PYTHONPATH of every Trainyard trainer; run by hand, from the source tree
+    import trainyard_metrics as metrics
+except ImportError:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_lib"))
+    import trainyard_metrics as metrics
+
 # A peer that died or never started must fail the job instead of hanging it forever. Gloo's
 # default is 30 minutes, far longer than this whole run should ever take.
 COLLECTIVE_TIMEOUT = timedelta(seconds=120)
@@ -54,6 +64,8 @@ TEST_FRACTION = 0.2
 # Measured here over ten seeds: with 5 epochs 3 ranks end within 0.9 points of 1 rank, with 2
 # epochs up to 1.7 points behind.
 WARMUP_EPOCHS = 5
+# Loss and learning rate go to the metrics channel every this many steps.
+METRIC_EVERY_STEPS = 5
 
 
 @dataclass(frozen=True)
@@ -254,6 +266,8 @@ def train(
     optimizer = SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True)
     loss_fn = nn.CrossEntropyLoss()
     accuracy = 0.0
+    steps_per_epoch = len(loader)
+    metrics.declare(total_steps=args.epochs * steps_per_epoch, total_epochs=args.epochs)
 
     for epoch in range(args.epochs):
         # Without this every epoch would shuffle the same way.
@@ -265,7 +279,7 @@ def train(
         epoch_start = time.perf_counter()
         loss_sum = 0.0
         seen = 0
-        for batch_x, batch_y in loader:
+        for k, (batch_x, batch_y) in enumerate(loader):
             x, y = batch_x.to(device), batch_y.to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(net(x), y)
@@ -273,6 +287,14 @@ def train(
             optimizer.step()
             loss_sum += loss.item() * len(y)
             seen += len(y)
+            if k % METRIC_EVERY_STEPS == 0:
+                # Epochs, not steps, line runs of different world sizes up (fewer steps each).
+                metrics.report(
+                    step=epoch * steps_per_epoch + k,
+                    epoch=epoch + k / steps_per_epoch,
+                    loss=loss.item(),
+                    lr=lr,
+                )
         elapsed = time.perf_counter() - epoch_start
         local_loss = loss_sum / seen
         local_rate = seen / elapsed
@@ -287,10 +309,17 @@ def train(
         global_rate = totals[2].item()
 
         tag = f"epoch={epoch + 1}/{args.epochs}"
+        # Each rank reports its own throughput; the console adds them up.
+        metrics.report(
+            step=(epoch + 1) * steps_per_epoch, epoch=epoch + 1, samples_per_sec=local_rate
+        )
         if topo.rank == 0:
             # The weights are identical on all ranks after each step, so rank 0's accuracy on
             # the full test set is the model's accuracy; the other ranks need not repeat it.
             accuracy = evaluate(model, data, device)
+            metrics.report(
+                step=(epoch + 1) * steps_per_epoch, epoch=epoch + 1, eval_accuracy=accuracy
+            )
             print(
                 f"{tag} loss={global_loss:.4f} lr={lr:.4f} samples_per_sec={global_rate:.1f} "
                 f"eval_accuracy={accuracy:.4f}",

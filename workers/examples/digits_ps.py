@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train(args: argparse.Namespace, kv: ps.KVStore, data: Data, started: float) -> None:
-    from workers.examples.digits_ddp import build_model, evaluate, learning_rate
+    from workers.examples.digits_ddp import build_model, evaluate, learning_rate, metrics
 
     workers, me = kv.num_workers, kv.rank
     sync = kv.type in ps.SYNC_MODES
@@ -98,6 +98,7 @@ def train(args: argparse.Namespace, kv: ps.KVStore, data: Data, started: float) 
     loss_fn = nn.CrossEntropyLoss()
     local: dict[int, tuple[float, float]] = {}  # worker 0: epoch -> (lr, eval accuracy)
     accuracy = 0.0
+    metrics.declare(total_steps=args.epochs * len(loader), total_epochs=args.epochs)
 
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
@@ -117,8 +118,14 @@ def train(args: argparse.Namespace, kv: ps.KVStore, data: Data, started: float) 
         elapsed = time.perf_counter() - epoch_start
         kv.mark_epoch(epoch + 1, args.epochs)
         kv.board.post(epoch + 1, [loss_sum, float(seen), seen / elapsed])
+        # Each worker its own loss and throughput (the console averages and adds them up).
+        step = (epoch + 1) * len(loader)
+        metrics.report(
+            step=step, epoch=epoch + 1, loss=loss_sum / seen, lr=lr, samples_per_sec=seen / elapsed
+        )
         if me == 0:
             accuracy = evaluate(model, data, torch.device("cpu"))
+            metrics.report(step=step, epoch=epoch + 1, eval_accuracy=accuracy)
             local[epoch + 1] = (lr, accuracy)
             # In sync modes the others finish each epoch with us; in dist_async nobody waits
             # for anybody, so lines for epochs the others have not finished come later.

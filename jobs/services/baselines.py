@@ -1,0 +1,106 @@
+"""Baselines: the earlier run a job is compared with, and which runs are fair to compare.
+
+Any earlier job can be a curve baseline (seed 000's "curve fitting"). Speedup, efficiency and
+samples-per-dollar ratios only mean something against a single-worker run of the same image,
+program and package, so the console says when a baseline is not one, and offers to launch one.
+"""
+
+import logging
+
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from jobs.access import visible_jobs
+from jobs.models import Job, JobRole
+from jobs.services import submission
+
+log = logging.getLogger(__name__)
+
+
+class BaselineError(ValueError):
+    pass
+
+
+def compute_role(job: Job) -> JobRole | None:
+    """The role whose instances do the training: workers where there are any, else the master."""
+    roles = {r.role: r for r in job.roles.select_related("package")}
+    return roles.get("worker") or roles.get("master")
+
+
+def worker_count(job: Job) -> int:
+    """Training processes: every PyTorch instance (master included), or a PS job's workers."""
+    roles = {r.role: r for r in job.roles.all()}
+    if job.kvstore:
+        return roles["worker"].instances if "worker" in roles else 0
+    return sum(r.instances for r in roles.values())
+
+
+def same_program(a: Job, b: Job) -> bool:
+    role_a, role_b = compute_role(a), compute_role(b)
+    return (
+        a.image_id == b.image_id
+        and a.script == b.script
+        and a.kvstore == b.kvstore
+        and role_a is not None
+        and role_b is not None
+        and role_a.package_id == role_b.package_id
+    )
+
+
+def why_not_a_speedup_baseline(job: Job, baseline: Job) -> str | None:
+    """None when `baseline` is a single-worker run of the job's image, program and package."""
+    if not same_program(job, baseline):
+        return (
+            f"job {baseline.pk} is not the same image, program and package as job {job.pk}, "
+            "so throughput ratios would compare different things"
+        )
+    if worker_count(baseline) != 1:
+        return f"job {baseline.pk} ran {worker_count(baseline)} workers; speedup needs 1"
+    return None
+
+
+def set_baseline(user: User, job: Job, baseline_id: int | None) -> Job:
+    """Compare `job` with an earlier job the user can see (or with none)."""
+    if baseline_id is None:
+        job.baseline = None
+    else:
+        baseline = visible_jobs(user).filter(pk=baseline_id).first()
+        if baseline is None:
+            raise BaselineError(f"No job {baseline_id} that you can see.")
+        if baseline.pk == job.pk:
+            raise BaselineError("A job cannot be its own baseline.")
+        job.baseline = baseline
+    job.save(update_fields=["baseline"])
+    return job
+
+
+def launch_single_worker_baseline(user: User, job: Job) -> Job:
+    """Submit a 1-worker copy of `job` (same image, program, arguments and package) and make it
+    the job's baseline; quota rules apply as for any submission."""
+    role = compute_role(job)
+    if role is None:
+        raise BaselineError("The job has no role to copy.")
+    roles: dict[str, dict[str, object]]
+    if job.kvstore:
+        server = job.roles.get(role="server")
+        roles = {
+            "server": {"package": server.package.name, "instances": 1},
+            "worker": {"package": role.package.name, "instances": 1},
+        }
+    else:
+        roles = {"master": {"package": role.package.name, "instances": 1}}
+    request = {
+        "name": f"{job.name} · 1-worker baseline"[:200],
+        "image": job.image.name,
+        "program": {"script": job.script, "args": list(job.args)},
+        "roles": roles,
+        "metrics": list(job.metric_definitions),
+    }
+    if job.kvstore:
+        request["kvstore"] = job.kvstore
+    checked = submission.check_job_request(request)
+    with transaction.atomic():
+        baseline = submission.submit_job(user, checked)
+        set_baseline(user, job, baseline.pk)
+    log.info("job %s: launched 1-worker baseline %s", job.pk, baseline.pk)
+    return baseline

@@ -1,0 +1,76 @@
+"""A job's metrics as files other tools read: CSV, and TensorBoard event files (seed 000 compares
+a run with its baseline as `tensorboard --logdir run:PATH,baseline:PATH`)."""
+
+import csv
+import io
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from jobs import logstream
+
+CSV_FIELDS = ("cursor", "role", "index", "node", "name", "step", "epoch", "value", "ts")
+
+
+def csv_rows(job_id: int) -> Iterator[str]:
+    points, _ = logstream.metric_points(job_id)
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for point in points:
+        writer.writerow(point)
+        if buffer.tell() > 64 * 1024:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _tag(point: dict[str, Any]) -> str:
+    """TensorBoard tag: the metric, per process (`loss/worker-1`); the agent's samples under
+    `system/`."""
+    who = logstream.tag_of(point["role"], point["index"])
+    group = "system/" if point["name"] in SYSTEM_NAMES else ""
+    return f"{group}{point['name']}/{who}"
+
+
+SYSTEM_NAMES = frozenset(("cpu_percent", "memory_mb", "gpu_util_percent", "gpu_memory_mb"))
+
+
+def write_tensorboard(job_id: int, directory: Path) -> int:
+    """Write the job's metrics as event files under `directory`; returns the points written.
+
+    A point's TensorBoard step is its step, else its epoch × 1000, else its order among the
+    points of that tag, so that every curve has an x axis.
+    """
+    from torch.utils.tensorboard import SummaryWriter  # heavy import: only when exporting
+
+    points, _ = logstream.metric_points(job_id)
+    counters: dict[str, int] = {}
+    written = 0
+    with SummaryWriter(log_dir=str(directory)) as writer:
+        for point in points:
+            tag = _tag(point)
+            if point.get("step") is not None:
+                step = int(point["step"])
+            elif point.get("epoch") is not None:
+                step = round(float(point["epoch"]) * 1000)
+            else:
+                step = counters.get(tag, 0)
+                counters[tag] = step + 1
+            writer.add_scalar(tag, point["value"], global_step=step, walltime=point["ts"])
+            written += 1
+    return written
+
+
+def tensorboard_archive(job_id: int) -> bytes:
+    """A .tar.gz holding `job-ID/events.out.tfevents.…`: unpack it and point TensorBoard at it."""
+    with tempfile.TemporaryDirectory() as folder:
+        run_dir = Path(folder) / f"job-{job_id}"
+        write_tensorboard(job_id, run_dir)
+        data = io.BytesIO()
+        with tarfile.open(fileobj=data, mode="w:gz") as archive:
+            archive.add(run_dir, arcname=run_dir.name)
+        return data.getvalue()

@@ -1,0 +1,164 @@
+"""The metrics protocol and regex metric definitions: every bad input is reported, none crashes
+the agent (no Django involved)."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from workers.metricfeed import MetricTail, SystemSampler, Watched
+from workers.metricparse import BadMetric, Point, RegexMetric, parse_line, scan_lines
+from workers.trainer_lib import trainyard_metrics
+
+
+def test_it_reads_one_metric_or_several_at_a_step() -> None:
+    assert parse_line('{"name": "loss", "value": 0.25, "step": 3}', now=5.0) == [
+        Point("loss", 0.25, 3, None, 5.0)
+    ]
+    points = parse_line('{"step": 4, "epoch": 0.5, "loss": 0.2, "lr": 0.1, "ts": 7}', now=5.0)
+    assert points == [Point("loss", 0.2, 4, 0.5, 7.0), Point("lr", 0.1, 4, 0.5, 7.0)]
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("loss=0.3", "not JSON"),
+        ('{"name": "loss", "value": NaN}', "must be a number"),
+        ('{"loss": Infinity}', "must be a number"),
+        ('{"loss": 1e999}', "must be finite"),
+        ('{"loss": ' + "9" * 400 + "}", "too large"),
+        ('{"loss": "0.3"}', "must be a number"),
+        ('{"loss": true}', "must be a number"),
+        ('{"name": "loss"}', "name without value"),
+        ('{"name": "loss", "value": 1, "colour": "red"}', "unexpected keys"),
+        ('{"step": 3}', "no metric"),
+        ('{"step": -1, "loss": 1}', "whole number"),
+        ('{"step": 1.5, "loss": 1}', "whole number"),
+        ('{"<script>": 1}', "not allowed"),
+        ("[1, 2]", "JSON object"),
+        ("{" * 100_000, "longer than"),
+    ],
+)
+def test_it_refuses_bad_lines_and_says_why(line: str, says: str) -> None:
+    with pytest.raises(BadMetric, match=says):
+        parse_line(line)
+
+
+def test_regex_definitions_read_metrics_off_printed_lines() -> None:
+    loss = RegexMetric.compile("loss", r"loss=([0-9.]+)")
+    acc = RegexMetric.compile("eval_accuracy", r"step (?P<step>\d+) acc=(?P<value>[0-9.]+)")
+    lines = ["epoch 1 loss=0.50", "step 20 acc=0.91", "loss=nan-ish", "nothing here"]
+    points = scan_lines([loss, acc], lines, ts=1.0)
+    assert points == [
+        Point("loss", 0.5, None, None, 1.0),
+        Point("eval_accuracy", 0.91, 20, None, 1.0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "regex", "says"),
+    [("loss", "loss=[0-9.]+", "needs a group"), ("loss", "loss=(", "does not compile"),
+     ("bad name", "x=(1)", "not allowed")],
+)  # fmt: skip
+def test_bad_definitions_are_refused(name: str, regex: str, says: str) -> None:
+    with pytest.raises(BadMetric, match=says):
+        RegexMetric.compile(name, regex)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.points: list[Point] = []
+        self.notes: list[str] = []
+
+    def on_points(self, ts: float, points: list[Point]) -> None:
+        self.points.extend(points)
+
+    def on_notes(self, ts: float, notes: list[str]) -> None:
+        self.notes.extend(notes)
+
+
+def test_the_tail_follows_a_growing_file_and_reports_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "metrics-0.jsonl"
+    sink = Sink()
+    tail = MetricTail(path, sink.on_points, sink.on_notes)
+    tail.start()
+    with open(path, "a") as f:
+        f.write('{"step": 1, "loss": 0.5}\n{"loss": NaN}\nnot json\n{"step": 2, "my_metric": 3}\n')
+        f.flush()
+        f.write('{"step": 3, "lo')  # half a line: waits for the rest
+        f.flush()
+        while len(sink.points) < 2:
+            time.sleep(0.05)
+        f.write('ss": 0.25}\n')
+    tail.stop()
+    tail.join(5)
+    assert [(p.name, p.step, p.value) for p in sink.points] == [
+        ("loss", 1, 0.5), ("my_metric", 2, 3.0), ("loss", 3, 0.25)
+    ]  # fmt: skip
+    assert len([n for n in sink.notes if "skipped a line" in n]) == 2
+    assert any("'my_metric' is not a metric Trainyard knows" in n for n in sink.notes)
+
+
+def test_the_tail_drops_a_flood_over_the_rate_limit_with_a_note(tmp_path: Path) -> None:
+    path = tmp_path / "metrics-0.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(20_000)))
+    sink = Sink()
+    tail = MetricTail(path, sink.on_points, sink.on_notes)
+    tail.start()
+    tail.stop()
+    tail.join(10)
+    assert 5000 <= len(sink.points) < 20_000
+    assert any("dropping points over the limit" in n for n in sink.notes)
+
+
+def test_the_helper_writes_the_protocol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "m.jsonl"
+    monkeypatch.setenv(trainyard_metrics.ENV, str(path))
+    trainyard_metrics.declare(total_steps=100)
+    trainyard_metrics.report(step=1, epoch=0.01, loss=0.5, lr=math.nan, samples_per_sec=900.0)
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0]) == {"total_steps": 100}
+    points = parse_line(lines[1])
+    assert [(p.name, p.value, p.step) for p in points] == [
+        ("loss", 0.5, 1), ("samples_per_sec", 900.0, 1)
+    ]  # fmt: skip
+
+
+def test_the_helper_does_nothing_outside_trainyard(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(trainyard_metrics.ENV, raising=False)
+    trainyard_metrics.report(step=1, loss=0.5)  # no error, no file
+
+
+def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> None:
+    import subprocess
+    import sys
+
+    busy = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'while True: pass']).wait()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        sink = Sink()
+        watched = Watched([proc.pid], gpu_ids=[], emit=sink.on_points)
+        sampler = SystemSampler(lambda: [watched])
+        while not psutil.Process(proc.pid).children():
+            time.sleep(0.05)  # the busy grandchild is starting
+        sampler.sample(watched)  # primes the CPU counters
+        time.sleep(1.0)
+        sampler.sample(watched)
+        names = {p.name: p.value for p in sink.points}
+        assert set(names) == {"cpu_percent", "memory_mb"}  # no GPU: no GPU points at all
+        # Only the grandchild spins (its parent waits): any real share of a core is its.
+        assert names["cpu_percent"] > 10
+    finally:
+        import os
+        import signal
+
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            os.kill(child.pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()

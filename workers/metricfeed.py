@@ -1,0 +1,215 @@
+"""Where an instance's metric points come from on the node: the process's metrics channel (a file
+it appends JSON lines to), and the agent's own samples of the process tree's CPU, memory and GPUs.
+
+Both run in threads of their own and hand points to a callback; nothing a trainer writes can
+make them raise.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from workers.metricparse import KNOWN_METRICS, BadMetric, Point, parse_line
+
+log = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.2
+# A trainer may report this many points per second on average (bursts of BURST_POINTS); more
+# are dropped, with a note, so that a runaway loop cannot flood the console.
+POINTS_PER_SECOND = 500.0
+BURST_POINTS = 5000.0
+MAX_PROBLEMS_SHOWN = 20
+READ_BYTES = 256 * 1024
+SYSTEM_SAMPLE_SECONDS = 2.0
+
+EmitPoints = Callable[[float, list[Point]], None]
+EmitNotes = Callable[[float, list[str]], None]
+
+
+class MetricTail(threading.Thread):
+    """Follows one process's metrics file until stopped, then reads what is left once more."""
+
+    def __init__(self, path: Path, emit_points: EmitPoints, emit_notes: EmitNotes) -> None:
+        super().__init__(name=f"metrics-{path.name}", daemon=True)
+        self.path = path
+        self._emit_points = emit_points
+        self._emit_notes = emit_notes
+        self._stop_requested = threading.Event()
+        self._offset = 0
+        self._pending = b""
+        self._tokens = BURST_POINTS
+        self._refilled = time.monotonic()
+        self._problems = 0
+        self._dropped = 0
+        self._named: set[str] = set()
+        self.points = 0
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+
+    def run(self) -> None:
+        while not self._stop_requested.wait(POLL_SECONDS):
+            self._read_safely()
+        self._read_safely()  # what the process wrote just before it ended
+        if self._pending:
+            self._handle_lines([self._pending])
+            self._pending = b""
+        if self._dropped:
+            self._note(f"{self._dropped} points over the rate limit were dropped in all")
+
+    def _read_safely(self) -> None:
+        try:
+            self._read()
+        except Exception:  # a trainer's file must never take the agent down
+            log.exception("reading metrics from %s failed", self.path)
+
+    def _read(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read(READ_BYTES)
+        except FileNotFoundError:
+            return  # the trainer reports nothing (yet)
+        if not data:
+            return
+        self._offset += len(data)
+        data = self._pending + data
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            self._pending = data
+            if len(self._pending) > READ_BYTES:
+                self._problem("a line longer than 256 KiB was skipped")
+                self._pending = b""
+            return
+        self._pending = data[cut + 1 :]
+        self._handle_lines(data[:cut].split(b"\n"))
+
+    def _handle_lines(self, raw_lines: list[bytes]) -> None:
+        now = time.time()
+        points: list[Point] = []
+        for number, raw in enumerate(raw_lines):
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                continue
+            try:
+                points.extend(parse_line(text, now))
+            except BadMetric as exc:
+                self._problem(f"skipped a line: {exc}: {text[:120]}")
+            except RecursionError:  # deeply nested JSON
+                self._problem(f"skipped a line: nested too deeply (line {number + 1} of a read)")
+        points = self._within_rate(points)
+        if points:
+            self.points += len(points)
+            for point in points:
+                if point.name not in KNOWN_METRICS and point.name not in self._named:
+                    self._named.add(point.name)
+                    self._note(f"{point.name!r} is not a metric Trainyard knows: charted as custom")
+            self._emit_points(now, points)
+
+    def _within_rate(self, points: list[Point]) -> list[Point]:
+        now = time.monotonic()
+        self._tokens = min(BURST_POINTS, self._tokens + (now - self._refilled) * POINTS_PER_SECOND)
+        self._refilled = now
+        allowed = int(min(len(points), self._tokens))
+        self._tokens -= allowed
+        if allowed < len(points):
+            if not self._dropped:
+                self._note(
+                    f"more than {POINTS_PER_SECOND:.0f} points/s: dropping points over the limit"
+                )
+            self._dropped += len(points) - allowed
+        return points[:allowed]
+
+    def _problem(self, message: str) -> None:
+        self._problems += 1
+        if self._problems <= MAX_PROBLEMS_SHOWN:
+            self._note(message)
+        elif self._problems == MAX_PROBLEMS_SHOWN + 1:
+            self._note("more problems with metric lines; not showing them")
+
+    def _note(self, message: str) -> None:
+        self._emit_notes(time.time(), [f"[trainyard metrics] {message}"])
+
+
+@dataclass
+class Watched:
+    """One instance the sampler measures: its top processes and the GPUs it was given."""
+
+    pids: list[int]
+    gpu_ids: list[int]
+    emit: EmitPoints
+    processes: dict[int, psutil.Process] = field(default_factory=dict)
+
+
+class SystemSampler(threading.Thread):
+    """Every few seconds, CPU and memory of each instance's whole process tree (children and
+    grandchildren included), and utilisation and memory of its GPUs through NVML. An instance
+    without GPUs gets no GPU points at all: "no GPU" is not 0 %."""
+
+    def __init__(
+        self,
+        instances: Callable[[], list[Watched]],
+        interval: float = SYSTEM_SAMPLE_SECONDS,
+        gpu_usage: Callable[[list[int]], list[tuple[float, float]]] | None = None,
+    ) -> None:
+        super().__init__(name="system-sampler", daemon=True)
+        self._instances = instances
+        self._interval = interval
+        self._gpu_usage = gpu_usage
+        self._stopped = threading.Event()
+        self._trees: dict[int, dict[int, psutil.Process]] = {}
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            for watched in self._instances():
+                try:
+                    self.sample(watched)
+                except Exception:
+                    log.exception("sampling an instance failed")
+
+    def sample(self, watched: Watched) -> None:
+        """One sample of one instance (the first call only primes the CPU counters)."""
+        cpu = 0.0
+        rss = 0
+        alive: dict[int, psutil.Process] = {}
+        for pid in watched.pids:
+            try:
+                top = watched.processes.get(pid) or psutil.Process(pid)
+                tree = [top, *top.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in tree:
+                known = watched.processes.get(proc.pid, proc)
+                try:
+                    cpu += known.cpu_percent(None)
+                    rss += known.memory_info().rss
+                except psutil.Error:
+                    continue
+                alive[proc.pid] = known
+        primed = bool(watched.processes)
+        watched.processes = alive
+        if not alive or not primed:
+            return
+        now = time.time()
+        points = [
+            Point("cpu_percent", round(cpu, 1), None, None, now),
+            Point("memory_mb", round(rss / 2**20, 1), None, None, now),
+        ]
+        if watched.gpu_ids and self._gpu_usage is not None:
+            usage = self._gpu_usage(watched.gpu_ids)
+            if usage:
+                points.append(
+                    Point(
+                        "gpu_util_percent", sum(u for u, _ in usage) / len(usage), None, None, now
+                    )
+                )
+                points.append(Point("gpu_memory_mb", sum(m for _, m in usage), None, None, now))
+        watched.emit(now, points)

@@ -1,0 +1,160 @@
+"""Turning what trainers report into metric points: the JSON-lines protocol, and regex metric
+definitions over log lines.
+
+A trainer's metrics are its own, untrusted input: whatever it writes, the agent never crashes.
+A bad line becomes a problem message (shown in the job's log as an agent note) and no point.
+A point goes to the job's log stream as one compact JSON object:
+    {"name": "loss", "value": 0.25, "step": 120, "epoch": 1.5, "ts": 1732230000.1}
+(step and epoch only when known).
+"""
+
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Names the console draws in their own charts and uses in its figures.
+TRAINING_METRICS = ("loss", "lr", "eval_accuracy", "eval_loss", "samples_per_sec")
+# What the agent samples itself, per instance.
+SYSTEM_METRICS = ("cpu_percent", "memory_mb", "gpu_util_percent", "gpu_memory_mb")
+# Declarations of the run's length.
+DECLARATIONS = ("total_steps", "total_epochs")
+KNOWN_METRICS = frozenset(TRAINING_METRICS + SYSTEM_METRICS + DECLARATIONS)
+
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
+RESERVED_KEYS = frozenset(("name", "value", "step", "epoch", "ts"))
+MAX_LINE_CHARS = 16 * 1024
+MAX_VALUES_PER_LINE = 64
+MAX_STEP = 2**53  # beyond this a JSON number is no longer an exact step in a browser
+
+
+class BadMetric(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    name: str
+    value: float
+    step: int | None
+    epoch: float | None
+    ts: float
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"name": self.name, "value": self.value}
+        if self.step is not None:
+            data["step"] = self.step
+        if self.epoch is not None:
+            data["epoch"] = self.epoch
+        data["ts"] = round(self.ts, 3)
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BadMetric(f"{what} must be a number, not {json.dumps(value)[:40]}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise BadMetric(f"{what} is too large for a 64-bit float") from None
+    if not math.isfinite(number):
+        raise BadMetric(f"{what} must be finite, not {value}")
+    return number
+
+
+def _step(value: Any) -> int | None:
+    if value is None:
+        return None
+    number = _number(value, "step")
+    if number < 0 or number != int(number) or number > MAX_STEP:
+        raise BadMetric(f"step must be a whole number from 0 to 2**53, not {value}")
+    return int(number)
+
+
+def _name(name: Any) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise BadMetric(
+            f"metric name {json.dumps(name)[:40]} is not allowed: a letter, then up to 63 "
+            "letters, digits or _ . / -"
+        )
+    return name
+
+
+def parse_line(text: str, now: float | None = None) -> list[Point]:
+    """The points of one protocol line; raises BadMetric saying what is wrong with it."""
+    if len(text) > MAX_LINE_CHARS:
+        raise BadMetric(f"line of {len(text)} characters is longer than {MAX_LINE_CHARS}")
+    try:
+        data = json.loads(text, parse_constant=lambda c: c)  # NaN/Infinity stay strings: refused
+    except json.JSONDecodeError as exc:
+        raise BadMetric(f"not JSON ({exc.msg} at column {exc.colno})") from None
+    except ValueError as exc:  # e.g. an integer with too many digits
+        raise BadMetric(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise BadMetric("a line must be a JSON object")
+    if "ts" in data:
+        ts = _number(data["ts"], "ts")
+    else:
+        ts = time.time() if now is None else now
+    step = _step(data.get("step"))
+    epoch = _number(data["epoch"], "epoch") if data.get("epoch") is not None else None
+    if "name" in data:
+        unexpected = set(data) - RESERVED_KEYS
+        if unexpected:
+            raise BadMetric(f"unexpected keys {sorted(unexpected)} beside name/value")
+        if "value" not in data:
+            raise BadMetric("name without value")
+        return [Point(_name(data["name"]), _number(data["value"], "value"), step, epoch, ts)]
+    values = {k: v for k, v in data.items() if k not in RESERVED_KEYS}
+    if not values:
+        raise BadMetric("no metric in the line")
+    if len(values) > MAX_VALUES_PER_LINE:
+        raise BadMetric(f"more than {MAX_VALUES_PER_LINE} metrics in one line")
+    return [Point(_name(k), _number(v, k), step, epoch, ts) for k, v in values.items()]
+
+
+@dataclass(frozen=True)
+class RegexMetric:
+    """A metric read off log lines: `regex`'s group "value" (or its first group) is the value,
+    its group "step", if it has one, the step."""
+
+    name: str
+    pattern: re.Pattern[str]
+
+    @classmethod
+    def compile(cls, name: str, regex: str) -> "RegexMetric":
+        _name(name)
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise BadMetric(f"regex of {name!r} does not compile: {exc}") from None
+        if pattern.groups < 1:
+            raise BadMetric(f"regex of {name!r} needs a group around the value, e.g. ([0-9.]+)")
+        return cls(name, pattern)
+
+
+def scan_lines(definitions: Sequence[RegexMetric], lines: Sequence[str], ts: float) -> list[Point]:
+    """Points from log lines that match regex definitions (values that aren't numbers are
+    skipped: a definition is a best effort over free text)."""
+    points = []
+    for line in lines:
+        for definition in definitions:
+            match = definition.pattern.search(line)
+            if match is None:
+                continue
+            groups = definition.pattern.groupindex
+            try:
+                raw = match.group("value") if "value" in groups else match.group(1)
+                value = _number(float(raw), definition.name)
+                step = _step(int(match.group("step"))) if "step" in groups else None
+            except (BadMetric, TypeError, ValueError):
+                continue
+            points.append(Point(definition.name, value, step, None, ts))
+    return points
+
+
+def compile_definitions(raw: Sequence[dict[str, str]]) -> list[RegexMetric]:
+    return [RegexMetric.compile(d["name"], d["regex"]) for d in raw]
