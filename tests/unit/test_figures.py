@@ -75,11 +75,17 @@ def test_no_verdict_without_the_data() -> None:
     assert verdict.matches is None
 
 
-def test_curve_distance_interpolates_the_baseline_between_its_steps() -> None:
-    base = [(0.0, 2.0), (10.0, 1.0)]
-    assert figures.curve_distance([(5.0, 1.5)], base) == pytest.approx(0.0)
-    assert figures.curve_distance([(5.0, 3.0)], base) == pytest.approx(1.0)
-    assert figures.curve_distance([(50.0, 1.0)], base) is None  # no shared range
+def test_curve_distance_bins_both_curves_and_interpolates_the_baseline() -> None:
+    base = [(float(x), 10.0 - x) for x in range(11)]
+    assert figures.curve_distance(base, base) == pytest.approx(0.0)
+    # Noise that averages out within a bin does not count as distance.
+    noisy = [(x + d, 10.0 - (x + d) + s) for x, _ in base for d, s in ((0.1, 0.5), (0.2, -0.5))]
+    assert figures.curve_distance(noisy, base) == pytest.approx(0.0, abs=0.02)
+    # A run 20 % higher everywhere is 20 % apart, wherever its points fall.
+    assert figures.curve_distance([(x + 0.3, 1.2 * (9.7 - x)) for x in range(9)], base) == (
+        pytest.approx(0.2)
+    )
+    assert figures.curve_distance([(50.0, 1.0), (60.0, 1.0)], base) is None  # no overlap
 
 
 def test_progress_and_eta_from_declared_total_steps() -> None:

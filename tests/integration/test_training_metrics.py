@@ -1,0 +1,115 @@
+"""Training metrics over real parts: trainers report through the metrics channel or print lines
+that regex definitions read, agents sample the process trees, the keeper archives, and the
+console computes speedup, efficiency, cost and the curve verdict."""
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningStack, StackClient, pytorch_request
+
+pytestmark = pytest.mark.integration
+
+
+def archived(client: StackClient, job_id: int) -> dict[str, Any]:
+    client.wait(job_id, lambda j: j["state"] == "succeeded" and j["log_archived"])
+    return client.job(job_id)
+
+
+@pytest.fixture(scope="module")
+def digits_one_and_two(stack: RunningStack) -> dict[int, dict[str, Any]]:
+    """digits-ddp on 1 and on 2 workers, and on 1 again, one after the other so they never
+    share the cores."""
+    admin = stack.admin
+    runs = {}
+    for key, workers in ((1, 1), (2, 2), (0, 1)):
+        job = admin.submit(pytorch_request(f"digits on {workers}", "digits-ddp", workers))
+        runs[key] = archived(admin, job["id"])
+    return runs
+
+
+def test_a_2_worker_run_shows_speedup_and_efficiency_against_its_1_worker_baseline(
+    stack: RunningStack, digits_one_and_two: dict[int, dict[str, Any]]
+) -> None:
+    admin = stack.admin
+    one, two = digits_one_and_two[1]["id"], digits_one_and_two[2]["id"]
+    response = admin.http.post(f"/api/v1/jobs/{two}/baseline", json={"baseline": one})
+    assert response.status_code == 200, response.text
+    summary = response.json()
+    tp = summary["throughput"]
+    assert tp["workers_reporting"] == 2 and tp["global_sps"] > 0
+    speed = summary["baseline"]["speedup"]
+    base_sps = speed["baseline_sps"]
+    assert speed["speedup"] == pytest.approx(tp["per_worker_sps"] / base_sps)
+    assert speed["global_speedup"] == pytest.approx(tp["global_sps"] / base_sps)
+    assert speed["efficiency"] == pytest.approx(speed["global_speedup"] / 2)
+    verdict = summary["baseline"]["verdict"]
+    assert verdict["axis"] == "epoch" and verdict["final_eval_accuracy"] > 0.9
+    # Both end at the same accuracy; per epoch, 2 workers take half the steps, so their loss
+    # curve runs above the baseline's early on: the verdict reports both, honestly.
+    assert "within" in verdict["reasons"][0], verdict["reasons"]
+    assert summary["cost_so_far"] > 0 and summary["samples_per_dollar"] > 0
+    assert summary["progress"]["fraction"] == pytest.approx(1.0)
+    print(
+        f"\ndigits-ddp: 1 worker {base_sps:.0f} samples/s; 2 workers {tp['global_sps']:.0f} "
+        f"samples/s global, {tp['per_worker_sps']:.0f} per worker; speedup (seed 000) "
+        f"{speed['speedup']:.2f}, global {speed['global_speedup']:.2f}x, efficiency "
+        f"{speed['efficiency']:.0%}; verdict: {'; '.join(verdict['reasons'])}"
+    )
+
+
+def test_a_rerun_of_the_same_program_matches_its_baseline_curves(
+    stack: RunningStack, digits_one_and_two: dict[int, dict[str, Any]]
+) -> None:
+    one, again = digits_one_and_two[1]["id"], digits_one_and_two[0]["id"]
+    summary = stack.admin.http.post(f"/api/v1/jobs/{again}/baseline", json={"baseline": one})
+    verdict = summary.json()["baseline"]["verdict"]
+    assert verdict["matches"] is True, verdict["reasons"]
+    print(f"\nrerun vs baseline: {'; '.join(verdict['reasons'])}")
+
+
+def test_every_instance_reports_training_and_system_metrics(
+    stack: RunningStack, digits_one_and_two: dict[int, dict[str, Any]]
+) -> None:
+    job_id = digits_one_and_two[2]["id"]
+    points = stack.admin.http.get(f"/api/v1/jobs/{job_id}/metrics").json()["points"]
+    names: dict[str, set[str]] = {}
+    for p in points:
+        tag = p["role"] if p["role"] == "master" else f"{p['role']}-{p['index']}"
+        names.setdefault(p["name"], set()).add(tag)
+    assert names["samples_per_sec"] == {"master", "worker-1"}
+    assert names["loss"] == {"master", "worker-1"} and "lr" in names
+    assert names["eval_accuracy"] == {"master"}
+    assert {"total_steps", "total_epochs"} <= set(names)
+    assert "gpu_util_percent" not in names  # no GPU: no GPU points, never zeros
+    csv_text = stack.admin.http.get(f"/api/v1/jobs/{job_id}/metrics.csv").text
+    assert csv_text.count("\n") == len(points) + 1
+
+
+def test_the_agent_samples_cpu_and_memory_of_a_running_instance(stack: RunningStack) -> None:
+    admin = stack.admin
+    slow = ["--lines", "30", "--rate", "5"]  # six seconds: a few sampling rounds
+    job = admin.submit(pytorch_request("sampled", "numbered.py", 1, args=slow))
+    admin.wait_finished(job["id"])
+    deadline = time.monotonic() + 60  # hang guard only
+    while True:
+        points = admin.http.get(f"/api/v1/jobs/{job['id']}/metrics").json()["points"]
+        if {"cpu_percent", "memory_mb"} <= {p["name"] for p in points}:
+            break
+        assert time.monotonic() < deadline, points
+        time.sleep(0.5)
+    memory = [p["value"] for p in points if p["name"] == "memory_mb"]
+    assert all(m > 1 for m in memory)  # the process tree's resident memory, in MB
+
+
+def test_regex_definitions_chart_a_script_that_only_prints(stack: RunningStack) -> None:
+    admin = stack.admin
+    request = pytorch_request("printed", "numbered.py", 1, args=["--lines", "50"])
+    request["metrics"] = [{"name": "line_no", "regex": r"^master-0 (?P<value>(?P<step>\d+))$"}]
+    job = admin.submit(request)
+    admin.wait_finished(job["id"])
+    points = admin.http.get(f"/api/v1/jobs/{job['id']}/metrics?name=line_no").json()["points"]
+    # numbered.py prints every tenth line on stderr; definitions read both streams (whose
+    # lines arrive on separate pipes, so in no fixed order between the two).
+    assert sorted((p["step"], p["value"]) for p in points) == [(i, float(i)) for i in range(50)]
