@@ -5,6 +5,10 @@ process submitting 50 alone (no contention), on SQLite and on PostgreSQL when re
 
 Parameter server: the digits example on 2 workers in kvstore modes dist_sync and dist_async,
 next to DDP with 2 ranks, same per-worker batch and seed (bench/ps.py).
+
+Logs: lines/s, latency and CPU from trainer through node agent and Redis to a websocket client,
+next to a bare pipe reader, and a training loop's speed with logging on vs /dev/null
+(bench/logs.py).
 """
 
 import subprocess
@@ -16,6 +20,7 @@ from pathlib import Path
 
 from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from bench.logs import log_path
 from bench.ps import ps_vs_ddp
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
@@ -68,6 +73,8 @@ def main() -> int:
             redis.wait(10)
     print("== parameter server vs DDP: 2 workers, same batch and seed ==")
     ok = ps_vs_ddp() and ok
+    print("== logs: trainer -> agent -> Redis -> websocket ==")
+    ok = log_path() and ok
     return 0 if ok else 1
 
 
