@@ -46,7 +46,7 @@ import websockets
 
 from stack.redis_server import free_port
 from stack.run import Stack
-from workers.launcher import inherited_env
+from workers.launcher import TRAINER_LIB, inherited_env
 
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 
@@ -74,8 +74,13 @@ SETTLE_GUARD_S = 15.0
 # Other processes' CPU use (in cores) above which the figures get a note that they were shared.
 NOTICEABLE_OTHER_CORES = 0.1
 
-# What the agent gives a cpu-1 trainer, so the pipe and /dev/null baselines run the same way.
-TRAINER_ENV = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+# What the agent gives a cpu-1 trainer, so the pipe and /dev/null baselines run the same way:
+# trainer_lib first on the path, whose sitecustomize makes stdout line-buffered.
+TRAINER_ENV = {
+    "PYTHONPATH": str(TRAINER_LIB),
+    "OMP_NUM_THREADS": "1",
+    "CUDA_VISIBLE_DEVICES": "",
+}
 
 
 class RunFailed(Exception):
@@ -156,8 +161,8 @@ def _ms(values: list[float]) -> str:
 
 
 def _trainer_argv(program: str, *args: str) -> list[str]:
-    # The agent runs `python -u script args` (workers/launcher.py); so do the baselines.
-    return [sys.executable, "-u", str(PROGRAMS / program), *args]
+    # The agent runs `python script args` (workers/launcher.py); so do the baselines.
+    return [sys.executable, str(PROGRAMS / program), *args]
 
 
 def _trainer_env() -> dict[str, str]:
@@ -506,7 +511,12 @@ def latency(console: Console) -> bool:
         f"  end to end    {_ms(lat)}, max {max(lat) * 1000:.0f} ms  "
         f"target p99 < {TARGET_P99_S * 1000:.0f} ms: {verdict}"
     )
-    print(f"    of which print -> agent {_ms(to_agent)}; agent -> ws client {_ms(from_agent)}")
+    # A line's ts is when the agent read the first line of its batch (up to 20 ms of lines
+    # are sent together), so the split below is approximate and can be negative.
+    print(
+        f"    of which print -> agent read (batch's first line) {_ms(to_agent)}; "
+        f"agent -> ws client {_ms(from_agent)}"
+    )
     print(
         f"  baseline pipe {_ms(pipe_lat)} -> end to end / pipe: p50 "
         f"{_quantile(lat, 0.5) / _quantile(pipe_lat, 0.5):.0f}x, p99 "

@@ -160,6 +160,21 @@ def _parse_old_entry(last: int, fields: dict[str, str]) -> Batch:
     )  # fmt: skip
 
 
+def chunk_from_entry(job_id: int, entry_id: str, fields: dict[str, str]) -> LogChunk:
+    """The database row of a stream entry, without splitting its lines (the keeper's hot path)."""
+    last = int(entry_id.split("-", 1)[0])
+    if contract.FIELD_END in fields or contract.FIELD_STREAM not in fields:
+        return to_chunk(job_id, parse_entry(entry_id, fields))
+    text = fields[contract.FIELD_LINES]
+    code = fields[contract.FIELD_STREAM]
+    return LogChunk(
+        job_id=job_id, first_cursor=last - text.count("\n"), last_cursor=last,
+        kind=LogChunk.Kind.LINES, role=fields[contract.FIELD_ROLE],
+        index=int(fields[contract.FIELD_INDEX]), node=fields[contract.FIELD_NODE],
+        stream=STREAM_NAMES.get(code, code), ts=float(fields[contract.FIELD_TS]), text=text,
+    )  # fmt: skip
+
+
 def from_chunk(chunk: LogChunk) -> Batch:
     if chunk.kind == LogChunk.Kind.LINES:
         lines = chunk.text.split("\n")

@@ -121,7 +121,9 @@ class Stack:
         self._spawn(
             "web",
             [py, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--ws-ping-interval", "20"],
+             "--port", str(self.port), "--ws-ping-interval", "20",
+             # Compressing every log frame cost the web process more CPU than relaying it.
+             "--ws-per-message-deflate", "false"],
         )  # fmt: skip
         self._spawn(
             "console-worker",

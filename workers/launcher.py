@@ -54,14 +54,13 @@ def build_processes(
     """
     common = inherited_env(base_env)
     common.update(spec.extra_env)
-    # `import trainyard_metrics` works in every trainer, whatever its image.
+    # `import trainyard_metrics` works in every trainer, whatever its image, and its
+    # sitecustomize makes stdout line-buffered: lines reach the log as they are printed.
     common["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(TRAINER_LIB), common.get("PYTHONPATH", "")) if p
     )
     common.update(
         {
-            # Unbuffered output so that lines reach the log viewer as they are printed.
-            "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": str(max(1, spec.cpus // spec.local_world_size)),
             contract.TRAINYARD_JOB_ID: str(spec.job_id),
             contract.TRAINYARD_ROLE: spec.role,
@@ -71,7 +70,7 @@ def build_processes(
     )
     # An instance without GPUs must not pick up the host's GPUs by accident.
     common["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
-    argv = [python, "-u", str(script), *spec.args]
+    argv = [python, str(script), *spec.args]
     if spec.framework == FRAMEWORK_KVSTORE:
         # MXNet's variables; one process per instance: a worker with several devices
         # aggregates across them itself (dist_device_sync).

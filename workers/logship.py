@@ -9,6 +9,7 @@ When Redis cannot be reached, batches go to an append-only spool on local disk i
 are sent from there, in order, before anything newer once Redis answers again.
 """
 
+import fcntl
 import logging
 import os
 import queue
@@ -36,12 +37,17 @@ CONTINUED = " ⏎…"
 # prompt or progress text written without a newline still shows up.
 PARTIAL_FLUSH_SECONDS = 0.5
 READ_BYTES = 256 * 1024
+SMALL_READ_BYTES = 16 * 1024
+READ_PAUSE_SECONDS = 0.002
+PIPE_BYTES = 256 * 1024  # 17 ms of a 15 MB/s flood; the default is 64 KiB
 # Lines per stream entry at most: large enough to amortise the round trip, small enough that a
 # websocket frame stays modest.
 MAX_BATCH_LINES = 1000
 MAX_BATCH_CHARS = 512 * 1024
 # Queue items (chunks of lines) one round trip takes at most.
 MAX_DRAIN_ITEMS = 2000
+# How long the shipper gathers lines before sending what it has.
+LINGER_SECONDS = 0.02
 SPOOL_RETRY_SECONDS = 0.5
 SPOOL_REPLAY_BATCHES = 200
 
@@ -92,6 +98,7 @@ def pump_pipe(
     sent as it is after `partial_flush_seconds` without any byte.
     """
     fd = pipe.fileno()
+    _enlarge(fd)
     pending = b""
     # A pending partial line longer than this many bytes cannot be under the character limit.
     max_pending = max_line_chars * 4
@@ -105,6 +112,11 @@ def pump_pipe(
             if not data:
                 break
             now = time.time()
+            if len(data) < SMALL_READ_BYTES:
+                # A trickle: let a few milliseconds of output gather before the next read, so
+                # a trainer printing line by line costs one read per batch, not one per line.
+                # The pipe holds a megabyte meanwhile; the trainer never waits on it.
+                time.sleep(READ_PAUSE_SECONDS)
             cut = data.rfind(b"\n")
             if cut < 0:
                 pending += data
@@ -122,6 +134,14 @@ def pump_pipe(
             emit(time.time(), _split_long([_decode(pending)], max_line_chars))
     finally:
         pipe.close()
+
+
+def _enlarge(fd: int) -> None:
+    """Give the pipe room for bursts while the reader pauses (Linux only; best effort)."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except OSError:
+        pass  # over the host's pipe-max-size, or not a pipe: the default size still works
 
 
 def _decode(data: bytes) -> str:
@@ -212,11 +232,14 @@ class LogShipper:
             if item is None:
                 return
             items: list[_Chunk | _Barrier] = [item]
-            # Take whatever else is already waiting, without blocking: under load this makes
-            # batches large, when idle every line leaves at once.
-            while len(items) < MAX_DRAIN_ITEMS:
+            # Linger a moment for more, as Kafka producers do: every round trip (and every
+            # entry the console then reads, archives and relays) costs the same whether it
+            # holds one line or a thousand, so a few milliseconds here save most of the CPU
+            # a chatty trainer would cost. A flush does not wait.
+            deadline = time.monotonic() + LINGER_SECONDS
+            while len(items) < MAX_DRAIN_ITEMS and not isinstance(items[-1], _Barrier):
                 try:
-                    more = self._queue.get_nowait()
+                    more = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
                 except queue.Empty:
                     break
                 if more is None:

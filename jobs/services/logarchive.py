@@ -13,6 +13,7 @@ Redis (Redis was down at that moment), the keeper appends it.
 
 import logging
 import threading
+import time
 from typing import cast
 
 import redis
@@ -31,7 +32,8 @@ log = logging.getLogger(__name__)
 # How long an archived job's Redis keys stay, for followers that are still reading from there.
 EXPIRE_AFTER_ARCHIVE_SECONDS = 600
 BLOCK_MILLISECONDS = 1000
-ENTRIES_PER_READ = 100
+ENTRIES_PER_READ = 500
+MIN_PASS_SECONDS = 0.5
 
 
 def archive_once(client: redis.Redis, block_ms: int = BLOCK_MILLISECONDS) -> int:
@@ -75,15 +77,16 @@ def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) 
     ended = False
     position = head
     for entry_id, fields in entries:
-        batch = logstream.parse_entry(entry_id, fields)
-        if batch.first > position + 1:
+        chunk = logstream.chunk_from_entry(job_id, entry_id, fields)
+        if chunk.first_cursor > position + 1:
             # Trimmed from Redis before we got here: record the hole, readers will say so.
-            rows.append(logstream.to_chunk(job_id, logstream.gap(position, batch.first - 1)))
-        rows.append(logstream.to_chunk(job_id, batch))
-        if batch.is_metrics:
-            points.extend(_metric_rows(job_id, batch))
-        position = batch.last
-        ended = ended or batch.kind == LogChunk.Kind.END
+            hole = logstream.gap(position, chunk.first_cursor - 1)
+            rows.append(logstream.to_chunk(job_id, hole))
+        rows.append(chunk)
+        if chunk.stream == logstream.METRIC:
+            points.extend(_metric_rows(job_id, logstream.parse_entry(entry_id, fields)))
+        position = chunk.last_cursor
+        ended = ended or chunk.kind == LogChunk.Kind.END
     with transaction.atomic():
         MetricPoint.objects.bulk_create(points, ignore_conflicts=True)
         LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
@@ -131,8 +134,12 @@ def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:
 def run(client: redis.Redis, stop: threading.Event) -> None:
     """Archive until `stop` is set; Redis or database outages are waited out."""
     while not stop.is_set():
+        started = time.monotonic()
         try:
-            archive_once(client)
+            if archive_once(client):
+                # Live readers take lines from Redis; the archive can lag a moment, and one
+                # transaction per pass for many entries costs far less than one per entry.
+                stop.wait(max(0.0, MIN_PASS_SECONDS - (time.monotonic() - started)))
         except redis.RedisError as exc:
             log.warning("Redis unreachable (%s); retrying", exc)
             stop.wait(1.0)

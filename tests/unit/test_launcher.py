@@ -64,7 +64,7 @@ def test_it_sets_torchruns_variables_and_ours() -> None:
     assert env["TRAINYARD_INDEX"] == "2" and env["TRAINYARD_CHECKPOINT_DIR"] == "/ck"
     assert env["OMP_NUM_THREADS"] == "4" and env["CUDA_VISIBLE_DEVICES"] == ""
     assert env["NCCL_DEBUG"] == "1" and "REDIS_URL" not in env
-    assert proc.argv == ["py", "-u", "/code/t.py", "--lr", "$(id)"]
+    assert proc.argv == ["py", "/code/t.py", "--lr", "$(id)"]
 
 
 def test_it_runs_one_process_per_gpu_with_consecutive_ranks() -> None:

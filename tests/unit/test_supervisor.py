@@ -1,5 +1,6 @@
 """The agent's supervisor with real processes and a real Redis; reports are captured."""
 
+import json
 import re
 import threading
 import time
@@ -145,3 +146,32 @@ def test_it_refuses_a_program_outside_its_own_code_root(
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
     assert exited["state"] == "failed"
     assert "may not contain '..'" in exited["reason"]
+
+
+def test_a_printed_line_arrives_while_the_trainer_still_runs(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    # No -u and no flush in the script: the agent's sitecustomize makes stdout line-buffered.
+    assert supervisor.start(spec("slow_lines.py"))
+    reports.wait_for(contract.TASK_REPLICA_STARTED)
+    deadline = time.monotonic() + 60  # hang guard only
+    while "first line, not flushed by the script" not in texts(client):
+        assert time.monotonic() < deadline, "the line never came while the process ran"
+        time.sleep(0.05)
+    assert supervisor.stop_job(11, "cancelled") == 1
+    reports.wait_for(contract.TASK_REPLICA_EXITED)
+
+
+def test_a_trainer_reports_metrics_and_the_agent_samples_it(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    assert supervisor.start(spec("report_metrics.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert exited["state"] == "succeeded", exited
+    batches = [parse_entry(i, f) for i, f in stream_entries(client, 11)]
+    points = [json.loads(t) for b in batches if b.stream == "metric" for t in b.lines]
+    names = [p["name"] for p in points]
+    assert names.count("loss") == 3 and "total_steps" in names
+    assert {"cpu_percent", "memory_mb"} <= set(names)  # sampled while it ran
+    notes = [t for b in batches if b.stream == "stderr" for t in b.lines]
+    assert any("skipped a line: not JSON" in n for n in notes)
