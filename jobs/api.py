@@ -259,12 +259,10 @@ def job_log_counts(request: HttpRequest, job_id: int) -> HttpResponse:
 def job_log_text(request: HttpRequest, job_id: int) -> HttpResponseBase:
     """The whole log as text, one "[tag] line" per line, streamed as it is read."""
     job = get_job_for(request.user, job_id)
-    response = StreamingHttpResponse(
+    text = StreamingHttpResponse(
         logstream.log_text(job.pk), content_type="text/plain; charset=utf-8"
     )
-    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}.log"'
-    response["X-Content-Type-Options"] = "nosniff"
-    return response
+    return _attachment(text, f"trainyard-job-{job.pk}.log")
 
 
 # --- metrics ------------------------------------------------------------------------------------
@@ -291,20 +289,23 @@ def job_metrics_summary(request: HttpRequest, job_id: int) -> HttpResponse:
 @api_endpoint("GET")
 def job_metrics_csv(request: HttpRequest, job_id: int) -> HttpResponseBase:
     job = get_job_for(request.user, job_id)
-    response = StreamingHttpResponse(
-        metric_export.csv_rows(job.pk), content_type="text/csv; charset=utf-8"
-    )
-    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}-metrics.csv"'
-    return response
+    rows = StreamingHttpResponse(metric_export.csv_rows(job.pk), content_type="text/csv")
+    return _attachment(rows, f"trainyard-job-{job.pk}-metrics.csv")
 
 
 @api_endpoint("GET")
-def job_metrics_tensorboard(request: HttpRequest, job_id: int) -> HttpResponse:
+def job_metrics_tensorboard(request: HttpRequest, job_id: int) -> HttpResponseBase:
     job = get_job_for(request.user, job_id)
-    response = HttpResponse(
+    archive = HttpResponse(
         metric_export.tensorboard_archive(job.pk), content_type="application/gzip"
     )
-    response["Content-Disposition"] = f'attachment; filename="trainyard-job-{job.pk}-tb.tar.gz"'
+    return _attachment(archive, f"trainyard-job-{job.pk}-tensorboard.tar.gz")
+
+
+def _attachment(response: HttpResponseBase, filename: str) -> HttpResponseBase:
+    """A download: saved under `filename`, never rendered by the browser."""
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response["X-Content-Type-Options"] = "nosniff"
     return response
 
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import subprocess
 import time
@@ -231,16 +232,16 @@ def pytorch_request(
     }
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    """Redis, the ASGI server, the console worker and two node agents, as `make run` runs them."""
+@contextlib.contextmanager
+def running_stack(var_dir: Path, nodes: int = 2) -> Iterator[RunningStack]:
+    """Redis, the ASGI server, the console worker, the log keeper and node agents, as
+    `make run` runs them, stopped by PID on the way out."""
     from stack.run import Stack
 
-    var_dir = tmp_path_factory.mktemp("stack")
     running = Stack(
         var_dir=var_dir,
         port=free_port(),
-        nodes=2,
+        nodes=nodes,
         node_cpus=4,
         node_memory_gb=16,
         code_root=FIXTURE_CODE_ROOT,
@@ -251,3 +252,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
         yield RunningStack(running, login.split(" ", 1)[1])
     finally:
         running.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """The stack the integration and browser tests share."""
+    with running_stack(tmp_path_factory.mktemp("stack")) as running:
+        yield running

@@ -12,14 +12,13 @@ import pytest
 import redis
 import websockets
 
-from stack.redis_server import free_port
 from tests.conftest import (
-    FIXTURE_CODE_ROOT,
     RunningStack,
     StackClient,
     frame_lines,
     pytorch_request,
     run_async,
+    running_stack,
 )
 
 pytestmark = pytest.mark.integration
@@ -69,20 +68,8 @@ def test_a_200k_line_job_is_fully_retrievable_over_http(stack: RunningStack) -> 
 
 @pytest.fixture(scope="module")
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    from stack.run import Stack
-
-    running = Stack(
-        var_dir=tmp_path_factory.mktemp("restarts"),
-        port=free_port(),
-        nodes=1,
-        code_root=FIXTURE_CODE_ROOT,
-    )
-    login = running.prepare()
-    try:
-        running.start()
-        yield RunningStack(running, login.split(" ", 1)[1])
-    finally:
-        running.stop()
+    with running_stack(tmp_path_factory.mktemp("restarts"), nodes=1) as running:
+        yield running
 
 
 def wait_for_lines(client: StackClient, job_id: int, count: int) -> None:

@@ -23,9 +23,11 @@ If TRAINYARD_CHECKPOINT_DIR is set, rank 0 also writes the final weights there a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -349,14 +351,9 @@ def train(
         dist.barrier()
 
 
-def main(argv: list[str] | None = None) -> int:
-    # Wall time counts rendezvous and data loading too (only interpreter start and imports are
-    # left out), since that is what a user waits for.
-    started = time.perf_counter()
-    args = parse_args(argv)
-    configure_threads()
-    topo = read_topology()
-    backend, device = pick_device(topo)
+@contextlib.contextmanager
+def process_group(topo: Topology, backend: str) -> Iterator[None]:
+    """Join the job's process group (when there is one) for the duration of the block."""
     if topo.distributed:
         # env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE from the environment.
         dist.init_process_group(
@@ -367,11 +364,23 @@ def main(argv: list[str] | None = None) -> int:
             timeout=COLLECTIVE_TIMEOUT,
         )
     try:
-        train(args, topo, backend, device, started)
+        yield
     finally:
         # Also on errors, so that the peers see this rank leave instead of waiting on it.
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Wall time counts rendezvous and data loading too (only interpreter start and imports are
+    # left out), since that is what a user waits for.
+    started = time.perf_counter()
+    args = parse_args(argv)
+    configure_threads()
+    topo = read_topology()
+    backend, device = pick_device(topo)
+    with process_group(topo, backend):
+        train(args, topo, backend, device, started)
     return 0
 
 

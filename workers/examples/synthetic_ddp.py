@@ -21,10 +21,10 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import SGD
 
 from workers.examples.digits_ddp import (
-    COLLECTIVE_TIMEOUT,
     configure_threads,
     metrics,
     pick_device,
+    process_group,
     read_topology,
 )
 
@@ -49,12 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads()
     topo = read_topology()
     backend, device = pick_device(topo)
-    if topo.distributed:
-        dist.init_process_group(
-            backend, init_method="env://", rank=topo.rank, world_size=topo.world_size,
-            timeout=COLLECTIVE_TIMEOUT,
-        )  # fmt: skip
-    try:
+    with process_group(topo, backend):
         generator = torch.Generator().manual_seed(1234 + topo.rank)
         x = torch.randn(args.batch_size, 256, generator=generator).to(device)
         y = torch.randint(0, 10, (args.batch_size,), generator=generator).to(device)
@@ -88,9 +83,6 @@ def main(argv: list[str] | None = None) -> int:
                 window_start, window_steps = time.perf_counter(), 0
         if topo.distributed:
             dist.barrier()
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
     return 0
 
 
