@@ -299,7 +299,7 @@ def job_metrics_tensorboard(request: HttpRequest, job_id: int) -> HttpResponseBa
     archive = HttpResponse(
         metric_export.tensorboard_archive(job.pk), content_type="application/gzip"
     )
-    return _attachment(archive, f"trainyard-job-{job.pk}-tensorboard.tar.gz")
+    return _attachment(archive, f"trainyard-job-{job.pk}-tb.tar.gz")
 
 
 def _attachment(response: HttpResponseBase, filename: str) -> HttpResponseBase:

@@ -45,6 +45,10 @@ ERROR_PATTERN = re.compile(
 )
 
 
+# Terminal escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ones).
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
 def tag_of(role: str, index: int) -> str:
     return role if role in {"master", "scheduler"} else f"{role}-{index}"
 
@@ -311,11 +315,15 @@ class LineFilter:
         if not self.batch_may_match(batch):
             return []
         ks: list[int] = list(range(len(batch.lines)))
+        if not (self.text or self.errors):
+            return ks
+        # Match what the viewer shows: the text without its colour codes.
+        shown = [_ESCAPES.sub("", t) if "\x1b" in t else t for t in batch.lines]
         if self.text:
             needle = self.text.casefold()
-            ks = [k for k in ks if needle in batch.lines[k].casefold()]
+            ks = [k for k in ks if needle in shown[k].casefold()]
         if self.errors:
-            ks = [k for k in ks if ERROR_PATTERN.search(batch.lines[k])]
+            ks = [k for k in ks if ERROR_PATTERN.search(shown[k])]
         return ks
 
 

@@ -160,3 +160,12 @@ async def test_the_download_is_streamed_page_by_page(job: Job, alice: User) -> N
     lines = b"".join(parts).decode().splitlines()
     assert lines[0] == "[master] master-0-0" and lines[200] == "[worker-1] worker-1-0"
     assert len(lines) == 50_026 and lines[-1].startswith("--- log complete: job failed")
+
+
+def test_search_matches_the_text_as_shown_without_colour_codes(job: Job) -> None:
+    sink = LogSink(get_redis())
+    append_lines(sink, job.pk, "master", 0, "node-1", ["\x1b[31mRuntime\x1b[0mError: boom", "ok"])
+    found = logstream.read_page(job.pk, 0, 5, logstream.LineFilter(text="runtimeerror"))
+    assert [x["cursor"] for x in found.lines] == [1]
+    errors = logstream.read_page(job.pk, 0, 5, logstream.LineFilter(errors=True))
+    assert [x["cursor"] for x in errors.lines] == [1]

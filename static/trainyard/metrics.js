@@ -1,0 +1,721 @@
+// Job page: the training section (templates/jobs/_training.html).
+//
+// Figures come from GET /api/v1/jobs/ID/metrics/summary (jobs/services/training_report.py);
+// charts are drawn with uPlot (static/vendor/uplot) from every metric point of the job, and of
+// its baseline when it has one. The points load once over HTTP; live ones arrive as
+// "trainyard:metric" events, which the page's websocket code dispatches for each metric frame,
+// and are deduplicated by cursor (the socket replays the history the HTTP load already gave).
+// Charts are redrawn at most every DRAW_EVERY_MS, in an animation frame, however fast points
+// come. While the job is active the summary is refreshed every SUMMARY_EVERY_MS, and once more
+// when it ends.
+//
+// Everything shown is built with createElement / textContent: metric names and job names are
+// data, never markup.
+(function () {
+  "use strict";
+  const section = document.getElementById("training");
+  if (!section || typeof uPlot === "undefined") return;
+
+  const SUMMARY_EVERY_MS = 5000;
+  const DRAW_EVERY_MS = 250;
+  const RESIZE_SETTLE_MS = 150;
+  // Without socket frames for this long while the job runs, fetch new points over HTTP too.
+  const SOCKET_QUIET_MS = 10000;
+  const CHART_HEIGHT = 220;
+  const TERMINAL = ["succeeded", "failed", "cancelled"];
+  // Names with a chart of their own, and the declared totals, which only feed the progress bar.
+  const OWN_CHART = new Set(["loss", "lr", "eval_accuracy", "samples_per_sec", "cpu_percent", "memory_mb", "gpu_util_percent"]);
+  const NOT_CHARTED = new Set(["total_steps", "total_epochs"]);
+  const COLOURS = ["#2855d8", "#d97706", "#059669", "#c026d3", "#dc2626", "#0891b2", "#65a30d", "#7c3aed"];
+  const RUN_COLOUR = "#2855d8";
+  const BASELINE_COLOUR = "#a3aab8";
+  const GLOBAL_COLOUR = "#1d2330";
+
+  const jobId = Number(section.dataset.jobId);
+  const hasGpus = Number(section.dataset.gpus) > 0;
+  const $ = (id) => document.getElementById(id);
+  const int = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
+  const two = new Intl.NumberFormat("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
+
+  let state = section.dataset.state;
+  let sawStateEvent = false;
+  let lastSocketPointsAt = 0;
+  let summary = null;
+  let jobsList = []; // the user's jobs, for the baseline picker
+
+  // --- points -------------------------------------------------------------------------------
+  function store() {
+    return { seen: new Set(), byName: new Map(), next: 0, count: 0 };
+  }
+  let run = store();
+  let base = store();
+  let baseId = null; // whose points `base` holds
+  let baseState = null;
+  let baseGen = 0; // bumped when the baseline changes: answers for an older one are dropped
+  const dirty = new Set(); // metric names with points not charted yet
+  let dirtyAll = true; // redraw every chart (the axis, the baseline or the GPU state changed)
+  let chartsKey = ""; // what of the summary the charts were last drawn with
+
+  function addPoints(into, points) {
+    let added = 0;
+    for (const p of points || []) {
+      if (p == null || typeof p.cursor !== "number" || into.seen.has(p.cursor)) continue;
+      into.seen.add(p.cursor);
+      let list = into.byName.get(p.name);
+      if (!list) into.byName.set(p.name, (list = []));
+      list.push(p);
+      into.count++;
+      added++;
+      dirty.add(p.name);
+    }
+    if (added) scheduleDraw();
+    return added;
+  }
+
+  const tagOf = (p) => (p.role === "master" || p.role === "scheduler" ? p.role : `${p.role}-${p.index}`);
+  const ROLE_ORDER = { scheduler: 0, master: 1, server: 2, worker: 3 };
+  function byTag(a, b) {
+    const [ra, ia] = a.split("-");
+    const [rb, ib] = b.split("-");
+    return (ROLE_ORDER[ra] ?? 9) - (ROLE_ORDER[rb] ?? 9) || ra.localeCompare(rb) || Number(ia || 0) - Number(ib || 0);
+  }
+
+  // (x, mean over processes) of one metric by `axis` ("step", "epoch" or "ts"), sorted by x.
+  function curve(points, axis) {
+    const at = new Map();
+    for (const p of points || []) {
+      const x = p[axis];
+      if (x === undefined || x === null) continue;
+      const acc = at.get(x);
+      if (acc) { acc[0] += p.value; acc[1]++; } else at.set(x, [p.value, 1]);
+    }
+    return [...at.entries()].map(([x, [sum, n]]) => [Number(x), sum / n]).sort((a, b) => a[0] - b[0]);
+  }
+
+  function perTag(points, axis) {
+    const tags = new Map();
+    for (const p of points || []) {
+      if (p[axis] === undefined || p[axis] === null) continue;
+      const tag = tagOf(p);
+      if (!tags.has(tag)) tags.set(tag, []);
+      tags.get(tag).push(p);
+    }
+    return [...tags.keys()].sort(byTag).map((tag) => [tag, curve(tags.get(tag), axis)]);
+  }
+
+  // uPlot wants one sorted x array and every series aligned to it (null where a series has no
+  // point; spanGaps draws across those).
+  function align(curves) {
+    const xs = [...new Set(curves.flatMap((c) => c.map(([x]) => x)))].sort((a, b) => a - b);
+    const where = new Map(xs.map((x, i) => [x, i]));
+    const data = [xs];
+    for (const c of curves) {
+      const ys = new Array(xs.length).fill(null);
+      for (const [x, y] of c) ys[where.get(x)] = y;
+      data.push(ys);
+    }
+    return data;
+  }
+
+  // --- the charts ---------------------------------------------------------------------------
+  const charts = {};
+  for (const fig of section.querySelectorAll("figure.chart")) {
+    charts[fig.dataset.chart] = { fig, plotEl: fig.querySelector(".chart-plot"), emptyEl: fig.querySelector(".chart-empty"), plot: null, sig: "" };
+  }
+
+  const AXIS_STYLE = { stroke: "#6b7385", grid: { stroke: "#eef0f4", width: 1 }, ticks: { stroke: "#dde1e8", width: 1 }, font: "12px system-ui, sans-serif" };
+
+  function showEmpty(chart, text) {
+    if (chart.plot) { chart.plot.destroy(); chart.plot = null; chart.sig = ""; }
+    chart.plotEl.hidden = true;
+    chart.emptyEl.hidden = false;
+    chart.emptyEl.textContent = text;
+    chart.fig.classList.add("empty");
+    chart.fig.dataset.points = "0";
+  }
+
+  // spec: {axis, series: [{label, stroke, width, dash}], data: [xs, ...ys]}
+  function render(chart, spec) {
+    chart.fig.hidden = false;
+    if (!spec || spec.data[0].length === 0) return showEmpty(chart, "no points yet");
+    chart.emptyEl.hidden = true;
+    chart.plotEl.hidden = false;
+    chart.fig.classList.remove("empty");
+    chart.fig.dataset.points = String(spec.data[0].length); // x values drawn: for tests and tools
+    const sig = JSON.stringify([spec.axis, spec.series.map((s) => s.label)]);
+    if (chart.plot && chart.sig === sig) {
+      chart.plot.setData(spec.data);
+      return;
+    }
+    if (chart.plot) chart.plot.destroy();
+    const time = spec.axis === "ts";
+    const opts = {
+      width: Math.max(200, chart.plotEl.clientWidth),
+      height: CHART_HEIGHT,
+      scales: { x: { time } },
+      cursor: { drag: { x: true, y: false } },
+      legend: { live: true },
+      series: [
+        time ? { label: "time" } : { label: spec.axis, value: (u, v) => (v == null ? "–" : formatValue(v)) },
+        ...spec.series.map((s) => ({
+          label: s.label,
+          stroke: s.stroke,
+          width: s.width || 1.5,
+          dash: s.dash,
+          spanGaps: true,
+          value: (u, v) => (v == null ? "–" : formatValue(v)),
+        })),
+      ],
+      axes: [
+        { ...AXIS_STYLE, ...(time ? {} : { label: spec.axis, labelSize: 18, labelFont: "12px system-ui, sans-serif" }) },
+        { ...AXIS_STYLE, size: 64 },
+      ],
+    };
+    chart.plot = new uPlot(opts, spec.data, chart.plotEl);
+    chart.sig = sig;
+  }
+
+  function formatValue(v) {
+    const a = Math.abs(v);
+    if (a >= 1000) return int.format(v);
+    if (a >= 10) return v.toFixed(1);
+    if (a >= 0.01 || a === 0) return v.toFixed(3);
+    return v.toPrecision(3);
+  }
+
+  // Loss, lr, eval accuracy: this run's mean over processes, over the baseline's in grey, both
+  // by the axis the verdict compared them on (epoch lines runs on different worker counts up).
+  function preferredAxis() {
+    const verdictAxis = summary && summary.baseline && summary.baseline.verdict && summary.baseline.verdict.axis;
+    if (verdictAxis) return verdictAxis;
+    const loss = run.byName.get("loss") || [];
+    return loss.some((p) => p.epoch != null) ? "epoch" : "step";
+  }
+
+  function curveSpec(name) {
+    const own = run.byName.get(name) || [];
+    const axes = [preferredAxis(), "epoch", "step", "ts"];
+    const axis = axes.find((a) => own.some((p) => p[a] != null));
+    if (!axis) return null;
+    const series = [];
+    const curves = [];
+    if (baseId !== null) {
+      series.push({ label: `baseline #${baseId}`, stroke: BASELINE_COLOUR, width: 2 });
+      curves.push(curve(base.byName.get(name), axis));
+    }
+    series.push({ label: `this run #${jobId}`, stroke: RUN_COLOUR, width: 2 });
+    curves.push(curve(own, axis));
+    return { axis, series, data: align(curves) };
+  }
+
+  // Global throughput at each report: the sum over processes of each one's latest value.
+  function throughputSpec() {
+    const points = [...(run.byName.get("samples_per_sec") || [])].sort((a, b) => a.ts - b.ts);
+    if (!points.length) return null;
+    const latest = new Map();
+    const global = [];
+    for (const p of points) {
+      latest.set(tagOf(p), p.value);
+      let sum = 0;
+      for (const v of latest.values()) sum += v;
+      if (global.length && global[global.length - 1][0] === p.ts) global[global.length - 1][1] = sum;
+      else global.push([p.ts, sum]);
+    }
+    const tags = perTag(points, "ts");
+    return {
+      axis: "ts",
+      series: [
+        { label: "global", stroke: GLOBAL_COLOUR, width: 2.5 },
+        ...tags.map(([tag], i) => ({ label: tag, stroke: COLOURS[i % COLOURS.length] })),
+      ],
+      data: align([global, ...tags.map(([, c]) => c)]),
+    };
+  }
+
+  function perInstanceSpec(name) {
+    const tags = perTag(run.byName.get(name), "ts");
+    if (!tags.length) return null;
+    return {
+      axis: "ts",
+      series: tags.map(([tag], i) => ({ label: tag, stroke: COLOURS[i % COLOURS.length] })),
+      data: align(tags.map(([, c]) => c)),
+    };
+  }
+
+  // Any other names, one series per name and process, on the axis every one of them has.
+  function customSpec() {
+    const names = [...run.byName.keys()].filter((n) => !OWN_CHART.has(n) && !NOT_CHARTED.has(n)).sort();
+    if (!names.length) return null;
+    const all = names.flatMap((n) => run.byName.get(n));
+    const axis = ["step", "epoch", "ts"].find((a) => all.every((p) => p[a] != null)) || "ts";
+    const series = [];
+    const curves = [];
+    for (const name of names) {
+      const tags = perTag(run.byName.get(name), axis);
+      for (const [tag, c] of tags) {
+        series.push({ label: tags.length > 1 ? `${name} [${tag}]` : name, stroke: COLOURS[series.length % COLOURS.length] });
+        curves.push(c);
+      }
+    }
+    return { axis, series, data: align(curves) };
+  }
+
+  // Only the charts whose points changed are rebuilt; a new summary or baseline redraws all.
+  function drawCharts() {
+    const all = dirtyAll;
+    const names = new Set(dirty);
+    dirty.clear();
+    dirtyAll = false;
+    const changed = (name) => all || names.has(name);
+    const customChanged = all || [...names].some((n) => !OWN_CHART.has(n) && !NOT_CHARTED.has(n));
+    if (changed("loss")) render(charts.loss, curveSpec("loss"));
+    if (changed("lr")) render(charts.lr, curveSpec("lr"));
+    if (changed("eval_accuracy")) render(charts.eval_accuracy, curveSpec("eval_accuracy"));
+    if (changed("samples_per_sec")) render(charts.samples_per_sec, throughputSpec());
+    if (changed("cpu_percent")) render(charts.cpu_percent, perInstanceSpec("cpu_percent"));
+    if (changed("memory_mb")) render(charts.memory_mb, perInstanceSpec("memory_mb"));
+    if (changed("gpu_util_percent")) {
+      const noGpu = summary ? summary.gpu === "none" : !hasGpus;
+      if (noGpu) showEmpty(charts.gpu_util_percent, "no GPU");
+      else render(charts.gpu_util_percent, perInstanceSpec("gpu_util_percent"));
+      renderGpuStatus();
+    }
+    if (customChanged) {
+      const custom = customSpec();
+      if (custom) render(charts.custom, custom);
+      else charts.custom.fig.hidden = true;
+    }
+    const live = state && !TERMINAL.includes(state) ? " · live" : "";
+    $("training-status").textContent = `${int.format(run.count)} point${run.count === 1 ? "" : "s"}${live}`;
+  }
+
+  let drawQueued = false;
+  let lastDraw = 0;
+  function scheduleDraw(everything = false) {
+    if (everything) dirtyAll = true;
+    if (drawQueued) return;
+    drawQueued = true;
+    const wait = Math.max(0, lastDraw + DRAW_EVERY_MS - performance.now());
+    setTimeout(() => requestAnimationFrame(() => {
+      drawQueued = false;
+      lastDraw = performance.now();
+      drawCharts();
+    }), wait);
+  }
+
+  let resizeTimer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      for (const chart of Object.values(charts)) {
+        if (chart.plot) chart.plot.setSize({ width: Math.max(200, chart.plotEl.clientWidth), height: CHART_HEIGHT });
+      }
+    }, RESIZE_SETTLE_MS);
+  });
+
+  // --- the summary --------------------------------------------------------------------------
+  function setFigure(id, value, title) {
+    const el = $(id).querySelector(".figure-value");
+    el.textContent = value;
+    el.title = title || "";
+    $(id).classList.toggle("unknown", value === "–");
+  }
+
+  function duration(seconds) {
+    const s = Math.max(0, Math.round(seconds));
+    if (s < 60) return `${s} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
+    return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
+  }
+
+  function renderSummary() {
+    const s = summary;
+    const tp = s.throughput;
+    const b = s.baseline;
+    const sp = b && b.speedup;
+    const noSpeedup = b ? b.why_no_speedup || "" : "needs a 1-worker baseline";
+    setFigure("fig-global-sps", tp ? int.format(tp.global_sps) : "–");
+    setFigure("fig-per-worker-sps", tp ? int.format(tp.per_worker_sps) : "–", tp ? `${tp.workers_reporting} processes reporting` : "");
+    setFigure("fig-speedup", sp ? two.format(sp.speedup) : "–", sp ? "" : noSpeedup);
+    setFigure("fig-global-speedup", sp ? `${two.format(sp.global_speedup)}×` : "–", sp ? "" : noSpeedup);
+    setFigure("fig-efficiency", sp ? `${int.format(sp.efficiency * 100)} %` : "–", sp ? "" : noSpeedup);
+    // A short run on a cheap package costs fractions of a cent: show them rather than 0.00.
+    const cost = s.cost_so_far > 0 && s.cost_so_far < 0.01 ? s.cost_so_far.toPrecision(2) : two.format(s.cost_so_far);
+    setFigure("fig-cost", cost, `${duration(s.elapsed_seconds)} at ${two.format(s.price_per_hour)} per hour`);
+    const free = s.price_per_hour <= 0;
+    setFigure("fig-samples-per-dollar", s.samples_per_dollar != null ? int.format(s.samples_per_dollar) : free ? "free" : "–", free ? "the package costs nothing per hour" : "");
+    const ratio = sp && sp.samples_per_dollar_ratio;
+    setFigure("fig-spd-ratio", ratio != null ? `${two.format(ratio)}×` : "–", ratio != null ? "" : noSpeedup);
+
+    renderProgress(s.progress);
+    renderBaseline();
+    renderScaling(s.scaling);
+    renderExports();
+    renderGpuStatus();
+  }
+
+  function renderProgress(p) {
+    const fill = $("progress-fill");
+    const text = $("progress-text");
+    if (!p) {
+      fill.style.width = "0";
+      fill.parentElement.setAttribute("aria-valuenow", "0");
+      text.textContent = "no progress reported yet";
+      return;
+    }
+    const pct = Math.max(0, Math.min(100, p.fraction * 100));
+    fill.style.width = `${pct}%`;
+    fill.parentElement.setAttribute("aria-valuenow", String(Math.round(pct)));
+    let line = `${int.format(pct)} % of the ${p.by}s`;
+    if (p.eta_seconds != null) line += ` · ETA ${duration(p.eta_seconds)}`;
+    else if (p.fraction >= 1) line += " · done";
+    else if (TERMINAL.includes(state)) line += ` · stopped (${state})`;
+    text.textContent = line;
+  }
+
+  function latestByTag(name) {
+    const latest = new Map();
+    for (const p of run.byName.get(name) || []) {
+      const tag = tagOf(p);
+      const had = latest.get(tag);
+      if (!had || p.ts >= had.ts) latest.set(tag, p);
+    }
+    return [...latest.entries()].sort((a, b) => byTag(a[0], b[0]));
+  }
+
+  function renderGpuStatus() {
+    const status = $("gpu-status").querySelector("span");
+    const noGpu = summary ? summary.gpu === "none" : !hasGpus;
+    if (noGpu) {
+      status.textContent = "no GPU";
+    } else {
+      const latest = latestByTag("gpu_util_percent");
+      status.textContent = latest.length
+        ? latest.map(([tag, p]) => `${tag} ${int.format(p.value)} %`).join(", ")
+        : "waiting for GPU samples";
+    }
+    const warning = $("gpu-warning");
+    const slow = summary ? summary.low_gpu_utilisation || [] : [];
+    warning.hidden = slow.length === 0;
+    warning.textContent = slow.length ? `⚠ GPU utilisation under 80 % for a minute on ${slow.join(", ")}, a bottleneck (seed 003)` : "";
+  }
+
+  function renderBaseline() {
+    const b = summary.baseline;
+    const scaling = summary.scaling || {};
+    renderBaselineOptions();
+    $("baseline-launch").hidden = !!b || !!scaling.has_single_worker_run;
+    const note = $("baseline-note");
+    note.hidden = !(b && b.why_no_speedup);
+    note.textContent = b && b.why_no_speedup ? `No speedup figures against this baseline: ${b.why_no_speedup}.` : "";
+
+    const verdictEl = $("verdict");
+    const badge = $("verdict-badge");
+    const reasons = $("verdict-reasons");
+    reasons.replaceChildren();
+    if (!b) {
+      verdictEl.dataset.matches = "";
+      badge.textContent = "no baseline: pick one to compare the curves";
+      return;
+    }
+    const v = b.verdict;
+    verdictEl.dataset.matches = v.matches === true ? "true" : v.matches === false ? "false" : "null";
+    badge.textContent =
+      v.matches === true ? `curves match baseline #${b.id}` :
+      v.matches === false ? `curves differ from baseline #${b.id}` :
+      `not enough data yet to compare with baseline #${b.id}`;
+    badge.title = `compared by ${v.axis}`;
+    for (const r of v.reasons || []) {
+      const li = document.createElement("li");
+      li.textContent = r;
+      reasons.appendChild(li);
+    }
+  }
+
+  function workersOf(j) {
+    const roles = j.roles || {};
+    if (j.kvstore) return roles.worker ? roles.worker.instances : 0;
+    return Object.values(roles).reduce((n, r) => n + r.instances, 0);
+  }
+
+  function renderBaselineOptions() {
+    const select = $("baseline-select");
+    const current = summary && summary.baseline ? summary.baseline.id : null;
+    const options = [new Option("none", "")];
+    let found = false;
+    for (const j of jobsList) {
+      if (j.id === jobId) continue;
+      const w = workersOf(j);
+      options.push(new Option(`#${j.id} ${j.name} · ${w} worker${w === 1 ? "" : "s"} · ${j.state}`, String(j.id)));
+      if (j.id === current) found = true;
+    }
+    if (current !== null && !found) options.push(new Option(`#${current} ${summary.baseline.name}`, String(current)));
+    const labels = options.map((o) => `${o.value}:${o.text}`).join("\n");
+    if (select.dataset.labels !== labels) {
+      select.replaceChildren(...options);
+      select.dataset.labels = labels;
+    }
+    if (!select.matches(":focus") || select.disabled) select.value = current === null ? "" : String(current);
+  }
+
+  function renderScaling(scaling) {
+    const body = $("scaling").querySelector("tbody");
+    const rows = (scaling && scaling.rows) || [];
+    if (!rows.length) {
+      const tr = document.createElement("tr");
+      tr.className = "empty-row";
+      const td = document.createElement("td");
+      td.colSpan = 7;
+      td.className = "muted";
+      td.textContent = "no runs with throughput yet";
+      tr.appendChild(td);
+      body.replaceChildren(tr);
+    } else {
+      body.replaceChildren(...rows.map(scalingRow));
+    }
+    $("scaling-hint").textContent = scaling && scaling.hint
+      ? scaling.hint
+      : scaling && !scaling.has_single_worker_run
+        ? "Speedup and efficiency need a 1-worker run of this program."
+        : "";
+  }
+
+  function scalingRow(r) {
+    const tr = document.createElement("tr");
+    tr.dataset.job = r.job_id;
+    if (r.job_id === jobId) tr.className = "current";
+    const cells = [
+      String(r.workers),
+      int.format(r.global_sps),
+      r.speedup != null ? two.format(r.speedup) : "–",
+      r.global_speedup != null ? `${two.format(r.global_speedup)}×` : "–",
+      r.efficiency != null ? `${int.format(r.efficiency * 100)} %` : "–",
+      r.samples_per_dollar != null ? int.format(r.samples_per_dollar) : "–",
+    ];
+    for (const c of cells) {
+      const td = document.createElement("td");
+      td.textContent = c;
+      td.className = "num";
+      tr.appendChild(td);
+    }
+    const td = document.createElement("td");
+    const a = document.createElement("a");
+    a.href = `/jobs/${r.job_id}/`;
+    a.textContent = `#${r.job_id}`;
+    td.appendChild(a);
+    if (r.job_id === jobId) td.append(" (this job)");
+    tr.appendChild(td);
+    return tr;
+  }
+
+  function renderExports() {
+    const b = summary && summary.baseline;
+    const link = $("export-baseline-tensorboard");
+    link.hidden = !b;
+    const own = `tar xzf trainyard-job-${jobId}-tb.tar.gz`;
+    if (b) {
+      link.href = `/api/v1/jobs/${b.id}/metrics.tensorboard.tar.gz`;
+      link.textContent = `Baseline #${b.id} TensorBoard`;
+      $("exports-hint").textContent = `${own}; tar xzf trainyard-job-${b.id}-tb.tar.gz; tensorboard --logdir run:job-${jobId},baseline:job-${b.id}`;
+    } else {
+      $("exports-hint").textContent = `${own}; tensorboard --logdir run:job-${jobId}`;
+    }
+  }
+
+  // --- HTTP -----------------------------------------------------------------------------------
+  function csrfToken() {
+    const m = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    if (m) return decodeURIComponent(m[1]);
+    const input = document.querySelector("input[name=csrfmiddlewaretoken]");
+    return input ? input.value : "";
+  }
+
+  async function api(path, options = {}) {
+    const init = { credentials: "same-origin", headers: { Accept: "application/json" }, ...options };
+    if (options.body !== undefined) {
+      init.headers = { ...init.headers, "Content-Type": "application/json", "X-CSRFToken": csrfToken() };
+    }
+    const r = await fetch(path, init);
+    let body = null;
+    try { body = await r.json(); } catch (e) { body = null; }
+    if (!r.ok) {
+      const errors = body && body.errors ? Object.values(body.errors).flat() : [];
+      throw new Error(errors[0] || `${path}: HTTP ${r.status}`);
+    }
+    return body;
+  }
+
+  async function loadPoints() {
+    const page = await api(`/api/v1/jobs/${jobId}/metrics?after=${run.next}`);
+    addPoints(run, page.points);
+    if (typeof page.next === "number" && page.next > run.next) run.next = page.next;
+  }
+
+  async function loadSummary() {
+    summary = await api(`/api/v1/jobs/${jobId}/metrics/summary`);
+    applySummary();
+  }
+
+  function applySummary() {
+    renderSummary();
+    const wanted = summary.baseline ? summary.baseline.id : null;
+    if (wanted !== baseId) switchBaseline(wanted);
+    // The charts depend on the summary only through the curves' axis and the GPU state.
+    const key = `${preferredAxis()} ${summary.gpu}`;
+    if (key !== chartsKey) {
+      chartsKey = key;
+      scheduleDraw(true);
+    }
+  }
+
+  async function loadJobs() {
+    try {
+      const body = await api("/api/v1/jobs");
+      // {"jobs": [...]}, newest first; accept a bare list too.
+      jobsList = Array.isArray(body) ? body : body.jobs || [];
+    } catch (e) {
+      jobsList = [];
+    }
+    if (summary) renderBaselineOptions();
+  }
+
+  function switchBaseline(id) {
+    baseGen++;
+    baseId = id;
+    base = store();
+    baseState = null;
+    scheduleDraw(true);
+    if (id !== null) loadBaseline(baseGen);
+  }
+
+  async function loadBaseline(gen) {
+    const id = baseId;
+    try {
+      const [page, job] = await Promise.all([
+        api(`/api/v1/jobs/${id}/metrics?after=${base.next}`),
+        api(`/api/v1/jobs/${id}`),
+      ]);
+      if (gen !== baseGen) return;
+      addPoints(base, page.points);
+      if (typeof page.next === "number" && page.next > base.next) base.next = page.next;
+      const wasActive = baseActive();
+      baseState = job.state;
+      // A baseline that just ended: its figures are final now.
+      if (wasActive && !baseActive()) loadSummary().catch(showError);
+      else if (!wasActive && baseActive()) poll();
+    } catch (e) {
+      if (gen === baseGen) showError(e);
+    }
+  }
+
+  const baseActive = () => baseId !== null && baseState !== null && !TERMINAL.includes(baseState);
+
+  function showError(e) {
+    $("baseline-error").textContent = e && e.message ? e.message : String(e);
+  }
+
+  async function setBaseline(id) {
+    const select = $("baseline-select");
+    select.disabled = true;
+    $("baseline-error").textContent = "";
+    try {
+      summary = await api(`/api/v1/jobs/${jobId}/baseline`, { method: "POST", body: JSON.stringify({ baseline: id }) });
+      applySummary();
+    } catch (e) {
+      showError(e);
+      if (summary) renderBaselineOptions();
+    } finally {
+      select.disabled = false;
+    }
+  }
+
+  $("baseline-select").addEventListener("change", (ev) => {
+    const v = ev.target.value;
+    setBaseline(v === "" ? null : Number(v));
+  });
+
+  $("baseline-launch").addEventListener("click", async (ev) => {
+    const button = ev.currentTarget;
+    button.disabled = true;
+    $("baseline-error").textContent = "";
+    try {
+      const job = await api(`/api/v1/jobs/${jobId}/baseline-run`, { method: "POST", body: "{}" });
+      const launched = $("baseline-launched");
+      const a = document.createElement("a");
+      a.href = `/jobs/${job.id}/`;
+      a.textContent = `#${job.id} ${job.name}`;
+      launched.replaceChildren("Launched ", a, ` (${job.state})`);
+      launched.hidden = false;
+      await loadJobs();
+      await loadSummary();
+    } catch (e) {
+      showError(e);
+    } finally {
+      button.disabled = false;
+    }
+  });
+
+  // --- live updates ---------------------------------------------------------------------------
+  document.addEventListener("trainyard:metric", (ev) => {
+    lastSocketPointsAt = Date.now();
+    const detail = ev.detail || {};
+    addPoints(run, detail.points);
+    if (typeof detail.next === "number" && detail.next > run.next) run.next = detail.next;
+  });
+
+  document.addEventListener("trainyard:state", (ev) => {
+    sawStateEvent = true;
+    setState(ev.detail && ev.detail.state);
+  });
+
+  function setState(next) {
+    if (!next || next === state) return;
+    const wasActive = !TERMINAL.includes(state);
+    state = next;
+    section.dataset.state = state;
+    if (wasActive && TERMINAL.includes(state)) {
+      // The run is over: its last points and final figures, once.
+      loadPoints().then(loadSummary).catch(showError);
+    }
+    scheduleDraw();
+  }
+
+  let polling = false;
+  function poll() {
+    if (polling) return;
+    polling = true;
+    setTimeout(tick, SUMMARY_EVERY_MS);
+  }
+
+  async function tick() {
+    polling = false;
+    const active = !TERMINAL.includes(state);
+    if (!active && !baseActive()) return;
+    try {
+      if (active) {
+        if (!sawStateEvent) {
+          // No websocket state frames (yet): read the state over HTTP instead.
+          const job = await api(`/api/v1/jobs/${jobId}`);
+          setState(job.state);
+        }
+        if (Date.now() - lastSocketPointsAt > SOCKET_QUIET_MS) await loadPoints();
+        if (!TERMINAL.includes(state)) await loadSummary();
+      }
+      if (baseActive()) await loadBaseline(baseGen);
+    } catch (e) {
+      // A blip (the server restarting, say): try again next tick.
+    }
+    poll();
+  }
+
+  async function start() {
+    try {
+      await Promise.all([loadPoints(), loadSummary(), loadJobs()]);
+    } catch (e) {
+      $("training-status").textContent = `could not load the metrics: ${e.message}`;
+    }
+    poll();
+  }
+
+  start();
+})();

@@ -1,0 +1,200 @@
+"""The job page's training section: a 2-worker run against its 1-worker baseline shows speedup,
+efficiency and the curve verdict, and its loss chart is really drawn (pixels on the canvas)."""
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.conftest import RunningStack, pytorch_request
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
+DIGITS_ARGS = ["--epochs", "8"]
+SCREENSHOT_FOR_REVIEW = Path("/tmp/training_page.png")
+NO_FIGURE = "\u2013"  # the en dash a card shows for a figure it cannot give yet
+
+# Pixels drawn on a chart's canvas: every non-transparent one, and those in the run's own
+# series colour (#2855d8) or the baseline's (#a3aab8), give or take anti-aliasing. Axes and
+# grid lines alone would pass the first count, so the series colours are counted too.
+CANVAS_PIXELS = """(selector) => {
+  const canvas = document.querySelector(selector);
+  if (!canvas || canvas.width === 0 || canvas.height === 0) return null;
+  const data = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  const near = (i, r, g, b) =>
+    Math.abs(data[i] - r) + Math.abs(data[i + 1] - g) + Math.abs(data[i + 2] - b) < 60;
+  let opaque = 0, run = 0, baseline = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i + 3] === 0) continue;
+    opaque++;
+    if (data[i + 3] > 200 && near(i, 0x28, 0x55, 0xd8)) run++;
+    if (data[i + 3] > 200 && near(i, 0xa3, 0xaa, 0xb8)) baseline++;
+  }
+  return {opaque, run, baseline};
+}"""
+
+LOSS_CANVAS = "#chart-loss canvas"
+
+
+def loss_chart_drawn(page: Page) -> dict[str, int]:
+    page.wait_for_function(
+        f"""() => {{
+          const count = ({CANVAS_PIXELS})({LOSS_CANVAS!r});
+          return count !== null && count.opaque > 500 && count.run > 100 && count.baseline > 100;
+        }}"""
+    )
+    counts: dict[str, int] = page.evaluate(CANVAS_PIXELS, LOSS_CANVAS)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def one_and_two_workers(stack: RunningStack) -> dict[str, Any]:
+    """digits-ddp on 1 and then on 2 instances (one after the other, so they never share the
+    cores), the 2-instance run compared with the 1-instance one."""
+    admin = stack.admin
+    one = admin.submit(pytorch_request("charts, 1 worker", "digits-ddp", 1, args=DIGITS_ARGS))
+    assert admin.wait_finished(one["id"])["state"] == "succeeded"
+    two = admin.submit(pytorch_request("charts, 2 workers", "digits-ddp", 2, args=DIGITS_ARGS))
+    assert admin.wait_finished(two["id"])["state"] == "succeeded"
+    response = admin.http.post(f"/api/v1/jobs/{two['id']}/baseline", json={"baseline": one["id"]})
+    assert response.status_code == 200, response.text
+    summary = response.json()
+    assert summary["baseline"]["speedup"] is not None, summary["baseline"]
+    return {"one": one["id"], "two": two["id"], "summary": summary}
+
+
+def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
+    page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any], tmp_path: Path
+) -> None:
+    one, two = one_and_two_workers["one"], one_and_two_workers["two"]
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{stack.url}/jobs/{two}/")
+    training = page.locator("#training")
+    expect(training).to_be_visible()
+
+    counts = loss_chart_drawn(page)
+    assert counts["opaque"] > 500 and counts["run"] > 100 and counts["baseline"] > 100, counts
+
+    # The figures against the 1-worker baseline: numbers, not placeholders.
+    expect(page.locator("#fig-speedup .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d$"))
+    expect(page.locator("#fig-global-speedup .figure-value")).to_have_text(
+        re.compile(r"^\d+\.\d\d×$")
+    )
+    expect(page.locator("#fig-efficiency .figure-value")).to_have_text(re.compile(r"^\d+ %$"))
+    expect(page.locator("#fig-global-sps .figure-value")).to_have_text(re.compile(r"^[\d,]+$"))
+    expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^\d+\.\d+(e-\d+)?$"))
+    expect(page.locator("#fig-spd-ratio .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
+    speedup = one_and_two_workers["summary"]["baseline"]["speedup"]
+    expect(page.locator("#fig-efficiency .figure-value")).to_have_text(
+        f"{round(speedup['efficiency'] * 100)} %"
+    )
+
+    # The verdict, with its reasons, and the baseline picked in the picker.
+    expect(page.locator("#verdict-badge")).to_have_text(
+        re.compile(rf"^curves (match|differ from) baseline #{one}$")
+    )
+    expect(page.locator("#verdict-reasons li").first).to_contain_text("final eval accuracy")
+    expect(page.locator("#baseline-select")).to_have_value(str(one))
+    expect(page.locator("#baseline-launch")).to_be_hidden()
+
+    expect(page.locator("#progress-text")).to_contain_text("100 %")
+    expect(page.locator("#gpu-status span")).to_have_text("no GPU")
+    expect(page.locator("#chart-gpu .chart-empty")).to_have_text("no GPU")
+    expect(page.locator("#chart-samples-per-sec canvas")).to_be_visible()
+    expect(page.locator("#chart-cpu canvas, #chart-cpu .chart-empty").first).to_be_visible()
+    expect(page.locator(f"#scaling tr.current[data-job='{two}']")).to_be_visible()
+    expect(page.locator(f"#scaling tr[data-job='{one}']")).to_be_visible()
+    expect(page.locator("#exports-hint")).to_have_text(
+        f"tar xzf trainyard-job-{two}-tb.tar.gz; tar xzf trainyard-job-{one}-tb.tar.gz; "
+        f"tensorboard --logdir run:job-{two},baseline:job-{one}"
+    )
+
+    page.screenshot(path=str(tmp_path / "training.png"), full_page=True)
+    shutil.copyfile(tmp_path / "training.png", SCREENSHOT_FOR_REVIEW)
+    assert errors == []
+
+
+def test_it_changes_the_baseline_from_the_picker(
+    page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any]
+) -> None:
+    one, two = one_and_two_workers["one"], one_and_two_workers["two"]
+    page.goto(f"{stack.url}/jobs/{two}/")
+    loss_chart_drawn(page)
+
+    # Session auth: the picker posts with the CSRF token from the cookie.
+    page.select_option("#baseline-select", "")
+    expect(page.locator("#verdict-badge")).to_have_text(
+        "no baseline: pick one to compare the curves"
+    )
+    expect(page.locator("#fig-speedup .figure-value")).to_have_text(NO_FIGURE)
+    assert stack.admin.job(two)["baseline"] is None
+
+    page.select_option("#baseline-select", str(one))
+    expect(page.locator("#fig-speedup .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d$"))
+    loss_chart_drawn(page)
+    assert stack.admin.job(two)["baseline"] == one
+    expect(page.locator("#baseline-error")).to_have_text("")
+
+
+def test_it_launches_a_1_worker_baseline_for_a_program_without_one(
+    page: Page, stack: RunningStack
+) -> None:
+    admin = stack.admin
+    request = pytorch_request("printed on 2", "numbered.py", 2, args=["--lines", "30"])
+    # A script that only prints, charted through a regex definition: a custom metric.
+    request["metrics"] = [{"name": "line_no", "regex": r"^\w+-\d+ (?P<value>(?P<step>\d+))$"}]
+    job = admin.submit(request)
+    admin.wait_finished(job["id"])
+    page.goto(f"{stack.url}/jobs/{job['id']}/")
+
+    expect(page.locator("#chart-custom canvas")).to_be_visible()
+    expect(page.locator("#chart-custom .u-legend")).to_contain_text("line_no [worker-1]")
+    expect(page.locator("#chart-loss .chart-empty")).to_have_text("no points yet")
+    expect(page.locator("#chart-loss canvas")).to_have_count(0)
+    expect(page.locator("#fig-speedup .figure-value")).to_have_text(NO_FIGURE)
+
+    button = page.locator("#baseline-launch")
+    expect(button).to_be_visible()
+    button.click()
+    link = page.locator("#baseline-launched a")
+    expect(link).to_have_text(re.compile(r"^#\d+ printed on 2 · 1-worker baseline$"))
+    href = link.get_attribute("href") or ""
+    baseline = int(href.strip("/").rsplit("/", 1)[-1])
+    assert admin.job(job["id"])["baseline"] == baseline
+    expect(page.locator("#baseline-select")).to_have_value(str(baseline))
+    expect(button).to_be_hidden()
+    expect(page.locator("#verdict-badge")).to_contain_text(f"baseline #{baseline}")
+    assert admin.wait_finished(baseline)["state"] == "succeeded"
+
+
+def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack) -> None:
+    """While a job runs, its points come over the page's websocket and the charts redraw: the
+    agent's memory samples (every 2 s) and a regex-defined metric (4 lines a second)."""
+    admin = stack.admin
+    args = ["--lines", "60", "--rate", "4"]
+    request = pytorch_request("printed slowly", "numbered.py", 1, args=args)
+    request["metrics"] = [{"name": "line_no", "regex": r"^\w+-\d+ (?P<value>(?P<step>\d+))$"}]
+    job = admin.submit(request)
+    page.add_init_script(
+        "window.metricEvents = 0;"
+        "document.addEventListener('trainyard:metric', () => window.metricEvents++);"
+    )
+    page.goto(f"{stack.url}/jobs/{job['id']}/")
+    running = "document.getElementById('job-state').textContent === 'running'"
+    for chart in ("#chart-memory", "#chart-custom"):
+        drawn = f"Number(document.querySelector('{chart}').dataset.points || 0)"
+        page.wait_for_function(f"() => {drawn} > 0 && {running}")
+        first = page.evaluate(f"() => {drawn}")
+        # More points while the job still runs: drawn from live points, not a reload.
+        page.wait_for_function(f"() => {drawn} > {first} && {running}")
+        counts = page.evaluate(CANVAS_PIXELS, f"{chart} canvas")
+        assert counts["opaque"] > 500 and counts["run"] > 50, (chart, counts)
+    expect(page.locator("#training-status")).to_contain_text("live")
+    assert page.evaluate("window.metricEvents") > 0
+    expect(page.locator("#job-state")).to_have_text("succeeded")
+    expect(page.locator("#training-status")).not_to_contain_text("live")
+    admin.wait_finished(job["id"])
