@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -63,6 +64,21 @@ class FrameworkImage(models.Model):
     @property
     def roles(self) -> tuple[str, ...]:
         return FRAMEWORK_ROLES[self.framework]
+
+    def clean(self) -> None:
+        """Refuse metric definitions the agent could not use, with the reason, in the admin."""
+        from workers.metricparse import BadMetric, RegexMetric
+
+        definitions = self.metric_definitions
+        try:
+            if not isinstance(definitions, list):
+                raise BadMetric('a list of {"name": ..., "regex": ...} objects')
+            for item in definitions:
+                if not isinstance(item, dict) or set(item) != {"name", "regex"}:
+                    raise BadMetric('each definition is {"name": ..., "regex": ...}')
+                RegexMetric.compile(item["name"], item["regex"])
+        except BadMetric as exc:
+            raise ValidationError({"metric_definitions": str(exc)}) from None
 
 
 class Package(models.Model):

@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         stack.var_dir.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(str(os.getpid()))
         print(
-            f"Starting Redis, the web server, the console worker and {args.nodes} node agents…",
+            "Starting Redis, the web server, the console worker, the log keeper and "
+            f"{args.nodes} node agents…",
             flush=True,
         )
         stack.start()

@@ -6,7 +6,9 @@
   const form = document.getElementById("new-job");
   const packages = Object.fromEntries(catalog.packages.map((p) => [p.name, p]));
   const images = Object.fromEntries(catalog.images.map((i) => [i.name, i]));
-  const exampleFor = Object.fromEntries(catalog.examples.map((e) => [e.framework, e.name]));
+  // The first example written for each framework (digits-ddp for PyTorch) is its default.
+  const exampleFor = {};
+  for (const e of catalog.examples) exampleFor[e.framework] ??= e.name;
   const value = (name) => form.elements[name].value;
   const count = (name) => parseInt(value(name), 10);
   let shownFramework = null;

@@ -16,6 +16,10 @@ def test_launch_a_parameter_server_job_and_filter_its_roles(
     page.goto(f"{stack.url}/jobs/new/")
     page.fill("#id_name", "ps from the browser")
     page.select_option("#id_image", "kvstore-ps:2.13")
+    page.select_option("#id_image", "pytorch:2.13-cpu")
+    # Each image's first example is its default: digits-ddp, not the benchmark.
+    expect(page.locator("#id_script")).to_have_value("digits-ddp")
+    page.select_option("#id_image", "kvstore-ps:2.13")
     expect(page.locator("#field-servers")).to_be_visible()
     expect(page.locator("#field-instances")).to_be_hidden()
     expect(page.locator("#id_script")).to_have_value("digits-ps")

@@ -162,3 +162,17 @@ def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> 
             os.kill(child.pid, signal.SIGKILL)
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.django_db
+def test_an_image_refuses_bad_metric_definitions_in_the_admin() -> None:
+    from django.core.exceptions import ValidationError
+
+    from jobs.models import Framework, FrameworkImage
+
+    image = FrameworkImage(name="x", framework=Framework.PYTORCH)
+    image.metric_definitions = [{"name": "loss", "regex": "loss=([0-9.]+)"}]
+    image.full_clean()
+    image.metric_definitions = [{"name": "loss", "regex": "loss=[0-9.]+"}]
+    with pytest.raises(ValidationError, match="needs a group"):
+        image.full_clean()
