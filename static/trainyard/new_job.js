@@ -11,6 +11,7 @@
   for (const e of catalog.examples) exampleFor[e.framework] ??= e.name;
   const value = (name) => form.elements[name].value;
   const count = (name) => parseInt(value(name), 10);
+  const frameworkOf = Object.fromEntries(catalog.examples.map((e) => [e.name, e.framework]));
   let shownFramework = null;
 
   function framework() {
@@ -21,8 +22,13 @@
   function showFields(fw) {
     for (const el of form.querySelectorAll("[data-framework]")) el.hidden = el.dataset.framework !== fw;
     document.getElementById("field-script_path").hidden = value("script") !== "__path__";
-    // Switching image picks the built-in example written for it, unless a path is chosen.
-    if (fw !== shownFramework && value("script") !== "__path__" && exampleFor[fw]) {
+    // Switching image picks the built-in example written for it, unless a path is chosen; on
+    // the first showing, a script already chosen (a form sent back with an error, say) stays
+    // unless it is an example for another framework.
+    const script = value("script");
+    const switched = shownFramework !== null && fw !== shownFramework;
+    const misfit = script in frameworkOf && frameworkOf[script] !== fw;
+    if ((switched || misfit) && script !== "__path__" && exampleFor[fw]) {
       form.elements.script.value = exampleFor[fw];
     }
     shownFramework = fw;
