@@ -67,16 +67,10 @@ class FrameworkImage(models.Model):
 
     def clean(self) -> None:
         """Refuse metric definitions the agent could not use, with the reason, in the admin."""
-        from workers.metricparse import BadMetric, RegexMetric
+        from workers.metricparse import BadMetric, check_definitions
 
-        definitions = self.metric_definitions
         try:
-            if not isinstance(definitions, list):
-                raise BadMetric('a list of {"name": ..., "regex": ...} objects')
-            for item in definitions:
-                if not isinstance(item, dict) or set(item) != {"name", "regex"}:
-                    raise BadMetric('each definition is {"name": ..., "regex": ...}')
-                RegexMetric.compile(item["name"], item["regex"])
+            check_definitions(self.metric_definitions)
         except BadMetric as exc:
             raise ValidationError({"metric_definitions": str(exc)}) from None
 

@@ -198,7 +198,6 @@ class LogShipper:
         self._retry_seconds = retry_seconds
         self._next_try = 0.0
         self._held_barriers: list[_Barrier] = []
-        self.lines_shipped = 0
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
@@ -314,8 +313,6 @@ class LogShipper:
             # Some of them may have been appended; the sink drops those when they come again.
             self._spool.append(batches)
             self._next_try = time.monotonic() + self._retry_seconds
-            return
-        self.lines_shipped += sum(len(b.lines) for b in batches)
 
     def _send_spooled(self) -> None:
         if time.monotonic() < self._next_try:
@@ -325,7 +322,6 @@ class LogShipper:
                 batches = self._spool.peek(SPOOL_REPLAY_BATCHES)
                 self._sink.append(batches)
                 self._spool.consume(len(batches))
-                self.lines_shipped += sum(len(b.lines) for b in batches)
         except redis.RedisError:
             self._next_try = time.monotonic() + self._retry_seconds
             return

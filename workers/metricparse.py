@@ -156,5 +156,28 @@ def scan_lines(definitions: Sequence[RegexMetric], lines: Sequence[str], ts: flo
     return points
 
 
+MAX_DEFINITIONS = 20
+MAX_REGEX_CHARS = 500
+
+
+def check_definitions(raw: Any) -> list[dict[str, str]]:
+    """[{"name": ..., "regex": ...}] with names the protocol accepts and regexes that compile
+    and have a group around the value; raises BadMetric saying what is wrong. The console
+    checks a job's and an image's definitions with this before an agent ever sees them."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or len(raw) > MAX_DEFINITIONS:
+        raise BadMetric(f"a list of at most {MAX_DEFINITIONS} {{name, regex}} objects")
+    definitions = []
+    for item in raw:
+        if not isinstance(item, dict) or set(item) != {"name", "regex"}:
+            raise BadMetric('each definition is {"name": ..., "regex": ...}')
+        if not isinstance(item["regex"], str) or len(item["regex"]) > MAX_REGEX_CHARS:
+            raise BadMetric(f"a regex is a string of at most {MAX_REGEX_CHARS} characters")
+        RegexMetric.compile(item["name"], item["regex"])
+        definitions.append({"name": item["name"], "regex": item["regex"]})
+    return definitions
+
+
 def compile_definitions(raw: Sequence[dict[str, str]]) -> list[RegexMetric]:
     return [RegexMetric.compile(d["name"], d["regex"]) for d in raw]

@@ -16,7 +16,6 @@ Definitions, from the seed documents:
 """
 
 import itertools
-import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -321,7 +320,3 @@ def scaling_rows(
             )
             break
     return rows, hint
-
-
-def finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

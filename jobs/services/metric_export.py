@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import logstream
+from workers.metricparse import SYSTEM_METRICS
 
 CSV_FIELDS = ("cursor", "role", "index", "node", "name", "step", "epoch", "value", "ts")
 
@@ -32,11 +33,8 @@ def _tag(point: dict[str, Any]) -> str:
     """TensorBoard tag: the metric, per process (`loss/worker-1`); the agent's samples under
     `system/`."""
     who = logstream.tag_of(point["role"], point["index"])
-    group = "system/" if point["name"] in SYSTEM_NAMES else ""
+    group = "system/" if point["name"] in SYSTEM_METRICS else ""
     return f"{group}{point['name']}/{who}"
-
-
-SYSTEM_NAMES = frozenset(("cpu_percent", "memory_mb", "gpu_util_percent", "gpu_memory_mb"))
 
 
 def write_tensorboard(job_id: int, directory: Path) -> int:

@@ -16,7 +16,7 @@ from django.db import transaction
 from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, Job, KVStoreMode, Package
 from jobs.services import lifecycle, quota
 from jobs.services.totals import RoleRequest, Totals, compute_totals
-from workers.metricparse import BadMetric, RegexMetric
+from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
     BUILTIN_EXAMPLES,
     BUILTIN_FRAMEWORKS,
@@ -28,7 +28,6 @@ MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
 TOP_LEVEL_FIELDS = {"name", "image", "program", "roles", "kvstore", "metrics"}
-MAX_METRIC_DEFINITIONS = 20
 
 
 class ValidationFailed(Exception):
@@ -192,24 +191,6 @@ def _check_program_fits_image(
         )
 
 
-def check_metric_definitions(raw: Any) -> list[dict[str, str]]:
-    """[{"name": ..., "regex": ...}] with names the protocol accepts and regexes that compile
-    and have a group around the value; raises BadMetric saying what is wrong."""
-    if raw is None:
-        return []
-    if not isinstance(raw, list) or len(raw) > MAX_METRIC_DEFINITIONS:
-        raise BadMetric(f"a list of at most {MAX_METRIC_DEFINITIONS} {{name, regex}} objects")
-    definitions = []
-    for item in raw:
-        if not isinstance(item, dict) or set(item) != {"name", "regex"}:
-            raise BadMetric('each definition is {"name": ..., "regex": ...}')
-        if not isinstance(item["regex"], str) or len(item["regex"]) > 500:
-            raise BadMetric("a regex is a string of at most 500 characters")
-        RegexMetric.compile(item["name"], item["regex"])
-        definitions.append({"name": item["name"], "regex": item["regex"]})
-    return definitions
-
-
 def check_job_request(data: Any) -> JobRequest:
     """Validate a request dict; raise ValidationFailed with every problem found."""
     errors = _Errors()
@@ -228,7 +209,7 @@ def check_job_request(data: Any) -> JobRequest:
     kvstore = _check_kvstore(data.get("kvstore"), image, errors)
     definitions: list[dict[str, str]] = []
     try:
-        definitions = check_metric_definitions(data.get("metrics"))
+        definitions = check_definitions(data.get("metrics"))
     except BadMetric as exc:
         errors.add("metrics", f"Metric definitions: {exc}.")
     if errors.by_field:
