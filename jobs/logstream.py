@@ -100,6 +100,16 @@ class Batch:
             self.ts, self.lines[skip:], self.reason,
         )  # fmt: skip
 
+    def before(self, cursor: int) -> "Batch":
+        """This batch without the lines at or after `cursor`."""
+        if self.last < cursor or self.kind != LogChunk.Kind.LINES:
+            return self
+        keep = max(0, cursor - self.first)
+        return Batch(
+            self.first, cursor - 1, self.kind, self.role, self.index, self.node, self.stream,
+            self.ts, self.lines[:keep], self.reason,
+        )  # fmt: skip
+
     def wire(self) -> dict[str, Any]:
         """A websocket "log" frame's batch: line k has cursor first + k."""
         return {
@@ -355,12 +365,8 @@ def read_page_before(job_id: int, before: int, limit: int, where: LineFilter | N
     """The last `limit` matching lines before cursor `before`, oldest first."""
     where = where or LineFilter()
     newest_first: list[dict[str, Any]] = []
-    for batch in batches_before(job_id, before):
-        if batch.last >= before:
-            batch = Batch(
-                batch.first, before - 1, batch.kind, batch.role, batch.index, batch.node,
-                batch.stream, batch.ts, batch.lines[: max(0, before - batch.first)], batch.reason,
-            )  # fmt: skip
+    for whole in batches_before(job_id, before):
+        batch = whole.before(before)
         for k in reversed(where.matching(batch)):
             newest_first.append(batch.line_dict(k))
             if len(newest_first) == limit:

@@ -22,8 +22,10 @@ class BaselineError(ValueError):
 
 
 def compute_role(job: Job) -> JobRole | None:
-    """The role whose instances do the training: workers where there are any, else the master."""
-    roles = {r.role: r for r in job.roles.select_related("package")}
+    """The role whose instances do the training: workers where there are any, else the master.
+
+    Reads job.roles.all(), so a caller comparing many jobs prefetches their roles once."""
+    roles = {r.role: r for r in job.roles.all()}
     return roles.get("worker") or roles.get("master")
 
 

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db.models import prefetch_related_objects
 
 from jobs import logstream
 from jobs.access import visible_jobs
@@ -109,11 +110,14 @@ def _against_baseline(
 def _scaling(user: User, job: Job) -> dict[str, Any]:
     """How global throughput changed with the worker count over the user's runs of the same
     program (same image, script and package), with a hint where more workers stop paying."""
+    # Roles fetched in two queries, not two per candidate: this runs on every page refresh.
+    prefetch_related_objects([job], "roles")
     candidates = [
         other
         for other in visible_jobs(user)
         .filter(image_id=job.image_id, owner_id=job.owner_id)
         .exclude(state__in=[Job.State.FAILED, Job.State.CANCELLED])
+        .prefetch_related("roles")
         .order_by("-created")[: SCALING_RUNS * 3]
         if other.pk == job.pk or baselines.same_program(job, other)
     ][:SCALING_RUNS]
