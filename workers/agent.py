@@ -4,9 +4,14 @@ Run one per host:  python -m workers.agent --node gpu-7 --address 10.0.0.7 --red
 
 It needs Redis and the trainers' code only. The Celery tasks are thin: they hand a spec to the
 supervisor (or ask it to stop a job) and return at once; the supervisor owns the processes.
+
+Before it takes any task, the agent kills what an earlier agent on the same work dir left
+behind, and starts its guardian (workers/guardian.py), which does the same if this agent dies.
+On SIGTERM it stops its trainers and ends within --stop-timeout, whether Redis answers or not.
 """
 
 import argparse
+import fcntl
 import logging
 import os
 import platform
@@ -15,19 +20,40 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import redis
 from celery import Celery
 
-from workers import contract, inventory
+from workers import contract, guardian, inventory
 from workers.logship import LogShipper
+from workers.procrecords import summary
 from workers.spec import ReplicaSpec
-from workers.supervisor import Supervisor
+from workers.supervisor import Report, Supervisor
 
 log = logging.getLogger("trainyard.agent")
 
-HEARTBEAT_SECONDS = 5.0
+HEARTBEAT_SECONDS_ENV = "TRAINYARD_HEARTBEAT_SECONDS"
+DEFAULT_HEARTBEAT_SECONDS = 5.0
+# A heartbeat older than this many intervals is worthless: the broker drops it.
+HEARTBEAT_EXPIRES_INTERVALS = 6
+# The local stack (like systemd's default) SIGKILLs an agent 30 s after SIGTERM; end well before.
+DEFAULT_STOP_TIMEOUT_SECONDS = 20.0
+# After the supervisor's shutdown: how long the log shipper gets for its last flush (and as long
+# again for its thread to end), and the guardian to end.
+SHIPPER_CLOSE_SECONDS = 0.75
+GUARDIAN_RELEASE_SECONDS = 1.0
+# Of the stop timeout, what is kept for the above and for the supervisor's own overrun (0.5 s).
+CLOSING_MARGIN_SECONDS = 3.0
+# The retry policy of a report outside a shutdown: outcomes must reach the console even across a
+# broker outage of a few minutes.
+PATIENT_RETRY_POLICY = {
+    "max_retries": 60,
+    "interval_start": 0.5,
+    "interval_step": 0.5,
+    "interval_max": 5,
+}
+HURRIED_RETRY_INTERVAL_SECONDS = 0.25
 
 
 def make_celery(broker_url: str) -> Celery:
@@ -51,52 +77,77 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
         supervisor.start(ReplicaSpec.from_dict(spec))
 
     @app.task(name=contract.TASK_STOP_JOB)
-    def stop_job(job_id: int, reason: str) -> None:
-        supervisor.stop_job(job_id, reason)
+    def stop_job(job_id: int, reason: str, replicas: list[dict[str, Any]] | None = None) -> None:
+        supervisor.stop_job(job_id, reason, replicas)
 
 
-def make_reporter(app: Celery) -> Any:
-    def report(task_name: str, payload: dict[str, Any]) -> None:
-        # Outcomes must reach the console even across a short broker outage.
+def retry_policy(deadline: float | None) -> dict[str, Any]:
+    """Patient by default; with a deadline (time.monotonic()), retries that fit before it."""
+    if deadline is None:
+        return dict(PATIENT_RETRY_POLICY)
+    left = deadline - time.monotonic()
+    return {
+        "max_retries": max(0, int(left / HURRIED_RETRY_INTERVAL_SECONDS)),
+        "interval_start": 0,
+        "interval_step": HURRIED_RETRY_INTERVAL_SECONDS,
+        "interval_max": HURRIED_RETRY_INTERVAL_SECONDS,
+    }
+
+
+def make_reporter(app: Celery) -> Report:
+    def report(task_name: str, payload: dict[str, Any], deadline: float | None = None) -> None:
         app.send_task(
             task_name,
             kwargs={"payload": payload},
             queue=contract.CONSOLE_QUEUE,
             retry=True,
-            retry_policy={
-                "max_retries": 60,
-                "interval_start": 0.5,
-                "interval_step": 0.5,
-                "interval_max": 5,
-            },
+            retry_policy=retry_policy(deadline),
         )
 
     return report
 
 
+def heartbeat_payload(inventory: dict[str, Any], supervisor: Supervisor) -> dict[str, Any]:
+    """What the node has, and what it runs and ran lately, by this agent process."""
+    return dict(
+        inventory,
+        incarnation=supervisor.incarnation,
+        running=supervisor.running(),
+        finished=supervisor.finished(),
+        sent=time.time(),
+    )
+
+
 class Heartbeat(threading.Thread):
     """Tells the console, every few seconds, that this node lives, what it has and what it runs."""
 
-    def __init__(self, app: Celery, inventory: dict[str, Any], supervisor: Supervisor) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        inventory: dict[str, Any],
+        supervisor: Supervisor,
+        interval: float = DEFAULT_HEARTBEAT_SECONDS,
+    ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self._app = app
         self._inventory = inventory
         self._supervisor = supervisor
+        self._interval = interval
         self._stopped = threading.Event()
 
     def run(self) -> None:
+        # The first one at once: the console learns of the node (and its incarnation) now.
         while not self._stopped.is_set():
-            payload = dict(self._inventory, running=self._supervisor.running(), sent=time.time())
             try:
                 self._app.send_task(
                     contract.TASK_NODE_HEARTBEAT,
-                    kwargs={"payload": payload},
+                    kwargs={"payload": heartbeat_payload(self._inventory, self._supervisor)},
                     queue=contract.CONSOLE_QUEUE,
-                    expires=HEARTBEAT_SECONDS * 6,  # a stale heartbeat is worthless
+                    expires=self._interval * HEARTBEAT_EXPIRES_INTERVALS,
                 )
             except Exception:
                 log.warning("heartbeat not sent; broker unreachable?", exc_info=True)
-            self._stopped.wait(HEARTBEAT_SECONDS)
+            self._stopped.wait(self._interval)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -124,6 +175,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="users' scripts must resolve inside this folder",
     )
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--heartbeat-seconds",
+        type=float,
+        default=float(os.environ.get(HEARTBEAT_SECONDS_ENV, DEFAULT_HEARTBEAT_SECONDS)),
+        help=f"between heartbeats (default: ${HEARTBEAT_SECONDS_ENV} or "
+        f"{DEFAULT_HEARTBEAT_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=DEFAULT_STOP_TIMEOUT_SECONDS,
+        help="after SIGTERM, the agent has stopped its trainers and exited within this many "
+        "seconds, even when Redis is unreachable",
+    )
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("set --redis-url or REDIS_URL")
@@ -132,7 +197,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.gpus < 0:
         parser.error("--gpus must not be negative")
+    if args.heartbeat_seconds <= 0:
+        parser.error("--heartbeat-seconds must be positive")
+    if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
+        parser.error(f"--stop-timeout must be more than {CLOSING_MARGIN_SECONDS:g}")
     return args
+
+
+def hold_workdir(workdir: Path) -> IO[str]:
+    """Lock the work dir for this agent's lifetime (the kernel drops the lock when it dies).
+
+    A second agent on the same work dir would take the first one's trainers for leftovers of
+    a dead agent, and kill them.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = open(workdir / "agent.lock", "w")  # held, open, until this process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(f"another agent already runs on {workdir}") from None
+    return lock
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,9 +225,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s %(levelname)s [{args.node}] %(message)s"
     )
-    client = redis.Redis.from_url(args.redis_url)
+    # Time-outs on connecting: a Redis host that does not answer at all must not hang a thread
+    # for the minutes the kernel would give a connection attempt.
+    client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5, socket_timeout=30)
     app = make_celery(args.redis_url)
     workdir = args.workdir.resolve() / args.node
+    workdir_lock = hold_workdir(workdir)
     # Lines wait here while Redis is unreachable, and survive a restart of this agent.
     shipper = LogShipper(client, spool_dir=workdir / "log-spool")
     supervisor = Supervisor(
@@ -154,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         code_root=args.code_root.resolve(),
         gpus=args.gpus,
     )
+    # Before any task: whatever an earlier agent here left running must go, and this agent's
+    # own trainers must be looked after from the first one on.
+    leftovers = supervisor.reap_leftovers()
+    if any(r.killed for r in leftovers):
+        log.info("cleaned up %s", summary(leftovers, "an earlier agent"))
+    keeper = guardian.start(supervisor.records.directory)
     register_tasks(app, supervisor)
     inventory = {
         "node": args.node,
@@ -165,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         "hostname": platform.node(),
         "pid": os.getpid(),
     }
-    heartbeat = Heartbeat(app, inventory, supervisor)
+    heartbeat = Heartbeat(app, inventory, supervisor, interval=args.heartbeat_seconds)
     heartbeat.start()
     worker = app.Worker(
         hostname=f"agent@{args.node}",
@@ -176,13 +270,21 @@ def main(argv: list[str] | None = None) -> int:
         without_mingle=True,
         without_gossip=True,
     )
-    log.info("agent %s serving queue %s", args.node, contract.node_queue(args.node))
+    log.info(
+        "agent %s (incarnation %s) serving queue %s",
+        args.node, supervisor.incarnation, contract.node_queue(args.node),
+    )  # fmt: skip
     try:
         worker.start()
     finally:
+        # Celery has stopped taking tasks (moments after SIGTERM): the stop timeout runs from here.
         heartbeat.stop()
-        supervisor.shutdown()
-        shipper.close()
+        supervisor.shutdown(timeout=args.stop_timeout - CLOSING_MARGIN_SECONDS)
+        # Lines Redis did not take stay in the spool; the next agent sends them.
+        shipper.close(timeout=SHIPPER_CLOSE_SECONDS)
+        guardian.release(keeper, timeout=GUARDIAN_RELEASE_SECONDS)
+        log.info("agent %s stopped", args.node)
+        workdir_lock.close()
     return int(worker.exitcode or 0)
 
 

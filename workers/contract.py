@@ -36,6 +36,8 @@ TASK_STOP_JOB = "trainyard.agent.stop_job"
 TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
 TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"
+# Console-internal: place waiting jobs (sent on commit by whatever may have made room).
+TASK_SCHEDULE = "trainyard.console.schedule"
 
 
 def node_queue(node_name: str) -> str:

@@ -4,6 +4,18 @@ Shaped like torch's elastic agent: each replica goes through `_rendezvous`, `_st
 `_monitor` and, always, `_stop` in one thread of its own, and its outcome is reported to the
 console only after every line it printed is in Redis. Celery only hands it short messages
 ("start this replica", "stop that job"); the processes belong to the supervisor, not to Celery.
+
+No trainer outlives the agent:
+- each trainer starts through workers/deathsig.py, so the kernel SIGKILLs it when the thread
+  that started it ends. That thread is the replica's own, and it keeps running until every
+  process of the replica has ended, so the signal fires only when the agent itself dies;
+- each trainer leads its own process group, recorded in `<workdir>/procs` for as long as the
+  group lives (workers/procrecords.py). The agent's guardian (workers/guardian.py) or the next
+  agent on this work dir kills what a dead agent left in those groups. A process that leaves
+  its group (setsid) escapes all of this; only a cgroup per replica would hold it.
+
+Messages are idempotent: a start of a replica that runs, or ended lately, starts nothing and
+re-sends what was already reported; a stop of a replica this node does not run says so.
 """
 
 import enum
@@ -14,19 +26,27 @@ import socket
 import subprocess
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 
-from workers import contract, inventory
+from workers import contract, deathsig, inventory
 from workers.launcher import build_processes
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
+from workers.procrecords import (
+    ProcRecord,
+    ProcRecords,
+    Reaped,
+    group_members,
+    reap_all,
+    record_of,
+)
 from workers.programs import ProgramError, resolve_program
 from workers.spec import ReplicaSpec
 
@@ -36,17 +56,37 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
 # Between SIGTERM and SIGKILL when stopping a process group.
 STOP_GRACE_SECONDS = 5.0
+# After SIGKILL, how long to wait for a group to be gone; a group still there after that (a
+# process stuck in the kernel) keeps its record, for the guardian or the next agent.
+KILL_WAIT_SECONDS = 5.0
 MONITOR_INTERVAL_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
+# Outcomes remembered, so that a start or stop that comes again gets the same answer.
+FINISHED_KEEP_SECONDS = 600.0
+FINISHED_KEEP_MAX = 1000
+# Outside a shutdown, waits on Redis (log flush, reports) are unbounded; they say so this often.
+STILL_WAITING_WARNING_SECONDS = 60.0
+WAIT_SLICE_SECONDS = 0.1
+NODE_AGENT_SHUT_DOWN = "the node agent shut down"
 
-Report = Callable[[str, dict[str, Any]], None]
+
+class Report(Protocol):
+    def __call__(
+        self, task_name: str, payload: dict[str, Any], deadline: float | None = None
+    ) -> None:
+        """Send one report to the console.
+
+        `deadline` (a time.monotonic() value) is when the caller stops waiting, during a
+        shutdown: retry only until then. None: retry as long as a broker outage may last.
+        """
 
 
 class ReplicaState(enum.Enum):
     """Lifecycle of one replica on this node.
 
     WAITING -> RUNNING -> SUCCEEDED | FAILED | STOPPED; WAITING -> FAILED | STOPPED when the
-    rendezvous times out or the job is stopped before the processes start.
+    rendezvous times out or the job is stopped before the processes start. UNKNOWN is only
+    reported, for a replica the console expects here and this node does not know.
     """
 
     WAITING = "waiting"
@@ -54,6 +94,12 @@ class ReplicaState(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    UNKNOWN = "unknown"
+
+
+# What heartbeats call a replica that is ending: a stop was requested, or its processes ended
+# and it is shipping their last lines before it reports the exit.
+STOPPING = "stopping"
 
 
 class _StopRequested(Exception):
@@ -66,15 +112,66 @@ class _ReplicaRun:
     key: ReplicaKey
     state: ReplicaState = ReplicaState.WAITING
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    records: list[ProcRecord] = field(default_factory=list)
     readers: list[threading.Thread] = field(default_factory=list)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
+    # Set (under the supervisor's lock) before the group leaders are reaped: from then on their
+    # pids, and so the group ids, may be reused by strangers and must not be signalled.
+    leaders_released: bool = False
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
     tails: list[MetricTail] = field(default_factory=list)
     regex_metrics: list[RegexMetric] = field(default_factory=list)
     watched: Watched | None = None
+    started_report: dict[str, Any] | None = None
+    ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
+
+    @property
+    def ident(self) -> tuple[int, str, int]:
+        return (self.spec.job_id, self.spec.role, self.spec.index)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """A finished replica's exit report, kept to answer a start or stop that comes again."""
+
+    report: dict[str, Any]
+    kept_until: float  # time.monotonic()
+
+
+@dataclass(frozen=True)
+class _Closing:
+    """The deadlines of a shutdown, all time.monotonic() values.
+
+    Processes get SIGKILL by `kill_by`; the wait for log lines to reach Redis ends at
+    `flush_until` (unsent lines stay in the spool, which the next agent sends); the exit
+    reports are given up at `give_up_at`, when shutdown() returns.
+    """
+
+    kill_by: float
+    flush_until: float
+    give_up_at: float
+
+    @classmethod
+    def within(cls, timeout: float) -> "_Closing":
+        now = time.monotonic()
+        return cls(
+            kill_by=now + min(STOP_GRACE_SECONDS, 0.4 * timeout),
+            flush_until=now + timeout - min(2.0, 0.2 * timeout),
+            give_up_at=now + timeout,
+        )
+
+
+def describe_exit(code: int) -> str:
+    """Why a process ended, as a reason reads: `exited with code 3`, `killed by signal SIGKILL`."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 class Supervisor:
@@ -87,68 +184,148 @@ class Supervisor:
         workdir: Path,
         code_root: Path,
         gpus: int = 0,
+        incarnation: str | None = None,
     ) -> None:
         self.node = node
+        # Names this agent process in every report, so the console can tell a restarted agent
+        # (which knows nothing of its predecessor's replicas) from the same one repeating itself.
+        self.incarnation = incarnation or f"{os.getpid()}-{time.time_ns()}"
         self._redis = client
         self._shipper = shipper
         self._report = report
         self._workdir = workdir
         self._code_root = code_root
+        self.records = ProcRecords(workdir / "procs")
         self._free_gpus = set(range(gpus))
         self._runs: dict[tuple[int, str, int], _ReplicaRun] = {}
+        self._finished: OrderedDict[tuple[int, str, int], _Outcome] = OrderedDict()
         self._lock = threading.Lock()
-        self._closed = False
+        self._closing: _Closing | None = None
         self._sampler = SystemSampler(self._watched, gpu_usage=inventory.gpu_usage)
         self._sampler.start()
 
     # --- what Celery tasks call ---
 
     def start(self, spec: ReplicaSpec) -> bool:
-        """Start a replica unless this node already has it; safe to call twice."""
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("agent is shutting down")
-            ident = (spec.job_id, spec.role, spec.index)
-            if ident in self._runs:
-                return False
-            run = _ReplicaRun(spec, ReplicaKey(spec.job_id, spec.role, spec.index, self.node))
-            if spec.gpus:
-                run.gpu_ids = sorted(self._free_gpus)[: spec.gpus]
-                self._free_gpus -= set(run.gpu_ids)
-            self._runs[ident] = run
-            run.thread = threading.Thread(
-                target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}"
-            )
-            run.thread.start()
-            return True
+        """Start a replica unless this node has it; safe to call twice.
 
-    def stop_job(self, job_id: int, reason: str) -> int:
-        """Stop every process of the job on this node; returns how many replicas it touched."""
+        Returns False when nothing was started: the replica runs (its start is reported again
+        if its processes run) or ended lately (its exit is reported again).
+        """
+        ident = (spec.job_id, spec.role, spec.index)
+        with self._lock:
+            if self._closing is not None:
+                raise RuntimeError("agent is shutting down")
+            current = self._runs.get(ident)
+            outcome = self._recent_outcome(ident)
+            if current is None and outcome is None:
+                self._launch(spec)
+                return True
+            # Answered outside the lock: a report may wait for the broker.
+            if current is not None:
+                runs = current.state == ReplicaState.RUNNING and not current.stop_requested.is_set()
+                answer = (contract.TASK_REPLICA_STARTED, current.started_report if runs else None)
+            else:
+                assert outcome is not None
+                answer = (contract.TASK_REPLICA_EXITED, outcome.report)
+        if answer[1] is not None:
+            self._send_report(answer[0], answer[1])
+        return False
+
+    def _launch(self, spec: ReplicaSpec) -> None:
+        """Call with the lock held."""
+        run = _ReplicaRun(spec, ReplicaKey(spec.job_id, spec.role, spec.index, self.node))
+        if spec.gpus:
+            run.gpu_ids = sorted(self._free_gpus)[: spec.gpus]
+            self._free_gpus -= set(run.gpu_ids)
+        self._runs[run.ident] = run
+        # A daemon only so that a thread stuck on an unreachable Redis cannot keep a dying
+        # agent alive: shutdown() waits for these threads up to its deadline, and whatever
+        # still runs after the agent exits dies of its death signal or by the guardian.
+        run.thread = threading.Thread(
+            target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}", daemon=True
+        )
+        run.thread.start()
+
+    def stop_job(
+        self, job_id: int, reason: str, replicas: list[dict[str, Any]] | None = None
+    ) -> int:
+        """Stop every process of the job on this node; returns how many replicas it stopped.
+
+        `replicas` ([{"role", "index"}]) are those the console expects on this node: each one
+        this node does not run gets its exit report again if it ended lately, or a report that
+        it is unknown here. Process groups of the job that an earlier agent left are killed
+        too: a stop ends every process of the job, whether this agent knows it or not.
+        """
         with self._lock:
             runs = [r for (j, _, _), r in self._runs.items() if j == job_id]
+            known = {(r.spec.role, r.spec.index) for r in runs}
+            answers: list[dict[str, Any]] = []
+            for role, index in _replica_idents(replicas or []):
+                if (role, index) not in known:
+                    outcome = self._recent_outcome((job_id, role, index))
+                    answers.append(
+                        outcome.report if outcome else self._unknown_report(job_id, role, index)
+                    )
         for run in runs:
             self._request_stop(run, reason)
+        with self._lock:
+            # The groups this agent supervises stop gracefully through their own threads; no
+            # new process starts in a replica once its stop is requested.
+            supervised = frozenset(p.pid for r in self._runs.values() for p in r.procs)
+        self._reap_recorded(job_id, spare=supervised)
+        for answer in answers:
+            self._send_report(contract.TASK_REPLICA_EXITED, answer)
         return len(runs)
 
     def running(self) -> list[dict[str, Any]]:
+        """The replicas this node has, for heartbeats: state waiting, running or stopping."""
         with self._lock:
-            return [
-                {"job_id": r.spec.job_id, "role": r.spec.role, "index": r.spec.index}
-                for r in self._runs.values()
-            ]
+            runs = list(self._runs.values())
+        return [
+            {
+                "job_id": r.spec.job_id,
+                "role": r.spec.role,
+                "index": r.spec.index,
+                "state": (
+                    r.state.value
+                    if r.state in (ReplicaState.WAITING, ReplicaState.RUNNING)
+                    and not r.stop_requested.is_set()
+                    else STOPPING
+                ),
+                "pids": [p.pid for p in r.procs],
+            }
+            for r in runs
+        ]
+
+    def finished(self) -> list[dict[str, Any]]:
+        """The replicas that ended in the last FINISHED_KEEP_SECONDS, oldest first."""
+        with self._lock:
+            self._forget_old_outcomes()
+            outcomes = list(self._finished.values())
+        keys = ("job_id", "role", "index", "state", "exit_code", "reason", "ended_at")
+        return [{k: o.report[k] for k in keys} for o in outcomes]
+
+    def reap_leftovers(self) -> list[Reaped]:
+        """Kill what an earlier agent on this work dir left (call before starting anything)."""
+        return reap_all(self.records)
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop everything and wait for the exit reports: an agent leaves no orphan behind."""
+        """Stop everything and report the exits, returning within `timeout` seconds even when
+        Redis is unreachable: an agent leaves no orphan behind, and does not hang."""
         with self._lock:
-            self._closed = True
+            self._closing = _Closing.within(timeout)
+            closing = self._closing
             runs = list(self._runs.values())
         self._sampler.stop()
         for run in runs:
-            self._request_stop(run, "the node agent shut down")
-        deadline = time.monotonic() + timeout
+            self._request_stop(run, NODE_AGENT_SHUT_DOWN)
         for run in runs:
             if run.thread is not None:
-                run.thread.join(max(0.0, deadline - time.monotonic()))
+                # Each thread bounds its own waits by the same deadlines; this is a backstop.
+                run.thread.join(max(0.0, closing.give_up_at - time.monotonic()) + 0.5)
+                if run.thread.is_alive():
+                    log.warning("replica %s of job %s still ending", run.spec.tag, run.spec.job_id)
 
     # --- one replica, in its own thread ---
 
@@ -159,14 +336,10 @@ class Supervisor:
             port = self._rendezvous(run)
             self._start(run, port)
             exit_code = self._monitor(run)
-            if run.stop_requested.is_set():
-                run.state = ReplicaState.STOPPED
-                reason = run.stop_reason
-            elif exit_code == 0:
-                run.state = ReplicaState.SUCCEEDED
-            else:
-                run.state = ReplicaState.FAILED
-                reason = f"exited with code {exit_code}"
+            if exit_code is None:
+                raise _StopRequested
+            run.state = ReplicaState.SUCCEEDED if exit_code == 0 else ReplicaState.FAILED
+            reason = "" if exit_code == 0 else describe_exit(exit_code)
         except _StopRequested:
             run.state = ReplicaState.STOPPED
             reason = run.stop_reason
@@ -176,6 +349,12 @@ class Supervisor:
             reason = str(exc) or type(exc).__name__
         finally:
             self._stop(run)
+            if run.state == ReplicaState.STOPPED and run.procs:
+                # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
+                codes = [p.returncode for p in run.procs if p.returncode is not None]
+                exit_code = next((c for c in codes if c != 0), 0 if codes else None)
+            if run.ended_at is None:
+                run.ended_at = time.time()
             self._finish(run, exit_code, reason)
 
     def _rendezvous(self, run: _ReplicaRun) -> int:
@@ -185,8 +364,18 @@ class Supervisor:
             self._redis.set(key, port, ex=7 * 24 * 3600)
             return port
         deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_SECONDS
+        told = False
         while time.monotonic() < deadline:
-            value = self._redis.get(key)
+            try:
+                value = self._redis.get(key)
+            except redis.RedisError as exc:
+                # Redis may be restarting: keep waiting, as for a master that is late.
+                if not told:
+                    log.warning(
+                        "job %s %s: rendezvous not readable: %s", run.spec.job_id, run.spec.tag, exc
+                    )
+                    told = True
+                value = None
             if value is not None:
                 return int(value)
             if run.stop_requested.wait(0.1):
@@ -213,8 +402,10 @@ class Supervisor:
                 # A stop that arrived while we were starting must not miss this process.
                 if run.stop_requested.is_set():
                     raise _StopRequested
+                # This thread forks the trainer, and the death signal set by the shim fires
+                # when this thread ends: it must (and does) outlive the processes it starts.
                 proc = subprocess.Popen(
-                    local.argv,
+                    deathsig.command(local.argv),
                     env=local.env,
                     cwd=job_dir,
                     stdin=subprocess.DEVNULL,
@@ -223,6 +414,10 @@ class Supervisor:
                     start_new_session=True,  # its own process group, so a stop reaches children
                 )
                 run.procs.append(proc)
+                # Recorded before anyone can learn of it, and while it is our unreaped child.
+                record = record_of(spec.job_id, spec.role, spec.index, proc.pid)
+                self.records.write(record)
+                run.records.append(record)
             self._pump(run, proc)
             tail = MetricTail(
                 Path(local.env[contract.TRAINYARD_METRICS_FILE]),
@@ -236,17 +431,16 @@ class Supervisor:
             run.gpu_ids,
             lambda ts, points: self._ship_points(run, ts, points),
         )
+        run.started_report = {
+            "job_id": spec.job_id,
+            "role": spec.role,
+            "index": spec.index,
+            "node": self.node,
+            "pids": [p.pid for p in run.procs],
+            "incarnation": self.incarnation,
+        }
         run.state = ReplicaState.RUNNING
-        self._report(
-            contract.TASK_REPLICA_STARTED,
-            {
-                "job_id": spec.job_id,
-                "role": spec.role,
-                "index": spec.index,
-                "node": self.node,
-                "pids": [p.pid for p in run.procs],
-            },
-        )
+        self._send_report(contract.TASK_REPLICA_STARTED, run.started_report)
 
     def _pump(self, run: _ReplicaRun, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
@@ -285,83 +479,252 @@ class Supervisor:
             r.watched for r in runs if r.state == ReplicaState.RUNNING and r.watched is not None
         ]
 
-    def _monitor(self, run: _ReplicaRun) -> int:
-        """Wait for the replica's processes; the first failure takes the others down with it."""
-        while True:
-            codes = [p.poll() for p in run.procs]
-            failed = [c for c in codes if c not in (None, 0)]
-            if failed:
-                for proc in run.procs:
-                    _terminate_group(proc)
-                for proc in run.procs:
-                    proc.wait()
-                return int(failed[0])
+    def _monitor(self, run: _ReplicaRun) -> int | None:
+        """Wait for the replica's processes: the exit code (0 when all succeeded, else the first
+        failure's), or None when a stop was requested. A failure takes the others down."""
+        while not run.stop_requested.is_set():
+            codes = [_exit_code(p) for p in run.procs]
+            failed = next((c for c in codes if c not in (None, 0)), None)
+            if failed is not None:
+                if run.stop_requested.is_set():
+                    return None  # it died of our SIGTERM: a stop, not a failure
+                run.ended_at = time.time()
+                with self._lock:
+                    for proc in run.procs:
+                        _signal_group(proc, signal.SIGTERM)
+                return failed
             if all(c == 0 for c in codes):
+                run.ended_at = time.time()
                 return 0
             run.stop_requested.wait(MONITOR_INTERVAL_SECONDS)
+        return None
 
     def _request_stop(self, run: _ReplicaRun, reason: str) -> None:
+        """Ask a replica to stop: SIGTERM now, and its own thread does the rest (SIGKILL after
+        the grace, the exit report), so the caller does not wait."""
         with self._lock:
             if not run.stop_requested.is_set():
                 run.stop_reason = reason
                 run.stop_requested.set()
-            procs = list(run.procs)
-        for proc in procs:
-            _terminate_group(proc)
+            if not run.leaders_released:
+                for proc in run.procs:
+                    _signal_group(proc, signal.SIGTERM)
 
     def _stop(self, run: _ReplicaRun) -> None:
         """Make sure nothing of the replica survives, even children that left the trainer."""
+        with self._lock:
+            for proc in run.procs:
+                _signal_group(proc, signal.SIGTERM)
+        grace_ends = time.monotonic() + STOP_GRACE_SECONDS
+        self._wait(
+            lambda: all(_exit_code(p) is not None for p in run.procs),
+            until=lambda c: min(grace_ends, c.kill_by) if c else grace_ends,
+        )
+        with self._lock:
+            for proc in run.procs:
+                # Also reaches grandchildren that outlived the trainer in its group.
+                _signal_group(proc, signal.SIGKILL)
+        kill_wait_ends = time.monotonic() + KILL_WAIT_SECONDS
+        gone = self._wait(
+            lambda: not any(group_members(r.pgid) for r in run.records),
+            until=lambda c: min(kill_wait_ends, c.flush_until) if c else kill_wait_ends,
+        )
+        with self._lock:
+            run.leaders_released = True
+        reaped_by = time.monotonic() + KILL_WAIT_SECONDS
         for proc in run.procs:
-            _terminate_group(proc)
+            try:
+                proc.wait(max(0.0, self._bounded(reaped_by, lambda c: c.flush_until)))
+            except subprocess.TimeoutExpired:
+                log.warning("process %s of job %s did not die", proc.pid, run.spec.job_id)
+        if gone:
+            for record in run.records:
+                self.records.remove(record)
+        else:
+            log.warning(
+                "job %s %s: process group still there after SIGKILL; left for the next reap",
+                run.spec.job_id, run.spec.tag,
+            )  # fmt: skip
+        readers_end = time.monotonic() + STOP_GRACE_SECONDS
         for reader in run.readers:
-            reader.join(STOP_GRACE_SECONDS)
+            # A child that left the group may still hold the pipe: do not wait for it forever.
+            reader.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
         for tail in run.tails:
             tail.stop()
         for tail in run.tails:
-            tail.join(STOP_GRACE_SECONDS)
+            tail.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
 
     def _finish(self, run: _ReplicaRun, exit_code: int | None, reason: str) -> None:
         spec = run.spec
         # The exit is reported only once every line is in Redis, so the console can close the
-        # job's log knowing nothing more will come.
-        while not self._shipper.flush(timeout=60):
-            # Redis is away and the lines wait in the spool; the report could not reach the
-            # console through Redis anyway, and sent before the lines it would close their log.
-            log.warning("log lines of %s/%s not in Redis yet; waiting", spec.job_id, spec.tag)
+        # job's log knowing nothing more will come. While Redis is away the lines wait in the
+        # spool, and the report could not reach the console through Redis anyway. Only a
+        # shutdown stops waiting: the spool keeps the lines for the next agent.
+        flushing = _in_background(self._shipper.flush, "flush")
+        if not self._wait(
+            lambda: not flushing.is_alive(),
+            until=lambda c: c.flush_until if c else None,
+            waiting_for=f"log lines of {spec.job_id}/{spec.tag} to reach Redis",
+        ):
+            log.warning("log lines of %s/%s left in the spool", spec.job_id, spec.tag)
+        report = {
+            "job_id": spec.job_id,
+            "role": spec.role,
+            "index": spec.index,
+            "node": self.node,
+            "state": run.state.value,
+            "exit_code": exit_code,
+            "reason": reason,
+            "stderr_tail": list(run.stderr_tail),
+            "ended_at": run.ended_at,
+            "incarnation": self.incarnation,
+        }
         with self._lock:
-            self._runs.pop((spec.job_id, spec.role, spec.index), None)
+            self._runs.pop(run.ident, None)
             self._free_gpus |= set(run.gpu_ids)
-        self._report(
-            contract.TASK_REPLICA_EXITED,
-            {
-                "job_id": spec.job_id,
-                "role": spec.role,
-                "index": spec.index,
-                "node": self.node,
-                "state": run.state.value,
-                "exit_code": exit_code,
-                "reason": reason,
-                "stderr_tail": list(run.stderr_tail),
-            },
+            self._finished[run.ident] = _Outcome(report, time.monotonic() + FINISHED_KEEP_SECONDS)
+            self._finished.move_to_end(run.ident)
+            self._forget_old_outcomes()
+        self._send_report(contract.TASK_REPLICA_EXITED, report)
+
+    # --- helpers ---
+
+    def _send_report(self, task_name: str, payload: dict[str, Any]) -> None:
+        """Report to the console; during a shutdown, give up at its deadline."""
+        closing = self._closing
+        deadline = closing.give_up_at if closing else None
+        sent = threading.Event()
+
+        def send() -> None:
+            try:
+                self._report(task_name, payload, deadline=deadline)
+                sent.set()
+            except Exception as exc:  # the broker is unreachable, and stayed so while we retried
+                log.warning("%s for job %s not sent: %s", task_name, payload.get("job_id"), exc)
+
+        # In a thread of its own, so that a shutdown that begins while it retries does not wait
+        # for the broker: the thread is a daemon, left behind if it is still trying.
+        thread = _in_background(send, "report")
+        self._wait(
+            lambda: not thread.is_alive(),
+            until=lambda c: c.give_up_at if c else None,
+            waiting_for=f"{task_name} of job {payload.get('job_id')} to reach the broker",
         )
+        if not sent.is_set() and thread.is_alive():
+            log.warning(
+                "%s for job %s %s/%s not sent before shutdown",
+                task_name, payload.get("job_id"), payload.get("role"), payload.get("index"),
+            )  # fmt: skip
+
+    def _wait(
+        self,
+        done: Callable[[], bool],
+        until: Callable[[_Closing | None], float | None],
+        waiting_for: str = "",
+    ) -> bool:
+        """Poll `done` until it holds or the deadline `until(closing)` passes; recomputed each
+        time, so a shutdown that begins meanwhile shortens a wait already under way. A wait with
+        no deadline (None) says what it waits for each minute."""
+        warn_at = time.monotonic() + STILL_WAITING_WARNING_SECONDS
+        while not done():
+            now = time.monotonic()
+            deadline = until(self._closing)
+            if deadline is not None and now >= deadline:
+                return done()
+            if waiting_for and now >= warn_at:
+                log.warning("still waiting for %s", waiting_for)
+                warn_at = now + STILL_WAITING_WARNING_SECONDS
+            time.sleep(WAIT_SLICE_SECONDS)
+        return True
+
+    def _bounded(self, deadline: float, closing_limit: Callable[[_Closing], float]) -> float:
+        """Seconds left until `deadline`, or until the shutdown's limit if that comes first."""
+        closing = self._closing
+        if closing is not None:
+            deadline = min(deadline, closing_limit(closing))
+        return deadline - time.monotonic()
+
+    def _reap_recorded(self, job_id: int, spare: frozenset[int]) -> None:
+        for reaped in reap_all(self.records, job_id=job_id, spare=spare):
+            if reaped.killed:
+                log.warning(
+                    "stopped job %s %s: killed pids %s that this agent did not start",
+                    job_id, reaped.record.tag, reaped.killed,
+                )  # fmt: skip
+
+    def _recent_outcome(self, ident: tuple[int, str, int]) -> _Outcome | None:
+        """Call with the lock held."""
+        self._forget_old_outcomes()
+        return self._finished.get(ident)
+
+    def _forget_old_outcomes(self) -> None:
+        """Call with the lock held; outcomes are kept in the order they were reached."""
+        now = time.monotonic()
+        while self._finished:
+            oldest = next(iter(self._finished.values()))
+            if len(self._finished) <= FINISHED_KEEP_MAX and oldest.kept_until > now:
+                break
+            self._finished.popitem(last=False)
+
+    def _unknown_report(self, job_id: int, role: str, index: int) -> dict[str, Any]:
+        return {
+            "job_id": job_id,
+            "role": role,
+            "index": index,
+            "node": self.node,
+            "state": ReplicaState.UNKNOWN.value,
+            "exit_code": None,
+            "reason": f"not running on {self.node}",
+            "stderr_tail": [],
+            "ended_at": time.time(),
+            "incarnation": self.incarnation,
+        }
 
 
-def _terminate_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process group, then SIGKILL what is left after a grace period."""
+def _replica_idents(replicas: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    idents = []
+    for replica in replicas:
+        try:
+            idents.append((str(replica["role"]), int(replica["index"])))
+        except (KeyError, TypeError, ValueError):
+            log.warning("ignoring a malformed replica in a stop message: %r", replica)
+    return idents
+
+
+def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
+    """The process's exit code (negative: killed by that signal), None while it runs.
+
+    Read without reaping it (WNOWAIT): while the leader stays our unreaped child its pid, the
+    group id, cannot be reused, so signalling the group cannot reach a stranger.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        status = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.poll()
+    if status is None:
+        return None
+    if status.si_code == os.CLD_EXITED:
+        return status.si_status
+    return -status.si_status  # CLD_KILLED or CLD_DUMPED
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process group the process leads. Call with the supervisor's lock held, and
+    only before the leader is reaped (see _ReplicaRun.leaders_released)."""
+    if proc.returncode is not None:
+        return  # reaped: the id may already belong to someone else
+    try:
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:
-        return
-    try:
-        proc.wait(STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
         pass
-    try:
-        # Also reaches grandchildren that outlived the trainer in its group.
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+
+
+def _in_background(target: Callable[[], object], what: str) -> threading.Thread:
+    thread = threading.Thread(target=target, name=what, daemon=True)
+    thread.start()
+    return thread
 
 
 def _free_port(address: str) -> int:

@@ -1,23 +1,32 @@
 """The agent's supervisor with real processes and a real Redis; reports are captured."""
 
+import contextlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import redis
 
 from jobs.logstream import parse_entry
+from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 from tests.conftest import FIXTURE_CODE_ROOT, process_alive
 from tests.unit.helpers import stream_entries
 from workers import contract
+from workers.agent import heartbeat_payload, make_celery, make_reporter
 from workers.logship import LogShipper
+from workers.procrecords import ProcRecord, record_of
 from workers.spec import ReplicaSpec
-from workers.supervisor import Supervisor
+from workers.supervisor import Supervisor, describe_exit
 
 
 class Reports:
@@ -25,16 +34,29 @@ class Reports:
         self.items: list[tuple[str, dict[str, Any]]] = []
         self.changed = threading.Condition()
 
-    def __call__(self, name: str, payload: dict[str, Any]) -> None:
+    def __call__(
+        self, task_name: str, payload: dict[str, Any], deadline: float | None = None
+    ) -> None:
         with self.changed:
-            self.items.append((name, payload))
+            self.items.append((task_name, payload))
             self.changed.notify_all()
 
-    def wait_for(self, name: str, timeout: float = 30) -> dict[str, Any]:
+    def named(self, name: str) -> list[dict[str, Any]]:
         with self.changed:
-            ok = self.changed.wait_for(lambda: any(n == name for n, _ in self.items), timeout)
-        assert ok, f"no {name} report; got {self.items}"
-        return next(p for n, p in self.items if n == name)
+            return [p for n, p in self.items if n == name]
+
+    def wait_for(self, name: str, timeout: float = 30, job_id: int | None = None) -> dict[str, Any]:
+        """The first report of that name (about that job, if given), once it has come."""
+
+        def first() -> dict[str, Any] | None:
+            return next(
+                (p for n, p in self.items if n == name and job_id in (None, p["job_id"])), None
+            )
+
+        with self.changed:
+            found = self.changed.wait_for(first, timeout)
+        assert found, f"no {name} report; got {self.items}"
+        return found
 
 
 @pytest.fixture
@@ -56,6 +78,51 @@ def supervisor(client: redis.Redis, reports: Reports, tmp_path: Path) -> Iterato
     yield sup
     sup.shutdown()
     shipper.close()
+
+
+class Tree:
+    """sleep_tree.py in a session of its own, as the supervisor starts trainers: the trainer
+    leads its process group, and its child is in that group."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(FIXTURE_CODE_ROOT / "sleep_tree.py")],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        assert self.proc.stdout is not None
+        match = re.match(r"pid=(\d+) child=(\d+)", self.proc.stdout.readline())
+        assert match, "sleep_tree.py did not print its pids"
+        self.trainer, self.child = (int(p) for p in match.groups())
+
+    def record(self, job_id: int = 5, role: str = "worker", index: int = 1) -> ProcRecord:
+        return record_of(job_id, role, index, self.trainer)
+
+    @property
+    def pids(self) -> list[int]:
+        return [self.trainer, self.child]
+
+    def alive(self) -> list[bool]:
+        return [process_alive(p) for p in self.pids]
+
+    def kill(self) -> None:
+        """Test cleanup: by the pids it started, whatever the test left."""
+        for pid in reversed(self.pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        wait_until(lambda: not any(self.alive()), 5, f"{self.pids} to die of SIGKILL")
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Poll until `condition()` holds; fail saying what never happened."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up after {timeout:g} s waiting for {what}"
+        time.sleep(0.02)
 
 
 def spec(script: str, role: str = "master", index: int = 0, **kw: Any) -> ReplicaSpec:
@@ -175,3 +242,226 @@ def test_a_trainer_reports_metrics_and_the_agent_samples_it(
     assert {"cpu_percent", "memory_mb"} <= set(names)  # sampled while it ran
     notes = [t for b in batches if b.stream == "stderr" for t in b.lines]
     assert any("skipped a line: not JSON" in n for n in notes)
+
+
+# --- idempotent messages, truthful reports ------------------------------------------------------
+
+
+def tree_pids(client: redis.Redis, job_id: int = 11) -> tuple[int, int]:
+    """The trainer's and its child's pids, as sleep_tree.py prints them in its log."""
+    wait_until(lambda: texts(client, job_id), 30, f"sleep_tree.py of job {job_id} to print")
+    match = re.match(r"pid=(\d+) child=(\d+)", texts(client, job_id)[0])
+    assert match
+    trainer, child = (int(p) for p in match.groups())
+    return trainer, child
+
+
+def trainers_running(script: str) -> list[psutil.Process]:
+    """This test's own descendants that run `script`."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if any(arg.endswith(script) for arg in proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_second_start_of_a_running_replica_starts_nothing_and_says_it_runs(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    assert supervisor.start(spec("sleep_tree.py"))
+    started = reports.wait_for(contract.TASK_REPLICA_STARTED)
+    trainer, _ = tree_pids(client)
+    assert started["incarnation"] == supervisor.incarnation and started["pids"] == [trainer]
+
+    assert not supervisor.start(spec("sleep_tree.py"))
+
+    assert reports.named(contract.TASK_REPLICA_STARTED) == [started, started]
+    assert [p.pid for p in trainers_running("sleep_tree.py")] == [trainer]
+    assert [r.pid for r in supervisor.records.load()] == [trainer]
+
+
+def test_a_start_of_a_replica_that_ended_lately_sends_its_exit_again(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    assert supervisor.start(spec("fail.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+
+    assert not supervisor.start(spec("fail.py"))
+
+    assert reports.named(contract.TASK_REPLICA_EXITED) == [exited, exited]
+    assert len(reports.named(contract.TASK_REPLICA_STARTED)) == 1  # it did not run again
+
+
+def test_a_stop_of_a_replica_it_never_ran_reports_it_unknown(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    before = time.time()
+    assert supervisor.stop_job(12, "cancelled", [{"role": "worker", "index": 2}]) == 0
+    unknown = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert unknown == {
+        "job_id": 12,
+        "role": "worker",
+        "index": 2,
+        "node": "n1",
+        "state": "unknown",
+        "exit_code": None,
+        "reason": "not running on n1",
+        "stderr_tail": [],
+        "ended_at": unknown["ended_at"],
+        "incarnation": supervisor.incarnation,
+    }
+    assert before <= unknown["ended_at"] <= time.time()
+
+
+def test_a_stop_of_a_replica_that_ended_lately_sends_its_exit_again(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    assert supervisor.start(spec("fail.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+
+    assert supervisor.stop_job(11, "cancelled", [{"role": "master", "index": 0}]) == 0
+
+    assert reports.named(contract.TASK_REPLICA_EXITED) == [exited, exited]
+
+
+def test_a_stop_kills_the_job_s_processes_that_an_earlier_agent_left(
+    supervisor: Supervisor, reports: Reports, tmp_path: Path
+) -> None:
+    left, other_job = Tree(), Tree()
+    try:
+        supervisor.records.write(left.record(job_id=12))
+        supervisor.records.write(other_job.record(job_id=13))
+
+        assert supervisor.stop_job(12, "cancelled") == 0  # the call of old: no replica list
+
+        assert left.alive() == [False, False]
+        assert other_job.alive() == [True, True]
+        assert [r.job_id for r in supervisor.records.load()] == [13]
+        assert reports.items == []  # nothing was expected here, so nothing is reported
+    finally:
+        left.kill()
+        other_job.kill()
+
+
+def test_a_process_killed_by_a_signal_is_reported_so(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    supervisor.start(spec("sleep_tree.py"))
+    trainer, child = tree_pids(client)
+    before = time.time()
+    os.kill(trainer, signal.SIGKILL)
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert (exited["state"], exited["exit_code"], exited["reason"]) == (
+        "failed",
+        -9,
+        "killed by signal SIGKILL",
+    )
+    assert before <= exited["ended_at"] <= time.time()
+    assert exited["incarnation"] == supervisor.incarnation
+    assert not process_alive(child)  # its group went with it
+    assert supervisor.records.load() == []
+
+
+def test_exit_reasons_name_the_signal() -> None:
+    assert describe_exit(0) == "exited with code 0"
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-15) == "killed by signal SIGTERM"
+    assert describe_exit(-99) == "killed by signal 99"
+
+
+def test_heartbeats_list_what_runs_and_what_ended_lately(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    supervisor.start(spec("fail.py", job_id=14))
+    failed = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    supervisor.start(spec("stubborn.py"))  # job 11; ignores SIGTERM, so its stop takes a while
+    started = reports.wait_for(contract.TASK_REPLICA_STARTED, job_id=11)
+    wait_until(lambda: "tick 0" in texts(client), 30, "stubborn.py to ignore SIGTERM")
+    # Job 15's master never publishes its port: this worker waits.
+    supervisor.start(
+        spec("markup.py", job_id=15, role="worker", index=1, world_size=2, node_rank=1,
+             rank_offset=1)
+    )  # fmt: skip
+
+    payload = heartbeat_payload({"node": "n1", "cpus": 2}, supervisor)
+
+    assert set(payload) == {"node", "cpus", "incarnation", "running", "finished", "sent"}
+    assert payload["incarnation"] == supervisor.incarnation
+    assert sorted(payload["running"], key=lambda r: r["job_id"]) == [
+        {"job_id": 11, "role": "master", "index": 0, "state": "running",
+         "pids": started["pids"]},
+        {"job_id": 15, "role": "worker", "index": 1, "state": "waiting", "pids": []},
+    ]  # fmt: skip
+    assert payload["finished"] == [
+        {"job_id": 14, "role": "master", "index": 0, "state": "failed", "exit_code": 3,
+         "reason": "exited with code 3", "ended_at": failed["ended_at"]},
+    ]  # fmt: skip
+
+    supervisor.stop_job(11, "cancelled")
+    running = {r["job_id"]: r["state"] for r in supervisor.running()}
+    assert running == {11: "stopping", 15: "waiting"}
+    stopped = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=11)
+    assert (stopped["state"], stopped["exit_code"], stopped["reason"]) == (
+        "stopped",
+        -9,  # after the grace: it ignored the SIGTERM
+        "cancelled",
+    )
+    finished = heartbeat_payload({}, supervisor)["finished"]
+    assert [(f["job_id"], f["state"]) for f in finished] == [(14, "failed"), (11, "stopped")]
+
+
+# --- bounded shutdown ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def private_redis(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of the test's own, which the test may stop."""
+    data_dir.mkdir()
+    port = free_port()
+    proc = subprocess.Popen(
+        redis_argv(redis_server_binary(), port, data_dir),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_for_redis(url, proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_shutdown_ends_within_its_timeout_when_redis_is_gone(tmp_path: Path) -> None:
+    with private_redis(tmp_path / "redis") as (url, redis_proc):
+        shutdown_without_redis(url, redis_proc, tmp_path)
+
+
+def shutdown_without_redis(url: str, redis_proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    client = redis.Redis.from_url(url, decode_responses=True)
+    shipper = LogShipper(client, tmp_path / "spool")
+    # The agent's own reporter: Celery messages through the same Redis.
+    reporter = make_reporter(make_celery(url))
+    sup = Supervisor("n1", client, shipper, reporter, tmp_path / "work", FIXTURE_CODE_ROOT)
+    try:
+        sup.start(spec("stubborn.py"))  # ignores SIGTERM: only SIGKILL ends it
+        wait_until(lambda: "tick 1" in texts(client), 30, "the trainer's lines in Redis")
+        [pid] = sup.running()[0]["pids"]
+        redis_proc.terminate()
+        redis_proc.wait(10)
+        wait_until(lambda: shipper.spooling, 30, "lines to go to the spool")
+
+        began = time.monotonic()
+        sup.shutdown(timeout=4)
+        took = time.monotonic() - began
+
+        assert took < 4 + 1.5, f"shutdown took {took:.1f} s"
+        assert not process_alive(pid)
+        assert sup.records.load() == []
+        assert shipper.spooling  # the lines wait on disk for the next agent
+    finally:
+        sup.shutdown(timeout=4)
+        shipper.close(timeout=1)

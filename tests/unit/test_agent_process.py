@@ -1,0 +1,252 @@
+"""The node agent as a real process: no trainer outlives it, a new agent cleans up after a dead
+one, heartbeats say what runs, and SIGTERM ends it soon even with Redis gone."""
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import celery
+import psutil
+import pytest
+import redis
+
+from tests.conftest import FIXTURE_CODE_ROOT, process_alive
+from tests.unit.test_supervisor import private_redis, spec, texts, tree_pids, wait_until
+from workers import agent, contract
+
+REPO = Path(__file__).resolve().parents[2]
+NODE = "t1"
+
+
+class AgentProcess:
+    def __init__(self, redis_url: str, workdir: Path, log_path: Path, *extra: str) -> None:
+        self.redis_url = redis_url
+        self.workdir = workdir
+        self.log_path = log_path
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "workers.agent", "--node", NODE, "--redis-url", redis_url,
+                 "--workdir", str(workdir), "--heartbeat-seconds", "1",
+                 "--code-root", str(FIXTURE_CODE_ROOT), "--cpus", "2", "--memory-gb", "2",
+                 *extra],
+                cwd=REPO,
+                # As on a GPU host: no Django settings (pytest's would make Celery load Django).
+                env={k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def procs_dir(self) -> Path:
+        return self.workdir / NODE / "procs"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def guardian(self) -> int:
+        def find() -> int | None:
+            for child in psutil.Process(self.pid).children():
+                if "workers.guardian" in child.cmdline():
+                    return child.pid
+            return None
+
+        wait_until(find, 30, f"agent {self.pid} to start its guardian")
+        pid = find()
+        assert pid is not None
+        return pid
+
+    def start_replica(self, script: str, job_id: int) -> None:
+        app = celery.Celery(broker=self.redis_url)
+        app.send_task(
+            contract.TASK_START_REPLICA,
+            kwargs={"spec": spec(script, job_id=job_id, node=NODE).to_dict()},
+            queue=contract.node_queue(NODE),
+        )
+        app.close()
+
+
+class Agents:
+    """Agents this test starts, and pids it learns; at the end, what is left dies by pid."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[AgentProcess] = []
+        self.pids: list[int] = []
+
+    def start(self, redis_url: str, workdir: Path, *extra: str) -> AgentProcess:
+        log_path = self.tmp_path / f"agent-{len(self.started)}.log"
+        started = AgentProcess(redis_url, workdir, log_path, *extra)
+        self.started.append(started)
+        return started
+
+    def clean_up(self) -> None:
+        for started in self.started:
+            if started.proc.poll() is None:
+                self.pids.append(started.guardian())
+                started.proc.kill()
+            started.proc.wait()
+        for pid in self.pids:
+            if process_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def agents(tmp_path: Path) -> Iterator[Agents]:
+    made = Agents(tmp_path)
+    yield made
+    made.clean_up()
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    c.flushdb()
+    yield c
+
+
+def heartbeats(client: redis.Redis) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(headers, payload) of the heartbeats waiting in the console's queue (kombu's Redis
+    transport keeps each message as JSON with a base64 body)."""
+    found = []
+    for raw in client.lrange(contract.CONSOLE_QUEUE, 0, -1):
+        message = json.loads(raw)
+        if message["headers"]["task"] != contract.TASK_NODE_HEARTBEAT:
+            continue
+        _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        found.append((message["headers"], kwargs["payload"]))
+    return found
+
+
+def test_no_trainer_outlives_an_agent_killed_with_sigkill(
+    redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
+) -> None:
+    node = agents.start(redis_server, tmp_path / "work")
+    node.start_replica("sleep_tree.py", job_id=41)
+    trainer, child = tree_pids(client, 41)
+    agents.pids += [trainer, child]
+    guardian = node.guardian()
+    assert [json.loads(p.read_text())["pid"] for p in node.procs_dir.iterdir()] == [trainer]
+
+    os.kill(node.pid, signal.SIGKILL)
+
+    wait_until(
+        lambda: not process_alive(trainer) and not process_alive(child),
+        5,
+        f"trainer {trainer} and its child {child} to die with their agent",
+    )
+    wait_until(lambda: not process_alive(guardian), 5, "the guardian to finish")
+    assert list(node.procs_dir.iterdir()) == []
+
+
+def test_a_new_agent_kills_what_a_dead_agent_and_its_guardian_left(
+    redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
+) -> None:
+    first = agents.start(redis_server, tmp_path / "work")
+    first.start_replica("sleep_tree.py", job_id=42)
+    trainer, child = tree_pids(client, 42)
+    agents.pids += [trainer, child]
+    os.kill(first.guardian(), signal.SIGKILL)
+    os.kill(first.pid, signal.SIGKILL)
+    wait_until(lambda: not process_alive(trainer), 5, "the trainer to die of its death signal")
+    assert process_alive(child)  # in the trainer's group: only a reaper can reach it now
+
+    second = agents.start(redis_server, tmp_path / "work")
+
+    line = f"cleaned up 1 process left by an earlier agent: job 42 master pid {child}"
+    wait_until(lambda: line in second.log(), 60, f"the new agent to log {line!r}")
+    assert not process_alive(child)
+    assert list(second.procs_dir.iterdir()) == []
+    # And an agent asked to stop ends, with its guardian.
+    guardian = second.guardian()
+    wait_until(lambda: f"agent@{NODE} ready" in second.log(), 60, "the agent to take tasks")
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.proc.wait(30) == 0
+    wait_until(lambda: not process_alive(guardian), 5, "the guardian to end with its agent")
+
+
+def test_heartbeats_say_what_the_agent_runs(
+    redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
+) -> None:
+    node = agents.start(redis_server, tmp_path / "work")
+    node.start_replica("sleep_tree.py", job_id=43)
+    trainer, child = tree_pids(client, 43)
+    agents.pids += [trainer, child]
+
+    def beat_with_the_trainer() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        return next(
+            (
+                (h, p)
+                for h, p in heartbeats(client)
+                if [r["pids"] for r in p["running"]] == [[trainer]]
+            ),
+            None,
+        )
+
+    wait_until(beat_with_the_trainer, 30, "a heartbeat that lists the trainer")
+    found = beat_with_the_trainer()
+    assert found is not None
+    headers, payload = found
+    assert payload["running"] == [
+        {"job_id": 43, "role": "master", "index": 0, "state": "running", "pids": [trainer]}
+    ]
+    assert payload["finished"] == []
+    assert payload["node"] == NODE and payload["pid"] == node.pid
+    assert payload["incarnation"].startswith(f"{node.pid}-")
+    assert headers["expires"]  # a stale heartbeat is dropped, not delivered late
+
+
+def test_an_agent_ends_soon_after_sigterm_even_with_redis_gone(
+    agents: Agents, tmp_path: Path
+) -> None:
+    with private_redis(tmp_path / "redis") as (url, redis_proc):
+        client = redis.Redis.from_url(url, decode_responses=True)
+        node = agents.start(url, tmp_path / "work", "--stop-timeout", "8")
+        node.start_replica("stubborn.py", job_id=44)  # ignores SIGTERM: only SIGKILL ends it
+        wait_until(lambda: "tick 1" in texts(client, 44), 30, "the trainer's lines in Redis")
+        [trainer] = [json.loads(p.read_text())["pid"] for p in node.procs_dir.iterdir()]
+        agents.pids.append(trainer)
+        redis_proc.terminate()
+        redis_proc.wait(10)
+
+        node.proc.send_signal(signal.SIGTERM)
+
+        try:
+            node.proc.wait(8 + 2)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the agent did not end within its stop timeout:\n{node.log()[-3000:]}")
+        assert not process_alive(trainer)
+        assert list(node.procs_dir.iterdir()) == []
+        assert f"agent {NODE} stopped" in node.log()
+
+
+def test_the_heartbeat_interval_comes_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert agent.parse_args(["--redis-url", "redis://x"]).heartbeat_seconds == 5.0
+    monkeypatch.setenv(agent.HEARTBEAT_SECONDS_ENV, "2.5")
+    args = agent.parse_args(["--redis-url", "redis://x"])
+    assert (args.heartbeat_seconds, args.stop_timeout) == (2.5, 20.0)
+
+
+def test_a_second_agent_on_the_same_work_dir_refuses_to_start(
+    redis_server: str, agents: Agents, tmp_path: Path
+) -> None:
+    # It would take the first agent's trainers for an earlier agent's leftovers, and kill them.
+    first = agents.start(redis_server, tmp_path / "work")
+    wait_until(lambda: f"agent@{NODE} ready" in first.log(), 60, "the first agent to take tasks")
+
+    second = agents.start(redis_server, tmp_path / "work")
+
+    assert second.proc.wait(30) != 0
+    assert f"another agent already runs on {tmp_path / 'work' / NODE}" in second.log()
+    assert first.proc.poll() is None
