@@ -5,7 +5,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from console.env import env_bool, env_int, env_path, env_str
+from console.env import env_bool, env_float, env_int, env_path, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -80,6 +80,8 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The same backend, with write transactions that take turns (see its docstring).
+    DATABASES["default"]["ENGINE"] = "console.sqlite_backend"
     DATABASES["default"]["OPTIONS"] = {
         # WAL lets readers run beside the one writer; IMMEDIATE takes the write lock when a
         # transaction starts, so admission is serialised (SQLite ignores select_for_update).
@@ -149,6 +151,16 @@ TRAINYARD_CODE_ROOT = env_path("TRAINYARD_CODE_ROOT", BASE_DIR / "code")
 
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
+# Reconciliation (jobs.services.reconcile) compares what the database says should run with what
+# agents say does run, every TRAINYARD_RECONCILE_SECONDS (0: the console worker runs no loop).
+TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
+# A node silent this long (while the console could hear it) is lost: its replicas fail.
+TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
+# How long a start or stop message may go unacknowledged by heartbeats before it is sent again
+# (or the replica is judged gone): covers a message in flight and one heartbeat interval.
+TRAINYARD_ACK_GRACE_SECONDS = env_int("TRAINYARD_ACK_GRACE_SECONDS", 30)
+# Start messages sent for one replica before it fails as never started.
+TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)

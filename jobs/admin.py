@@ -3,12 +3,11 @@
 from typing import Any
 
 from django.contrib import admin
-from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.models import FrameworkImage, Job, JobRole, Node, Package, Quota, Replica
-from jobs.services import lifecycle
+from jobs.services import scheduling
 
 
 @admin.register(FrameworkImage)
@@ -94,7 +93,7 @@ class NodeAdmin(admin.ModelAdmin):
         if change and any(f in form.changed_data for f in CAPACITY_FIELDS):
             obj.capacity_set_by_admin = True
         super().save_model(request, obj, form, change)
-        transaction.on_commit(lifecycle.schedule)
+        scheduling.request_schedule()
 
     @admin.action(description="Drain: no new work (running work continues)")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -103,7 +102,7 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.action(description="Return to service (ready for new work)")
     def return_to_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
         queryset.update(state=Node.State.READY)
-        transaction.on_commit(lifecycle.schedule)
+        scheduling.request_schedule()
 
     @admin.action(description="Advertise what the agent reports")
     def use_reported_capacity(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -115,7 +114,7 @@ class NodeAdmin(admin.ModelAdmin):
             )
             node.capacity_set_by_admin = False
             node.save()
-        transaction.on_commit(lifecycle.schedule)
+        scheduling.request_schedule()
 
 
 class JobRoleInline(admin.TabularInline):
@@ -147,7 +146,7 @@ class JobAdmin(admin.ModelAdmin):
     list_filter = ("state", "image")
     search_fields = ("name", "owner__username")
     inlines = [JobRoleInline, ReplicaInline]
-    # State is written by the lifecycle service only; admins cancel through the job page.
+    # State is written by the transitions service only; admins cancel through the job page.
     readonly_fields = (
         "state",
         "reason",

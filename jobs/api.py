@@ -16,7 +16,15 @@ from django.views.decorators.csrf import csrf_exempt
 from jobs import logstream
 from jobs.access import get_job_for, visible_jobs
 from jobs.models import FrameworkImage, Job, KVStoreMode, Package
-from jobs.services import baselines, lifecycle, metric_export, quota, training_report
+from jobs.services import (
+    baselines,
+    metric_export,
+    outcomes,
+    presenters,
+    quota,
+    training_report,
+    transitions,
+)
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
@@ -103,7 +111,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "log_archived": job.log_archived,
         "baseline": job.baseline_id,
         "metrics": job.metric_definitions,
-        **lifecycle.job_state_payload(job),
+        **presenters.job_state_payload(job),
     }
 
 
@@ -198,8 +206,8 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
     try:
-        job = lifecycle.cancel(job.pk, request.user)  # type: ignore[arg-type]
-    except lifecycle.InvalidTransition as exc:
+        job = outcomes.cancel(job.pk, request.user)  # type: ignore[arg-type]
+    except transitions.InvalidTransition as exc:
         return error(409, "state", str(exc))
     return JsonResponse(job_as_dict(job))
 

@@ -32,7 +32,7 @@ from jobs.access import get_job_for
 from jobs.models import LogChunk
 from jobs.redis_client import get_async_redis
 from jobs.services.events import job_group
-from jobs.services.lifecycle import job_state_payload
+from jobs.services.presenters import job_state_payload
 
 log = logging.getLogger(__name__)
 

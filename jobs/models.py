@@ -1,6 +1,8 @@
 """Catalog (images, packages), nodes, quotas, jobs and their replicas.
 
-Job and replica state are written only by `jobs.services.lifecycle`; everything else reads.
+Job and replica states, and the transitions between them, are declared here, once; they are
+written only by `jobs.services.transitions`, which refuses any transition these tables do not
+allow. Everything else reads.
 """
 
 import hashlib
@@ -172,7 +174,19 @@ class Node(models.Model):
     running = models.JSONField(
         default=list, blank=True, help_text="What the agent said it runs, at its last heartbeat."
     )
+    finished = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="How replicas ended there lately, as the agent said at its last heartbeat.",
+    )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # Which run of the agent process is talking: a new value means the agent started again and
+    # knows nothing of what its previous incarnation ran.
+    incarnation = models.CharField(max_length=64, blank=True)
+    incarnation_since = models.DateTimeField(null=True, blank=True)
+    previous_heartbeat = models.DateTimeField(
+        null=True, blank=True, help_text="The last heartbeat of the agent's previous incarnation."
+    )
     registered = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -195,6 +209,17 @@ class Node(models.Model):
 
 class Job(models.Model):
     class State(models.TextChoices):
+        """A job's state. Allowed transitions (`Job.TRANSITIONS`):
+
+        pending -> queued             admitted: its replicas wait for room on the nodes
+        queued  -> running            every replica has started
+        queued | running -> succeeded every replica exited 0
+        pending | queued | running -> failed     an instance failed, or its node was lost
+        pending | queued | running -> cancelled  a user cancelled it
+
+        succeeded, failed and cancelled are final.
+        """
+
         PENDING = "pending"
         QUEUED = "queued"
         RUNNING = "running"
@@ -204,6 +229,14 @@ class Job(models.Model):
 
     ACTIVE_STATES = (State.PENDING, State.QUEUED, State.RUNNING)
     TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        State.PENDING: frozenset({State.QUEUED, State.FAILED, State.CANCELLED}),
+        State.QUEUED: frozenset({State.RUNNING, State.SUCCEEDED, State.FAILED, State.CANCELLED}),
+        State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED}),
+        State.SUCCEEDED: frozenset(),
+        State.FAILED: frozenset(),
+        State.CANCELLED: frozenset(),
+    }
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     name = models.CharField(max_length=200)
@@ -288,6 +321,17 @@ class Replica(models.Model):
     """One running copy of a role: what node it is on and how it ended."""
 
     class State(models.TextChoices):
+        """A replica's state. Allowed transitions (`Replica.TRANSITIONS`):
+
+        pending  -> assigned           placed on a node; its start message is sent
+        assigned -> running            its agent reported the processes started
+        assigned | running -> succeeded | failed | stopped   it ended, as its agent reported,
+                                       or as reconciliation found (node lost, agent forgot it)
+        pending  -> stopped            the job ended before it was placed
+
+        succeeded, failed and stopped are final. assigned and running hold node capacity.
+        """
+
         PENDING = "pending"  # not placed yet
         ASSIGNED = "assigned"  # placed and sent to its node's agent
         RUNNING = "running"
@@ -297,6 +341,14 @@ class Replica(models.Model):
 
     HOLDING_STATES = (State.ASSIGNED, State.RUNNING)
     FINAL_STATES = (State.SUCCEEDED, State.FAILED, State.STOPPED)
+    TRANSITIONS: dict[str, frozenset[str]] = {
+        State.PENDING: frozenset({State.ASSIGNED, State.STOPPED}),
+        State.ASSIGNED: frozenset({State.RUNNING, State.SUCCEEDED, State.FAILED, State.STOPPED}),
+        State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED, State.STOPPED}),
+        State.SUCCEEDED: frozenset(),
+        State.FAILED: frozenset(),
+        State.STOPPED: frozenset(),
+    }
 
     job = models.ForeignKey(Job, related_name="replicas", on_delete=models.CASCADE)
     role = models.CharField(max_length=20)
@@ -306,8 +358,19 @@ class Replica(models.Model):
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT)
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, help_text="How it ended, when not with exit code 0.")
+    # When what ended it happened (the process's exit, the node's last heartbeat): the job's
+    # reason is the earliest failure, not the first report to arrive.
+    cause_at = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # Messages to the agent, so that reconciliation can send again what was never acknowledged.
+    start_sent = models.DateTimeField(null=True, blank=True)
+    starts_sent = models.PositiveSmallIntegerField(default=0)
+    stop_sent = models.DateTimeField(null=True, blank=True)
+    incarnation = models.CharField(
+        max_length=64, blank=True, help_text="The agent process that reported it started."
+    )
 
     class Meta:
         ordering = ["job", "id"]

@@ -1,30 +1,40 @@
-"""Console-side Celery tasks: what agents report. Thin: each hands its payload to a service.
+"""Console-side Celery tasks: what agents report, and scheduling. Thin: each hands its payload
+to a service.
 
 Every task is safe to receive twice (Celery redelivers after a crash); the services ignore a
-report that no longer applies.
+report that no longer applies. The console worker also runs the reconciliation loop
+(jobs.services.reconcile), started once the worker is ready.
 """
 
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
+from django.conf import settings
 
-from jobs.services import lifecycle
+from jobs.services import nodes, reconcile, reports, scheduling
 from workers import contract
 
 
 @shared_task(name=contract.TASK_NODE_HEARTBEAT)
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    lifecycle.node_heartbeat(payload)
+    nodes.node_heartbeat(payload)
 
 
 @shared_task(name=contract.TASK_REPLICA_STARTED)
 def replica_started(payload: dict[str, Any]) -> None:
-    lifecycle.replica_started(payload["job_id"], payload["role"], payload["index"], payload["node"])
+    reports.replica_started(
+        payload["job_id"],
+        payload["role"],
+        payload["index"],
+        payload["node"],
+        str(payload.get("incarnation", "")),
+    )
 
 
 @shared_task(name=contract.TASK_REPLICA_EXITED)
 def replica_exited(payload: dict[str, Any]) -> None:
-    lifecycle.replica_exited(
+    reports.replica_exited(
         payload["job_id"],
         payload["role"],
         payload["index"],
@@ -33,4 +43,27 @@ def replica_exited(payload: dict[str, Any]) -> None:
         payload.get("exit_code"),
         payload.get("reason", ""),
         payload.get("stderr_tail", []),
+        payload.get("ended_at"),
     )
+
+
+@shared_task(name=contract.TASK_SCHEDULE)
+def schedule() -> None:
+    scheduling.schedule()
+
+
+_loop: reconcile.ReconcileLoop | None = None
+
+
+@worker_ready.connect
+def start_reconciliation(**_: Any) -> None:
+    global _loop
+    if settings.TRAINYARD_RECONCILE_SECONDS > 0 and _loop is None:
+        _loop = reconcile.ReconcileLoop(settings.TRAINYARD_RECONCILE_SECONDS)
+        _loop.start()
+
+
+@worker_shutdown.connect
+def stop_reconciliation(**_: Any) -> None:
+    if _loop is not None:
+        _loop.stop()

@@ -1,19 +1,30 @@
 """Browser pages: job list, New job form, job page. Thin views over the services layer."""
 
+import functools
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+
+import redis
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 from redis import RedisError
+from redis import TimeoutError as RedisTimeoutError
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from jobs.access import get_job_for, visible_jobs
 from jobs.api import catalog_for
 from jobs.forms import NewJobForm
 from jobs.models import Node
-from jobs.redis_client import get_redis
-from jobs.services import cluster, lifecycle
+from jobs.services import cluster, outcomes, presenters, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 
 
@@ -60,7 +71,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "jobs/job_detail.html",
         {
             "job": job,
-            "state": lifecycle.job_state_payload(job),
+            "state": presenters.job_state_payload(job),
             "roles": job.roles.all(),
             "workers": workers,
             "global_batch": workers * batch if batch else None,
@@ -73,21 +84,104 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
     try:
-        lifecycle.cancel(job.pk, request.user)  # type: ignore[arg-type]
-    except lifecycle.InvalidTransition as exc:
+        outcomes.cancel(job.pk, request.user)  # type: ignore[arg-type]
+    except transitions.InvalidTransition as exc:
         messages.error(request, str(exc))
     return redirect("job_detail", job_id=job.pk)
 
 
+# Each part of /healthz gets this long to answer, so that the whole check answers within a
+# second even while Redis or the database hangs: load balancers and `make run` poll it.
+HEALTH_CHECK_SECONDS = 0.5
+
+
 def healthz(request: HttpRequest) -> HttpResponse:
-    """Liveness for operators and `make run`: database, Redis, and how many nodes heartbeat."""
-    nodes_live = len(_live_node_names())
+    """Liveness for operators and `make run`: database, Redis, and how many nodes heartbeat.
+
+    503 names the failing part, e.g. {"redis": false, "redis_error": "no answer within 0.5 s"}.
+    """
+    # The database is asked in a worker thread (a query cannot be interrupted), Redis meanwhile
+    # in this one through a client with short timeouts.
+    deadline = time.monotonic() + HEALTH_CHECK_SECONDS
+    pending_nodes = _ask_database_for_live_nodes()
+    redis_error = _redis_problem()
+    nodes_live, database_error = _database_answer(pending_nodes, deadline)
+    body: dict[str, object] = {
+        "redis": redis_error is None,
+        "database": database_error is None,
+        "nodes_live": nodes_live,
+    }
+    if redis_error is not None:
+        body["redis_error"] = redis_error
+    if database_error is not None:
+        body["database_error"] = database_error
+    healthy = redis_error is None and database_error is None
+    return JsonResponse(body, status=200 if healthy else 503)
+
+
+def _redis_problem() -> str | None:
+    """None if Redis answers PING in time, else what went wrong."""
     try:
-        redis_ok = bool(get_redis().ping())
-    except RedisError:
-        redis_ok = False
-    status = 200 if redis_ok else 503
-    return JsonResponse({"redis": redis_ok, "nodes_live": nodes_live}, status=status)
+        _health_redis(settings.REDIS_URL).ping()
+    except RedisTimeoutError:
+        return f"no answer within {HEALTH_CHECK_SECONDS:g} s"
+    except RedisError as exc:
+        return str(exc) or type(exc).__name__
+    except ImproperlyConfigured as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def _health_redis(url: str) -> redis.Redis:
+    """A client only for /healthz: short timeouts and no retries (redis-py 8 retries ten times
+    with back-off by default), unlike the console's shared one, whose commands may block."""
+    if not url:
+        raise ImproperlyConfigured("REDIS_URL is not set")
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=HEALTH_CHECK_SECONDS,
+        socket_timeout=HEALTH_CHECK_SECONDS,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+# One database check at a time: while a hung query holds the worker, later checks answer at
+# once instead of piling up threads.
+_database_checker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthz-db")
+_database_check_lock = threading.Lock()
+_database_check: Future[int] | None = None
+
+
+def _ask_database_for_live_nodes() -> Future[int] | None:
+    """The running check (a fresh one unless the last has not finished); None if that one is
+    still stuck."""
+    global _database_check
+    with _database_check_lock:
+        if _database_check is not None and not _database_check.done():
+            return None
+        _database_check = _database_checker.submit(_count_live_nodes)
+        return _database_check
+
+
+def _count_live_nodes() -> int:
+    try:
+        return len(_live_node_names())
+    finally:
+        # No request ends in this thread, so nothing else would close its connection.
+        connections.close_all()
+
+
+def _database_answer(pending: Future[int] | None, deadline: float) -> tuple[int, str | None]:
+    """(nodes_live, None) if the database answered before the deadline, else (0, the problem)."""
+    if pending is None:
+        return 0, "the previous check has not finished"
+    try:
+        return pending.result(timeout=max(0.0, deadline - time.monotonic())), None
+    except FutureTimeoutError:
+        return 0, f"no answer within {HEALTH_CHECK_SECONDS:g} s"
+    except Exception as exc:  # whatever the driver raises: the answer is "not healthy"
+        return 0, f"{type(exc).__name__}: {exc}"
 
 
 def _live_node_names() -> list[str]:

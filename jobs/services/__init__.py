@@ -1,1 +1,1 @@
-"""The services layer: views and tasks call these; only `lifecycle` writes job state."""
+"""The services layer: views and tasks call these; only `transitions` writes job state."""

@@ -7,7 +7,7 @@ from django.db.models import Q
 
 from jobs.models import Node, Quota
 from jobs.services import quota as quotas
-from jobs.services.lifecycle import holdings
+from jobs.services.scheduling import holdings
 
 
 @dataclass(frozen=True)

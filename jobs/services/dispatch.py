@@ -2,6 +2,10 @@
 
 import logging
 
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
 from console.celery import app
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
@@ -99,6 +103,7 @@ def _metric_definitions(job: Job) -> list[dict[str, str]]:
 
 
 def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
+    """The first start messages of a placed job (after commit)."""
     # A job id can repeat when a fresh database meets an old Redis: clear what an earlier
     # job of that id left, so its log and rendezvous port are not mistaken for this one's.
     get_redis().delete(
@@ -106,6 +111,10 @@ def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
         contract.log_cursor_key(job_id),
         contract.rendezvous_key(job_id),
     )
+    _send_specs(specs)
+
+
+def _send_specs(specs: list[tuple[str, ReplicaSpec]]) -> None:
     for node, spec in specs:
         app.send_task(
             contract.TASK_START_REPLICA,
@@ -114,14 +123,36 @@ def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
         )
 
 
-def send_stops(job_id: int, nodes: list[str], reason: str) -> None:
-    for node in sorted(set(nodes)):
+def resend_starts(job: Job, replicas: list[Replica]) -> None:
+    """Start messages again for replicas whose agent never acknowledged one. The agent ignores
+    a start of a replica it already runs, so a message that was only slow does no harm."""
+    wanted = {(r.role, r.index) for r in replicas}
+    specs = [(n, s) for n, s in build_specs(job) if (s.role, s.index) in wanted]
+    now = timezone.now()
+    for replica in replicas:
+        Replica.objects.filter(pk=replica.pk).update(
+            start_sent=now, starts_sent=F("starts_sent") + 1
+        )
+    transaction.on_commit(lambda: _send_specs(specs), robust=True)
+
+
+def send_stops_on_commit(job_id: int, replicas: list[Replica], reason: str) -> None:
+    """Ask each node's agent to stop the job there, naming the replicas the console expects
+    on it: an agent that does not run one says so, and the console stops waiting for it."""
+    by_node: dict[str, list[dict[str, object]]] = {}
+    for replica in replicas:
+        if replica.node is not None:
+            by_node.setdefault(replica.node.name, []).append(
+                {"role": replica.role, "index": replica.index}
+            )
+    Replica.objects.filter(pk__in=[r.pk for r in replicas]).update(stop_sent=timezone.now())
+    transaction.on_commit(lambda: send_stops(job_id, by_node, reason), robust=True)
+
+
+def send_stops(job_id: int, by_node: dict[str, list[dict[str, object]]], reason: str) -> None:
+    for node, expected in sorted(by_node.items()):
         app.send_task(
             contract.TASK_STOP_JOB,
-            kwargs={"job_id": job_id, "reason": reason},
+            kwargs={"job_id": job_id, "reason": reason, "replicas": expected},
             queue=contract.node_queue(node),
         )
-
-
-def replicas_holding(job: Job) -> list[Replica]:
-    return list(job.replicas.filter(state__in=Replica.HOLDING_STATES).select_related("node"))

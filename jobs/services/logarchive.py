@@ -23,7 +23,7 @@ from django.db.models import Max
 from jobs import logstream
 from jobs.logstream import RawEntry
 from jobs.models import Job, LogChunk, MetricPoint
-from jobs.services.lifecycle import log_end_reason
+from jobs.services.presenters import log_end_reason
 from workers import contract
 from workers.logsink import LogSink
 

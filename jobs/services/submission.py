@@ -13,8 +13,17 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, Job, KVStoreMode, Package
-from jobs.services import lifecycle, quota
+from jobs.models import (
+    PLATFORM_ROLES,
+    Framework,
+    FrameworkImage,
+    Job,
+    JobRole,
+    KVStoreMode,
+    Package,
+    Replica,
+)
+from jobs.services import quota, scheduling, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
@@ -236,10 +245,10 @@ def submit_job(user: User, request: JobRequest) -> Job:
         except quota.NoQuota as exc:
             raise ValidationFailed({"quota": [str(exc)]}) from None
         over = quota.excesses(scopes, request.totals)
-        never = lifecycle.why_never_placeable(request.roles)
+        never = scheduling.why_never_placeable(request.roles)
         if over or never:
             raise _admission_failure(request, scopes, over, never)
-        job = lifecycle.create_job(
+        job = create_job(
             user,
             request.name,
             request.image.pk,
@@ -250,7 +259,57 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.kvstore,
             request.metric_definitions,
         )
-    transaction.on_commit(lifecycle.schedule, robust=True)
+        # Placement runs in the console worker: this request holds the write lock only for
+        # the quota check and the rows it writes.
+        scheduling.request_schedule()
+    return job
+
+
+def create_job(
+    owner: User,
+    name: str,
+    image_id: int,
+    program: dict[str, str],
+    args: list[str],
+    roles: list[RoleRequest],
+    totals: Totals,
+    kvstore: str = "",
+    metric_definitions: list[dict[str, str]] | None = None,
+) -> Job:
+    """Write an admitted job with one replica row per instance, in state queued.
+
+    The caller has checked the quota inside the same transaction.
+    """
+    job = Job.objects.create(
+        owner=owner,
+        name=name,
+        image_id=image_id,
+        program=program,
+        args=args,
+        state=Job.State.PENDING,
+        cpu_total=totals.cpu,
+        gpus_total=totals.gpus,
+        memory_gb_total=totals.memory_gb,
+        price_per_hour=totals.price_per_hour,
+        kvstore=kvstore,
+        metric_definitions=metric_definitions or [],
+    )
+    if kvstore:
+        # The platform's scheduler: one, uncharged, placed beside server-0.
+        Replica.objects.create(job=job, role="scheduler", index=0, package=None)
+    for role in roles:
+        JobRole.objects.create(
+            job=job, role=role.role, package=role.package, instances=role.instances
+        )
+        # Seed 004's names: [master], [worker-1]... for PyTorch; [server-0], [worker-0]...
+        # for parameter-server jobs.
+        first = 1 if role.role == "worker" and not kvstore else 0
+        Replica.objects.bulk_create(
+            Replica(job=job, role=role.role, index=i, package=role.package)
+            for i in range(first, first + role.instances)
+        )
+    # Nobody can be watching a job that did not exist a moment ago: no event to build.
+    transitions.move_job(job, Job.State.QUEUED, "waiting for room on the nodes", announce=False)
     return job
 
 

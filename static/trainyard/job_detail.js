@@ -107,6 +107,14 @@
       badge.className = `state state-${r.state}`;
       badge.textContent = r.state;
       tr.children[2].replaceChildren(badge);
+      if (r.reason) {
+        // How this instance ended, beside the job's own reason (which names the first cause).
+        const why = document.createElement("small");
+        why.className = "replica-reason";
+        why.textContent = ` ${r.reason.split("\n")[0]}`;
+        why.title = r.reason;
+        tr.children[2].appendChild(why);
+      }
       tr.lastElementChild.className = "lines";
       body.appendChild(tr);
       ensureTab(r);

@@ -27,13 +27,23 @@ def job_request(instances: int = 3, package: str = "cpu-1", **overrides: Any) ->
 
 
 class SentTasks:
-    """Records Celery messages instead of sending them (unit tests only)."""
+    """Records Celery messages instead of sending them (unit tests only).
+
+    A request to schedule runs `schedule()` at once, as the console worker would on receiving
+    it, so that a test sees a submitted job placed.
+    """
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, dict[str, Any], str]] = []
 
-    def __call__(self, name: str, kwargs: dict[str, Any], queue: str, **_: Any) -> None:
-        self.sent.append((name, kwargs, queue))
+    def __call__(
+        self, name: str, kwargs: dict[str, Any] | None = None, queue: str = "", **_: Any
+    ) -> None:
+        self.sent.append((name, kwargs or {}, queue))
+        if name == contract.TASK_SCHEDULE:
+            from jobs.services import scheduling
+
+            scheduling.schedule()
 
     def named(self, name: str) -> list[tuple[str, dict[str, Any], str]]:
         return [s for s in self.sent if s[0] == name]

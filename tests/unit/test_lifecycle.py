@@ -8,7 +8,8 @@ from django.contrib.auth.models import User
 
 from jobs import logstream
 from jobs.models import Job, Node, Replica
-from jobs.services import lifecycle
+from jobs.services import nodes as node_service
+from jobs.services import outcomes, presenters, reports, transitions
 from jobs.services.submission import check_job_request, submit_job
 from tests.conftest import make_stale
 from tests.unit.helpers import SentTasks, job_request
@@ -40,7 +41,7 @@ def node_of(replica: Replica) -> str:
 def report_started(job: Job, capture: Capture) -> None:
     for r in job.replicas.select_related("node"):
         with capture(execute=True):
-            lifecycle.replica_started(job.pk, r.role, r.index, node_of(r))
+            reports.replica_started(job.pk, r.role, r.index, node_of(r))
 
 
 def report_exit(
@@ -53,7 +54,7 @@ def report_exit(
 ) -> None:
     r = next(r for r in job.replicas.select_related("node") if r.tag == tag)
     with capture(execute=True):
-        lifecycle.replica_exited(
+        reports.replica_exited(
             job.pk,
             r.role,
             r.index,
@@ -92,7 +93,7 @@ def test_it_runs_when_every_replica_runs(
 ) -> None:
     first = launched.replicas.select_related("node").first()
     assert first is not None and first.node is not None
-    lifecycle.replica_started(launched.pk, first.role, first.index, first.node.name)
+    reports.replica_started(launched.pk, first.role, first.index, first.node.name)
     launched.refresh_from_db()
     assert launched.state == Job.State.QUEUED
     report_started(launched, django_capture_on_commit_callbacks)
@@ -162,13 +163,13 @@ def test_it_cancels_and_stops_every_node(
     django_capture_on_commit_callbacks: Capture,
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.cancel(launched.pk, alice)
+        outcomes.cancel(launched.pk, alice)
     launched.refresh_from_db()
     assert launched.state == Job.State.CANCELLED
     assert launched.reason == "cancelled by alice"
     assert sent_tasks.named(contract.TASK_STOP_JOB)
-    with pytest.raises(lifecycle.InvalidTransition, match="already ended"):
-        lifecycle.cancel(launched.pk, alice)
+    with pytest.raises(transitions.InvalidTransition, match="already ended"):
+        outcomes.cancel(launched.pk, alice)
 
 
 def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
@@ -187,13 +188,13 @@ def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
         "waiting: needs a node with 2 CPU cores and 4 GB free; "
         f"node-1 frees 2 CPU cores when job {first.pk} ends"
     )
-    assert lifecycle.queue_position(second) == 1
+    assert presenters.queue_position(second) == 1
     assert not second.replicas.filter(state=Replica.State.ASSIGNED).exists()
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.cancel(first.pk, alice)
+        outcomes.cancel(first.pk, alice)
     for r in first.replicas.select_related("node"):
         with django_capture_on_commit_callbacks(execute=True):
-            lifecycle.replica_exited(
+            reports.replica_exited(
                 first.pk, r.role, r.index, node_of(r), "stopped", -15, "cancelled", []
             )
     second.refresh_from_db()
@@ -208,7 +209,7 @@ def test_it_says_when_no_node_agent_is_registered(
     job.refresh_from_db()
     assert job.reason == "waiting for a node agent to register"
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.node_heartbeat(
+        node_service.node_heartbeat(
             {"node": "gpu-7", "address": "10.0.0.7", "cpus": 16, "memory_gb": 64, "gpus": 0}
         )
     job.refresh_from_db()
@@ -241,7 +242,7 @@ def test_a_transaction_tells_clients_once_with_the_state_after_every_write(
     monkeypatch.setattr(events, "_get_sender", lambda: recorder)
     # Cancelling writes the job's state, then stops its unplaced replicas.
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.cancel(waiting.pk, alice)
+        outcomes.cancel(waiting.pk, alice)
     assert len(recorder.sent) == 1
     group, message = recorder.sent[0]
     assert group == f"job.{waiting.pk}"

@@ -118,9 +118,9 @@ def test_the_node_page_shows_capacity_use_and_status(client: Client, alice: User
 
     make_stale(Node.objects.get(name="node-2"))
     job = submit_job(alice, check_job_request(job_request(instances=2)))
-    from jobs.services import lifecycle
+    from jobs.services import scheduling
 
-    lifecycle.schedule()
+    scheduling.schedule()
     client.force_login(alice)
     html = client.get("/nodes/").content.decode()
     assert 'data-node="node-1"' in html and "state-ready" in html and "state-lost" in html

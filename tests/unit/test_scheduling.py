@@ -9,7 +9,8 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
-from jobs.services import lifecycle
+from jobs.services import nodes as node_service
+from jobs.services import presenters, reports
 from jobs.services.placement import Demand, Room
 from jobs.services.submission import check_job_request, submit_job
 from jobs.services.waiting import Holding, NodeView, why_waiting
@@ -43,7 +44,7 @@ def finish(job: Job, capture: Capture) -> None:
     for r in job.replicas.select_related("node"):
         assert r.node is not None
         with capture(execute=True):
-            lifecycle.replica_exited(job.pk, r.role, r.index, r.node.name, "succeeded", 0, "", [])
+            reports.replica_exited(job.pk, r.role, r.index, r.node.name, "succeeded", 0, "", [])
 
 
 def test_a_smaller_job_behind_a_blocked_one_starts_now(
@@ -53,8 +54,8 @@ def test_a_smaller_job_behind_a_blocked_one_starts_now(
     big = submit(4)  # 8 more: must wait
     small = submit(2)  # 4: fits in what is left
     assert placed(running) and not placed(big) and placed(small)
-    assert lifecycle.queue_position(big) == 1
-    assert lifecycle.queue_position(small) is None
+    assert presenters.queue_position(big) == 1
+    assert presenters.queue_position(small) is None
 
 
 def test_the_queue_turns_strict_when_the_first_job_waited_too_long(
@@ -68,7 +69,7 @@ def test_the_queue_turns_strict_when_the_first_job_waited_too_long(
     small.refresh_from_db()
     assert not placed(small)
     assert small.reason == f"waiting behind job {big.pk}, which has waited longest"
-    assert lifecycle.queue_position(small) == 2
+    assert presenters.queue_position(small) == 2
 
 
 def test_freed_room_goes_to_the_first_job_in_the_queue(
@@ -111,7 +112,7 @@ def test_a_returning_node_lets_waiting_jobs_in(
     job = submit(2)
     assert job.reason == "waiting: no node is ready (node-1 lost, node-2 lost)"
     with django_capture_on_commit_callbacks(execute=True):
-        lifecycle.node_heartbeat(
+        node_service.node_heartbeat(
             {"node": "node-2", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0}
         )
     job.refresh_from_db()
@@ -129,12 +130,12 @@ def test_heartbeats_report_capacity_unless_an_admin_set_it(nodes: list[Node]) ->
         "gpu_model": "A100",
         "running": [{"job_id": 3, "role": "master", "index": 0}],
     }
-    lifecycle.node_heartbeat(beat)
+    node_service.node_heartbeat(beat)
     node = Node.objects.get(name="node-1")
     assert (node.cpu, node.gpus, node.memory_gb, node.gpu_model) == (64, 8, 256, "A100")
     assert node.running == beat["running"] and node.address == "10.0.0.1"
     Node.objects.filter(pk=node.pk).update(cpu=16, capacity_set_by_admin=True)
-    lifecycle.node_heartbeat(dict(beat, cpus=128))
+    node_service.node_heartbeat(dict(beat, cpus=128))
     node.refresh_from_db()
     assert (node.cpu, node.reported_cpu) == (16, 128)
 

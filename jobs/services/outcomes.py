@@ -1,0 +1,137 @@
+"""How replicas end and what that means for their job: success, failure with its root cause,
+cancellation, the stops that follow, and the end of the log.
+
+Every function here runs inside a transaction that holds the job's row lock, so decisions that
+read several replicas ("did every replica succeed?") see them all as they are.
+
+The job's reason names the first cause, not the first report: when an agent dies, the peers of
+its trainers fail a moment later and their agents may report before anyone notices the node.
+Each failure carries when it happened (`Replica.cause_at`: the process's exit as its agent saw
+it, or the last heartbeat of a lost node), and the job's reason is always the earliest one.
+The other instances' ends are kept on their own rows, never as the job's reason.
+"""
+
+import logging
+from datetime import datetime
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, Replica
+from jobs.redis_client import get_redis
+from jobs.services import dispatch, presenters, scheduling, transitions
+from workers.logsink import LogSink
+
+log = logging.getLogger(__name__)
+
+STDERR_LINES_IN_REASON = 10
+
+
+def locked_job(job_id: int) -> Job | None:
+    """The job, its row locked until the transaction ends (SQLite: the whole database)."""
+    return Job.objects.select_for_update().filter(pk=job_id).first()
+
+
+def with_stderr(reason: str, stderr_tail: list[str]) -> str:
+    tail = [line for line in stderr_tail if line.strip()][-STDERR_LINES_IN_REASON:]
+    return reason + ("\nlast lines of stderr:\n" + "\n".join(tail) if tail else "")
+
+
+def replica_ended(
+    job: Job,
+    replica: Replica,
+    state: str,
+    reason: str = "",
+    exit_code: int | None = None,
+    cause_at: datetime | None = None,
+) -> bool:
+    """Record that `replica` ended in `state` (succeeded, failed or stopped), and decide what it
+    means for `job`. Returns False, changing nothing, when the replica had already ended.
+
+    A replica that stops while its job is still active was not stopped by the platform: it is
+    a failure (an agent shutting down, say), and fails the job like any other.
+    """
+    if state == Replica.State.STOPPED and job.is_active:
+        state = Replica.State.FAILED
+    moved = transitions.move_replica(
+        replica,
+        state,
+        exit_code=exit_code,
+        reason=reason,
+        cause_at=cause_at or timezone.now(),
+    )
+    if not moved:
+        return False
+    if state == Replica.State.SUCCEEDED:
+        if job.is_active and not job.replicas.exclude(state=Replica.State.SUCCEEDED).exists():
+            transitions.move_job(job, Job.State.SUCCEEDED, "")
+    elif state == Replica.State.FAILED:
+        if job.is_active:
+            # One instance down means the distributed job cannot go on: fail it whole.
+            transitions.move_job(job, Job.State.FAILED, root_cause(job))
+            stop_the_rest(job, f"{replica.tag} failed")
+        elif job.state == Job.State.FAILED:
+            # A failure found late (a lost node) may have happened before the one reported.
+            transitions.set_job_reason(job, root_cause(job))
+    complete_log_if_done(job)
+    # Capacity was freed: let waiting jobs in.
+    scheduling.request_schedule()
+    return True
+
+
+def root_cause(job: Job) -> str:
+    """The job's reason: the earliest failure among its replicas, in words."""
+    failed = list(
+        job.replicas.filter(state=Replica.State.FAILED).select_related("node").order_by("id")
+    )
+    if not failed:
+        return job.reason
+    first = min(failed, key=lambda r: (r.cause_at or r.finished or timezone.now(), r.pk))
+    node = first.node.name if first.node else "?"
+    if first.reason.startswith((node + " ", node + ":")):
+        # A node-wide cause ("node-1 lost: …") speaks for every instance that ran there.
+        there = [r.tag for r in failed if r.node_id == first.node_id and r.reason == first.reason]
+        return f"{first.reason} ({', '.join(there)} ran there)"
+    return f"{first.tag} on {node}: {first.reason or 'stopped'}"
+
+
+def stop_the_rest(job: Job, reason: str) -> None:
+    """The job has ended: stop its replicas that still run, drop those never placed.
+
+    Running replicas keep their node's capacity until their agent says they stopped (or
+    reconciliation finds they no longer run); a stop that never arrives is sent again.
+    """
+    transitions.stop_unplaced(job)
+    holding = list(job.replicas.filter(state__in=Replica.HOLDING_STATES).select_related("node"))
+    if holding:
+        dispatch.send_stops_on_commit(job.pk, holding, reason)
+
+
+def cancel(job_id: int, by: User) -> Job:
+    with transaction.atomic():
+        job = locked_job(job_id)
+        if job is None:
+            raise Job.DoesNotExist(f"No job {job_id}.")
+        transitions.move_job(
+            job, Job.State.CANCELLED, f"cancelled by {by.get_username()}", strict=True
+        )
+        stop_the_rest(job, "cancelled")
+        complete_log_if_done(job)
+        scheduling.request_schedule()
+    return job
+
+
+def complete_log_if_done(job: Job) -> None:
+    """Once a finished job has no process left, append the log's end marker (once)."""
+    if job.is_active or job.log_complete:
+        return
+    if job.replicas.filter(state__in=Replica.HOLDING_STATES).exists():
+        return
+    if not Job.objects.filter(pk=job.pk, log_complete=False).update(log_complete=True):
+        return
+    job.log_complete = True
+    end_reason = presenters.log_end_reason(job)
+    job_id = job.pk
+    # If Redis is away now, the log keeper appends the marker later (logarchive).
+    transaction.on_commit(lambda: LogSink(get_redis()).append_end(job_id, end_reason), robust=True)

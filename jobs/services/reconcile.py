@@ -1,0 +1,336 @@
+"""Reconciliation: the database says what should run, agents' heartbeats say what does run;
+each pass repairs the difference, one replica at a time.
+
+- A node silent for longer than TRAINYARD_NODE_LOST_SECONDS, while the console could hear it,
+  is lost: every replica on it fails ("node-1 lost: no heartbeat for 45 s").
+- A replica its agent does not run:
+  - ended there, by the agent's recent outcomes (its exit report was lost): that outcome;
+  - the agent restarted since the replica started: failed, dated the old agent's last word;
+  - assigned, its start never acknowledged: the start is sent again, up to
+    TRAINYARD_START_ATTEMPTS times, then it fails as never started;
+  - running, or its job has ended: gone, i.e. failed, or for an ended job the stop it waited
+    for.
+- A replica the agent runs although its job has ended: the stop is sent again.
+- A process the agent runs that the database does not want running: told to stop.
+
+Whatever a pass decides, it decides against the rows as they are when it writes (each repair
+re-reads its replica under the job's row lock, and every state write is a guarded transition),
+so a second pass running at once, or a late report from an agent, does no harm: one of them
+applies a change, the other finds nothing left to do. Messages to agents are idempotent.
+
+A judgement needs evidence newer than the message it is about: nothing is concluded from a
+heartbeat that may have been sent before the start or stop it would acknowledge
+(TRAINYARD_ACK_GRACE_SECONDS), nor from silence while the console itself could not listen (its
+worker starting, or Redis away): `listening_since` is when that last changed.
+"""
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+from redis import RedisError
+
+from jobs.models import Job, Node, Replica
+from jobs.redis_client import get_redis
+from jobs.services import dispatch, outcomes, reports, scheduling
+
+log = logging.getLogger(__name__)
+
+ReplicaKey = tuple[int, str, int]
+
+
+@dataclass
+class PassReport:
+    """What one pass looked at and what it did."""
+
+    nodes: int = 0
+    replicas: int = 0
+    lost_nodes: list[str] = field(default_factory=list)
+    ended: int = 0  # replicas failed or stopped because they are gone
+    outcomes_applied: int = 0  # ends taken from heartbeats, their exit reports lost
+    starts_resent: int = 0
+    stops_resent: int = 0
+    strays_stopped: int = 0
+    seconds: float = 0.0
+
+    @property
+    def repaired(self) -> int:
+        return (
+            self.ended
+            + self.outcomes_applied
+            + self.starts_resent
+            + self.stops_resent
+            + self.strays_stopped
+        )
+
+    def summary(self) -> str:
+        lost = f", lost nodes {', '.join(self.lost_nodes)}" if self.lost_nodes else ""
+        return (
+            f"reconciled {self.replicas} replicas on {self.nodes} nodes in "
+            f"{self.seconds * 1000:.0f} ms: {self.ended} ended, {self.outcomes_applied} outcomes "
+            f"from heartbeats, {self.starts_resent} starts and {self.stops_resent} stops sent "
+            f"again, {self.strays_stopped} stray processes stopped{lost}"
+        )
+
+
+def _key(entry: dict[str, Any]) -> ReplicaKey:
+    return (int(entry["job_id"]), str(entry["role"]), int(entry["index"]))
+
+
+def run_pass(listening_since: datetime | None = None, now: datetime | None = None) -> PassReport:
+    """One reconciliation pass over every node and every replica that holds capacity."""
+    started = time.perf_counter()
+    now = now or timezone.now()
+    report = PassReport()
+    holding: dict[int, list[Replica]] = defaultdict(list)
+    for replica in (
+        Replica.objects.filter(state__in=Replica.HOLDING_STATES)
+        .select_related("job", "node")
+        .order_by("id")
+    ):
+        assert replica.node_id is not None
+        holding[replica.node_id].append(replica)
+    for node in Node.objects.order_by("name"):
+        _check_node(node, holding.pop(node.pk, []), now, listening_since, report)
+    if report.repaired or _jobs_wait():
+        # Room was freed, or a schedule request was lost with a broker that went away.
+        scheduling.schedule()
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def check_node_now(name: str) -> PassReport:
+    """Reconcile one node at once (its agent has just come back as a new incarnation)."""
+    report = PassReport()
+    node = Node.objects.filter(name=name).first()
+    if node is not None:
+        replicas = list(
+            Replica.objects.filter(node=node, state__in=Replica.HOLDING_STATES)
+            .select_related("job", "node")
+            .order_by("id")
+        )
+        _check_node(node, replicas, timezone.now(), None, report)
+    return report
+
+
+def _jobs_wait() -> bool:
+    return Replica.objects.filter(state=Replica.State.PENDING, job__state=Job.State.QUEUED).exists()
+
+
+def _check_node(
+    node: Node,
+    replicas: list[Replica],
+    now: datetime,
+    listening_since: datetime | None,
+    report: PassReport,
+) -> None:
+    report.nodes += 1
+    report.replicas += len(replicas)
+    heard = node.last_heartbeat
+    if heard is None:
+        return
+    silent_since = max(heard, listening_since) if listening_since else heard
+    if (now - silent_since).total_seconds() > settings.TRAINYARD_NODE_LOST_SECONDS:
+        if replicas:
+            report.lost_nodes.append(node.name)
+            reason = f"{node.name} lost: no heartbeat for {(now - heard).total_seconds():.0f} s"
+            for replica in replicas:
+                report.ended += _repair(replica, _fail(reason, cause_at=heard))
+        return
+    if node.is_lost(now):
+        return  # late, not yet lost: a heartbeat may still come
+    observed = {_key(e): e for e in node.running}
+    finished = {_key(e): e for e in node.finished}
+    grace = timedelta(seconds=settings.TRAINYARD_ACK_GRACE_SECONDS)
+    for replica in replicas:
+        key = (replica.job_id, replica.role, replica.index)
+        seen = observed.get(key)
+        if seen is not None:
+            if (
+                not replica.job.is_active
+                and seen.get("state") != "stopping"
+                and _unanswered(replica.stop_sent, heard, grace)
+            ):
+                report.stops_resent += _repair(replica, _stop_again)
+            continue
+        if key in finished:
+            report.outcomes_applied += _apply_outcome(replica, node.name, finished[key])
+            continue
+        if (
+            replica.state == Replica.State.RUNNING
+            and replica.incarnation
+            and replica.incarnation != node.incarnation
+        ):
+            # The agent that started it is gone: it died with the replica's processes (a new
+            # agent reaps what its predecessor left), at about its last heartbeat.
+            last_word = node.previous_heartbeat or heard
+            reason = (
+                f"{node.name}: its agent stopped unexpectedly (last heard at "
+                f"{last_word:%H:%M:%S} UTC) and was restarted; its trainers did not survive it"
+            )
+            report.ended += _repair(replica, _fail(reason, cause_at=last_word))
+            continue
+        sent = replica.start_sent if replica.state == Replica.State.ASSIGNED else replica.started
+        if not replica.job.is_active:
+            sent = max(filter(None, (sent, replica.stop_sent)), default=None)
+        if not _unanswered(sent, heard, grace):
+            continue  # the last heartbeat may predate the message
+        if (
+            replica.job.is_active
+            and replica.state == Replica.State.ASSIGNED
+            and replica.starts_sent < settings.TRAINYARD_START_ATTEMPTS
+        ):
+            report.starts_resent += _repair(replica, _start_again)
+        elif replica.job.is_active and replica.state == Replica.State.ASSIGNED:
+            reason = (
+                f"{node.name}'s agent never started it "
+                f"({replica.starts_sent} start messages went unanswered)"
+            )
+            report.ended += _repair(replica, _fail(reason))
+        else:
+            report.ended += _repair(replica, _gone)
+    expected = {(r.job_id, r.role, r.index) for r in replicas}
+    for key, entry in observed.items():
+        if key not in expected and entry.get("state") != "stopping":
+            report.strays_stopped += _stop_stray(node, key)
+
+
+def _unanswered(sent: datetime | None, heard: datetime, grace: timedelta) -> bool:
+    """Has a heartbeat come in long enough after `sent` to have acknowledged it?"""
+    return sent is None or heard - sent > grace
+
+
+Repair = Callable[[Job, Replica], bool]
+
+
+def _repair(replica: Replica, action: Repair) -> int:
+    """Run `action` on the replica as it is now, under its job's lock; 1 if it did something.
+
+    The pass read the replica a moment ago: if it has moved on since (its agent reported, or
+    another pass got there first), there is nothing left to repair.
+    """
+    with transaction.atomic():
+        job = outcomes.locked_job(replica.job_id)
+        current = (
+            Replica.objects.select_related("node", "job")
+            .filter(pk=replica.pk, state=replica.state, node=replica.node)
+            .first()
+        )
+        if job is None or current is None:
+            return 0
+        return int(action(job, current))
+
+
+def _fail(reason: str, cause_at: datetime | None = None) -> Repair:
+    def fail(job: Job, replica: Replica) -> bool:
+        return outcomes.replica_ended(
+            job, replica, Replica.State.FAILED, reason, cause_at=cause_at or timezone.now()
+        )
+
+    return fail
+
+
+def _gone(job: Job, replica: Replica) -> bool:
+    reports.not_running_on_its_node(job, replica)
+    return True
+
+
+def _start_again(job: Job, replica: Replica) -> bool:
+    log.warning("no agent acknowledged %s of job %s: sending its start again", replica, job.pk)
+    dispatch.resend_starts(job, [replica])
+    return True
+
+
+def _stop_again(job: Job, replica: Replica) -> bool:
+    log.warning("%s of job %s still runs after its stop: sending the stop again", replica, job.pk)
+    dispatch.send_stops_on_commit(job.pk, [replica], f"job {job.state}")
+    return True
+
+
+def _apply_outcome(replica: Replica, node: str, entry: dict[str, Any]) -> int:
+    """An end the agent's heartbeat lists but whose exit report never arrived."""
+    before = replica.state
+    reports.replica_exited(
+        replica.job_id,
+        replica.role,
+        replica.index,
+        node,
+        str(entry.get("state", "failed")),
+        entry.get("exit_code"),
+        str(entry.get("reason", "")),
+        [],
+        ended_at=entry.get("ended_at"),
+    )
+    return int(Replica.objects.filter(pk=replica.pk).exclude(state=before).exists())
+
+
+def _stop_stray(node: Node, key: ReplicaKey) -> int:
+    """The agent runs something no holding replica accounts for: stop it, unless a fresh read
+    shows it was placed there a moment ago."""
+    job_id, role, index = key
+    wanted = Replica.objects.filter(
+        job_id=job_id, role=role, index=index, node=node, state__in=Replica.HOLDING_STATES
+    ).exists()
+    if wanted:
+        return 0
+    log.warning(
+        "%s runs %s-%s of job %s, which should not run: stopping it", node, role, index, job_id
+    )
+    dispatch.send_stops(
+        job_id, {node.name: [{"role": role, "index": index}]}, "it should not be running"
+    )
+    return 1
+
+
+class ReconcileLoop(threading.Thread):
+    """Runs a pass every `interval` seconds until stopped; lives in the console worker."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="reconcile", daemon=True)
+        self.interval = interval
+        self.stopped = threading.Event()
+        self._listening_since: datetime | None = None
+
+    def run(self) -> None:
+        log.info("reconciliation every %.1f s", self.interval)
+        while not self.stopped.wait(self.interval):
+            self.run_once()
+
+    def run_once(self) -> PassReport | None:
+        close_old_connections()
+        try:
+            if not self._broker_answers():
+                return None
+            report = run_pass(self._listening_since)
+            if report.repaired or report.lost_nodes:
+                log.warning("%s", report.summary())
+            return report
+        except Exception:  # the loop must outlive any one bad pass; the next one tries again
+            log.exception("reconciliation pass failed")
+            return None
+        finally:
+            close_old_connections()
+
+    def _broker_answers(self) -> bool:
+        """Heartbeats reach us through Redis: while it is away, silence proves nothing."""
+        try:
+            get_redis().ping()
+        except RedisError:
+            if self._listening_since is not None:
+                log.warning("Redis unreachable: no node is judged lost until it is back")
+            self._listening_since = None
+            return False
+        if self._listening_since is None:
+            self._listening_since = datetime.now(UTC)
+        return True
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,99 @@
+"""What node agents report about replicas: started, and how they ended. Every report is safe
+to receive twice or late: a report that no longer applies changes nothing."""
+
+from datetime import UTC, datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.models import Job, Replica
+from jobs.services import outcomes, transitions
+
+# How the agent names an ending, and the replica state it becomes.
+AGENT_OUTCOMES = {
+    "succeeded": Replica.State.SUCCEEDED,
+    "failed": Replica.State.FAILED,
+    "stopped": Replica.State.STOPPED,
+}
+# The agent was asked about a replica it does not run and has no record of.
+UNKNOWN = "unknown"
+
+
+def _replica_on(job: Job, role: str, index: int, node: str) -> Replica | None:
+    return (
+        job.replicas.select_related("node").filter(role=role, index=index, node__name=node).first()
+    )
+
+
+def replica_started(job_id: int, role: str, index: int, node: str, incarnation: str = "") -> None:
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        if job is None:
+            return
+        replica = _replica_on(job, role, index, node)
+        if replica is None:
+            return
+        if not transitions.move_replica(
+            replica, Replica.State.RUNNING, started=timezone.now(), incarnation=incarnation
+        ):
+            return  # a repeated or late report: the replica has moved on already
+        if (
+            job.state == Job.State.QUEUED
+            and not job.replicas.filter(
+                state__in=(Replica.State.PENDING, Replica.State.ASSIGNED)
+            ).exists()
+        ):
+            transitions.move_job(job, Job.State.RUNNING, "")
+
+
+def replica_exited(
+    job_id: int,
+    role: str,
+    index: int,
+    node: str,
+    outcome: str,
+    exit_code: int | None,
+    reason: str,
+    stderr_tail: list[str],
+    ended_at: float | None = None,
+) -> None:
+    """Record how a replica ended and what that means for its job."""
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        if job is None:
+            return
+        replica = _replica_on(job, role, index, node)
+        if replica is None or replica.state in Replica.FINAL_STATES:
+            return
+        if outcome == UNKNOWN:
+            not_running_on_its_node(job, replica)
+            return
+        state = AGENT_OUTCOMES.get(outcome, Replica.State.FAILED)
+        if state != Replica.State.SUCCEEDED and job.is_active:
+            reason = outcomes.with_stderr(reason, stderr_tail)
+        outcomes.replica_ended(
+            job,
+            replica,
+            state,
+            reason=reason,
+            exit_code=exit_code,
+            cause_at=datetime.fromtimestamp(ended_at, UTC) if ended_at else None,
+        )
+
+
+def not_running_on_its_node(job: Job, replica: Replica, cause_at: datetime | None = None) -> None:
+    """Its node's agent does not run the replica (any more): if the job has ended that is the
+    stop it was waiting for; otherwise the replica is lost, and that fails the job."""
+    node = replica.node.name if replica.node else "its node"
+    if not job.is_active:
+        outcomes.replica_ended(
+            job, replica, Replica.State.STOPPED, f"was not running on {node} when stopped"
+        )
+    else:
+        outcomes.replica_ended(
+            job,
+            replica,
+            Replica.State.FAILED,
+            f"{node}'s agent does not run it any more",
+            cause_at=cause_at,
+        )

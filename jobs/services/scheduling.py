@@ -1,0 +1,189 @@
+"""Placing waiting jobs on the nodes, first come first served with backfill.
+
+`schedule()` runs in the console worker (the `schedule` task, and every reconciliation pass),
+never on a user's request: it takes the node rows' locks (on SQLite, the database's one write
+lock) for as long as placement takes, and a submission should not wait for that.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from console.celery import app
+from jobs.models import Job, Node, Replica
+from jobs.services import dispatch, transitions
+from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
+from jobs.services.totals import RoleRequest
+from jobs.services.waiting import Holding, NodeView, why_waiting
+from workers import contract
+
+log = logging.getLogger(__name__)
+
+
+def request_schedule() -> None:
+    """Ask the console worker to run `schedule()` once this transaction commits."""
+    transaction.on_commit(_send_schedule_task, robust=True)
+
+
+def _send_schedule_task() -> None:
+    app.send_task(contract.TASK_SCHEDULE, queue=contract.CONSOLE_QUEUE)
+
+
+def ready_nodes(nodes: list[Node]) -> list[Node]:
+    """Nodes that take new work: not drained, and heard from recently."""
+    now = timezone.now()
+    return [n for n in nodes if n.state == Node.State.READY and not n.is_lost(now)]
+
+
+def holdings(nodes: list[Node]) -> list[Holding]:
+    """What each active job holds on each of these nodes (per replica, summed per job)."""
+    per: dict[tuple[int, str], Holding] = {}
+    held = Replica.objects.filter(state__in=Replica.HOLDING_STATES, node__in=nodes).select_related(
+        "node", "package"
+    )
+    for r in held:
+        assert r.node is not None
+        if r.package is None:
+            continue  # the platform's own roles hold nothing
+        key = (r.job_id, r.node.name)
+        old = per.get(key, Holding(r.job_id, r.node.name, 0, 0, 0))
+        per[key] = Holding(
+            r.job_id,
+            r.node.name,
+            old.cpu + r.package.cpu,
+            old.gpus + r.package.gpus,
+            old.memory_gb + r.package.memory_gb,
+        )
+    return list(per.values())
+
+
+def free_rooms(nodes: list[Node], held: list[Holding]) -> list[Room]:
+    rooms = {n.name: Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes}
+    for h in held:
+        if h.node in rooms:
+            rooms[h.node].take(Demand(("held", h.job_id), h.cpu, h.gpus, h.memory_gb))
+    return list(rooms.values())
+
+
+def demands_of(replicas: list[Replica]) -> list[Demand]:
+    """What each charged replica needs; the platform's own roles need nothing."""
+    return [
+        Demand((r.role, r.index), r.package.cpu, r.package.gpus, r.package.memory_gb)
+        for r in replicas
+        if r.package is not None
+    ]
+
+
+def waiting_jobs() -> list[Job]:
+    """Queued jobs not yet placed, first come first served."""
+    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
+    return list(
+        Job.objects.select_for_update()
+        .filter(state=Job.State.QUEUED, pk__in=unplaced)
+        .order_by("created", "id")
+    )
+
+
+def schedule() -> list[int]:
+    """Place waiting jobs in submission order; returns the ids dispatched.
+
+    A job that does not fit now does not hold back smaller jobs behind it that do (backfill),
+    unless it has waited longer than TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue
+    is strictly first come, first served until it starts, so a large job is never starved.
+    """
+    dispatched: list[int] = []
+    if not Replica.objects.filter(
+        state=Replica.State.PENDING, job__state=Job.State.QUEUED
+    ).exists():
+        return dispatched  # nothing waits: no need for the write lock
+    with transaction.atomic():
+        # Locking the node rows makes schedulers take turns.
+        nodes = list(Node.objects.select_for_update().order_by("name"))
+        usable = ready_nodes(nodes)
+        held = holdings(nodes)
+        rooms = free_rooms(usable, held)
+        views = [NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status) for n in nodes]
+        grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
+        blocker: Job | None = None
+        waiting = waiting_jobs()
+        unplaced: dict[int, list[Replica]] = {job.pk: [] for job in waiting}
+        for replica in (
+            Replica.objects.filter(job__in=waiting, state=Replica.State.PENDING)
+            .select_related("package")
+            .order_by("id")
+        ):
+            unplaced[replica.job_id].append(replica)
+        for job in waiting:
+            replicas = unplaced[job.pk]
+            demands = demands_of(replicas)
+            if blocker is not None and timezone.now() - blocker.created > grace:
+                transitions.set_job_reason(
+                    job, f"waiting behind job {blocker.pk}, which has waited longest"
+                )
+                continue
+            assignment = place(demands, rooms)
+            if assignment is None:
+                transitions.set_job_reason(job, why_waiting(demands, rooms, views, held))
+                blocker = blocker or job
+                continue
+            by_name = {n.name: n for n in usable}
+            by_room = {room.node: room for room in rooms}
+            for demand in demands:
+                by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
+                held.append(
+                    Holding(
+                        job.pk, assignment[demand.key], demand.cpu, demand.gpus, demand.memory_gb
+                    )
+                )
+            for replica in replicas:
+                # The scheduler goes where server-0 goes: it only coordinates.
+                key = ("server", 0) if replica.package is None else (replica.role, replica.index)
+                replica.node = by_name[assignment[key]]
+            transitions.place_replicas(replicas, sent=timezone.now())
+            placed = sorted({r.node.name for r in replicas if r.node is not None})
+            transitions.set_job_reason(job, f"starting on {', '.join(placed)}")
+            specs = dispatch.build_specs(job)
+            job_id = job.pk
+            transaction.on_commit(
+                lambda j=job_id, s=specs: dispatch.send_starts(j, s),  # type: ignore[misc]
+                robust=True,
+            )
+            dispatched.append(job_id)
+    return dispatched
+
+
+def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
+    """Why the request could not start even on empty nodes, by field; {} when it could.
+
+    Judged against the nodes that are not draining; with no node known yet nothing is judged
+    (agents may still be starting), and the job waits instead.
+    """
+    nodes = list(Node.objects.exclude(state=Node.State.DRAINING))
+    if not nodes:
+        return {}
+    capacities = [Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes]
+    problems: dict[str, str] = {}
+    for role in roles:
+        p = role.package
+        if never_fits([Demand((role.role, 0), p.cpu, p.gpus, p.memory_gb)], capacities):
+            problems[f"roles.{role.role}.package"] = (
+                f"No node can hold {p.name!r} ({p.summary}), so it could never start."
+            )
+    if problems:
+        return problems
+    demands = [
+        Demand((r.role, i), r.package.cpu, r.package.gpus, r.package.memory_gb)
+        for r in roles
+        for i in range(r.instances)
+    ]
+    if gang_never_fits(demands, capacities):
+        total = sum(n.cpu for n in nodes), sum(n.gpus for n in nodes)
+        problems["roles"] = (
+            f"The {len(demands)} instances could never all run at once: the {len(nodes)} "
+            f"nodes hold {total[0]} CPU cores and {total[1]} GPUs in all. Use fewer instances."
+        )
+    return problems

@@ -1,0 +1,120 @@
+"""The one writer of job and replica state.
+
+Every change is a transition that `Job.TRANSITIONS` or `Replica.TRANSITIONS` allows, written as
+a guarded UPDATE (`... WHERE state IN (states that may move there)`): of two writers racing to
+end the same replica (an agent's report and the reconciler, or two reconcilers), exactly one
+wins and the other learns it lost from the row count, so nothing is decided twice.
+
+Websocket clients hear of each change once the transaction commits (jobs.services.events).
+"""
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from jobs.models import Job, Replica
+from jobs.services import events, presenters
+
+
+class InvalidTransition(Exception):
+    """The job is not in a state that allows this; the message says which state it is in."""
+
+
+def sources(table: dict[str, frozenset[str]], target: str) -> list[str]:
+    """The states a transition to `target` may start from."""
+    return [state for state, targets in table.items() if target in targets]
+
+
+def move_job(
+    job: Job, to: str, reason: str | None = None, *, strict: bool = False, announce: bool = True
+) -> bool:
+    """Move the job to state `to` if the table allows it from the state it is in now.
+
+    Returns whether it moved; with `strict`, raises InvalidTransition instead of returning
+    False. `job` is updated in place. `announce=False` tells no websocket client, for a job
+    so new that none can be listening.
+    """
+    now = timezone.now()
+    fields: dict[str, Any] = {"state": to}
+    if reason is not None:
+        fields["reason"] = reason
+    if to == Job.State.RUNNING:
+        fields["started"] = Coalesce(F("started"), Value(now))
+    if to in Job.TERMINAL_STATES:
+        fields["finished"] = now
+    moved = Job.objects.filter(pk=job.pk, state__in=sources(Job.TRANSITIONS, to)).update(**fields)
+    if not moved:
+        current = Job.objects.filter(pk=job.pk).values_list("state", flat=True).first()
+        if strict:
+            raise InvalidTransition(_refusal(job.pk, current, to))
+        return False
+    job.refresh_from_db(fields=["state", "reason", "started", "finished"])
+    if announce:
+        events.state_changed_on_commit(job.pk, presenters.state_of)
+    return True
+
+
+def _refusal(job_id: int, current: str | None, to: str) -> str:
+    if current in Job.TERMINAL_STATES:
+        return f"Job {job_id} has already ended ({current})."
+    return f"Job {job_id} cannot go from {current} to {to}."
+
+
+def set_job_reason(job: Job, reason: str) -> bool:
+    """Say why the job waits or ended, without changing its state."""
+    if job.reason == reason:
+        return False
+    moved = Job.objects.filter(pk=job.pk, state=job.state).update(reason=reason)
+    if moved:
+        job.reason = reason
+        events.state_changed_on_commit(job.pk, presenters.state_of)
+    return bool(moved)
+
+
+def move_replica(replica: Replica, to: str, **fields: Any) -> bool:
+    """Move one replica to `to` if the table allows it from the state it is in now, writing
+    `fields` with it; `replica` is updated in place. Returns whether it moved."""
+    allowed = sources(Replica.TRANSITIONS, to)
+    if to in Replica.FINAL_STATES:
+        fields.setdefault("finished", timezone.now())
+    moved = Replica.objects.filter(pk=replica.pk, state__in=allowed).update(state=to, **fields)
+    if not moved:
+        return False
+    replica.state = to
+    for name, value in fields.items():
+        setattr(replica, name, value)
+    events.state_changed_on_commit(replica.job_id, presenters.state_of)
+    return True
+
+
+def place_replicas(replicas: list[Replica], sent: datetime) -> None:
+    """pending -> assigned for replicas whose `node` the scheduler has just set, in one query
+    per node (the scheduler holds the node locks, so none of them can have moved meanwhile)."""
+    by_node: dict[int, list[int]] = {}
+    for replica in replicas:
+        assert replica.node_id is not None
+        by_node.setdefault(replica.node_id, []).append(replica.pk)
+    for node_id, ids in by_node.items():
+        moved = Replica.objects.filter(pk__in=ids, state=Replica.State.PENDING).update(
+            state=Replica.State.ASSIGNED, node_id=node_id, start_sent=sent, starts_sent=1
+        )
+        assert moved == len(ids), "replicas moved while the scheduler held the node locks"
+    for replica in replicas:
+        replica.state = Replica.State.ASSIGNED
+        replica.start_sent = sent
+        replica.starts_sent = 1
+    for job_id in {r.job_id for r in replicas}:
+        events.state_changed_on_commit(job_id, presenters.state_of)
+
+
+def stop_unplaced(job: Job) -> int:
+    """pending -> stopped for the replicas of a job that ended before they were placed."""
+    stopped = Replica.objects.filter(job=job, state=Replica.State.PENDING).update(
+        state=Replica.State.STOPPED, finished=timezone.now(), reason="the job ended before it ran"
+    )
+    if stopped:
+        events.state_changed_on_commit(job.pk, presenters.state_of)
+    return stopped
