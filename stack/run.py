@@ -1,38 +1,376 @@
-"""Start the whole Trainyard stack on this machine and stop it on Ctrl-C.
+"""Start the whole Trainyard stack on this machine, restart what dies, stop it on Ctrl-C.
 
     python -m stack.run [--port 8000] [--nodes 2]
 
-Every process is started by us, in its own session, and stopped by its PID (never by name):
-node agents first, so they stop their trainers and report, then the console worker, the web
-server and Redis.
+Every process is started by us, in its own session, and stopped by its PID (never by name).
+A process that exits while the stack runs is started again with the same argv, after a delay
+that doubles while it keeps dying (1 s, 2 s, 4 s … 30 s) — the local stand-in for systemd's
+Restart= (docs/operations.md). Ctrl-C stops the node agents first, so they stop their trainers
+and report, then the console worker and the log keeper, the web server and Redis.
 """
 
 import argparse
+import enum
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from stack.redis_server import (
+    free_port,
+    redis_answers,
+    redis_argv,
+    redis_server_binary,
+    wait_for_redis,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-STOP_TIMEOUT_SECONDS = 30.0
+# Longer than a node agent's own stop (up to 30 s to stop its trainers and report them).
+STOP_TIMEOUT_SECONDS = 45.0
 
 
-@dataclass
+# --- supervision: one owner for the child processes -----------------------------------------
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a process that exited is started again, and how long a stop may take."""
+
+    first_delay: float = 1.0
+    max_delay: float = 30.0
+    # A process that stayed up this long was healthy: its next exit starts the back-off afresh.
+    stable_after: float = 60.0
+    # SIGTERM first; whatever still runs this long after it is SIGKILLed.
+    stop_timeout: float = STOP_TIMEOUT_SECONDS
+    # How often the watcher looks for exits; an exit costs at most this much on top of the delay.
+    poll_interval: float = 0.2
+
+    def delay(self, quick_exits: int) -> float:
+        """The wait before the next start, after `quick_exits` exits in a row."""
+        return float(min(self.first_delay * 2**quick_exits, self.max_delay))
+
+
+class ChildState(enum.Enum):
+    STARTING = "starting"  # spawned; its readiness probe has not answered yet
+    UP = "up"
+    BACKING_OFF = "backing off"  # exited; starts again at restart_due
+    HELD = "held"  # being restarted on request: the watcher leaves it alone meanwhile
+    STOPPED = "stopped"
+
+
+@dataclass(eq=False)
 class Child:
+    """One supervised process. The object lives as long as the stack; `proc` is the current
+    incarnation (after an exit, the dead one until the restart)."""
+
     name: str
     argv: list[str]
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
+    # Up only once this answers (Redis: a PING); None: up as soon as it is spawned.
+    ready: Callable[[], bool] | None = None
+    state: ChildState = ChildState.STARTING
+    started_at: float = 0.0
+    down_since: float | None = None  # when it went down, until it is up again
+    restart_due: float = 0.0
+    restarts: int = 0  # restarts after an exit (not those asked for through restart())
+    quick_exits: int = 0  # exits in a row, each before stable_after: sets the next delay
+
+
+class ChildSupervisor:
+    """Starts processes, starts again whatever exits (with back-off) and stops them in stages.
+
+    Each process runs in its own session (so Ctrl-C reaches only stack.run, which stops them in
+    order) with stdout and stderr appended to its own log file. `watch()` starts a thread that
+    heals; without it, call `supervise_once()`. Every lifecycle line goes to `announce` (the
+    terminal) and into the child's log file, so the log shows where one incarnation ends.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path,
+        env: Callable[[], dict[str, str]],
+        cwd: Path = ROOT,
+        policy: RestartPolicy | None = None,
+        announce: Callable[[str], None] | None = None,
+    ) -> None:
+        self.log_dir = log_dir
+        self.policy = policy or RestartPolicy()
+        self._env = env
+        self._cwd = cwd
+        self._announce = announce or _print_line
+        self._lock = threading.Lock()
+        # Notified on every change of a child's state or process: wait_up() waits on it.
+        self._changed = threading.Condition(self._lock)
+        self._children: list[Child] = []
+        self._stopping = False
+        self._watcher: threading.Thread | None = None
+        self._wake_watcher = threading.Event()
+
+    @property
+    def children(self) -> list[Child]:
+        with self._lock:
+            return list(self._children)
+
+    def spawn(self, name: str, argv: list[str], ready: Callable[[], bool] | None = None) -> Child:
+        log_path = self.log_dir / f"{name}.log"
+        log_file = open(log_path, "ab")  # kept across restarts, closed in stop()
+        with self._lock:
+            if self._stopping:
+                log_file.close()
+                raise RuntimeError(f"not starting {name}: the stack is stopping")
+            child = Child(name, argv, self._popen(argv, log_file), log_path, log_file, ready)
+            child.started_at = time.monotonic()
+            child.state = ChildState.STARTING if ready else ChildState.UP
+            self._children.append(child)
+            self._changed.notify_all()
+        return child
+
+    def _popen(self, argv: list[str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            argv,
+            env=self._env(),
+            cwd=self._cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
+        )
+
+    def child(self, name: str) -> Child:
+        with self._lock:
+            return self._find(name)
+
+    def _find(self, name: str) -> Child:
+        for child in self._children:
+            if child.name == name:
+                return child
+        raise KeyError(f"no process named {name!r} in this stack")
+
+    def pid(self, name: str) -> int:
+        return self.child(name).proc.pid
+
+    def kill(self, name: str, sig: int) -> None:
+        """Send `sig` to the named process itself (not its group): SIGKILL is a crash of that
+        process, SIGSTOP and SIGCONT freeze and thaw it."""
+        # Popen.send_signal does nothing once the process is reaped, so a stale PID that the
+        # kernel has handed to someone else is never signalled.
+        self.child(name).proc.send_signal(sig)
+
+    # --- healing ---
+
+    def watch(self) -> None:
+        """Heal from a background thread until stop()."""
+        if self._watcher is not None:
+            return
+        self._watcher = threading.Thread(target=self._watch, name="stack-supervisor", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._wake_watcher.wait(self.policy.poll_interval):
+            try:
+                self.supervise_once()
+            except Exception as exc:  # a bug here must not end the healing for good
+                self._announce(f"supervision error: {exc!r}")
+
+    def supervise_once(self) -> None:
+        """One pass: note exits, start again those whose delay is over, mark ready ones up."""
+        with self._lock:
+            if self._stopping:
+                return
+            for child in self._children:
+                self._tend(child, time.monotonic())
+
+    def _tend(self, child: Child, now: float) -> None:
+        if child.state in (ChildState.HELD, ChildState.STOPPED):
+            return
+        if child.state is ChildState.BACKING_OFF:
+            if now >= child.restart_due:
+                self._respawn(child, now)
+            return
+        code = child.proc.poll()
+        if code is not None:
+            self._schedule_restart(child, now, describe_exit(code))
+        elif child.state is ChildState.STARTING and child.ready is not None and child.ready():
+            self._mark_up(child, now)
+
+    def _schedule_restart(self, child: Child, now: float, why: str) -> None:
+        # Whatever the dead process left in its group goes with it: nothing stays orphaned.
+        _signal_group(child.proc, signal.SIGKILL)
+        if now - child.started_at >= self.policy.stable_after:
+            child.quick_exits = 0
+        delay = self.policy.delay(child.quick_exits)
+        child.quick_exits += 1
+        child.restarts += 1
+        child.state = ChildState.BACKING_OFF
+        child.down_since = now if child.down_since is None else child.down_since
+        child.restart_due = now + delay
+        self._changed.notify_all()
+        self._say(
+            child, f"{child.name} {why}; restarting in {delay:g} s (restart {child.restarts})"
+        )
+
+    def _respawn(self, child: Child, now: float) -> None:
+        try:
+            child.proc = self._popen(child.argv, child.log_file)
+        except OSError as exc:
+            child.started_at = now  # a failed start is a quick exit: the back-off grows
+            self._schedule_restart(child, now, f"could not be started ({exc})")
+            return
+        child.started_at = now
+        if child.ready is None:
+            self._mark_up(child, now)
+        else:
+            child.state = ChildState.STARTING
+            self._changed.notify_all()
+
+    def _mark_up(self, child: Child, now: float) -> None:
+        child.state = ChildState.UP
+        if child.down_since is not None:
+            self._say(
+                child,
+                f"{child.name} is up again (pid {child.proc.pid}), "
+                f"{now - child.down_since:.1f} s after it went down",
+            )
+            child.down_since = None
+        self._changed.notify_all()
+
+    def _say(self, child: Child, line: str) -> None:
+        self._announce(line)
+        stamp = datetime.now().astimezone().isoformat(timespec="milliseconds")
+        try:
+            child.log_file.write(f"{stamp} [stack.run] {line}\n".encode())
+            child.log_file.flush()
+        except (OSError, ValueError):  # the log is gone or closed: the terminal still has it
+            pass
+
+    def wait_up(self, name: str, timeout: float, not_pid: int | None = None) -> int:
+        """Until the named process is up (and, with `not_pid`, is not that process any more);
+        returns its PID. Needs the watcher (or calls of supervise_once) to make progress."""
+        with self._changed:
+            child = self._find(name)
+
+            def arrived() -> bool:
+                up = child.state is ChildState.UP and child.proc.pid != not_pid
+                return up or self._stopping
+
+            if self._changed.wait_for(arrived, timeout) and self._stopping:
+                raise RuntimeError(f"{name} will not come back: the stack is stopping")
+            if not arrived():
+                raise TimeoutError(
+                    f"{name} was not up again within {timeout:g} s "
+                    f"(state: {child.state.value}, pid {child.proc.pid}, waiting to replace "
+                    f"pid {not_pid})"
+                )
+            return child.proc.pid
+
+    def restart(self, name: str, down_seconds: float = 0.0, ready_timeout: float = 20.0) -> int:
+        """Stop one process (SIGTERM, then SIGKILL after the stop timeout), leave it down for
+        `down_seconds`, start it again as it was and wait until it is up; returns the new PID."""
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError(f"not restarting {name}: the stack is stopping")
+            child = self._find(name)
+            child.state = ChildState.HELD
+            child.down_since = time.monotonic()
+        self._say(child, f"{name} is being restarted on request (down for {down_seconds:g} s)")
+        _terminate(child.proc, time.monotonic() + self.policy.stop_timeout)
+        time.sleep(down_seconds)  # the outage asked for, not a wait for some condition
+        with self._lock:
+            if self._stopping:
+                return child.proc.pid
+            child.proc = self._popen(child.argv, child.log_file)
+            child.started_at = time.monotonic()
+            child.quick_exits = 0
+            child.state = ChildState.STARTING
+            if child.ready is None:
+                self._mark_up(child, child.started_at)
+            self._changed.notify_all()
+        return self.wait_up(name, ready_timeout)
+
+    # --- stop ---
+
+    def stop(self, stage_of: Callable[[str], int] = lambda name: 0) -> None:
+        """Stop every process, stage by stage (lowest first), none restarted meanwhile: SIGTERM
+        to a stage's process groups, then SIGKILL to what still runs after the stop timeout."""
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
+            children = list(self._children)
+            self._children.clear()
+        self._wake_watcher.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        for stage in sorted({stage_of(c.name) for c in children}):
+            group = [c for c in children if stage_of(c.name) == stage]
+            for child in group:
+                if child.proc.poll() is None:
+                    _signal_group(child.proc, signal.SIGTERM)
+                    # A frozen (SIGSTOPped) process must run to act on its SIGTERM.
+                    _signal_group(child.proc, signal.SIGCONT)
+            deadline = time.monotonic() + self.policy.stop_timeout
+            for child in group:
+                _terminate(child.proc, deadline, signalled=True)
+        for child in children:
+            child.state = ChildState.STOPPED
+            child.log_file.close()
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"exited (killed by {signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"exited (killed by signal {-returncode})"
+    return f"exited (code {returncode})"
+
+
+def _terminate(proc: subprocess.Popen[bytes], deadline: float, signalled: bool = False) -> None:
+    if not signalled and proc.poll() is None:
+        _signal_group(proc, signal.SIGTERM)
+        _signal_group(proc, signal.SIGCONT)
+    try:
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    # Helpers that outlived the leader in its group go too.
+    _signal_group(proc, signal.SIGKILL)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _print_line(line: str) -> None:
+    print(line, flush=True)
+
+
+# --- the Trainyard stack --------------------------------------------------------------------
+
+
+class StartInterrupted(RuntimeError):
+    """Ctrl-C came while the stack was starting."""
+
+
+def _stop_stage(name: str) -> int:
+    # Agents first (they stop their trainers and report), then whoever they report to; the
+    # keeper stops after the agents, so it archives their last lines.
+    return {"console-worker": 1, "log-keeper": 1, "web": 2, "redis": 3}.get(name, 0)
 
 
 @dataclass
@@ -44,12 +382,23 @@ class Stack:
     node_memory_gb: int = 16
     redis_url: str = ""  # empty: start our own
     code_root: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    children: list[Child] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)  # for every child
+    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    announce: Callable[[str], None] | None = None  # restart lines; None: print them
+
+    def __post_init__(self) -> None:
+        self._supervisor = ChildSupervisor(
+            self.var_dir / "logs", self.env, ROOT, self.restart_policy, self.announce
+        )
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def children(self) -> list[Child]:
+        """The processes, one Child per name; `child.proc` is the current incarnation."""
+        return self._supervisor.children
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -89,131 +438,114 @@ class Stack:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
         return "" if quiet else result.stdout
 
-    def _spawn(self, name: str, argv: list[str]) -> Child:
-        log_path = self.var_dir / "logs" / f"{name}.log"
-        log_file = open(log_path, "ab")  # closed in stop()
-        proc = subprocess.Popen(
-            argv,
-            env=self.env(),
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
-        )
-        child = Child(name, argv, proc, log_path, log_file)
-        self.children.append(child)
-        return child
-
-    def start(self) -> None:
+    def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         if _port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is in use; pick another with PORT=...")
+        (self.var_dir / "logs").mkdir(parents=True, exist_ok=True)
+        spawn = self._supervisor.spawn
         if not self.redis_url:
             redis_port = free_port()
             data_dir = self.var_dir / "redis"
             data_dir.mkdir(parents=True, exist_ok=True)
-            self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
-            child = self._spawn("redis", redis_argv(redis_server_binary(), redis_port, data_dir))
+            url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
+            # The same argv on every restart: the same port and the same append-only file.
+            child = spawn(
+                "redis",
+                redis_argv(redis_server_binary(), redis_port, data_dir),
+                ready=lambda: redis_answers(url),
+            )
             wait_for_redis(self.redis_url, child.proc)
         else:
             wait_for_redis(self.redis_url, None)
         py = sys.executable
-        self._spawn(
+        spawn(
             "web",
             [py, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
              "--port", str(self.port), "--ws-ping-interval", "20",
              # Compressing every log frame cost the web process more CPU than relaying it.
              "--ws-per-message-deflate", "false"],
         )  # fmt: skip
-        self._spawn(
+        spawn(
             "console-worker",
             [py, "-m", "celery", "-A", "console", "worker", "-Q", "console",
              "-n", f"console@{self.port}", "--pool", "threads", "--concurrency", "4",
              "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
         )  # fmt: skip
-        self._spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
+        spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
         for i in range(1, self.nodes + 1):
-            self._spawn(
+            spawn(
                 f"node-{i}",
                 [py, "-m", "workers.agent", "--node", f"node-{i}", "--address", "127.0.0.1",
                  "--cpus", str(self.node_cpus), "--memory-gb", str(self.node_memory_gb),
                  "--workdir", str(self.var_dir / "agents")],
             )  # fmt: skip
-        self.wait_ready()
+        self._supervisor.watch()
+        self.wait_ready(should_stop=should_stop)
 
-    def wait_ready(self, timeout: float = 90.0) -> None:
-        """Until the web server answers and every agent has registered its node."""
+    def wait_ready(
+        self, timeout: float = 90.0, should_stop: Callable[[], bool] = lambda: False
+    ) -> None:
+        """Until the web server answers and every agent has registered its node.
+
+        A process that dies meanwhile is restarted like any other, but the deadline stands.
+        """
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
-            self.check_alive()
+            if should_stop():
+                raise StartInterrupted("stopped while starting")
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # noqa: S310
                     health = json.load(response)
                 if health.get("nodes_live", 0) >= self.nodes:
                     return
                 last = f"{health.get('nodes_live', 0)} of {self.nodes} nodes registered"
+            except urllib.error.HTTPError as exc:  # 503 names the failing part
+                last = f"{exc}: {exc.read().decode(errors='replace')}"
             except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
                 last = str(exc)
             time.sleep(0.2)
-        raise RuntimeError(f"the stack did not become ready in {timeout:.0f} s: {last}")
+        raise RuntimeError(
+            f"the stack did not become ready in {timeout:.0f} s: {last}" + self._restart_report()
+        )
 
-    def check_alive(self) -> None:
+    def _restart_report(self) -> str:
+        report = ""
         for child in self.children:
-            code = child.proc.poll()
-            if code is not None:
+            if child.restarts:
                 tail = child.log_path.read_text(errors="replace").splitlines()[-30:]
-                raise RuntimeError(
-                    f"{child.name} exited with code {code}; last lines of {child.log_path}:\n"
-                    + "\n".join(tail)
+                report += (
+                    f"\n{child.name} was restarted {child.restarts} times; "
+                    f"last lines of {child.log_path}:\n" + "\n".join(tail)
                 )
+        return report
+
+    # --- faults, for trying out what survives them ---
+
+    def pid(self, name: str) -> int:
+        """The PID of the named process now (it changes when the process is restarted)."""
+        return self._supervisor.pid(name)
+
+    def kill(self, name: str, sig: int) -> None:
+        """Signal the named process itself: SIGKILL is a crash (it is restarted after the
+        back-off), SIGSTOP/SIGCONT freeze and thaw it. Trainers of an agent run in sessions of
+        their own and are not signalled."""
+        self._supervisor.kill(name, sig)
+
+    def wait_restarted(self, name: str, old_pid: int, timeout: float = 60.0) -> int:
+        """Until the named process runs again under a PID other than `old_pid` and is up
+        (Redis: answers); returns the new PID. Raises TimeoutError saying where it stands."""
+        return self._supervisor.wait_up(name, timeout, not_pid=old_pid)
 
     def restart(self, name: str, down_seconds: float = 0.0) -> None:
-        """Stop one process by its PID and start it again as it was (same port, same data).
-
-        For trying out what survives a crash or an upgrade of one part.
-        """
-        child = next(c for c in self.children if c.name == name)
-        _stop_child(child)
-        self.children.remove(child)
-        time.sleep(down_seconds)
-        self._spawn(name, child.argv)
-        if name == "redis":
-            wait_for_redis(self.redis_url, self.children[-1].proc)
+        """Stop one process by its PID and start it again as it was (same port, same data),
+        after `down_seconds`; returns once it is up (Redis: answers)."""
+        self._supervisor.restart(name, down_seconds)
 
     # --- stop ---
 
     def stop(self) -> None:
-        # Agents first (they stop their trainers and report), then whoever they report to.
-        def stage(child: Child) -> int:
-            # The keeper stops after the agents, so it archives their last lines.
-            return {"console-worker": 1, "log-keeper": 1, "web": 2, "redis": 3}.get(child.name, 0)
-
-        for rank in sorted({stage(c) for c in self.children}):
-            group = [c for c in self.children if stage(c) == rank]
-            for child in group:
-                _signal_group(child.proc, signal.SIGTERM)
-            for child in group:
-                _stop_child(child, signalled=True)
-        self.children.clear()
-
-
-def _stop_child(child: Child, signalled: bool = False) -> None:
-    if not signalled:
-        _signal_group(child.proc, signal.SIGTERM)
-    try:
-        child.proc.wait(STOP_TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired:
-        _signal_group(child.proc, signal.SIGKILL)
-        child.proc.wait()
-    child.log_file.close()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+        self._supervisor.stop(_stop_stage)
 
 
 def _port_in_use(port: int) -> bool:
@@ -247,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Trainyard already runs from this folder (pid {other}).", file=sys.stderr)
             return 1
 
+    # A plain flag: a signal handler must not take locks (Event.set does), the main thread
+    # might hold them when the signal arrives.
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -264,17 +598,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.nodes} node agents…",
             flush=True,
         )
-        stack.start()
+        stack.start(should_stop=lambda: stopping)
         user, _, password = login.partition(" ")
         print(f"\nTrainyard is running at {stack.url}/", flush=True)
         if password:
             print(f"Log in as {user} / {password}", flush=True)
         print(f"Logs of each process: {stack.var_dir / 'logs'}/", flush=True)
-        print("Press Ctrl-C to stop everything.", flush=True)
+        print("A process that exits is restarted; press Ctrl-C to stop everything.", flush=True)
         while not stopping:
-            stack.check_alive()
-            time.sleep(0.5)
+            time.sleep(0.5)  # the supervisor's thread heals; this one only waits for Ctrl-C
         return 0
+    except StartInterrupted:
+        return 130
     except RuntimeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

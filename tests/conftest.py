@@ -233,7 +233,9 @@ def pytorch_request(
 
 
 @contextlib.contextmanager
-def running_stack(var_dir: Path, nodes: int = 2) -> Iterator[RunningStack]:
+def running_stack(
+    var_dir: Path, nodes: int = 2, extra_env: dict[str, str] | None = None
+) -> Iterator[RunningStack]:
     """Redis, the ASGI server, the console worker, the log keeper and node agents, as
     `make run` runs them, stopped by PID on the way out."""
     from stack.run import Stack
@@ -245,6 +247,7 @@ def running_stack(var_dir: Path, nodes: int = 2) -> Iterator[RunningStack]:
         node_cpus=4,
         node_memory_gb=16,
         code_root=FIXTURE_CODE_ROOT,
+        extra_env=dict(extra_env or {}),
     )
     login = running.prepare()
     try:
@@ -258,4 +261,21 @@ def running_stack(var_dir: Path, nodes: int = 2) -> Iterator[RunningStack]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """The stack the integration and browser tests share."""
     with running_stack(tmp_path_factory.mktemp("stack")) as running:
+        yield running
+
+
+# Short timings so that a lost node is judged in seconds, not the production minute.
+FAST_FAULTS = {
+    "TRAINYARD_HEARTBEAT_SECONDS": "1",
+    "TRAINYARD_NODE_STALE_SECONDS": "4",
+    "TRAINYARD_NODE_LOST_SECONDS": "8",
+    "TRAINYARD_ACK_GRACE_SECONDS": "4",
+    "TRAINYARD_RECONCILE_SECONDS": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """A stack of its own for tests that break its processes, with FAST_FAULTS timings."""
+    with running_stack(tmp_path_factory.mktemp("faults"), extra_env=FAST_FAULTS) as running:
         yield running
