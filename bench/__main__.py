@@ -3,6 +3,9 @@
 Admission: 8 processes racing 20 submissions each against a quota that admits 50, next to one
 process submitting 50 alone (no contention), on SQLite and on PostgreSQL when reachable.
 
+Reconciliation: one pass over 200 nodes and 2,000 replicas, next to one schedule() call on the
+same database, on SQLite and on PostgreSQL when reachable (bench/reconcile.py).
+
 Parameter server: the digits example on 2 workers in kvstore modes dist_sync and dist_async,
 next to DDP with 2 ranks, same per-worker batch and seed (bench/ps.py).
 
@@ -22,20 +25,14 @@ from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
 from bench.logs import log_path
 from bench.ps import ps_vs_ddp
+from bench.reconcile import measure_in_subprocess
+from bench.reconcile import summary as reconcile_summary
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
 
 def admission(redis_url: str, tmp: Path) -> bool:
-    databases: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
-        ("sqlite", lambda: fresh_sqlite(tmp))
-    ]
-    reason = postgres_unreachable_reason()
-    if reason is None:
-        databases.append(("postgresql", fresh_postgres))
-    else:
-        print(f"admission on postgresql: SKIPPED ({reason})")
     ok = True
-    for label, fresh in databases:
+    for label, fresh in _databases(tmp):
         with fresh() as url:
             alone = race_in_subprocess(url, redis_url, label, "user", 1, 50, 50)
         for scope in ("user", "group"):
@@ -45,6 +42,24 @@ def admission(redis_url: str, tmp: Path) -> bool:
             print(_ratios(alone, race))
             ok = ok and race.over_admitted == 0 and not race.errors
     return ok
+
+
+def reconciliation(redis_url: str, tmp: Path) -> None:
+    for label, fresh in _databases(tmp):
+        with fresh() as url:
+            print(reconcile_summary(label, measure_in_subprocess(url, redis_url)), flush=True)
+
+
+def _databases(tmp: Path) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
+    databases: list[tuple[str, Callable[[], AbstractContextManager[str]]]] = [
+        ("sqlite", lambda: fresh_sqlite(tmp))
+    ]
+    reason = postgres_unreachable_reason()
+    if reason is None:
+        databases.append(("postgresql", fresh_postgres))
+    else:
+        print(f"on postgresql: SKIPPED ({reason})")
+    return databases
 
 
 def _ratios(alone: RaceResult, race: RaceResult) -> str:
@@ -68,6 +83,8 @@ def main() -> int:
             wait_for_redis(url, redis)
             print("== admission: 8 processes x 20 submissions, quota admits 50 ==")
             ok = admission(url, tmp)
+            print("== reconciliation: 200 nodes, 2,000 replicas ==")
+            reconciliation(url, tmp)
         finally:
             redis.terminate()
             redis.wait(10)

@@ -1,9 +1,11 @@
 """Racing submissions against one quota: never over-admit, never error, and how fast.
 
 N processes, each with its own database connection, wait at a barrier and then submit jobs
-through the real services (check, lock, admit, write, schedule) as fast as they can, against a
-quota that admits exactly `admit` of them. Used by the race test (which asserts on the counts)
-and by `make bench` (which prints the rates).
+through the real services (check, lock, admit, write) as fast as they can, against a quota
+that admits exactly `admit` of them. Placement is not on the request path: a real console
+worker runs beside them and places each admitted job as the request asks it to, competing for
+the same write lock. Used by the race test (which asserts on the counts) and by `make bench`
+(which prints the rates).
 
     python -m bench.admission [--database-url URL]
 """
@@ -98,6 +100,33 @@ def _prepare(database_url: str, redis_url: str, processes: int, admit: int, scop
             user.groups.add(team)
     if scope == "group":
         Quota.objects.create(group=team, **tight)
+    import redis
+    from django.utils import timezone
+
+    from jobs.models import Node
+
+    redis.Redis.from_url(redis_url).flushdb()  # no schedule request left from an earlier race
+    for name in ("race-node-1", "race-node-2"):
+        Node.objects.create(
+            name=name, address="127.0.0.1", cpu=16, memory_gb=64, last_heartbeat=timezone.now()
+        )
+
+
+def _console_worker(database_url: str, redis_url: str) -> subprocess.Popen[bytes]:
+    """The real console worker, which places what was admitted as the requests ask it to,
+    competing for the same write lock."""
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        DJANGO_SETTINGS_MODULE="console.settings",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "console", "worker", "-Q", "console",
+         "--pool", "threads", "--concurrency", "4", "--without-mingle", "--without-gossip",
+         "--loglevel", "WARNING"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
 
 
 def _racer(
@@ -151,6 +180,7 @@ def run_race(
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes + 1)
     results = context.Queue()
+    scheduler = _console_worker(database_url, redis_url)
     names = [("racer0" if scope == "user" else f"racer{i}") for i in range(processes)]
     workers = [
         context.Process(
@@ -166,6 +196,8 @@ def run_race(
     seconds = time.perf_counter() - started
     for w in workers:
         w.join(60)
+    scheduler.terminate()
+    scheduler.wait(60)
 
     from jobs.models import Job
 
