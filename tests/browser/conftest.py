@@ -1,6 +1,7 @@
 """Debian's Chromium driven by Playwright (no browser download; `make test` installs it)."""
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,9 @@ def browser() -> Iterator[Browser]:
         browser.close()
 
 
-@pytest.fixture
-def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
+@contextmanager
+def admin_page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
+    """A fresh browser context logged in to `stack` as its admin."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(HANG_GUARD_MS)
@@ -48,5 +50,13 @@ def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
     page.fill("#id_password", stack.admin_password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{stack.url}/")
-    yield page
-    context.close()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
+    with admin_page(browser, stack) as page:
+        yield page
