@@ -17,7 +17,22 @@ or as three local ranks through torchrun:
     torchrun --standalone --nproc-per-node 3 workers/examples/digits_ddp.py
 
 Rank 0 ends with a line `final eval_accuracy=<accuracy on the whole test set> wall_time_s=<s>`.
-If TRAINYARD_CHECKPOINT_DIR is set, rank 0 also writes the final weights there as `model.pt`.
+
+Checkpoints (docs/checkpoints.md): if TRAINYARD_CHECKPOINT_DIR is set, rank 0 writes
+`latest.pt` there after every epoch (atomically: a temporary file, then a rename), and the final
+weights as `model.pt`. A run that finds `latest.pt` at start continues from it: every rank loads
+it, and rank 0 prints `resumed from checkpoint <path> at epoch=E/N (restart R)`. On SIGTERM the
+ranks stop at the next step boundary, rank 0 saves where it stands mid-epoch
+(`SIGTERM: saved checkpoint at epoch=E step=S/T; exiting`), and they exit with status 143;
+`epoch=E step=S` means E whole epochs and then S batches of the next one. A resumed run sees the
+data in the same order: the sampler's order is a function of --seed and the epoch, and the
+batches of an interrupted epoch that were already trained are skipped.
+
+Resuming with other settings works: another world size or batch size continues from the saved
+weights and optimizer state with the learning-rate schedule of the new settings (rank 0 prints
+a note saying what changed); a checkpoint from the middle of an epoch then starts that epoch
+over, since its batch count means nothing with another sharding. More --epochs than the
+checkpoint's run extends training; fewer, at or below the saved epoch, only evaluates.
 """
 
 from __future__ import annotations
@@ -26,11 +41,17 @@ import argparse
 import contextlib
 import math
 import os
+import secrets
+import signal
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from itertools import islice
 from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -46,8 +67,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 try:  # on the PYTHONPATH of every Trainyard trainer; run by hand, from the source tree
     import trainyard_metrics as metrics
 except ImportError:
-    import sys
-
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer_lib"))
     import trainyard_metrics as metrics
 
@@ -68,6 +87,18 @@ TEST_FRACTION = 0.2
 WARMUP_EPOCHS = 5
 # Loss and learning rate go to the metrics channel every this many steps.
 METRIC_EVERY_STEPS = 5
+
+# The platform gives every instance of a job, on every attempt, the same directory here.
+CHECKPOINT_DIR_ENV = "TRAINYARD_CHECKPOINT_DIR"
+# How many times the job was restarted (0 on the first attempt); torchrun's name as a fallback.
+RESTART_COUNT_ENVS = ("TRAINYARD_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+CHECKPOINT_NAME = "latest.pt"
+FINAL_WEIGHTS_NAME = "model.pt"  # the trained model alone, for whoever uses it after the job
+# Bumped when the checkpoint's layout changes, so that an old file fails with a clear message.
+CHECKPOINT_FORMAT = 1
+# What a shell reports for a process that SIGTERM ended (128 + 15): a handled SIGTERM reads the
+# same as an unhandled one to whoever watches the exit status.
+SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 @dataclass(frozen=True)
@@ -229,16 +260,242 @@ def evaluate(model: nn.Module, data: Data, device: torch.device) -> float:
     return correct / len(data.test_y)
 
 
-def train(
+# --- checkpoints: where they live, how they are written and read ---------------------------------
+
+
+class CheckpointError(Exception):
+    """The checkpoint exists but cannot be used; the message says which file and why."""
+
+
+@dataclass
+class Position:
+    """How far training got: whole epochs, then batches of the next epoch.
+
+    loss_sum and seen are this rank's running sums over those batches, so that after a resume in
+    the middle of an epoch, that epoch's loss line still covers the whole epoch.
+    """
+
+    epochs_done: int = 0
+    steps_done: int = 0
+    loss_sum: float = 0.0
+    seen: int = 0
+
+
+def checkpoint_dir() -> Path | None:
+    """The job's checkpoint directory, the same for every instance and attempt; None if unset."""
+    value = os.environ.get(CHECKPOINT_DIR_ENV)
+    return Path(value) if value else None
+
+
+def restart_count() -> int:
+    """How many times the job was restarted before this attempt (0 when nobody says)."""
+    for name in RESTART_COUNT_ENVS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def save_atomically(state: dict[str, Any], path: Path) -> None:
+    """Write `state` to `path` so that readers only ever see the old file or the new one.
+
+    A process killed while torch.save runs leaves a half-written file. Writing to a temporary
+    file in the same directory and renaming it over `path` (atomic within one file system) means
+    that half-written file is never `path`. The fsyncs make the new file survive a node crash
+    too, not just a killed process; for a model this size they cost milliseconds.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A name of our own ("x" refuses an existing file); unlike mkstemp's 0600, the file gets the
+    # usual permissions, as the job's other processes may read it as another user.
+    temporary = path.parent / f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    file = open(temporary, "xb")  # outside the try: a failed open must not unlink the name
+    try:
+        with file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    # The rename itself is durable only once the directory entry is on disk. Some network file
+    # systems refuse to fsync a directory; the rename has still happened there.
+    with contextlib.suppress(OSError):
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def remove_temporary_files(directory: Path) -> None:
+    """Delete what writers killed mid-save left behind: only `save_atomically`'s own names.
+
+    Called by rank 0 once the job has met, when no process of an earlier attempt can still be
+    writing (the platform stops all of them before it starts the next attempt).
+    """
+    for name in (CHECKPOINT_NAME, FINAL_WEIGHTS_NAME):
+        for leftover in directory.glob(f".{name}.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+
+def load_checkpoint(directory: Path) -> dict[str, Any] | None:
+    """The saved state, or None if there is none yet. Temporary files are never looked at."""
+    path = directory / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    try:
+        # weights_only: a checkpoint is data, and loading it must not run code from the file.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot read checkpoint {path}: {exc}; move it away to start from scratch"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(
+            f"{path} is not a checkpoint of this script (format {CHECKPOINT_FORMAT}); "
+            "move it away to start from scratch"
+        )
+    return state
+
+
+def checkpoint_state(
+    model: dict[str, torch.Tensor],
+    optimizer: dict[str, Any] | None,
+    position: Position,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """What a checkpoint holds: enough to continue exactly where `position` says."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": model,
+        "optimizer": optimizer,
+        "epochs_done": position.epochs_done,
+        "steps_done": position.steps_done,
+        "loss_sum": position.loss_sum,
+        "seen": position.seen,
+        # Nothing in this model draws random numbers after initialisation, but one with dropout
+        # would; restoring the generator makes it draw what the uninterrupted run would have.
+        "torch_rng": torch.get_rng_state(),
+        "settings": settings,
+    }
+
+
+def run_settings(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
+    """The settings a checkpoint records, to tell the user when a resume changes them."""
+    return {
+        "world_size": world_size,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+        "lr": args.lr,
+        "seed": args.seed,
+    }
+
+
+def resume_position(
+    saved: dict[str, Any], settings: dict[str, Any], keeps_sums: bool, announce: bool
+) -> Position:
+    """Where to continue from `saved`, given this run's settings; with `announce`, say so.
+
+    A step count from the middle of an epoch only means something with the same sharding (world
+    size) and batch size; with others, the interrupted epoch starts over. `keeps_sums`: whether
+    the saved running loss sums are this process's (rank 0 wrote them).
+    """
+    then = saved.get("settings", {})
+    changed = {name: (then.get(name), now) for name, now in settings.items()}
+    changed = {name: pair for name, pair in changed.items() if pair[0] != pair[1]}
+    position = Position(int(saved["epochs_done"]), int(saved["steps_done"]))
+    if keeps_sums:
+        position.loss_sum, position.seen = float(saved["loss_sum"]), int(saved["seen"])
+    restart_epoch = position.steps_done > 0 and bool({"world_size", "batch_size"} & changed.keys())
+    if restart_epoch:
+        position = Position(position.epochs_done)
+    if announce:
+        if changed:
+            what = ", ".join(f"{name} {old} -> {new}" for name, (old, new) in changed.items())
+            print(f"note: settings differ from the checkpoint's: {what}", flush=True)
+        if restart_epoch:
+            print(
+                f"note: the checkpoint is from the middle of epoch {position.epochs_done + 1}; "
+                "with another world size or batch size that epoch starts over",
+                flush=True,
+            )
+    return position
+
+
+def describe_position(position: Position, epochs: int, steps_per_epoch: int) -> str:
+    """`epoch=4/10`, or `epoch=4/10 step=12/45` in the middle of the fifth epoch."""
+    where = f"epoch={position.epochs_done}/{epochs}"
+    if position.steps_done:
+        where += f" step={position.steps_done}/{steps_per_epoch}"
+    return where
+
+
+# --- SIGTERM: stop at a step boundary ------------------------------------------------------------
+
+
+class StopRequest:
+    """Notes a SIGTERM, so that training stops at the next step boundary and not mid-step.
+
+    The handler only sets a flag. Saving from inside it could interrupt a torch.save, or an
+    optimizer step half-way through the parameters, and save that.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+
+def exit_stopped() -> NoReturn:
+    """Leave now with SIGTERM_EXIT, once what had to be saved is saved.
+
+    os._exit skips the interpreter's and the process group's teardown: the peers are being
+    stopped too, and one stuck in a collective could hold that teardown up until SIGKILL.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(SIGTERM_EXIT)
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Training:
+    """Everything one rank trains with, built by `set_up`."""
+
+    args: argparse.Namespace
+    topo: Topology
+    device: torch.device
+    data: Data
+    sampler: DistributedSampler[int]
+    loader: DataLoader[tuple[torch.Tensor, ...]]
+    model: nn.Module  # the plain module: evaluated and saved, without DDP's "module." prefix
+    net: nn.Module  # what we train through: DDP all-reduces (averages) gradients in backward
+    optimizer: SGD
+    checkpoints: Path | None
+    stop: StopRequest
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.loader)
+
+
+def set_up(
     args: argparse.Namespace,
     topo: Topology,
     backend: str,
     device: torch.device,
-    started: float,
-) -> None:
-    """Train, printing one metrics line per epoch; rank 0 also evaluates, saves and sums up."""
+    checkpoints: Path | None,
+) -> Training:
     data = load_data()
-
     # Each rank iterates over its own 1/world_size of the rows; the sampler pads the last shard
     # by repeating a few rows so that every rank runs the same number of steps (DDP needs that,
     # as every step is a collective).
@@ -255,100 +512,215 @@ def train(
         f"shard={len(sampler)} samples",
         flush=True,
     )
-
     model = build_model(args.seed).to(device)
-    # `net` is what we train through: DDP all-reduces (averages) gradients during backward.
-    # `model` stays the plain module for evaluation and saving, without DDP's "module." prefix.
     net: nn.Module = model
     if topo.distributed:
         device_ids = [device.index] if device.type == "cuda" else None
         net = DistributedDataParallel(model, device_ids=device_ids)
-
     # Nesterov momentum: the usual choice for SGD on small MLPs, and it tolerates the scaled lr.
     optimizer = SGD(net.parameters(), lr=args.lr, momentum=0.9, nesterov=True)
-    loss_fn = nn.CrossEntropyLoss()
-    accuracy = 0.0
-    steps_per_epoch = len(loader)
-    metrics.declare(total_steps=args.epochs * steps_per_epoch, total_epochs=args.epochs)
+    return Training(
+        args, topo, device, data, sampler, loader, model, net, optimizer, checkpoints, StopRequest()
+    )
 
-    for epoch in range(args.epochs):
-        # Without this every epoch would shuffle the same way.
-        sampler.set_epoch(epoch)
-        lr = learning_rate(epoch, args.epochs, args.lr, topo.world_size)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
 
-        epoch_start = time.perf_counter()
-        loss_sum = 0.0
-        seen = 0
-        for k, (batch_x, batch_y) in enumerate(loader):
-            x, y = batch_x.to(device), batch_y.to(device)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(net(x), y)
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item() * len(y)
-            seen += len(y)
-            if k % METRIC_EVERY_STEPS == 0:
-                # Epochs, not steps, line runs of different world sizes up (fewer steps each).
-                metrics.report(
-                    step=epoch * steps_per_epoch + k,
-                    epoch=epoch + k / steps_per_epoch,
-                    loss=loss.item(),
-                    lr=lr,
-                )
-        elapsed = time.perf_counter() - epoch_start
-        local_loss = loss_sum / seen
-        local_rate = seen / elapsed
+def restore(run: Training, saved: dict[str, Any] | None) -> Position:
+    """Load a checkpoint into this rank's model and optimizer; return where to continue.
 
-        # One small all-reduce per epoch: the global mean loss is total loss over total samples,
-        # and the global throughput is the sum of what each rank processed per second.
-        totals = torch.tensor([loss_sum, float(seen), local_rate], dtype=torch.float64)
-        if topo.distributed:
-            totals = totals.to(device)
+    Every rank loads the same file, so their weights and momentum agree, as DDP requires.
+    """
+    if saved is None:
+        if run.topo.rank == 0 and restart_count() > 0:
+            print(f"no checkpoint to resume from (restart {restart_count()})", flush=True)
+        return Position()
+    run.model.load_state_dict(saved["model"])
+    run.optimizer.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["torch_rng"])
+    is_rank0 = run.topo.rank == 0
+    position = resume_position(
+        saved, run_settings(run.args, run.topo.world_size), keeps_sums=is_rank0, announce=is_rank0
+    )
+    if is_rank0:
+        where = describe_position(position, run.args.epochs, run.steps_per_epoch)
+        path = (run.checkpoints or Path()) / CHECKPOINT_NAME
+        print(f"resumed from checkpoint {path} at {where} (restart {restart_count()})", flush=True)
+    return position
+
+
+def save_checkpoint(run: Training, position: Position) -> None:
+    """Rank 0's save: the replicas are identical, and one writer keeps the file consistent."""
+    if run.checkpoints is None:
+        return
+    state = checkpoint_state(
+        run.model.state_dict(),
+        run.optimizer.state_dict(),
+        position,
+        run_settings(run.args, run.topo.world_size),
+    )
+    save_atomically(state, run.checkpoints / CHECKPOINT_NAME)
+
+
+def halt(run: Training, position: Position) -> NoReturn:
+    """SIGTERM: rank 0 saves `position` (the last step boundary), then every rank exits 143.
+
+    No collective is started here: the other ranks got SIGTERM too, and may already be gone.
+    """
+    where = f"epoch={position.epochs_done} step={position.steps_done}/{run.steps_per_epoch}"
+    if run.topo.rank != 0:
+        print(f"SIGTERM: rank {run.topo.rank} stopping at {where}; exiting", flush=True)
+    elif run.checkpoints is None:
+        print(f"SIGTERM: stopping at {where}; exiting ({CHECKPOINT_DIR_ENV} unset)", flush=True)
+    else:
+        save_checkpoint(run, position)
+        print(f"SIGTERM: saved checkpoint at {where}; exiting", flush=True)
+    exit_stopped()
+
+
+@contextlib.contextmanager
+def halting_on_failure(run: Training, position: Position) -> Iterator[None]:
+    """Around a collective: if it fails after a SIGTERM, halt at `position` instead of failing.
+
+    A peer that got SIGTERM a moment before us stopped at its step boundary while we had already
+    entered the next collective, which then fails when the peer's process ends.
+    """
+    try:
+        yield
+    except RuntimeError:
+        if not run.stop.requested:
+            raise
+        halt(run, position)
+
+
+def train_step(run: Training, batch_x: torch.Tensor, batch_y: torch.Tensor) -> float:
+    """One optimizer step on one batch; returns the batch's mean loss."""
+    x, y = batch_x.to(run.device), batch_y.to(run.device)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(run.net(x), y)
+    loss.backward()
+    run.optimizer.step()
+    return float(loss.item())
+
+
+def run_epoch(run: Training, epoch: int, start: Position) -> float | None:
+    """Train epoch `epoch` (0-based) from `start` and print its line; rank 0 returns the eval
+    accuracy and saves a checkpoint. On SIGTERM this does not return (see `halt`)."""
+    args, topo = run.args, run.topo
+    steps = run.steps_per_epoch
+    # Without this every epoch would shuffle the same way; with it, the order is a function of
+    # the seed and the epoch alone, which is what lets a resumed run see the same batches.
+    run.sampler.set_epoch(epoch)
+    lr = learning_rate(epoch, args.epochs, args.lr, topo.world_size)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+
+    epoch_start = time.perf_counter()
+    loss_sum, seen = start.loss_sum, start.seen
+    # After a mid-epoch resume, the batches already trained are skipped (same sampler order).
+    batches = islice(run.loader, start.steps_done, None)
+    for k, (batch_x, batch_y) in enumerate(batches, start=start.steps_done):
+        # Checked before each step, i.e. before each collective: once SIGTERM has come, no rank
+        # starts one, so none can leave rank 0 waiting in one while it saves.
+        if run.stop.requested:
+            halt(run, Position(epoch, k, loss_sum, seen))
+        # If the step fails, its optimizer step did not run: the state is that after batch k-1.
+        with halting_on_failure(run, Position(epoch, k, loss_sum, seen)):
+            loss = train_step(run, batch_x, batch_y)
+        loss_sum += loss * len(batch_y)
+        seen += len(batch_y)
+        if k % METRIC_EVERY_STEPS == 0:
+            # Epochs, not steps, line runs of different world sizes up (fewer steps each).
+            metrics.report(step=epoch * steps + k, epoch=epoch + k / steps, loss=loss, lr=lr)
+    if run.stop.requested:
+        halt(run, Position(epoch, steps, loss_sum, seen))
+    elapsed = time.perf_counter() - epoch_start
+    local_rate = (seen - start.seen) / elapsed if elapsed > 0 else 0.0
+    return finish_epoch(run, epoch, lr, loss_sum, seen, local_rate)
+
+
+def finish_epoch(
+    run: Training, epoch: int, lr: float, loss_sum: float, seen: int, local_rate: float
+) -> float | None:
+    """Print the epoch's line; rank 0 also evaluates and saves a checkpoint, before printing,
+    so that every epoch a log shows as done is in the checkpoint."""
+    args, topo = run.args, run.topo
+    steps = run.steps_per_epoch
+    # One small all-reduce per epoch: the global mean loss is total loss over total samples,
+    # and the global throughput is the sum of what each rank processed per second.
+    totals = torch.tensor([loss_sum, float(seen), local_rate], dtype=torch.float64)
+    if topo.distributed:
+        totals = totals.to(run.device)
+        with halting_on_failure(run, Position(epoch, steps, loss_sum, seen)):
             dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-        global_loss = totals[0].item() / totals[1].item()
-        global_rate = totals[2].item()
+    global_loss = totals[0].item() / totals[1].item()
+    global_rate = totals[2].item()
 
-        tag = f"epoch={epoch + 1}/{args.epochs}"
-        # Each rank reports its own throughput; the console adds them up.
-        metrics.report(
-            step=(epoch + 1) * steps_per_epoch, epoch=epoch + 1, samples_per_sec=local_rate
+    tag = f"epoch={epoch + 1}/{args.epochs}"
+    # Each rank reports its own throughput; the console adds them up.
+    metrics.report(step=(epoch + 1) * steps, epoch=epoch + 1, samples_per_sec=local_rate)
+    if topo.rank != 0:
+        # seen is 0 here after a resume that found this epoch's batches all done by rank 0's
+        # save (a SIGTERM after the last step); its sums are rank 0's alone.
+        local_loss = loss_sum / seen if seen else float("nan")
+        print(
+            f"{tag} rank={topo.rank} local_loss={local_loss:.4f} "
+            f"local_samples_per_sec={local_rate:.1f}",
+            flush=True,
         )
-        if topo.rank == 0:
-            # The weights are identical on all ranks after each step, so rank 0's accuracy on
-            # the full test set is the model's accuracy; the other ranks need not repeat it.
-            accuracy = evaluate(model, data, device)
-            metrics.report(
-                step=(epoch + 1) * steps_per_epoch, epoch=epoch + 1, eval_accuracy=accuracy
-            )
-            print(
-                f"{tag} loss={global_loss:.4f} lr={lr:.4f} samples_per_sec={global_rate:.1f} "
-                f"eval_accuracy={accuracy:.4f}",
-                flush=True,
-            )
-        else:
-            print(
-                f"{tag} rank={topo.rank} local_loss={local_loss:.4f} "
-                f"local_samples_per_sec={local_rate:.1f}",
-                flush=True,
-            )
+        return None
+    # The weights are identical on all ranks after each step, so rank 0's accuracy on the full
+    # test set is the model's accuracy; the other ranks need not repeat it.
+    accuracy = evaluate(run.model, run.data, run.device)
+    metrics.report(step=(epoch + 1) * steps, epoch=epoch + 1, eval_accuracy=accuracy)
+    save_checkpoint(run, Position(epoch + 1))
+    print(
+        f"{tag} loss={global_loss:.4f} lr={lr:.4f} samples_per_sec={global_rate:.1f} "
+        f"eval_accuracy={accuracy:.4f}",
+        flush=True,
+    )
+    return accuracy
 
-    if topo.rank == 0:
-        checkpoint_dir = os.environ.get("TRAINYARD_CHECKPOINT_DIR")
-        if checkpoint_dir:
-            path = Path(checkpoint_dir)
-            path.mkdir(parents=True, exist_ok=True)
-            torch.save(model.state_dict(), path / "model.pt")
-            print(f"saved checkpoint={path / 'model.pt'}", flush=True)
+
+def finish(run: Training, accuracy: float | None, started: float) -> None:
+    """Rank 0 saves the final weights and prints the summary line."""
+    if run.topo.rank == 0:
+        if accuracy is None:  # resumed from a checkpoint with no epoch left to train
+            accuracy = evaluate(run.model, run.data, run.device)
+        if run.checkpoints is not None:
+            path = run.checkpoints / FINAL_WEIGHTS_NAME
+            save_atomically(run.model.state_dict(), path)
+            print(f"saved checkpoint={path}", flush=True)
         print(
             f"final eval_accuracy={accuracy:.4f} wall_time_s={time.perf_counter() - started:.1f}",
             flush=True,
         )
-    if topo.distributed:
+    if run.topo.distributed:
         # Keep every rank alive until rank 0 has saved and printed: rank 0 hosts the rendezvous
         # store, and peers tearing down around it would log spurious connection errors.
         dist.barrier()
+
+
+def train(
+    args: argparse.Namespace,
+    topo: Topology,
+    backend: str,
+    device: torch.device,
+    started: float,
+    checkpoints: Path | None,
+    saved: dict[str, Any] | None,
+) -> None:
+    """Train, printing one metrics line per epoch; rank 0 also evaluates, saves and sums up."""
+    run = set_up(args, topo, backend, device, checkpoints)
+    position = restore(run, saved)
+    if topo.rank == 0 and checkpoints is not None:
+        remove_temporary_files(checkpoints)
+    metrics.declare(total_steps=args.epochs * run.steps_per_epoch, total_epochs=args.epochs)
+    # Until here a SIGTERM ends the process at once, which is right: there is nothing to save.
+    run.stop.install()
+    accuracy: float | None = None
+    for epoch in range(position.epochs_done, args.epochs):
+        accuracy = run_epoch(run, epoch, position)
+        position = Position(epoch + 1)
+    finish(run, accuracy, started)
 
 
 @contextlib.contextmanager
@@ -379,8 +751,15 @@ def main(argv: list[str] | None = None) -> int:
     configure_threads()
     topo = read_topology()
     backend, device = pick_device(topo)
+    checkpoints = checkpoint_dir()
+    try:
+        # Before joining the others: once every rank has joined, rank 0 may overwrite the file.
+        saved = load_checkpoint(checkpoints) if checkpoints is not None else None
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
     with process_group(topo, backend):
-        train(args, topo, backend, device, started)
+        train(args, topo, backend, device, started, checkpoints, saved)
     return 0
 
 
