@@ -5,7 +5,10 @@ A trainer's metrics are its own, untrusted input: whatever it writes, the agent 
 A bad line becomes a problem message (shown in the job's log as an agent note) and no point.
 A point goes to the job's log stream as one compact JSON object:
     {"name": "loss", "value": 0.25, "step": 120, "epoch": 1.5, "ts": 1732230000.1}
-(step and epoch only when known).
+(step and epoch only when known). A value that is not finite is null there, with what it was
+beside it, so that the line stays strict JSON and no chart or database mistakes it for a number:
+    {"name": "loss", "value": null, "nonfinite": "nan", "step": 130, "ts": 1732230001.4}
+("nan", "inf" or "-inf"). Trainers write such a value as one of those three strings.
 """
 
 import json
@@ -29,6 +32,11 @@ RESERVED_KEYS = frozenset(("name", "value", "step", "epoch", "ts"))
 MAX_LINE_CHARS = 16 * 1024
 MAX_VALUES_PER_LINE = 64
 MAX_STEP = 2**53  # beyond this a JSON number is no longer an exact step in a browser
+# The strings that stand for a value that is not finite, on a trainer's line and in a point.
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+# What a regex metric's value group may capture for one (Python's float() alone would also
+# take "1e999" and the like, which stay refused).
+_NONFINITE_TEXT = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
 
 
 class BadMetric(ValueError):
@@ -45,6 +53,9 @@ class Point:
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"name": self.name, "value": self.value}
+        if not math.isfinite(self.value):
+            data["value"] = None
+            data["nonfinite"] = nonfinite_name(self.value)
         if self.step is not None:
             data["step"] = self.step
         if self.epoch is not None:
@@ -63,6 +74,21 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(number):
         raise BadMetric(f"{what} must be finite, not {value}")
     return number
+
+
+def nonfinite_name(value: float) -> str:
+    """How a point writes a value that is not finite: "nan", "inf" or "-inf"."""
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
+
+
+def _value(value: Any, name: str, what: str) -> float:
+    """Metric `name`'s value: a finite number, or one of the strings "nan", "inf", "-inf" (the
+    declarations of the run's length must be finite)."""
+    if isinstance(value, str) and value in NONFINITE and name not in DECLARATIONS:
+        return NONFINITE[value]
+    return _number(value, what)
 
 
 def _step(value: Any) -> int | None:
@@ -107,13 +133,14 @@ def parse_line(text: str, now: float | None = None) -> list[Point]:
             raise BadMetric(f"unexpected keys {sorted(unexpected)} beside name/value")
         if "value" not in data:
             raise BadMetric("name without value")
-        return [Point(_name(data["name"]), _number(data["value"], "value"), step, epoch, ts)]
+        name = _name(data["name"])
+        return [Point(name, _value(data["value"], name, "value"), step, epoch, ts)]
     values = {k: v for k, v in data.items() if k not in RESERVED_KEYS}
     if not values:
         raise BadMetric("no metric in the line")
     if len(values) > MAX_VALUES_PER_LINE:
         raise BadMetric(f"more than {MAX_VALUES_PER_LINE} metrics in one line")
-    return [Point(_name(k), _number(v, k), step, epoch, ts) for k, v in values.items()]
+    return [Point(_name(k), _value(v, k, k), step, epoch, ts) for k, v in values.items()]
 
 
 @dataclass(frozen=True)
@@ -138,7 +165,8 @@ class RegexMetric:
 
 def scan_lines(definitions: Sequence[RegexMetric], lines: Sequence[str], ts: float) -> list[Point]:
     """Points from log lines that match regex definitions (values that aren't numbers are
-    skipped: a definition is a best effort over free text)."""
+    skipped: a definition is a best effort over free text). A value captured as nan, inf, -inf
+    or Infinity (any case) is a point that is not finite."""
     points = []
     for line in lines:
         for definition in definitions:
@@ -148,12 +176,23 @@ def scan_lines(definitions: Sequence[RegexMetric], lines: Sequence[str], ts: flo
             groups = definition.pattern.groupindex
             try:
                 raw = match.group("value") if "value" in groups else match.group(1)
-                value = _number(float(raw), definition.name)
+                value = _regex_value(raw, definition.name)
                 step = _step(int(match.group("step"))) if "step" in groups else None
             except (BadMetric, TypeError, ValueError):
                 continue
             points.append(Point(definition.name, value, step, None, ts))
     return points
+
+
+def _regex_value(raw: str, name: str) -> float:
+    number = float(raw)
+    if (
+        not math.isfinite(number)
+        and name not in DECLARATIONS
+        and _NONFINITE_TEXT.fullmatch(raw.strip())
+    ):
+        return number
+    return _number(number, name)
 
 
 MAX_DEFINITIONS = 20

@@ -61,6 +61,8 @@
     for (const p of points || []) {
       if (p == null || typeof p.cursor !== "number" || into.seen.has(p.cursor)) continue;
       into.seen.add(p.cursor);
+      // A value that was not finite comes as null (with p.nonfinite): nothing to chart or sum.
+      if (typeof p.value !== "number" || !Number.isFinite(p.value)) continue;
       let list = into.byName.get(p.name);
       if (!list) into.byName.set(p.name, (list = []));
       list.push(p);

@@ -121,10 +121,10 @@ def test_the_helper_writes_the_protocol(tmp_path: Path, monkeypatch: pytest.Monk
     trainyard_metrics.report(step=1, epoch=0.01, loss=0.5, lr=math.nan, samples_per_sec=900.0)
     lines = path.read_text().splitlines()
     assert json.loads(lines[0]) == {"total_steps": 100}
+    assert json.loads(lines[1])["lr"] == "nan"  # not finite: written, as a string
     points = parse_line(lines[1])
-    assert [(p.name, p.value, p.step) for p in points] == [
-        ("loss", 0.5, 1), ("samples_per_sec", 900.0, 1)
-    ]  # fmt: skip
+    assert [(p.name, p.step) for p in points] == [("loss", 1), ("lr", 1), ("samples_per_sec", 1)]
+    assert [points[0].value, points[2].value] == [0.5, 900.0] and math.isnan(points[1].value)
 
 
 def test_the_helper_does_nothing_outside_trainyard(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,12 @@ the environment variable TRAINYARD_METRICS_FILE (the node agent reads it as it g
 
 Names the console charts on their own: loss, lr, eval_accuracy, eval_loss, samples_per_sec (this
 process's throughput; the console adds the processes up). Any other name is charted as a custom
-metric. Values must be finite numbers; a bad line is reported in the job's log and skipped.
+metric. Values are numbers, or one of the strings "nan", "inf" and "-inf" for a value that is not
+finite (a loss gone NaN is worth knowing: a health rule can stop the job); the file stays strict
+JSON, so never the bare NaN / Infinity some encoders write. A bad line is reported in the job's
+log and skipped.
+
+    {"name": "loss", "value": "nan", "step": 130}             a loss that went NaN
 
 From Python (the node agent puts this module on every trainer's PYTHONPATH):
 
@@ -53,16 +58,26 @@ def _write(record: dict[str, object]) -> None:
             channel.write(json.dumps(record, allow_nan=False) + "\n")
 
 
+def _value(value: float) -> float | str:
+    """A metric value as the protocol writes it: a number, or "nan" / "inf" / "-inf"."""
+    number = float(value)
+    if math.isnan(number):
+        return "nan"
+    if math.isinf(number):
+        return "inf" if number > 0 else "-inf"
+    return number
+
+
 def report(step: int | None = None, epoch: float | None = None, **values: float) -> None:
-    """Record metric values at a step (and/or epoch). Non-finite values are left out."""
+    """Record metric values at a step (and/or epoch). A value that is not finite (NaN, ±inf)
+    is written as the string "nan", "inf" or "-inf", so that the console sees it."""
     record: dict[str, object] = {"ts": time.time()}
     if step is not None:
         record["step"] = int(step)
     if epoch is not None:
         record["epoch"] = float(epoch)
-    finite = {k: float(v) for k, v in values.items() if math.isfinite(float(v))}
-    if finite:
-        _write(record | finite)
+    if values:
+        _write(record | {k: _value(v) for k, v in values.items()})
 
 
 def declare(total_steps: int | None = None, total_epochs: float | None = None) -> None:
