@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.models import FrameworkImage, Job, JobRole, Node, Package, Quota, Replica
-from jobs.services import scheduling
+from jobs.services import nodes, scheduling
 
 
 @admin.register(FrameworkImage)
@@ -82,7 +82,7 @@ class NodeAdmin(admin.ModelAdmin):
         "last_heartbeat",
         "registered",
     )
-    actions = ("drain", "return_to_service", "use_reported_capacity")
+    actions = ("drain", "drain_and_evict", "return_to_service", "use_reported_capacity")
 
     @admin.display(description="status")
     def status(self, node: Node) -> str:
@@ -97,12 +97,24 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drain: no new work (running work continues)")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        queryset.update(state=Node.State.DRAINING)
+        nodes.drain([n.name for n in queryset])
+
+    @admin.action(
+        description=f"Drain and evict: running jobs get SIGTERM and "
+        f"{nodes.EVICT_GRACE_SECONDS:.0f} s to checkpoint, then restart on other nodes"
+    )
+    def drain_and_evict(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        names = [n.name for n in queryset]
+        evicted = nodes.drain(names, evict=True, by=request.user.get_username())
+        self.message_user(
+            request,
+            f"Drained {', '.join(names)}; evicted "
+            + (f"jobs {', '.join(map(str, evicted))}." if evicted else "no job."),
+        )
 
     @admin.action(description="Return to service (ready for new work)")
     def return_to_service(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
-        queryset.update(state=Node.State.READY)
-        scheduling.request_schedule()
+        nodes.return_to_service([n.name for n in queryset])
 
     @admin.action(description="Advertise what the agent reports")
     def use_reported_capacity(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:

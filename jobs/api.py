@@ -15,10 +15,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from jobs import logstream
 from jobs.access import get_job_for, visible_jobs
-from jobs.models import FrameworkImage, Job, KVStoreMode, Package
+from jobs.models import FrameworkImage, Job, KVStoreMode, Node, Package
 from jobs.services import (
     baselines,
+    cluster,
     metric_export,
+    nodes,
     outcomes,
     presenters,
     quota,
@@ -111,6 +113,13 @@ def job_as_dict(job: Job) -> dict[str, Any]:
         "log_archived": job.log_archived,
         "baseline": job.baseline_id,
         "metrics": job.metric_definitions,
+        "restart": {
+            "policy": job.restart_policy,
+            "max_restarts": job.max_restarts,
+            "backoff_seconds": job.restart_backoff_seconds,
+            "exclude_failed_node": job.exclude_failed_node,
+        },
+        "health_rules": job.health_rules,
         **presenters.job_state_payload(job),
     }
 
@@ -146,6 +155,12 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "description": i.description,
                 "roles": list(i.roles),
                 "kvstore_modes": list(KVStoreMode.values) if i.framework == "kvstore" else [],
+                "restart": {
+                    "policy": i.restart_policy,
+                    "max_restarts": i.max_restarts,
+                    "backoff_seconds": i.restart_backoff_seconds,
+                },
+                "health_rules": i.health_rules,
             }
             for i in FrameworkImage.objects.filter(enabled=True)
         ],
@@ -347,3 +362,75 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> HttpResponse:
         return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
     baseline.refresh_from_db()
     return JsonResponse(job_as_dict(baseline), status=201)
+
+
+@api_endpoint("GET")
+def node_list(request: HttpRequest) -> HttpResponse:
+    return JsonResponse(
+        {
+            "nodes": [
+                {
+                    "name": row.node.name,
+                    "address": row.node.address,
+                    "status": row.status,
+                    "capacity": {
+                        "cpu": row.node.cpu,
+                        "gpus": row.node.gpus,
+                        "memory_gb": row.node.memory_gb,
+                    },
+                    "used": row.used,
+                    "free": row.free,
+                    "jobs": row.jobs,
+                    "last_heartbeat": row.node.last_heartbeat.isoformat()
+                    if row.node.last_heartbeat
+                    else None,
+                }
+                for row in cluster.node_rows()
+            ]
+        }
+    )
+
+
+MAX_EVICT_GRACE_SECONDS = 3600
+
+
+@api_endpoint("POST")
+def node_drain(request: HttpRequest, name: str) -> HttpResponse:
+    """Admins: no new work to the node; with {"evict": true}, move its running jobs away
+    (SIGTERM, `grace_seconds` to checkpoint, then a restart elsewhere), as a spot instance's
+    preemption notice would."""
+    if not request.user.is_staff:
+        return error(403, "auth", "Only administrators drain nodes.")
+    if not Node.objects.filter(name=name).exists():
+        return error(404, "node", f"No node {name!r}.")
+    try:
+        body = _json_body(request)
+    except ValidationFailed as exc:
+        return JsonResponse({"errors": exc.errors}, status=400)
+    body = {} if body is None else body
+    if not isinstance(body, dict) or set(body) - {"evict", "grace_seconds"}:
+        return error(400, "request", 'Send {"evict": true|false, "grace_seconds": N} or nothing.')
+    evict = body.get("evict", False)
+    grace = body.get("grace_seconds", nodes.EVICT_GRACE_SECONDS)
+    if not isinstance(evict, bool):
+        return error(400, "evict", "Give true or false.")
+    if (
+        isinstance(grace, bool)
+        or not isinstance(grace, int | float)
+        or not 0 <= grace <= MAX_EVICT_GRACE_SECONDS
+    ):
+        return error(400, "grace_seconds", f"Give seconds from 0 to {MAX_EVICT_GRACE_SECONDS}.")
+    by = request.user.get_username()
+    evicted = nodes.drain([name], evict=evict, grace_seconds=float(grace), by=by)
+    return JsonResponse({"node": name, "status": "draining", "evicted_jobs": evicted})
+
+
+@api_endpoint("POST")
+def node_ready(request: HttpRequest, name: str) -> HttpResponse:
+    """Admins: return a drained node to service."""
+    if not request.user.is_staff:
+        return error(403, "auth", "Only administrators return nodes to service.")
+    if not Node.objects.filter(name=name).exists():
+        return error(404, "node", f"No node {name!r}.")
+    nodes.return_to_service([name])
+    return JsonResponse({"node": name, "status": "ready"})

@@ -4,8 +4,9 @@ It only relays: commands (cancel, submit) go through HTTP. Connect with ?after=C
 after cursor C, then live) or ?tail=N (about the last N lines, then live). Frames:
   {"type": "state", "job": {...}}             current state, then on every change
   {"type": "log", "batches": [...], "next": C}  lines after the client's cursor, then live; a
-                                               batch is {"first", "role", "index", "node",
-                                               "stream", "ts", "lines"}: line k is cursor first+k
+                                               batch is {"first", "role", "index", "attempt",
+                                               "node", "stream", "ts", "lines"}: line k is
+                                               cursor first+k; attempt 0 is the first run
   {"type": "heartbeat", "next": C}            nothing new for a while; the connection is alive
   {"type": "gap", "after": A, "next": B, "reason": "..."}
                                                lines after A up to B are kept nowhere any more
@@ -129,7 +130,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     same = list(run)
                     position = same[-1].last
                     if is_metrics:
-                        points = [p for b in same for p in b.points()]
+                        # A value that was not finite is null: no chart takes it (the
+                        # health rules read it from the stream themselves).
+                        points = [p for b in same for p in b.points() if p["value"] is not None]
                         await self._send({"type": "metric", "points": points, "next": position})
                     else:
                         wire = [b.wire() for b in same]

@@ -1,12 +1,13 @@
 """The New job form: turns its fields into the same request dict the API takes."""
 
+import json
 import shlex
 from typing import Any
 
 from django import forms
 from django.conf import settings
 
-from jobs.models import Framework, FrameworkImage, KVStoreMode, Package
+from jobs.models import Framework, FrameworkImage, KVStoreMode, Package, RestartPolicy
 from workers.programs import BUILTIN_EXAMPLES
 
 PATH_CHOICE = "__path__"
@@ -23,6 +24,12 @@ FIELD_FOR_ERROR = {
     "roles.worker.package": "package",
     "roles.master.instances": "instances",
     "roles.worker.instances": "instances",
+    "restart": "restart_policy",
+    "restart.policy": "restart_policy",
+    "restart.max_restarts": "max_restarts",
+    "restart.backoff_seconds": "restart_backoff_seconds",
+    "restart.exclude_failed_node": "exclude_failed_node",
+    "health_rules": "health_rules",
 }
 # A parameter-server form has its own worker fields, and server fields.
 PS_FIELD_FOR_ERROR = {
@@ -64,6 +71,27 @@ class NewJobForm(forms.Form):
     servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
     worker_package = forms.ChoiceField(label="Worker package", required=False)
     workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
+    restart_policy = forms.ChoiceField(
+        label="When an instance fails",
+        choices=[("", "the image's default")] + [(p.value, p.label) for p in RestartPolicy],
+        required=False,
+    )
+    max_restarts = forms.IntegerField(
+        label="Restarts at most", min_value=0, max_value=100, initial=3, required=False
+    )
+    restart_backoff_seconds = forms.IntegerField(
+        label="Seconds between restarts", min_value=0, max_value=3600, initial=10, required=False
+    )
+    exclude_failed_node = forms.BooleanField(
+        label="Restart away from the node that failed", required=False
+    )
+    health_rules = forms.CharField(
+        label="Health rules (JSON)",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
+        help_text="Left empty: the image's rules. E.g. "
+        '[{"kind": "non-finite", "metric": "loss", "action": "stop"}] — see docs/health-rules.md.',
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,6 +131,15 @@ class NewJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None
 
+    def clean_health_rules(self) -> Any:
+        text = (self.cleaned_data.get("health_rules") or "").strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
+
     def framework(self) -> str:
         image = FrameworkImage.objects.filter(name=self.cleaned_data.get("image")).first()
         return image.framework if image else Framework.PYTORCH
@@ -127,6 +164,17 @@ class NewJobForm(forms.Form):
             "image": data["image"],
             "program": {"script": script, "args": data["args"]},
         }
+        if data.get("restart_policy"):
+            request["restart"] = {
+                "policy": data["restart_policy"],
+                "max_restarts": data["max_restarts"] if data["max_restarts"] is not None else 3,
+                "backoff_seconds": data["restart_backoff_seconds"]
+                if data["restart_backoff_seconds"] is not None
+                else 10,
+                "exclude_failed_node": bool(data.get("exclude_failed_node")),
+            }
+        if data.get("health_rules") is not None:
+            request["health_rules"] = data["health_rules"]
         if self.framework() == Framework.KVSTORE:
             request["roles"] = {
                 "server": {"package": data["server_package"], "instances": data["servers"]},

@@ -67,6 +67,7 @@ class Batch:
     ts: float = 0.0
     lines: list[str] = field(default_factory=list)
     reason: str = ""  # END: why the log ended; GAP: why the lines are missing
+    attempt: int = 0  # the job attempt the process belongs to (0: the first run)
 
     @property
     def tag(self) -> str:
@@ -82,7 +83,8 @@ class Batch:
         return self.kind == LogChunk.Kind.LINES and self.stream == METRIC
 
     def points(self) -> list[dict[str, Any]]:
-        """A metric batch's points, each with its origin and cursor."""
+        """A metric batch's points, each with its origin and cursor. A value that is not finite
+        is null, with "nonfinite" saying what it was (see `point_value`)."""
         out = []
         for k, text in enumerate(self.lines):
             point = json.loads(text)
@@ -97,7 +99,7 @@ class Batch:
         skip = cursor - self.first + 1
         return Batch(
             cursor + 1, self.last, self.kind, self.role, self.index, self.node, self.stream,
-            self.ts, self.lines[skip:], self.reason,
+            self.ts, self.lines[skip:], self.reason, self.attempt,
         )  # fmt: skip
 
     def before(self, cursor: int) -> "Batch":
@@ -107,7 +109,7 @@ class Batch:
         keep = max(0, cursor - self.first)
         return Batch(
             self.first, cursor - 1, self.kind, self.role, self.index, self.node, self.stream,
-            self.ts, self.lines[:keep], self.reason,
+            self.ts, self.lines[:keep], self.reason, self.attempt,
         )  # fmt: skip
 
     def wire(self) -> dict[str, Any]:
@@ -116,6 +118,7 @@ class Batch:
             "first": self.first,
             "role": self.role,
             "index": self.index,
+            "attempt": self.attempt,
             "node": self.node,
             "stream": self.stream,
             "ts": self.ts,
@@ -127,6 +130,7 @@ class Batch:
             "cursor": self.first + k,
             "role": self.role,
             "index": self.index,
+            "attempt": self.attempt,
             "node": self.node,
             "stream": self.stream,
             "ts": self.ts,
@@ -160,7 +164,13 @@ def parse_entry(entry_id: str, fields: dict[str, str]) -> Batch:
         stream=STREAM_NAMES.get(fields[contract.FIELD_STREAM], fields[contract.FIELD_STREAM]),
         ts=float(fields[contract.FIELD_TS]),
         lines=lines,
+        attempt=_attempt_of(fields),
     )
+
+
+def _attempt_of(fields: dict[str, str]) -> int:
+    """An entry's attempt: absent (a first attempt, or written before restarts existed) is 0."""
+    return int(fields.get(contract.FIELD_ATTEMPT, 0))
 
 
 def _parse_old_entry(last: int, fields: dict[str, str]) -> Batch:
@@ -186,6 +196,7 @@ def chunk_from_entry(job_id: int, entry_id: str, fields: dict[str, str]) -> LogC
         kind=LogChunk.Kind.LINES, role=fields[contract.FIELD_ROLE],
         index=int(fields[contract.FIELD_INDEX]), node=fields[contract.FIELD_NODE],
         stream=STREAM_NAMES.get(code, code), ts=float(fields[contract.FIELD_TS]), text=text,
+        attempt=_attempt_of(fields),
     )  # fmt: skip
 
 
@@ -198,7 +209,7 @@ def from_chunk(chunk: LogChunk) -> Batch:
         reason = chunk.text
     return Batch(
         chunk.first_cursor, chunk.last_cursor, chunk.kind, chunk.role, chunk.index, chunk.node,
-        chunk.stream, chunk.ts, lines, reason,
+        chunk.stream, chunk.ts, lines, reason, chunk.attempt,
     )  # fmt: skip
 
 
@@ -207,7 +218,7 @@ def to_chunk(job_id: int, batch: Batch) -> LogChunk:
     return LogChunk(
         job_id=job_id, first_cursor=batch.first, last_cursor=batch.last, kind=batch.kind,
         role=batch.role, index=batch.index, node=batch.node, stream=batch.stream, ts=batch.ts,
-        text=text,
+        text=text, attempt=batch.attempt,
     )  # fmt: skip
 
 
@@ -415,11 +426,23 @@ def line_counts(job_id: int) -> dict[str, Any]:
 # --- metric points ---------------------------------------------------------------------------
 
 
+def point_value(point: dict[str, Any]) -> float:
+    """A point's value as a float: NaN, inf or -inf for a point whose value is null because
+    it was not finite (`"value": null, "nonfinite": "nan"`, as workers.metricparse writes it)."""
+    if point["value"] is not None:
+        return float(point["value"])
+    nonfinite = point["nonfinite"]
+    if nonfinite not in ("nan", "inf", "-inf"):
+        raise ValueError(f"a point's nonfinite is nan, inf or -inf, not {nonfinite!r}")
+    return float(nonfinite)
+
+
 def metric_points(
     job_id: int, after: int = 0, upto: int | None = None, name: str | None = None
 ) -> tuple[list[dict[str, Any]], int]:
     """Points with cursor in (after, upto], oldest first, and the cursor read up to: archived
-    ones from MetricPoint, newer ones from the stream."""
+    ones from MetricPoint, newer ones from the stream. Points whose value is not finite (null)
+    are left out, here as in the archive: charts, figures and exports take numbers only."""
     rows = MetricPoint.objects.filter(job_id=job_id, cursor__gt=after).order_by("cursor")
     if upto is not None:
         rows = rows.filter(cursor__lte=upto)
@@ -437,7 +460,9 @@ def metric_points(
                 points.extend(
                     p
                     for p in batch.points()
-                    if (upto is None or p["cursor"] <= upto) and (name is None or p["name"] == name)
+                    if p["value"] is not None
+                    and (upto is None or p["cursor"] <= upto)
+                    and (name is None or p["name"] == name)
                 )
             position = batch.last
     return points, position if upto is None else min(position, upto)
@@ -468,7 +493,9 @@ def _text_after(job_id: int, after: int) -> tuple[str, int, bool]:
         if batch.kind == LogChunk.Kind.GAP:
             parts.append(f"--- {batch.reason} ---\n")
         elif batch.is_log:
-            prefix = f"[{batch.tag}] "
+            # Lines of a restarted job's later attempts say which (numbered from 1, as shown).
+            attempt = f" · attempt {batch.attempt + 1}" if batch.attempt else ""
+            prefix = f"[{batch.tag}{attempt}] "
             parts.append(prefix + ("\n" + prefix).join(batch.lines) + "\n")
         if count + 1 >= PAGE_BATCHES:
             break

@@ -40,6 +40,18 @@ class KVStoreMode(models.TextChoices):
     DIST_ASYNC = "dist_async", "dist_async"
 
 
+class RestartPolicy(models.TextChoices):
+    """What happens when an instance fails: end the job, or stop every instance and start the
+    whole group again (torch elastic's way), up to `max_restarts` times."""
+
+    NEVER = "never", "never: a failure ends the job"
+    ON_FAILURE = "on-failure", "on failure: restart the whole job"
+
+
+def new_checkpoint_key() -> str:
+    return secrets.token_hex(8)
+
+
 class FrameworkImage(models.Model):
     """A named runtime for trainers: its framework decides the roles and how they launch."""
 
@@ -56,6 +68,18 @@ class FrameworkImage(models.Model):
         help_text="Metrics read off log lines of every job on this image: "
         '[{"name": "loss", "regex": "loss=([0-9.]+)"}]',
     )
+    # Defaults for jobs on this image; a job may set its own.
+    restart_policy = models.CharField(
+        max_length=20, choices=RestartPolicy.choices, default=RestartPolicy.NEVER
+    )
+    max_restarts = models.PositiveSmallIntegerField(default=0)
+    restart_backoff_seconds = models.PositiveIntegerField(default=10)
+    health_rules = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Rules every job on this image starts with (see docs/health-rules.md): "
+        '[{"kind": "non-finite", "metric": "loss", "action": "stop"}]',
+    )
 
     class Meta:
         ordering = ["name"]
@@ -69,12 +93,20 @@ class FrameworkImage(models.Model):
 
     def clean(self) -> None:
         """Refuse metric definitions the agent could not use, with the reason, in the admin."""
+        from jobs.healthrules import RuleError, parse_rules
         from workers.metricparse import BadMetric, check_definitions
 
+        problems = {}
         try:
             check_definitions(self.metric_definitions)
         except BadMetric as exc:
-            raise ValidationError({"metric_definitions": str(exc)}) from None
+            problems["metric_definitions"] = str(exc)
+        try:
+            parse_rules(self.health_rules)
+        except RuleError as exc:
+            problems["health_rules"] = str(exc)
+        if problems:
+            raise ValidationError(problems)
 
 
 class Package(models.Model):
@@ -187,6 +219,9 @@ class Node(models.Model):
     previous_heartbeat = models.DateTimeField(
         null=True, blank=True, help_text="The last heartbeat of the agent's previous incarnation."
     )
+    # When the agent sent the heartbeat applied last (its own clock): heartbeats are handled by
+    # several console threads, and an older one arriving late must not undo a newer one.
+    heartbeat_sent = models.FloatField(default=0.0)
     registered = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -212,27 +247,39 @@ class Job(models.Model):
         """A job's state. Allowed transitions (`Job.TRANSITIONS`):
 
         pending -> queued             admitted: its replicas wait for room on the nodes
-        queued  -> running            every replica has started
-        queued | running -> succeeded every replica exited 0
-        pending | queued | running -> failed     an instance failed, or its node was lost
-        pending | queued | running -> cancelled  a user cancelled it
+        queued  -> running            every replica of the current attempt has started
+        queued | running -> succeeded every replica of the current attempt exited 0
+        queued | running -> restarting   an instance failed (or a health rule, or an eviction,
+                                      asked for a restart) and the restart policy allows one:
+                                      every instance is stopped, a new attempt waits
+        restarting -> queued          the old attempt's processes are gone and the back-off has
+                                      passed: the new attempt waits for room on the nodes
+        pending | queued | running | restarting -> failed     an instance failed and no restart
+                                      is left, or a health rule stopped it
+        pending | queued | running | restarting -> cancelled  a user cancelled it
 
-        succeeded, failed and cancelled are final.
+        succeeded, failed and cancelled are final. A restarting job keeps its quota.
         """
 
         PENDING = "pending"
         QUEUED = "queued"
         RUNNING = "running"
+        RESTARTING = "restarting"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CANCELLED = "cancelled"
 
-    ACTIVE_STATES = (State.PENDING, State.QUEUED, State.RUNNING)
+    ACTIVE_STATES = (State.PENDING, State.QUEUED, State.RUNNING, State.RESTARTING)
     TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
     TRANSITIONS: dict[str, frozenset[str]] = {
         State.PENDING: frozenset({State.QUEUED, State.FAILED, State.CANCELLED}),
-        State.QUEUED: frozenset({State.RUNNING, State.SUCCEEDED, State.FAILED, State.CANCELLED}),
-        State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED}),
+        State.QUEUED: frozenset(
+            {State.RUNNING, State.SUCCEEDED, State.RESTARTING, State.FAILED, State.CANCELLED}
+        ),
+        State.RUNNING: frozenset(
+            {State.SUCCEEDED, State.RESTARTING, State.FAILED, State.CANCELLED}
+        ),
+        State.RESTARTING: frozenset({State.QUEUED, State.FAILED, State.CANCELLED}),
         State.SUCCEEDED: frozenset(),
         State.FAILED: frozenset(),
         State.CANCELLED: frozenset(),
@@ -264,6 +311,29 @@ class Job(models.Model):
         related_name="+",
         help_text="An earlier job this one is compared with (curves, speedup, samples per dollar).",
     )
+    restart_policy = models.CharField(
+        max_length=20, choices=RestartPolicy.choices, default=RestartPolicy.NEVER
+    )
+    max_restarts = models.PositiveSmallIntegerField(default=0)
+    restart_backoff_seconds = models.PositiveIntegerField(default=10)
+    exclude_failed_node = models.BooleanField(
+        default=False, help_text="Restart away from the node where the failure happened."
+    )
+    health_rules = models.JSONField(default=list, blank=True)
+    # The current attempt (0: the first run); replicas of earlier attempts keep their rows.
+    attempt = models.PositiveIntegerField(default=0)
+    restarts_used = models.PositiveSmallIntegerField(
+        default=0, help_text="Restarts counted against max_restarts (evictions are not)."
+    )
+    restart_at = models.DateTimeField(
+        null=True, blank=True, help_text="A restarting job's next attempt waits until then."
+    )
+    excluded_nodes = models.JSONField(
+        default=list, blank=True, help_text="Nodes this job's attempts no longer go to."
+    )
+    # Names the job's checkpoint folder on the shared root together with its id, so that a job
+    # id used again (a fresh database) never resumes another job's checkpoints.
+    checkpoint_key = models.CharField(max_length=32, default=new_checkpoint_key)
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)
@@ -281,6 +351,12 @@ class Job(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE_STATES
+
+    @property
+    def restarts_left(self) -> int:
+        if self.restart_policy != RestartPolicy.ON_FAILURE:
+            return 0
+        return max(0, self.max_restarts - self.restarts_used)
 
     @property
     def per_worker_batch(self) -> int | None:
@@ -317,8 +393,55 @@ class JobRole(models.Model):
         return f"{self.role} {self.package} ×{self.instances}"
 
 
+class JobAttempt(models.Model):
+    """One run of the whole job: the first, and one per restart, with why it ended."""
+
+    job = models.ForeignKey(Job, related_name="attempts", on_delete=models.CASCADE)
+    number = models.PositiveIntegerField(help_text="0 for the first run, then 1, 2, ...")
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+    nodes = models.JSONField(default=list, blank=True)
+    reason = models.TextField(blank=True, help_text="Why it ended, when not by succeeding.")
+    counted = models.BooleanField(
+        default=True, help_text="Whether its end used up a restart (an eviction does not)."
+    )
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="one_row_per_attempt")
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number + 1} of job {self.job_id}"
+
+
+class HealthEvent(models.Model):
+    """A health rule that fired on a job, with what it measured and what was done."""
+
+    job = models.ForeignKey(Job, related_name="health_events", on_delete=models.CASCADE)
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(auto_now_add=True)
+    rule = models.CharField(max_length=200)
+    action = models.CharField(max_length=30)
+    role = models.CharField(max_length=20)
+    index = models.IntegerField(default=0)
+    node = models.CharField(max_length=100, blank=True)
+    # The measured value: a number, or "nan" / "inf" / "-inf" (JSON and SQLite have no NaN).
+    value = models.JSONField(null=True, blank=True)
+    message = models.TextField()
+    outcome = models.TextField(blank=True, help_text="What the console did about it.")
+
+    class Meta:
+        ordering = ["job", "at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.rule} on job {self.job_id}"
+
+
 class Replica(models.Model):
-    """One running copy of a role: what node it is on and how it ended."""
+    """One running copy of a role in one attempt: what node it is on and how it ended."""
 
     class State(models.TextChoices):
         """A replica's state. Allowed transitions (`Replica.TRANSITIONS`):
@@ -351,6 +474,7 @@ class Replica(models.Model):
     }
 
     job = models.ForeignKey(Job, related_name="replicas", on_delete=models.CASCADE)
+    attempt = models.PositiveIntegerField(default=0)
     role = models.CharField(max_length=20)
     index = models.PositiveIntegerField()
     # None for the platform's own roles (the scheduler): they hold no package and no capacity.
@@ -375,7 +499,9 @@ class Replica(models.Model):
     class Meta:
         ordering = ["job", "id"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "role", "index"], name="one_replica_per_slot")
+            models.UniqueConstraint(
+                fields=["job", "attempt", "role", "index"], name="one_replica_per_slot"
+            )
         ]
 
     def __str__(self) -> str:
@@ -404,6 +530,7 @@ class LogChunk(models.Model):
     kind = models.CharField(max_length=5, choices=Kind.choices, default=Kind.LINES)
     role = models.CharField(max_length=20, blank=True)
     index = models.IntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
     node = models.CharField(max_length=100, blank=True)
     stream = models.CharField(max_length=6, blank=True, help_text="stdout or stderr")
     ts = models.FloatField(default=0.0, help_text="When the agent read the first line.")

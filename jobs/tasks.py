@@ -12,7 +12,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
-from jobs.services import nodes, reconcile, reports, scheduling
+from jobs.services import nodes, reconcile, reports, restarts, scheduling
 from workers import contract
 
 
@@ -29,6 +29,7 @@ def replica_started(payload: dict[str, Any]) -> None:
         payload["index"],
         payload["node"],
         str(payload.get("incarnation", "")),
+        attempt=int(payload.get("attempt", 0)),
     )
 
 
@@ -44,12 +45,18 @@ def replica_exited(payload: dict[str, Any]) -> None:
         payload.get("reason", ""),
         payload.get("stderr_tail", []),
         payload.get("ended_at"),
+        attempt=int(payload.get("attempt", 0)),
     )
 
 
 @shared_task(name=contract.TASK_SCHEDULE)
 def schedule() -> None:
     scheduling.schedule()
+
+
+@shared_task(name=contract.TASK_RESUME_RESTART)
+def resume_restart(job_id: int) -> None:
+    restarts.resume(job_id)
 
 
 _loop: reconcile.ReconcileLoop | None = None

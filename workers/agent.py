@@ -35,6 +35,7 @@ log = logging.getLogger("trainyard.agent")
 
 HEARTBEAT_SECONDS_ENV = "TRAINYARD_HEARTBEAT_SECONDS"
 DEFAULT_HEARTBEAT_SECONDS = 5.0
+CHECKPOINT_ROOT_ENV = "TRAINYARD_CHECKPOINT_ROOT"
 # A heartbeat older than this many intervals is worthless: the broker drops it.
 HEARTBEAT_EXPIRES_INTERVALS = 6
 # The local stack (like systemd's default) SIGKILLs an agent 30 s after SIGTERM; end well before.
@@ -77,8 +78,15 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
         supervisor.start(ReplicaSpec.from_dict(spec))
 
     @app.task(name=contract.TASK_STOP_JOB)
-    def stop_job(job_id: int, reason: str, replicas: list[dict[str, Any]] | None = None) -> None:
-        supervisor.stop_job(job_id, reason, replicas)
+    def stop_job(
+        job_id: int,
+        reason: str,
+        replicas: list[dict[str, Any]] | None = None,
+        up_to_attempt: int | None = None,
+        grace_seconds: float | None = None,
+        only_listed: bool = False,
+    ) -> None:
+        supervisor.stop_job(job_id, reason, replicas, up_to_attempt, grace_seconds, only_listed)
 
 
 def retry_policy(deadline: float | None) -> dict[str, Any]:
@@ -174,6 +182,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path(os.environ.get(contract.TRAINYARD_CODE_ROOT, "code")),
         help="users' scripts must resolve inside this folder",
     )
+    parser.add_argument(
+        "--checkpoint-root",
+        type=Path,
+        default=os.environ.get(CHECKPOINT_ROOT_ENV) or None,
+        help="where jobs' checkpoint folders are; every node must see the same folder (a "
+        "shared file system) for a job to resume on another node after a restart "
+        f"(default: ${CHECKPOINT_ROOT_ENV}, else checkpoints/ in --workdir)",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -241,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir=workdir,
         code_root=args.code_root.resolve(),
         gpus=args.gpus,
+        checkpoint_root=(args.checkpoint_root or args.workdir / "checkpoints").resolve(),
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.

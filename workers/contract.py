@@ -24,6 +24,10 @@ TRAINYARD_JOB_ID = "TRAINYARD_JOB_ID"
 TRAINYARD_ROLE = "TRAINYARD_ROLE"
 TRAINYARD_INDEX = "TRAINYARD_INDEX"
 TRAINYARD_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
+# Restarts so far (0 on the first attempt), under Trainyard's name and torch elastic's.
+TRAINYARD_RESTART_COUNT = "TRAINYARD_RESTART_COUNT"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
 TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
 # The metrics channel: a file the process appends JSON lines to (see workers/metrics.py).
@@ -38,6 +42,8 @@ TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"
 # Console-internal: place waiting jobs (sent on commit by whatever may have made room).
 TASK_SCHEDULE = "trainyard.console.schedule"
+# Console-internal: start a restarting job's next attempt once its back-off is over.
+TASK_RESUME_RESTART = "trainyard.console.resume_restart"
 
 
 def node_queue(node_name: str) -> str:
@@ -65,9 +71,11 @@ def job_log_keys(job_id: int) -> list[str]:
     return [log_stream_key(job_id), log_cursor_key(job_id), log_seen_key(job_id)]
 
 
-def rendezvous_key(job_id: int) -> str:
-    """Where the master's agent publishes MASTER_PORT once it has found a free port."""
-    return f"trainyard:{{job:{job_id}}}:rendezvous"
+def rendezvous_key(job_id: int, attempt: int = 0) -> str:
+    """Where the master's agent publishes MASTER_PORT once it has found a free port; each
+    attempt of a restarted job meets on a port of its own."""
+    suffix = f":{attempt}" if attempt else ""
+    return f"trainyard:{{job:{job_id}}}:rendezvous{suffix}"
 
 
 # --- Log stream entry fields ---
@@ -81,6 +89,10 @@ FIELD_NODE = "n"
 FIELD_STREAM = "s"  # "o" (stdout) or "e" (stderr)
 FIELD_TS = "t"  # unix time the agent read the batch's first line (the rest within milliseconds)
 FIELD_LINES = "l"  # the lines joined by "\n" (a line never holds one: the reader splits on it)
+# The job attempt the process belongs to (0 the first run, 1 after the first restart, ...).
+# Present only when the attempt is > 0, so entries of a first attempt are byte-for-byte what
+# they were before restarts existed; a reader takes an entry without it as attempt 0.
+FIELD_ATTEMPT = "a"
 FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"

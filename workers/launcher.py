@@ -19,9 +19,9 @@ INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_")
 TRAINER_LIB = Path(__file__).resolve().parent / "trainer_lib"
 
 
-def metrics_file(checkpoint_dir: Path, local_rank: int) -> Path:
-    """Where a process's metrics channel is: beside its checkpoints, one file per process."""
-    return checkpoint_dir.parent / f"metrics-{local_rank}.jsonl"
+def metrics_file(instance_dir: Path, local_rank: int) -> Path:
+    """Where a process's metrics channel is: in its instance's folder, one file per process."""
+    return instance_dir / f"metrics-{local_rank}.jsonl"
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ def build_processes(
     spec: ReplicaSpec,
     script: Path,
     master_port: int,
+    instance_dir: Path,
     checkpoint_dir: Path,
     gpu_ids: list[int],
     python: str = sys.executable,
@@ -50,7 +51,9 @@ def build_processes(
     """The processes of one replica. argv is a list: arguments are never seen by a shell.
 
     `master_port` is the rendezvous port: MASTER_PORT for PyTorch, DMLC_PS_ROOT_PORT for a
-    parameter-server job (whose scheduler hosts the rendezvous).
+    parameter-server job (whose scheduler hosts the rendezvous). `instance_dir` is this
+    instance's own folder in this attempt; `checkpoint_dir` is the job's, shared by every
+    instance and every attempt.
     """
     common = inherited_env(base_env)
     common.update(spec.extra_env)
@@ -66,6 +69,9 @@ def build_processes(
             contract.TRAINYARD_ROLE: spec.role,
             contract.TRAINYARD_INDEX: str(spec.index),
             contract.TRAINYARD_CHECKPOINT_DIR: str(checkpoint_dir),
+            contract.TRAINYARD_RESTART_COUNT: str(spec.attempt),
+            contract.TORCHELASTIC_RESTART_COUNT: str(spec.attempt),
+            contract.TORCHELASTIC_MAX_RESTARTS: str(spec.max_restarts),
         }
     )
     # An instance without GPUs must not pick up the host's GPUs by accident.
@@ -84,7 +90,7 @@ def build_processes(
                 contract.TRAINYARD_KVSTORE: spec.kvstore,
             }
         )
-        common[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(checkpoint_dir, 0))
+        common[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(instance_dir, 0))
         return [LocalProcess(0, argv, common)]
     common.update(
         {
@@ -100,6 +106,6 @@ def build_processes(
         env = dict(common)
         env[contract.LOCAL_RANK] = str(local_rank)
         env[contract.RANK] = str(spec.rank_offset + local_rank)
-        env[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(checkpoint_dir, local_rank))
+        env[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(instance_dir, local_rank))
         processes.append(LocalProcess(local_rank, argv, env))
     return processes

@@ -62,6 +62,7 @@ class ReplicaKey:
     role: str
     index: int
     node: str
+    attempt: int = 0  # the job attempt the process belongs to: its lines are tagged with it
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +296,7 @@ class LogShipper:
         key = chunk.key
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
-            self._writer, self._seq,
+            self._writer, self._seq, key.attempt,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:

@@ -54,9 +54,10 @@ class LogBatch:
     lines: Sequence[str]
     writer: str
     seq: int
+    attempt: int = 0  # the job attempt the process belongs to (0: the first run)
 
     def fields(self) -> dict[str, str]:
-        return {
+        fields = {
             contract.FIELD_ROLE: self.role,
             contract.FIELD_INDEX: str(self.index),
             contract.FIELD_NODE: self.node,
@@ -64,28 +65,33 @@ class LogBatch:
             contract.FIELD_TS: repr(self.ts),
             contract.FIELD_LINES: "\n".join(self.lines),
         }
+        if self.attempt > 0:
+            fields[contract.FIELD_ATTEMPT] = str(self.attempt)
+        return fields
 
     def to_json(self) -> str:
-        """One line of the agent's disk spool."""
-        return json.dumps(
-            [
-                self.job_id,
-                self.role,
-                self.index,
-                self.node,
-                self.stream,
-                self.ts,
-                list(self.lines),
-                self.writer,
-                self.seq,
-            ],
-            ensure_ascii=False,
-        )
+        """One line of the agent's disk spool (the attempt only when > 0, as in the stream)."""
+        values = [
+            self.job_id,
+            self.role,
+            self.index,
+            self.node,
+            self.stream,
+            self.ts,
+            list(self.lines),
+            self.writer,
+            self.seq,
+        ]
+        if self.attempt > 0:
+            values.append(self.attempt)
+        return json.dumps(values, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> "LogBatch":
-        job_id, role, index, node, stream, ts, lines, writer, seq = json.loads(text)
-        return cls(job_id, role, index, node, stream, ts, lines, writer, seq)
+        """Parse a spool line; one written before batches had attempts is attempt 0."""
+        job_id, role, index, node, stream, ts, lines, writer, seq, *rest = json.loads(text)
+        attempt = int(rest[0]) if rest else 0
+        return cls(job_id, role, index, node, stream, ts, lines, writer, seq, attempt)
 
 
 class LogSink:

@@ -44,12 +44,19 @@ class ReplicaSpec:
     kvstore: str = ""
     # Metrics read off log lines: [{"name": "loss", "regex": "loss=([0-9.]+)"}, ...]
     metric_definitions: list[dict[str, str]] = field(default_factory=list)
+    # Which run of the whole job this is (0: the first; each restart adds one), how many
+    # restarts the job may use, and the key naming its checkpoint folder on every attempt.
+    attempt: int = 0
+    max_restarts: int = 0
+    checkpoint_key: str = ""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise SpecError(f"unknown framework {self.framework!r}")
-        if self.index < 0 or self.job_id < 1:
-            raise SpecError("job id and index must be positive")
+        if self.index < 0 or self.job_id < 1 or self.attempt < 0:
+            raise SpecError("job id, index and attempt must be positive")
+        if not all(c.isalnum() for c in self.checkpoint_key):
+            raise SpecError("the checkpoint key must be letters and digits")
         if not 1 <= self.local_world_size <= max(1, self.gpus):
             raise SpecError("local_world_size must be between 1 and the instance's GPU count")
         if not 0 <= self.rank_offset < self.world_size:

@@ -68,6 +68,8 @@ FINISHED_KEEP_MAX = 1000
 STILL_WAITING_WARNING_SECONDS = 60.0
 WAIT_SLICE_SECONDS = 0.1
 NODE_AGENT_SHUT_DOWN = "the node agent shut down"
+# Written in a job's checkpoint folder by its first attempt; a restart looks for it.
+CHECKPOINT_MARKER = ".trainyard-job"
 
 
 class Report(Protocol):
@@ -79,6 +81,10 @@ class Report(Protocol):
         `deadline` (a time.monotonic() value) is when the caller stops waiting, during a
         shutdown: retry only until then. None: retry as long as a broker outage may last.
         """
+
+
+# A replica on this node: job id, attempt, role, index.
+Ident = tuple[int, int, str, int]
 
 
 class ReplicaState(enum.Enum):
@@ -116,6 +122,7 @@ class _ReplicaRun:
     readers: list[threading.Thread] = field(default_factory=list)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
+    stop_grace: float = STOP_GRACE_SECONDS
     # Set (under the supervisor's lock) before the group leaders are reaped: from then on their
     # pids, and so the group ids, may be reused by strangers and must not be signalled.
     leaders_released: bool = False
@@ -129,8 +136,8 @@ class _ReplicaRun:
     ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
 
     @property
-    def ident(self) -> tuple[int, str, int]:
-        return (self.spec.job_id, self.spec.role, self.spec.index)
+    def ident(self) -> "Ident":
+        return (self.spec.job_id, self.spec.attempt, self.spec.role, self.spec.index)
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,7 @@ class Supervisor:
         code_root: Path,
         gpus: int = 0,
         incarnation: str | None = None,
+        checkpoint_root: Path | None = None,
     ) -> None:
         self.node = node
         # Names this agent process in every report, so the console can tell a restarted agent
@@ -195,10 +203,12 @@ class Supervisor:
         self._report = report
         self._workdir = workdir
         self._code_root = code_root
+        # Shared by every node in a cluster: a restart on another node resumes from it.
+        self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
         self._free_gpus = set(range(gpus))
-        self._runs: dict[tuple[int, str, int], _ReplicaRun] = {}
-        self._finished: OrderedDict[tuple[int, str, int], _Outcome] = OrderedDict()
+        self._runs: dict[Ident, _ReplicaRun] = {}
+        self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
         self._lock = threading.Lock()
         self._closing: _Closing | None = None
         self._sampler = SystemSampler(self._watched, gpu_usage=inventory.gpu_usage)
@@ -212,7 +222,7 @@ class Supervisor:
         Returns False when nothing was started: the replica runs (its start is reported again
         if its processes run) or ended lately (its exit is reported again).
         """
-        ident = (spec.job_id, spec.role, spec.index)
+        ident = (spec.job_id, spec.attempt, spec.role, spec.index)
         with self._lock:
             if self._closing is not None:
                 raise RuntimeError("agent is shutting down")
@@ -234,7 +244,8 @@ class Supervisor:
 
     def _launch(self, spec: ReplicaSpec) -> None:
         """Call with the lock held."""
-        run = _ReplicaRun(spec, ReplicaKey(spec.job_id, spec.role, spec.index, self.node))
+        key = ReplicaKey(spec.job_id, spec.role, spec.index, self.node, attempt=spec.attempt)
+        run = _ReplicaRun(spec, key)
         if spec.gpus:
             run.gpu_ids = sorted(self._free_gpus)[: spec.gpus]
             self._free_gpus -= set(run.gpu_ids)
@@ -248,27 +259,46 @@ class Supervisor:
         run.thread.start()
 
     def stop_job(
-        self, job_id: int, reason: str, replicas: list[dict[str, Any]] | None = None
+        self,
+        job_id: int,
+        reason: str,
+        replicas: list[dict[str, Any]] | None = None,
+        up_to_attempt: int | None = None,
+        grace_seconds: float | None = None,
+        only_listed: bool = False,
     ) -> int:
-        """Stop every process of the job on this node; returns how many replicas it stopped.
+        """Stop every process of the job on this node (of attempts up to `up_to_attempt`, when
+        given: a restart stops the old attempt, never the next); returns how many replicas it
+        stopped. The processes get `grace_seconds` between SIGTERM and SIGKILL.
 
-        `replicas` ([{"role", "index"}]) are those the console expects on this node: each one
-        this node does not run gets its exit report again if it ended lately, or a report that
-        it is unknown here. Process groups of the job that an earlier agent left are killed
-        too: a stop ends every process of the job, whether this agent knows it or not.
+        `replicas` ([{"role", "index", "attempt"}]) are those the console expects on this node:
+        each one this node does not run gets its exit report again if it ended lately, or a
+        report that it is unknown here. Process groups of the job that an earlier agent left
+        are killed too: a stop ends every process of the job, whether this agent knows it or
+        not. With `only_listed`, only the replicas named stop (the console found them running
+        where it wants none): the job's other replicas here go on.
         """
+        listed = set(_replica_idents(replicas or []))
         with self._lock:
-            runs = [r for (j, _, _), r in self._runs.items() if j == job_id]
-            known = {(r.spec.role, r.spec.index) for r in runs}
+            runs = [
+                r
+                for (j, attempt, role, index), r in self._runs.items()
+                if j == job_id
+                and (up_to_attempt is None or attempt <= up_to_attempt)
+                and (not only_listed or (attempt, role, index) in listed)
+            ]
+            known = {(r.spec.attempt, r.spec.role, r.spec.index) for r in runs}
             answers: list[dict[str, Any]] = []
-            for role, index in _replica_idents(replicas or []):
-                if (role, index) not in known:
-                    outcome = self._recent_outcome((job_id, role, index))
+            for attempt, role, index in sorted(listed):
+                if (attempt, role, index) not in known:
+                    outcome = self._recent_outcome((job_id, attempt, role, index))
                     answers.append(
-                        outcome.report if outcome else self._unknown_report(job_id, role, index)
+                        outcome.report
+                        if outcome
+                        else self._unknown_report(job_id, attempt, role, index)
                     )
         for run in runs:
-            self._request_stop(run, reason)
+            self._request_stop(run, reason, grace_seconds)
         with self._lock:
             # The groups this agent supervises stop gracefully through their own threads; no
             # new process starts in a replica once its stop is requested.
@@ -285,6 +315,7 @@ class Supervisor:
         return [
             {
                 "job_id": r.spec.job_id,
+                "attempt": r.spec.attempt,
                 "role": r.spec.role,
                 "index": r.spec.index,
                 "state": (
@@ -303,7 +334,7 @@ class Supervisor:
         with self._lock:
             self._forget_old_outcomes()
             outcomes = list(self._finished.values())
-        keys = ("job_id", "role", "index", "state", "exit_code", "reason", "ended_at")
+        keys = ("job_id", "attempt", "role", "index", "state", "exit_code", "reason", "ended_at")
         return [{k: o.report[k] for k in keys} for o in outcomes]
 
     def reap_leftovers(self) -> list[Reaped]:
@@ -358,7 +389,7 @@ class Supervisor:
             self._finish(run, exit_code, reason)
 
     def _rendezvous(self, run: _ReplicaRun) -> int:
-        key = contract.rendezvous_key(run.spec.job_id)
+        key = contract.rendezvous_key(run.spec.job_id, run.spec.attempt)
         if run.spec.hosts_rendezvous:
             port = _free_port(run.spec.master_addr)
             self._redis.set(key, port, ex=7 * 24 * 3600)
@@ -390,14 +421,16 @@ class Supervisor:
             script = resolve_program(spec.program, self._code_root)
         except ProgramError as exc:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
-        job_dir = self._workdir / "jobs" / str(spec.job_id) / spec.tag
-        checkpoint_dir = job_dir / "checkpoints"
-        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        job_dir = self._workdir / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}" / spec.tag
+        job_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = self._checkpoint_dir(spec)
         try:
             run.regex_metrics = compile_definitions(spec.metric_definitions)
         except BadMetric as exc:
             self._note(run, f"metric definitions ignored: {exc}")
-        for local in build_processes(spec, script, master_port, checkpoint_dir, run.gpu_ids):
+        for local in build_processes(
+            spec, script, master_port, job_dir, checkpoint_dir, run.gpu_ids
+        ):
             with self._lock:
                 # A stop that arrived while we were starting must not miss this process.
                 if run.stop_requested.is_set():
@@ -433,6 +466,7 @@ class Supervisor:
         )
         run.started_report = {
             "job_id": spec.job_id,
+            "attempt": spec.attempt,
             "role": spec.role,
             "index": spec.index,
             "node": self.node,
@@ -441,6 +475,30 @@ class Supervisor:
         }
         run.state = ReplicaState.RUNNING
         self._send_report(contract.TASK_REPLICA_STARTED, run.started_report)
+
+    def _checkpoint_dir(self, spec: ReplicaSpec) -> Path:
+        """The job's checkpoint folder on the shared root: the same for every instance and
+        every attempt. A restart refuses to start where the first attempt's folder cannot be
+        seen: its trainers would silently start from scratch."""
+        name = (
+            f"job-{spec.job_id}-{spec.checkpoint_key}"
+            if spec.checkpoint_key
+            else f"job-{spec.job_id}"
+        )
+        folder = self.checkpoint_root / name
+        marker = folder / CHECKPOINT_MARKER
+        if spec.attempt > 0 and not marker.is_file():
+            raise RuntimeError(
+                f"cannot restart on {self.node}: the checkpoint root {self.checkpoint_root} "
+                f"there does not hold job {spec.job_id}'s folder {name}; a restart needs a "
+                "checkpoint root that every node shares (see docs/checkpoints.md)"
+            )
+        folder.mkdir(parents=True, exist_ok=True)
+        if not marker.exists():
+            temporary = folder / f".{CHECKPOINT_MARKER}.{os.getpid()}.{threading.get_ident()}"
+            temporary.write_text(f"{spec.job_id}\n")
+            os.replace(temporary, marker)
+        return folder
 
     def _pump(self, run: _ReplicaRun, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None and proc.stderr is not None
@@ -499,12 +557,16 @@ class Supervisor:
             run.stop_requested.wait(MONITOR_INTERVAL_SECONDS)
         return None
 
-    def _request_stop(self, run: _ReplicaRun, reason: str) -> None:
+    def _request_stop(
+        self, run: _ReplicaRun, reason: str, grace_seconds: float | None = None
+    ) -> None:
         """Ask a replica to stop: SIGTERM now, and its own thread does the rest (SIGKILL after
         the grace, the exit report), so the caller does not wait."""
         with self._lock:
             if not run.stop_requested.is_set():
                 run.stop_reason = reason
+                if grace_seconds is not None:
+                    run.stop_grace = max(0.0, grace_seconds)
                 run.stop_requested.set()
             if not run.leaders_released:
                 for proc in run.procs:
@@ -515,7 +577,7 @@ class Supervisor:
         with self._lock:
             for proc in run.procs:
                 _signal_group(proc, signal.SIGTERM)
-        grace_ends = time.monotonic() + STOP_GRACE_SECONDS
+        grace_ends = time.monotonic() + run.stop_grace
         self._wait(
             lambda: all(_exit_code(p) is not None for p in run.procs),
             until=lambda c: min(grace_ends, c.kill_by) if c else grace_ends,
@@ -569,6 +631,7 @@ class Supervisor:
             log.warning("log lines of %s/%s left in the spool", spec.job_id, spec.tag)
         report = {
             "job_id": spec.job_id,
+            "attempt": spec.attempt,
             "role": spec.role,
             "index": spec.index,
             "node": self.node,
@@ -652,7 +715,7 @@ class Supervisor:
                     job_id, reaped.record.tag, reaped.killed,
                 )  # fmt: skip
 
-    def _recent_outcome(self, ident: tuple[int, str, int]) -> _Outcome | None:
+    def _recent_outcome(self, ident: Ident) -> _Outcome | None:
         """Call with the lock held."""
         self._forget_old_outcomes()
         return self._finished.get(ident)
@@ -666,9 +729,10 @@ class Supervisor:
                 break
             self._finished.popitem(last=False)
 
-    def _unknown_report(self, job_id: int, role: str, index: int) -> dict[str, Any]:
+    def _unknown_report(self, job_id: int, attempt: int, role: str, index: int) -> dict[str, Any]:
         return {
             "job_id": job_id,
+            "attempt": attempt,
             "role": role,
             "index": index,
             "node": self.node,
@@ -681,11 +745,14 @@ class Supervisor:
         }
 
 
-def _replica_idents(replicas: list[dict[str, Any]]) -> list[tuple[str, int]]:
+def _replica_idents(replicas: list[dict[str, Any]]) -> list[tuple[int, str, int]]:
+    """(attempt, role, index) of each replica a stop message names."""
     idents = []
     for replica in replicas:
         try:
-            idents.append((str(replica["role"]), int(replica["index"])))
+            idents.append(
+                (int(replica.get("attempt", 0)), str(replica["role"]), int(replica["index"]))
+            )
         except (KeyError, TypeError, ValueError):
             log.warning("ignoring a malformed replica in a stop message: %r", replica)
     return idents

@@ -1,6 +1,7 @@
 """Sending work to node agents through Celery: short messages on each node's own queue."""
 
 import logging
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F
@@ -16,8 +17,8 @@ log = logging.getLogger(__name__)
 
 
 def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
-    """(node, spec) for every replica of a placed job."""
-    replicas = list(job.replicas.select_related("node", "package"))
+    """(node, spec) for every replica of a placed job's current attempt."""
+    replicas = list(job.replicas.filter(attempt=job.attempt).select_related("node", "package"))
     if job.kvstore:
         return _parameter_server_specs(job, replicas)
     return _pytorch_specs(job, replicas)
@@ -52,6 +53,7 @@ def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, Replica
             cpus=replica.package.cpu,
             gpus=replica.package.gpus,
             metric_definitions=_metric_definitions(job),
+            **_attempt_fields(job),
         )
         specs.append((replica.node.name, spec))
         rank += local_size
@@ -92,9 +94,20 @@ def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str
             num_workers=workers,
             kvstore=job.kvstore,
             metric_definitions=_metric_definitions(job),
+            **_attempt_fields(job),
         )
         specs.append((replica.node.name, spec))
     return specs
+
+
+def _attempt_fields(job: Job) -> dict[str, Any]:
+    """What every instance of an attempt shares: which attempt, how many may follow, and the
+    key that names the job's checkpoint folder on every attempt."""
+    return {
+        "attempt": job.attempt,
+        "max_restarts": job.max_restarts,
+        "checkpoint_key": job.checkpoint_key,
+    }
 
 
 def _metric_definitions(job: Job) -> list[dict[str, str]]:
@@ -103,14 +116,14 @@ def _metric_definitions(job: Job) -> list[dict[str, str]]:
 
 
 def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
-    """The first start messages of a placed job (after commit)."""
-    # A job id can repeat when a fresh database meets an old Redis: clear what an earlier
-    # job of that id left, so its log and rendezvous port are not mistaken for this one's.
-    get_redis().delete(
-        contract.log_stream_key(job_id),
-        contract.log_cursor_key(job_id),
-        contract.rendezvous_key(job_id),
-    )
+    """The first start messages of a placed attempt (after commit)."""
+    attempt = specs[0][1].attempt if specs else 0
+    if attempt == 0:
+        # A job id can repeat when a fresh database meets an old Redis: clear what an earlier
+        # job of that id left, so its log and rendezvous port are not mistaken for this one's.
+        # (A restart keeps the log: it goes on with the new attempt's lines.)
+        get_redis().delete(contract.log_stream_key(job_id), contract.log_cursor_key(job_id))
+    get_redis().delete(contract.rendezvous_key(job_id, attempt))
     _send_specs(specs)
 
 
@@ -126,7 +139,7 @@ def _send_specs(specs: list[tuple[str, ReplicaSpec]]) -> None:
 def resend_starts(job: Job, replicas: list[Replica]) -> None:
     """Start messages again for replicas whose agent never acknowledged one. The agent ignores
     a start of a replica it already runs, so a message that was only slow does no harm."""
-    wanted = {(r.role, r.index) for r in replicas}
+    wanted = {(r.role, r.index) for r in replicas if r.attempt == job.attempt}
     specs = [(n, s) for n, s in build_specs(job) if (s.role, s.index) in wanted]
     now = timezone.now()
     for replica in replicas:
@@ -136,23 +149,47 @@ def resend_starts(job: Job, replicas: list[Replica]) -> None:
     transaction.on_commit(lambda: _send_specs(specs), robust=True)
 
 
-def send_stops_on_commit(job_id: int, replicas: list[Replica], reason: str) -> None:
+def send_stops_on_commit(
+    job_id: int,
+    replicas: list[Replica],
+    reason: str,
+    up_to_attempt: int | None = None,
+    grace_seconds: float | None = None,
+) -> None:
     """Ask each node's agent to stop the job there, naming the replicas the console expects
-    on it: an agent that does not run one says so, and the console stops waiting for it."""
+    on it: an agent that does not run one says so, and the console stops waiting for it.
+
+    `up_to_attempt` spares later attempts (a restart stops the old attempt, never the new
+    one); `grace_seconds` is how long the processes have between SIGTERM and SIGKILL.
+    """
     by_node: dict[str, list[dict[str, object]]] = {}
     for replica in replicas:
         if replica.node is not None:
             by_node.setdefault(replica.node.name, []).append(
-                {"role": replica.role, "index": replica.index}
+                {"role": replica.role, "index": replica.index, "attempt": replica.attempt}
             )
     Replica.objects.filter(pk__in=[r.pk for r in replicas]).update(stop_sent=timezone.now())
-    transaction.on_commit(lambda: send_stops(job_id, by_node, reason), robust=True)
+    transaction.on_commit(
+        lambda: send_stops(job_id, by_node, reason, up_to_attempt, grace_seconds), robust=True
+    )
 
 
-def send_stops(job_id: int, by_node: dict[str, list[dict[str, object]]], reason: str) -> None:
+def send_stops(
+    job_id: int,
+    by_node: dict[str, list[dict[str, object]]],
+    reason: str,
+    up_to_attempt: int | None = None,
+    grace_seconds: float | None = None,
+    only_listed: bool = False,
+) -> None:
+    """Stop messages, per node; `only_listed` stops just the replicas named (a stray), not
+    every process of the job there."""
     for node, expected in sorted(by_node.items()):
-        app.send_task(
-            contract.TASK_STOP_JOB,
-            kwargs={"job_id": job_id, "reason": reason, "replicas": expected},
-            queue=contract.node_queue(node),
-        )
+        kwargs: dict[str, Any] = {"job_id": job_id, "reason": reason, "replicas": expected}
+        if only_listed:
+            kwargs["only_listed"] = True
+        if up_to_attempt is not None:
+            kwargs["up_to_attempt"] = up_to_attempt
+        if grace_seconds is not None:
+            kwargs["grace_seconds"] = grace_seconds
+        app.send_task(contract.TASK_STOP_JOB, kwargs=kwargs, queue=contract.node_queue(node))

@@ -23,6 +23,7 @@ from django.db.models import Max
 from jobs import logstream
 from jobs.logstream import RawEntry
 from jobs.models import Job, LogChunk, MetricPoint
+from jobs.services.health import HealthMonitor
 from jobs.services.presenters import log_end_reason
 from workers import contract
 from workers.logsink import LogSink
@@ -36,8 +37,11 @@ ENTRIES_PER_READ = 500
 MIN_PASS_SECONDS = 0.5
 
 
-def archive_once(client: redis.Redis, block_ms: int = BLOCK_MILLISECONDS) -> int:
-    """One pass over every unarchived job; returns how many batches it saved."""
+def archive_once(
+    client: redis.Redis, block_ms: int = BLOCK_MILLISECONDS, monitor: HealthMonitor | None = None
+) -> int:
+    """One pass over every unarchived job; returns how many batches it saved. `monitor`, if
+    given, sees every entry saved (the health rules read the log as it is archived)."""
     pending = dict(
         Job.objects.filter(log_archived=False).values_list("pk", "log_complete").order_by("pk")
     )
@@ -61,6 +65,8 @@ def archive_once(client: redis.Redis, block_ms: int = BLOCK_MILLISECONDS) -> int
         job_id = _job_of(key)
         touched.add(job_id)
         saved += _save(client, job_id, heads.get(job_id, 0), entries)
+        if monitor is not None:
+            monitor.entries(job_id, entries)
     for job_id, complete in pending.items():
         if complete and job_id not in touched:
             _close_if_unclosed(client, job_id, heads.get(job_id, 0))
@@ -100,8 +106,12 @@ def _save(client: redis.Redis, job_id: int, head: int, entries: list[RawEntry]) 
 
 
 def _metric_rows(job_id: int, batch: logstream.Batch) -> list[MetricPoint]:
+    """The rows of a metric batch's points. A point whose value is not finite (null in the
+    stream) has none: MetricPoint.value is a number (the health rules saw it in the stream)."""
     rows = []
     for point in batch.points():
+        if point["value"] is None:
+            continue
         rows.append(
             MetricPoint(
                 job_id=job_id,
@@ -133,10 +143,14 @@ def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:
 
 def run(client: redis.Redis, stop: threading.Event) -> None:
     """Archive until `stop` is set; Redis or database outages are waited out."""
+    monitor = HealthMonitor(client)
     while not stop.is_set():
         started = time.monotonic()
         try:
-            if archive_once(client):
+            monitor.refresh()
+            saved = archive_once(client, monitor=monitor)
+            monitor.tick()
+            if saved:
                 # Live readers take lines from Redis; the archive can lag a moment, and one
                 # transaction per pass for many entries costs far less than one per entry.
                 stop.wait(max(0.0, MIN_PASS_SECONDS - (time.monotonic() - started)))

@@ -5,7 +5,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import Node
+from jobs.models import Job, Node, Replica
 from jobs.services import scheduling
 
 
@@ -31,6 +31,10 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
         if node is None:
             node = Node(name=name, cpu=0, memory_gb=0)
         restarted = bool(node.incarnation) and incarnation != node.incarnation
+        sent = float(payload.get("sent") or 0.0)
+        if not restarted and node.pk is not None and sent and sent <= node.heartbeat_sent:
+            return  # overtaken by a newer heartbeat of the same agent: what it says is stale
+        node.heartbeat_sent = sent
         if incarnation != node.incarnation:
             node.previous_heartbeat = node.last_heartbeat
             node.incarnation = incarnation
@@ -55,3 +59,58 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
         from jobs.services import reconcile  # reconcile builds on this module
 
         reconcile.check_node_now(name)
+
+
+# How long an evicted job's processes have between SIGTERM and SIGKILL to save a checkpoint,
+# unless the drain says otherwise (a spot instance's notice is typically 30 s to 2 min).
+EVICT_GRACE_SECONDS = 30.0
+
+
+def drain(names: list[str], evict: bool = False, grace_seconds: float = EVICT_GRACE_SECONDS,
+          by: str = "") -> list[int]:  # fmt: skip
+    """Send no new work to these nodes; with `evict`, also move the jobs running there.
+
+    An evicted job's processes get SIGTERM (with `grace_seconds` to checkpoint), and the job
+    restarts on other nodes as its restart policy says, without using up a restart: the
+    failure is the platform's, not the job's. A job whose policy is never fails, saying why.
+    Returns the ids of the jobs evicted.
+    """
+    from jobs.services import outcomes, restarts  # both build on this module's neighbours
+
+    Node.objects.filter(name__in=names).update(state=Node.State.DRAINING)
+    if not evict:
+        return []
+    who = f" by {by}" if by else ""
+    evicted = []
+    job_ids = (
+        Replica.objects.filter(node__name__in=names, state__in=Replica.HOLDING_STATES)
+        .values_list("job_id", flat=True)
+        .distinct()
+    )
+    for job_id in sorted(set(job_ids)):
+        with transaction.atomic():
+            job = outcomes.locked_job(job_id)
+            if job is None or job.state not in (Job.State.QUEUED, Job.State.RUNNING):
+                continue
+            there = sorted(
+                set(
+                    restarts.current_replicas(job)
+                    .filter(node__name__in=names, state__in=Replica.HOLDING_STATES)
+                    .values_list("node__name", flat=True)
+                )
+            )
+            if not there:
+                continue
+            why = f"{', '.join(there)} drained with eviction{who}"
+            if restarts.may_restart(job, counts=False):
+                restarts.begin(job, why, counts=False, grace_seconds=grace_seconds)
+            else:
+                outcomes.fail(job, f"{why}; its restart policy is never", "evicted", grace_seconds)
+            evicted.append(job_id)
+    scheduling.request_schedule()
+    return evicted
+
+
+def return_to_service(names: list[str]) -> None:
+    Node.objects.filter(name__in=names).update(state=Node.State.READY)
+    scheduling.request_schedule()

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
-from jobs.services import dispatch, presenters, scheduling, transitions
+from jobs.services import dispatch, presenters, restarts, scheduling, transitions
 from workers.logsink import LogSink
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,13 @@ def replica_ended(
     """Record that `replica` ended in `state` (succeeded, failed or stopped), and decide what it
     means for `job`. Returns False, changing nothing, when the replica had already ended.
 
-    A replica that stops while its job is still active was not stopped by the platform: it is
-    a failure (an agent shutting down, say), and fails the job like any other.
+    A replica of the current attempt that stops while its job is still active was not stopped
+    by the platform: it is a failure (an agent shutting down, say), like any other. Replicas
+    of an earlier attempt were stopped by a restart: their end decides nothing, except that
+    the last of them lets the next attempt start.
     """
-    if state == Replica.State.STOPPED and job.is_active:
+    current = replica.attempt == job.attempt and job.state != Job.State.RESTARTING
+    if state == Replica.State.STOPPED and job.is_active and current:
         state = Replica.State.FAILED
     moved = transitions.move_replica(
         replica,
@@ -63,27 +66,52 @@ def replica_ended(
     )
     if not moved:
         return False
-    if state == Replica.State.SUCCEEDED:
-        if job.is_active and not job.replicas.exclude(state=Replica.State.SUCCEEDED).exists():
+    if not current:
+        restarts.resume_when_ready(job)
+    elif state == Replica.State.SUCCEEDED:
+        if (
+            job.is_active
+            and not restarts.current_replicas(job).exclude(state=Replica.State.SUCCEEDED).exists()
+        ):
             transitions.move_job(job, Job.State.SUCCEEDED, "")
+            restarts.attempt_ended(job)
     elif state == Replica.State.FAILED:
         if job.is_active:
-            # One instance down means the distributed job cannot go on: fail it whole.
-            transitions.move_job(job, Job.State.FAILED, root_cause(job))
-            stop_the_rest(job, f"{replica.tag} failed")
-        elif job.state == Job.State.FAILED:
+            attempt_failed(job, replica)
+        elif job.state == Job.State.FAILED and replica.attempt == job.attempt:
             # A failure found late (a lost node) may have happened before the one reported.
-            transitions.set_job_reason(job, root_cause(job))
+            transitions.set_job_reason(job, restarts.final_reason(job, root_cause(job)))
     complete_log_if_done(job)
     # Capacity was freed: let waiting jobs in.
     scheduling.request_schedule()
     return True
 
 
+def attempt_failed(job: Job, replica: Replica) -> None:
+    """One instance down means the distributed job cannot go on: restart the whole job if its
+    policy allows, else fail it."""
+    cause = root_cause(job)
+    if restarts.may_restart(job):
+        exclude = [replica.node.name] if job.exclude_failed_node and replica.node else []
+        restarts.begin(job, cause, exclude=exclude)
+    else:
+        fail(job, restarts.final_reason(job, cause), f"{replica.tag} failed")
+
+
+def fail(job: Job, reason: str, stop_reason: str, grace_seconds: float | None = None) -> None:
+    """Fail an active job for good and stop whatever of it still runs."""
+    if transitions.move_job(job, Job.State.FAILED, reason):
+        restarts.attempt_ended(job, reason)
+        stop_the_rest(job, stop_reason, grace_seconds)
+
+
 def root_cause(job: Job) -> str:
     """The job's reason: the earliest failure among its replicas, in words."""
     failed = list(
-        job.replicas.filter(state=Replica.State.FAILED).select_related("node").order_by("id")
+        restarts.current_replicas(job)
+        .filter(state=Replica.State.FAILED)
+        .select_related("node")
+        .order_by("id")
     )
     if not failed:
         return job.reason
@@ -96,7 +124,7 @@ def root_cause(job: Job) -> str:
     return f"{first.tag} on {node}: {first.reason or 'stopped'}"
 
 
-def stop_the_rest(job: Job, reason: str) -> None:
+def stop_the_rest(job: Job, reason: str, grace_seconds: float | None = None) -> None:
     """The job has ended: stop its replicas that still run, drop those never placed.
 
     Running replicas keep their node's capacity until their agent says they stopped (or
@@ -105,7 +133,7 @@ def stop_the_rest(job: Job, reason: str) -> None:
     transitions.stop_unplaced(job)
     holding = list(job.replicas.filter(state__in=Replica.HOLDING_STATES).select_related("node"))
     if holding:
-        dispatch.send_stops_on_commit(job.pk, holding, reason)
+        dispatch.send_stops_on_commit(job.pk, holding, reason, grace_seconds=grace_seconds)
 
 
 def cancel(job_id: int, by: User) -> Job:
@@ -116,6 +144,7 @@ def cancel(job_id: int, by: User) -> Job:
         transitions.move_job(
             job, Job.State.CANCELLED, f"cancelled by {by.get_username()}", strict=True
         )
+        restarts.attempt_ended(job, job.reason)
         stop_the_rest(job, "cancelled")
         complete_log_if_done(job)
         scheduling.request_schedule()

@@ -31,7 +31,38 @@ def job_state_payload(job: Job) -> dict[str, Any]:
                 "exit_code": r.exit_code,
                 "reason": r.reason,
             }
-            for r in job.replicas.select_related("node").order_by("id")
+            for r in job.replicas.filter(attempt=job.attempt).select_related("node").order_by("id")
+        ],
+        "attempt": job.attempt,
+        "restarts_used": job.restarts_used,
+        "max_restarts": job.max_restarts,
+        "restart_at": job.restart_at.isoformat()
+        if job.state == Job.State.RESTARTING and job.restart_at
+        else None,
+        "attempts": [
+            {
+                "number": a.number + 1,
+                "started": a.started.isoformat() if a.started else None,
+                "finished": a.finished.isoformat() if a.finished else None,
+                "nodes": a.nodes,
+                "reason": a.reason,
+                "counted": a.counted,
+            }
+            for a in job.attempts.order_by("number")
+        ],
+        "health_events": [
+            {
+                "at": e.at.isoformat(),
+                "attempt": e.attempt + 1,
+                "rule": e.rule,
+                "action": e.action,
+                "instance": Replica(role=e.role, index=e.index).tag,
+                "node": e.node,
+                "value": e.value,
+                "message": e.message,
+                "outcome": e.outcome,
+            }
+            for e in job.health_events.order_by("at", "id")
         ],
     }
 
@@ -40,7 +71,7 @@ def queue_position(job: Job) -> int | None:
     """1 for the first job waiting for room, 2 for the next...; None when not waiting."""
     if (
         job.state != Job.State.QUEUED
-        or not job.replicas.filter(state=Replica.State.PENDING).exists()
+        or not job.replicas.filter(attempt=job.attempt, state=Replica.State.PENDING).exists()
     ):
         return None
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")

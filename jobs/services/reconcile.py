@@ -40,11 +40,11 @@ from redis import RedisError
 
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import dispatch, outcomes, reports, scheduling
+from jobs.services import dispatch, outcomes, reports, restarts, scheduling
 
 log = logging.getLogger(__name__)
 
-ReplicaKey = tuple[int, str, int]
+ReplicaKey = tuple[int, int, str, int]  # job id, attempt, role, index
 
 
 @dataclass
@@ -59,6 +59,7 @@ class PassReport:
     starts_resent: int = 0
     stops_resent: int = 0
     strays_stopped: int = 0
+    restarts_resumed: int = 0
     seconds: float = 0.0
 
     @property
@@ -69,6 +70,7 @@ class PassReport:
             + self.starts_resent
             + self.stops_resent
             + self.strays_stopped
+            + self.restarts_resumed
         )
 
     def summary(self) -> str:
@@ -77,12 +79,27 @@ class PassReport:
             f"reconciled {self.replicas} replicas on {self.nodes} nodes in "
             f"{self.seconds * 1000:.0f} ms: {self.ended} ended, {self.outcomes_applied} outcomes "
             f"from heartbeats, {self.starts_resent} starts and {self.stops_resent} stops sent "
-            f"again, {self.strays_stopped} stray processes stopped{lost}"
+            f"again, {self.strays_stopped} stray processes stopped, {self.restarts_resumed} "
+            f"restarted jobs queued{lost}"
         )
 
 
 def _key(entry: dict[str, Any]) -> ReplicaKey:
-    return (int(entry["job_id"]), str(entry["role"]), int(entry["index"]))
+    return (
+        int(entry["job_id"]),
+        int(entry.get("attempt", 0)),
+        str(entry["role"]),
+        int(entry["index"]),
+    )
+
+
+def _key_of(replica: Replica) -> ReplicaKey:
+    return (replica.job_id, replica.attempt, replica.role, replica.index)
+
+
+def _unwanted(replica: Replica) -> bool:
+    """Should the replica's processes be gone? Its job ended, or restarted since."""
+    return not replica.job.is_active or replica.attempt < replica.job.attempt
 
 
 def run_pass(listening_since: datetime | None = None, now: datetime | None = None) -> PassReport:
@@ -100,6 +117,7 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
         holding[replica.node_id].append(replica)
     for node in Node.objects.order_by("name"):
         _check_node(node, holding.pop(node.pk, []), now, listening_since, report)
+    report.restarts_resumed = _resume_restarts()
     if report.repaired or _jobs_wait():
         # Room was freed, or a schedule request was lost with a broker that went away.
         scheduling.schedule()
@@ -119,6 +137,18 @@ def check_node_now(name: str) -> PassReport:
         )
         _check_node(node, replicas, timezone.now(), None, report)
     return report
+
+
+def _resume_restarts() -> int:
+    """Restarting jobs whose back-off is over and whose old processes are gone: queue their
+    next attempt (the delayed task that should have done it may have been lost)."""
+    resumed = 0
+    for job_id in Job.objects.filter(state=Job.State.RESTARTING).values_list("pk", flat=True):
+        with transaction.atomic():
+            job = outcomes.locked_job(job_id)
+            if job is not None:
+                resumed += int(restarts.resume_if_due(job))
+    return resumed
 
 
 def _jobs_wait() -> bool:
@@ -151,11 +181,11 @@ def _check_node(
     finished = {_key(e): e for e in node.finished}
     grace = timedelta(seconds=settings.TRAINYARD_ACK_GRACE_SECONDS)
     for replica in replicas:
-        key = (replica.job_id, replica.role, replica.index)
+        key = _key_of(replica)
         seen = observed.get(key)
         if seen is not None:
             if (
-                not replica.job.is_active
+                _unwanted(replica)
                 and seen.get("state") != "stopping"
                 and _unanswered(replica.stop_sent, heard, grace)
             ):
@@ -179,17 +209,17 @@ def _check_node(
             report.ended += _repair(replica, _fail(reason, cause_at=last_word))
             continue
         sent = replica.start_sent if replica.state == Replica.State.ASSIGNED else replica.started
-        if not replica.job.is_active:
+        if _unwanted(replica):
             sent = max(filter(None, (sent, replica.stop_sent)), default=None)
         if not _unanswered(sent, heard, grace):
             continue  # the last heartbeat may predate the message
         if (
-            replica.job.is_active
+            not _unwanted(replica)
             and replica.state == Replica.State.ASSIGNED
             and replica.starts_sent < settings.TRAINYARD_START_ATTEMPTS
         ):
             report.starts_resent += _repair(replica, _start_again)
-        elif replica.job.is_active and replica.state == Replica.State.ASSIGNED:
+        elif not _unwanted(replica) and replica.state == Replica.State.ASSIGNED:
             reason = (
                 f"{node.name}'s agent never started it "
                 f"({replica.starts_sent} start messages went unanswered)"
@@ -197,7 +227,7 @@ def _check_node(
             report.ended += _repair(replica, _fail(reason))
         else:
             report.ended += _repair(replica, _gone)
-    expected = {(r.job_id, r.role, r.index) for r in replicas}
+    expected = {_key_of(r) for r in replicas}
     for key, entry in observed.items():
         if key not in expected and entry.get("state") != "stopping":
             report.strays_stopped += _stop_stray(node, key)
@@ -251,7 +281,9 @@ def _start_again(job: Job, replica: Replica) -> bool:
 
 def _stop_again(job: Job, replica: Replica) -> bool:
     log.warning("%s of job %s still runs after its stop: sending the stop again", replica, job.pk)
-    dispatch.send_stops_on_commit(job.pk, [replica], f"job {job.state}")
+    dispatch.send_stops_on_commit(
+        job.pk, [replica], f"job {job.state}", up_to_attempt=replica.attempt
+    )
     return True
 
 
@@ -268,6 +300,7 @@ def _apply_outcome(replica: Replica, node: str, entry: dict[str, Any]) -> int:
         str(entry.get("reason", "")),
         [],
         ended_at=entry.get("ended_at"),
+        attempt=replica.attempt,
     )
     return int(Replica.objects.filter(pk=replica.pk).exclude(state=before).exists())
 
@@ -275,17 +308,25 @@ def _apply_outcome(replica: Replica, node: str, entry: dict[str, Any]) -> int:
 def _stop_stray(node: Node, key: ReplicaKey) -> int:
     """The agent runs something no holding replica accounts for: stop it, unless a fresh read
     shows it was placed there a moment ago."""
-    job_id, role, index = key
-    wanted = Replica.objects.filter(
-        job_id=job_id, role=role, index=index, node=node, state__in=Replica.HOLDING_STATES
-    ).exists()
-    if wanted:
+    job_id, attempt, role, index = key
+    same = Replica.objects.filter(job_id=job_id, attempt=attempt, role=role, index=index, node=node)
+    if same.filter(state__in=Replica.HOLDING_STATES).exists():
+        return 0
+    grace = timedelta(seconds=settings.TRAINYARD_ACK_GRACE_SECONDS)
+    if same.filter(finished__gt=timezone.now() - grace).exists():
+        # It ended a moment ago: the heartbeat may predate its exit, which the agent has
+        # reported already; nothing to stop.
         return 0
     log.warning(
-        "%s runs %s-%s of job %s, which should not run: stopping it", node, role, index, job_id
-    )
+        "%s runs %s-%s of job %s (attempt %s), which should not run: stopping it",
+        node, role, index, job_id, attempt + 1,
+    )  # fmt: skip
     dispatch.send_stops(
-        job_id, {node.name: [{"role": role, "index": index}]}, "it should not be running"
+        job_id,
+        {node.name: [{"role": role, "index": index, "attempt": attempt}]},
+        "it should not be running",
+        up_to_attempt=attempt,
+        only_listed=True,
     )
     return 1
 

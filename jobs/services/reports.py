@@ -7,7 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs.models import Job, Replica
-from jobs.services import outcomes, transitions
+from jobs.services import outcomes, restarts, transitions
 
 # How the agent names an ending, and the replica state it becomes.
 AGENT_OUTCOMES = {
@@ -19,18 +19,22 @@ AGENT_OUTCOMES = {
 UNKNOWN = "unknown"
 
 
-def _replica_on(job: Job, role: str, index: int, node: str) -> Replica | None:
+def _replica_on(job: Job, attempt: int, role: str, index: int, node: str) -> Replica | None:
     return (
-        job.replicas.select_related("node").filter(role=role, index=index, node__name=node).first()
+        job.replicas.select_related("node")
+        .filter(attempt=attempt, role=role, index=index, node__name=node)
+        .first()
     )
 
 
-def replica_started(job_id: int, role: str, index: int, node: str, incarnation: str = "") -> None:
+def replica_started(
+    job_id: int, role: str, index: int, node: str, incarnation: str = "", attempt: int = 0
+) -> None:
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
         if job is None:
             return
-        replica = _replica_on(job, role, index, node)
+        replica = _replica_on(job, attempt, role, index, node)
         if replica is None:
             return
         if not transitions.move_replica(
@@ -39,11 +43,13 @@ def replica_started(job_id: int, role: str, index: int, node: str, incarnation: 
             return  # a repeated or late report: the replica has moved on already
         if (
             job.state == Job.State.QUEUED
-            and not job.replicas.filter(
-                state__in=(Replica.State.PENDING, Replica.State.ASSIGNED)
-            ).exists()
+            and attempt == job.attempt
+            and not restarts.current_replicas(job)
+            .filter(state__in=(Replica.State.PENDING, Replica.State.ASSIGNED))
+            .exists()
         ):
             transitions.move_job(job, Job.State.RUNNING, "")
+            restarts.attempt_started(job)
 
 
 def replica_exited(
@@ -56,13 +62,14 @@ def replica_exited(
     reason: str,
     stderr_tail: list[str],
     ended_at: float | None = None,
+    attempt: int = 0,
 ) -> None:
     """Record how a replica ended and what that means for its job."""
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
         if job is None:
             return
-        replica = _replica_on(job, role, index, node)
+        replica = _replica_on(job, attempt, role, index, node)
         if replica is None or replica.state in Replica.FINAL_STATES:
             return
         if outcome == UNKNOWN:
@@ -85,7 +92,7 @@ def not_running_on_its_node(job: Job, replica: Replica, cause_at: datetime | Non
     """Its node's agent does not run the replica (any more): if the job has ended that is the
     stop it was waiting for; otherwise the replica is lost, and that fails the job."""
     node = replica.node.name if replica.node else "its node"
-    if not job.is_active:
+    if not job.is_active or replica.attempt < job.attempt:
         outcomes.replica_ended(
             job, replica, Replica.State.STOPPED, f"was not running on {node} when stopped"
         )

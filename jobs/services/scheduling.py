@@ -125,9 +125,14 @@ def schedule() -> list[int]:
                     job, f"waiting behind job {blocker.pk}, which has waited longest"
                 )
                 continue
-            assignment = place(demands, rooms)
+            # A restarted job may stay away from the nodes its earlier attempts failed on.
+            allowed = [room for room in rooms if room.node not in job.excluded_nodes]
+            assignment = place(demands, allowed)
             if assignment is None:
-                transitions.set_job_reason(job, why_waiting(demands, rooms, views, held))
+                why = why_waiting(demands, allowed, views, held)
+                if job.excluded_nodes:
+                    why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
+                transitions.set_job_reason(job, why)
                 blocker = blocker or job
                 continue
             by_name = {n.name: n for n in usable}

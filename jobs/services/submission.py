@@ -13,15 +13,18 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
     PLATFORM_ROLES,
     Framework,
     FrameworkImage,
     Job,
+    JobAttempt,
     JobRole,
     KVStoreMode,
     Package,
     Replica,
+    RestartPolicy,
 )
 from jobs.services import quota, scheduling, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
@@ -36,7 +39,31 @@ from workers.programs import (
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-TOP_LEVEL_FIELDS = {"name", "image", "program", "roles", "kvstore", "metrics"}
+TOP_LEVEL_FIELDS = {
+    "name",
+    "image",
+    "program",
+    "roles",
+    "kvstore",
+    "metrics",
+    "restart",
+    "health_rules",
+}
+RESTART_FIELDS = {"policy", "max_restarts", "backoff_seconds", "exclude_failed_node"}
+MAX_RESTARTS = 100
+MAX_BACKOFF_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    policy: str = RestartPolicy.NEVER
+    max_restarts: int = 0
+    backoff_seconds: int = 10
+    exclude_failed_node: bool = False
+
+    @classmethod
+    def of_image(cls, image: FrameworkImage) -> "RestartSettings":
+        return cls(image.restart_policy, image.max_restarts, image.restart_backoff_seconds)
 
 
 class ValidationFailed(Exception):
@@ -56,6 +83,8 @@ class JobRequest:
     totals: Totals
     kvstore: str = ""
     metric_definitions: list[dict[str, str]] = field(default_factory=list)
+    restart: RestartSettings = RestartSettings()
+    health_rules: list[dict[str, object]] = field(default_factory=list)
 
 
 class _Errors:
@@ -200,6 +229,69 @@ def _check_program_fits_image(
         )
 
 
+def _whole_number(raw: Any, field: str, low: int, high: int, errors: _Errors) -> int | None:
+    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
+        errors.add(field, f"Give a whole number from {low} to {high}.")
+        return None
+    return raw
+
+
+def _check_restart(raw: Any, image: FrameworkImage | None, errors: _Errors) -> RestartSettings:
+    """The job's restart policy; the image's when the request gives none."""
+    default = RestartSettings.of_image(image) if image else RestartSettings()
+    if raw is None:
+        return default
+    if not isinstance(raw, dict):
+        errors.add("restart", 'Give {"policy": "never" | "on-failure", "max_restarts": N}.')
+        return default
+    unknown = set(raw) - RESTART_FIELDS
+    if unknown:
+        errors.add("restart", f"Unknown field(s): {', '.join(sorted(map(str, unknown)))}.")
+    policy = raw.get("policy", default.policy)
+    if policy not in RestartPolicy.values:
+        errors.add("restart.policy", f"The policy is one of {', '.join(RestartPolicy.values)}.")
+        policy = default.policy
+    max_restarts = _whole_number(
+        raw.get("max_restarts", default.max_restarts if policy == default.policy else 3),
+        "restart.max_restarts",
+        0,
+        MAX_RESTARTS,
+        errors,
+    )
+    backoff = _whole_number(
+        raw.get("backoff_seconds", default.backoff_seconds),
+        "restart.backoff_seconds",
+        0,
+        MAX_BACKOFF_SECONDS,
+        errors,
+    )
+    exclude = raw.get("exclude_failed_node", False)
+    if not isinstance(exclude, bool):
+        errors.add("restart.exclude_failed_node", "Give true or false.")
+        exclude = False
+    if policy == RestartPolicy.NEVER:
+        max_restarts = 0
+    return RestartSettings(
+        str(policy),
+        max_restarts if max_restarts is not None else 0,
+        backoff if backoff is not None else default.backoff_seconds,
+        exclude,
+    )
+
+
+def _check_health_rules(
+    raw: Any, image: FrameworkImage | None, errors: _Errors
+) -> list[dict[str, object]]:
+    """The job's health rules, normalised; the image's defaults when the request gives none."""
+    if raw is None:
+        raw = image.health_rules if image else []
+    try:
+        return rules_to_json(parse_rules(raw))
+    except RuleError as exc:
+        errors.add("health_rules", f"Health rules: {exc}")
+        return []
+
+
 def check_job_request(data: Any) -> JobRequest:
     """Validate a request dict; raise ValidationFailed with every problem found."""
     errors = _Errors()
@@ -221,11 +313,22 @@ def check_job_request(data: Any) -> JobRequest:
         definitions = check_definitions(data.get("metrics"))
     except BadMetric as exc:
         errors.add("metrics", f"Metric definitions: {exc}.")
+    restart = _check_restart(data.get("restart"), image, errors)
+    health_rules = _check_health_rules(data.get("health_rules"), image, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
     return JobRequest(
-        name, image, program, args, roles, compute_totals(roles), kvstore, definitions
+        name,
+        image,
+        program,
+        args,
+        roles,
+        compute_totals(roles),
+        kvstore,
+        definitions,
+        restart,
+        health_rules,
     )
 
 
@@ -258,6 +361,8 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.totals,
             request.kvstore,
             request.metric_definitions,
+            request.restart,
+            request.health_rules,
         )
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
@@ -275,11 +380,14 @@ def create_job(
     totals: Totals,
     kvstore: str = "",
     metric_definitions: list[dict[str, str]] | None = None,
+    restart: RestartSettings | None = None,
+    health_rules: list[dict[str, object]] | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
     The caller has checked the quota inside the same transaction.
     """
+    restart = restart or RestartSettings()
     job = Job.objects.create(
         owner=owner,
         name=name,
@@ -293,7 +401,13 @@ def create_job(
         price_per_hour=totals.price_per_hour,
         kvstore=kvstore,
         metric_definitions=metric_definitions or [],
+        restart_policy=restart.policy,
+        max_restarts=restart.max_restarts,
+        restart_backoff_seconds=restart.backoff_seconds,
+        exclude_failed_node=restart.exclude_failed_node,
+        health_rules=health_rules or [],
     )
+    JobAttempt.objects.create(job=job, number=0)
     if kvstore:
         # The platform's scheduler: one, uncharged, placed beside server-0.
         Replica.objects.create(job=job, role="scheduler", index=0, package=None)

@@ -29,16 +29,23 @@ def sources(table: dict[str, frozenset[str]], target: str) -> list[str]:
 
 
 def move_job(
-    job: Job, to: str, reason: str | None = None, *, strict: bool = False, announce: bool = True
+    job: Job,
+    to: str,
+    reason: str | None = None,
+    *,
+    strict: bool = False,
+    announce: bool = True,
+    **also: Any,
 ) -> bool:
-    """Move the job to state `to` if the table allows it from the state it is in now.
+    """Move the job to state `to` if the table allows it from the state it is in now, writing
+    the fields in `also` with it (a restart's new attempt number, say).
 
     Returns whether it moved; with `strict`, raises InvalidTransition instead of returning
     False. `job` is updated in place. `announce=False` tells no websocket client, for a job
     so new that none can be listening.
     """
     now = timezone.now()
-    fields: dict[str, Any] = {"state": to}
+    fields: dict[str, Any] = {"state": to, **also}
     if reason is not None:
         fields["reason"] = reason
     if to == Job.State.RUNNING:
@@ -51,7 +58,7 @@ def move_job(
         if strict:
             raise InvalidTransition(_refusal(job.pk, current, to))
         return False
-    job.refresh_from_db(fields=["state", "reason", "started", "finished"])
+    job.refresh_from_db(fields=["state", "reason", "started", "finished", *also])
     if announce:
         events.state_changed_on_commit(job.pk, presenters.state_of)
     return True
@@ -110,10 +117,16 @@ def place_replicas(replicas: list[Replica], sent: datetime) -> None:
         events.state_changed_on_commit(job_id, presenters.state_of)
 
 
-def stop_unplaced(job: Job) -> int:
-    """pending -> stopped for the replicas of a job that ended before they were placed."""
-    stopped = Replica.objects.filter(job=job, state=Replica.State.PENDING).update(
-        state=Replica.State.STOPPED, finished=timezone.now(), reason="the job ended before it ran"
+def stop_unplaced(job: Job, attempt: int | None = None) -> int:
+    """pending -> stopped for the replicas of a job (of one attempt, if given) that ended
+    before they were placed."""
+    unplaced = Replica.objects.filter(job=job, state=Replica.State.PENDING)
+    if attempt is not None:
+        unplaced = unplaced.filter(attempt=attempt)
+    stopped = unplaced.update(
+        state=Replica.State.STOPPED,
+        finished=timezone.now(),
+        reason="the job ended before it ran" if attempt is None else "the attempt ended first",
     )
     if stopped:
         events.state_changed_on_commit(job.pk, presenters.state_of)

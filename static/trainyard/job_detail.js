@@ -120,8 +120,55 @@
       ensureTab(r);
     }
     renderReplicaCounts();
+    renderAttempts(state);
+    renderHealthEvents(state);
     syncOptions();
     showEmpty();
+  }
+
+  function cells(tr, values) {
+    for (const value of values) {
+      const td = document.createElement("td");
+      td.textContent = value;
+      tr.appendChild(td);
+    }
+  }
+
+  function when(iso) {
+    return iso ? new Date(iso).toLocaleTimeString() : "–";
+  }
+
+  // One row per run of the whole job; a restart adds one, with why the one before ended.
+  function renderAttempts(state) {
+    const attempts = state.attempts || [];
+    $("attempts-section").hidden = attempts.length < 2 && state.state !== "restarting";
+    const body = document.querySelector("#attempts tbody");
+    body.replaceChildren();
+    for (const a of attempts) {
+      const tr = document.createElement("tr");
+      tr.dataset.attempt = a.number;
+      let why = a.reason ? a.reason.split("\n")[0] : "";
+      if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
+      else if (a.reason && !a.counted) why += " (not counted against the restarts)";
+      cells(tr, [`#${a.number}`, when(a.started), when(a.finished), (a.nodes || []).join(", ") || "–", why]);
+      tr.lastElementChild.title = a.reason || "";
+      body.appendChild(tr);
+    }
+  }
+
+  function renderHealthEvents(state) {
+    const events = state.health_events || [];
+    $("health-section").hidden = events.length === 0;
+    const body = document.querySelector("#health-events tbody");
+    body.replaceChildren();
+    for (const e of events) {
+      const tr = document.createElement("tr");
+      tr.className = `health-${e.action}`;
+      const measured = e.value === null || e.value === undefined ? "–" : String(e.value);
+      cells(tr, [when(e.at), `#${e.attempt}`, `[${e.instance}]`, e.rule, measured, e.action, e.outcome || ""]);
+      tr.children[3].title = e.message;
+      body.appendChild(tr);
+    }
   }
 
   function renderReplicaCounts() {
@@ -353,7 +400,7 @@
     div.title = `${item.node} · ${item.stream} · ${new Date(item.ts * 1000).toISOString()} · #${item.cursor}`;
     const tag = document.createElement("span");
     tag.className = "tag";
-    tag.textContent = `[${item.tag}] `;
+    tag.textContent = attemptOf(item) > 0 ? `[${item.tag} · ${attemptLabel(item)}] ` : `[${item.tag}] `;
     div.appendChild(tag);
     const ranges = queryRe ? matchRanges(item.plain) : [];
     item.match = ranges.length > 0;
@@ -391,6 +438,53 @@
     return div;
   }
 
+  // --- attempts: a restarted job's log goes on with the next attempt's lines ----------------
+  function attemptOf(item) {
+    return item.attempt || 0;
+  }
+
+  function attemptLabel(item) {
+    return `attempt ${attemptOf(item) + 1}`; // counted from 1: attempt 0 is the first run
+  }
+
+  // A row before the first line of another attempt (ours alone: text, never the trainer's HTML).
+  function attemptSeparator(line) {
+    return { notice: "attempt", attempt: attemptOf(line), cursor: line.cursor - 0.5, text: `— ${attemptLabel(line)} —` };
+  }
+
+  function isSeparator(item) {
+    return item.notice === "attempt";
+  }
+
+  function firstLine(items) {
+    for (const it of items) if (!it.notice) return it;
+    return null;
+  }
+
+  function lastLine(items) {
+    for (let i = items.length - 1; i >= 0; i--) if (!items[i].notice) return items[i];
+    return null;
+  }
+
+  // `items` with a separator before each line whose attempt is not that of the line before it
+  // (`prev`: the line just before items[0], or null). Separators only ever sit between two
+  // lines of the window: the drops below take away one left at either edge.
+  function withSeparators(items, prev) {
+    let out = null;
+    for (let i = 0; i < items.length; i++) {
+      const it = items[i];
+      if (!it.notice) {
+        if (prev && attemptOf(it) !== attemptOf(prev)) {
+          if (!out) out = items.slice(0, i);
+          out.push(attemptSeparator(it));
+        }
+        prev = it;
+      }
+      if (out) out.push(it);
+    }
+    return out || items;
+  }
+
   // --- the window in the DOM ----------------------------------------------------------------
   function lastCursor() {
     return win.length ? win[win.length - 1].cursor : -1;
@@ -425,6 +519,7 @@
 
   function appendItems(items) {
     if (!items.length) return;
+    items = withSeparators(items, lastLine(win));
     const last = logEl.lastElementChild;
     let i = 0;
     if (last) {
@@ -438,6 +533,10 @@
 
   function prependItems(items) {
     if (!items.length) return;
+    items = withSeparators(items, null);
+    const older = lastLine(items);
+    const next = firstLine(win);
+    if (older && next && attemptOf(older) !== attemptOf(next)) items.push(attemptSeparator(next));
     logEl.prepend(chunksOf(items, 0));
     win = items.concat(win);
   }
@@ -455,12 +554,20 @@
   function dropFromTop(k) {
     if (k <= 0) return;
     removeItems(win.splice(0, k));
+    // A separator stays only between two lines: none before the first line left.
+    for (let i = 0; i < win.length && win[i].notice; ) {
+      if (isSeparator(win[i])) removeItems(win.splice(i, 1));
+      else i++;
+    }
     moreBefore = true;
   }
 
   function dropFromBottom(k) {
     if (k <= 0) return;
     removeItems(win.splice(win.length - k, k));
+    for (let i = win.length - 1; i >= 0 && win[i].notice; i--) {
+      if (isSeparator(win[i])) removeItems(win.splice(i, 1));
+    }
     gap = true;
   }
 
@@ -576,7 +683,7 @@
       const tag = tagOf(b);
       if (!matches({ role: b.role, node: b.node, stream: b.stream, tag })) continue;
       for (let k = 0; k < b.lines.length; k++) {
-        take({ cursor: b.first + k, role: b.role, index: b.index, node: b.node, stream: b.stream, ts: b.ts, text: b.lines[k], tag });
+        take({ cursor: b.first + k, role: b.role, index: b.index, attempt: b.attempt || 0, node: b.node, stream: b.stream, ts: b.ts, text: b.lines[k], tag });
       }
     }
     keepBufferBounded();

@@ -197,7 +197,14 @@ def test_heartbeats_say_what_the_agent_runs(
     assert found is not None
     headers, payload = found
     assert payload["running"] == [
-        {"job_id": 43, "role": "master", "index": 0, "state": "running", "pids": [trainer]}
+        {
+            "job_id": 43,
+            "attempt": 0,
+            "role": "master",
+            "index": 0,
+            "state": "running",
+            "pids": [trainer],
+        }
     ]
     assert payload["finished"] == []
     assert payload["node"] == NODE and payload["pid"] == node.pid

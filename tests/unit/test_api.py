@@ -174,6 +174,7 @@ def test_it_pages_through_logs_filtered_by_instance(
         "cursor": 4,
         "role": "worker",
         "index": 1,
+        "attempt": 0,
         "node": "node-2",
         "stream": "stderr",
         "ts": 2.0,

@@ -98,8 +98,8 @@ async def test_it_replays_follows_and_resumes_without_gap_or_duplicate(
     append_lines(sink, job.pk, "worker", 1, "node-2", ["<b>live</b>"], contract.STREAM_STDERR)
     live = (await frames_until(comm, "log"))[-1]
     assert live["batches"] == [
-        {"first": 6, "role": "worker", "index": 1, "node": "node-2", "stream": "stderr",
-         "ts": 1.0, "lines": ["<b>live</b>"]}
+        {"first": 6, "role": "worker", "index": 1, "attempt": 0, "node": "node-2",
+         "stream": "stderr", "ts": 1.0, "lines": ["<b>live</b>"]}
     ]  # fmt: skip
     assert live["next"] == 6
     await comm.disconnect()

@@ -31,9 +31,10 @@ def spec(**overrides: object) -> ReplicaSpec:
 
 def test_it_sets_torchruns_variables_and_ours() -> None:
     (proc,) = build_processes(
-        spec(),
+        spec(attempt=2, max_restarts=3),
         Path("/code/t.py"),
         29500,
+        Path("/work/5/attempt-2/worker-2"),
         Path("/ck"),
         [],
         python="py",
@@ -63,6 +64,10 @@ def test_it_sets_torchruns_variables_and_ours() -> None:
     assert env["TRAINYARD_JOB_ID"] == "5" and env["TRAINYARD_ROLE"] == "worker"
     assert env["TRAINYARD_INDEX"] == "2" and env["TRAINYARD_CHECKPOINT_DIR"] == "/ck"
     assert env["OMP_NUM_THREADS"] == "4" and env["CUDA_VISIBLE_DEVICES"] == ""
+    # A restart: the attempt under both names, and the metrics channel in the instance's folder.
+    assert env["TRAINYARD_RESTART_COUNT"] == env["TORCHELASTIC_RESTART_COUNT"] == "2"
+    assert env["TORCHELASTIC_MAX_RESTARTS"] == "3"
+    assert env["TRAINYARD_METRICS_FILE"] == "/work/5/attempt-2/worker-2/metrics-0.jsonl"
     assert env["NCCL_DEBUG"] == "1" and "REDIS_URL" not in env
     assert proc.argv == ["py", "/code/t.py", "--lr", "$(id)"]
 
@@ -72,6 +77,7 @@ def test_it_runs_one_process_per_gpu_with_consecutive_ranks() -> None:
         spec(gpus=2, local_world_size=2, rank_offset=2, world_size=6),
         Path("t.py"),
         1,
+        Path("/i"),
         Path("/ck"),
         [3, 5],
     )

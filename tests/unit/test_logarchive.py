@@ -12,9 +12,9 @@ from jobs.models import ApiToken, Job, LogChunk
 from jobs.redis_client import get_redis
 from jobs.services import logarchive
 from jobs.services.submission import check_job_request, submit_job
-from tests.unit.helpers import append_lines, job_request
+from tests.unit.helpers import append_lines, job_request, stream_entries
 from workers import contract
-from workers.logsink import LogSink
+from workers.logsink import LogBatch, LogSink
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
@@ -169,3 +169,44 @@ def test_search_matches_the_text_as_shown_without_colour_codes(job: Job) -> None
     assert [x["cursor"] for x in found.lines] == [1]
     errors = logstream.read_page(job.pk, 0, 5, logstream.LineFilter(errors=True))
     assert [x["cursor"] for x in errors.lines] == [1]
+
+
+def test_a_restarted_jobs_lines_keep_their_attempt_in_redis_the_database_and_the_api(
+    job: Job,
+) -> None:
+    sink = LogSink(get_redis())
+    append_lines(sink, job.pk, "master", 0, "node-1", ["first run"])
+    restarted = LogBatch(job.pk, "master", 0, "node-1", "o", 2.0, ["again", "and"], "w2", 1, 1)
+    sink.append([restarted])
+    (first_id, first), (second_id, second) = stream_entries(get_redis(), job.pk)
+    assert contract.FIELD_ATTEMPT not in first and second[contract.FIELD_ATTEMPT] == "1"
+    live = logstream.parse_entry(second_id, second)
+    assert live.attempt == 1 and live.wire()["attempt"] == 1
+    assert live.after(2).attempt == 1 and live.before(3).attempt == 1
+    assert logstream.chunk_from_entry(job.pk, second_id, second).attempt == 1
+    assert logstream.parse_entry(first_id, first).attempt == 0
+    shown = [("first run", 0), ("again", 1), ("and", 1)]
+    assert [(x["text"], x["attempt"]) for x in every_line(job)] == shown  # from Redis
+
+    archive_all()  # the keeper stores the attempt with the lines
+    chunks = LogChunk.objects.filter(job=job).order_by("last_cursor")
+    assert [(c.first_cursor, c.last_cursor, c.attempt) for c in chunks] == [(1, 1, 0), (2, 3, 1)]
+    get_redis().flushdb()  # from the database alone now
+    saved = logstream.from_chunk(chunks[1])
+    assert saved.attempt == 1 and logstream.to_chunk(job.pk, saved).attempt == 1
+    assert saved.line_dict(1) == {
+        "cursor": 3,
+        "role": "master",
+        "index": 0,
+        "attempt": 1,
+        "node": "node-1",
+        "stream": "stdout",
+        "ts": 2.0,
+        "text": "and",
+    }
+    assert [(x["text"], x["attempt"]) for x in every_line(job)] == shown
+    before = logstream.read_page_before(job.pk, before=3, limit=5)
+    assert [(x["text"], x["attempt"]) for x in before.lines] == shown[:2]
+    text, _, _ = logstream._text_after(job.pk, 0)
+    assert text.splitlines() == ["[master] first run", "[master · attempt 2] again",
+                                 "[master · attempt 2] and"]  # fmt: skip

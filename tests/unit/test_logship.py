@@ -144,6 +144,50 @@ def test_the_sink_ignores_a_batch_sent_twice(client: redis.Redis) -> None:
     assert [t for _, _, t in all_lines(client, 9)] == ["once", "other writer"]
 
 
+def test_an_entry_has_an_attempt_field_only_after_a_restart(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    shipper.put(ReplicaKey(4, "worker", 1, "n1"), "o", 1.0, ["first run"])
+    shipper.put(ReplicaKey(4, "worker", 1, "n1", attempt=1), "o", 2.0, ["after a restart"])
+    assert shipper.flush(5)
+    shipper.close()
+    (first_id, first), (second_id, second) = stream_entries(client, 4)
+    # A first attempt's entry is what it was before restarts existed: no attempt field.
+    assert first == {
+        contract.FIELD_ROLE: "worker",
+        contract.FIELD_INDEX: "1",
+        contract.FIELD_NODE: "n1",
+        contract.FIELD_STREAM: "o",
+        contract.FIELD_TS: "1.0",
+        contract.FIELD_LINES: "first run",
+    }
+    assert second[contract.FIELD_ATTEMPT] == "1"
+    assert (parse_entry(first_id, first).attempt, parse_entry(second_id, second).attempt) == (0, 1)
+
+
+def test_the_spool_keeps_the_attempt_and_reads_lines_written_before_attempts(
+    tmp_path: Path,
+) -> None:
+    old = '[5, "worker", 1, "n1", "e", 1.0, ["old"], "dead-agent", 1]'
+    first_run = LogBatch(5, "worker", 1, "n1", "e", 1.0, ["old"], "dead-agent", 1)
+    assert first_run.to_json() == old  # attempt 0 writes the spool line it always wrote
+    assert LogBatch.from_json(old) == first_run and first_run.attempt == 0
+    restarted = LogBatch(5, "worker", 1, "n1", "e", 2.0, ["new"], "agent", 1, attempt=2)
+    assert LogBatch.from_json(restarted.to_json()) == restarted
+    # A segment an agent from before restarts left behind, then one of today's.
+    spool_dir = tmp_path / "spool"
+    spool_dir.mkdir()
+    (spool_dir / f"{1:020d}-1.spool").write_text(old + "\n")
+    spool = Spool(spool_dir)
+    spool.append([restarted])
+    read: list[tuple[list[str], int]] = []
+    while batches := spool.peek(10):  # a segment at a time
+        read.extend((list(b.lines), b.attempt) for b in batches)
+        spool.consume(len(batches))
+    assert read == [(["old"], 0), (["new"], 2)]
+
+
 def test_it_spools_to_disk_while_redis_is_away_and_sends_in_order_after(
     client: redis.Redis, tmp_path: Path
 ) -> None:

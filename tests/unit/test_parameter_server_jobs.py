@@ -126,7 +126,7 @@ def test_it_places_scheduler_servers_and_workers_and_sends_dmlc_specs(
     ]
     assert [s.hosts_rendezvous for s in specs] == [True, False, False, False, False]
     assert {(s.num_servers, s.num_workers, s.kvstore) for s in specs} == {(2, 2, "dist_async")}
-    (proc,) = build_processes(specs[3], Path("t.py"), 9100, Path("/ck"), [])
+    (proc,) = build_processes(specs[3], Path("t.py"), 9100, Path("/i"), Path("/ck"), [])
     env = proc.env
     assert {
         k: env[k]

@@ -368,7 +368,8 @@ def test_a_process_that_should_not_run_is_told_to_stop(
     assert report.strays_stopped == 1
     _, kwargs, queue = sent_tasks.named(contract.TASK_STOP_JOB)[-1]
     assert queue == "node.node-1" and kwargs["job_id"] == 999
-    assert kwargs["replicas"] == [{"role": "worker", "index": 4}]
+    assert kwargs["replicas"] == [{"role": "worker", "index": 4, "attempt": 0}]
+    assert kwargs["up_to_attempt"] == 0
 
 
 def test_a_second_pass_finds_nothing_left_to_repair(
@@ -381,3 +382,55 @@ def test_a_second_pass_finds_nothing_left_to_repair(
     second = run_pass(django_capture_on_commit_callbacks, now)
     assert first.ended > 0
     assert second.ended == 0 and second.lost_nodes == []
+
+
+# --- a late heartbeat must not stop a job: the CI failure of the parameter-server test -------
+
+
+def test_a_heartbeat_older_than_an_exit_report_stops_nothing(
+    launched: Job,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    """A worker ends (its exit report is in) while a heartbeat sent before it, still listing it
+    as running, is handled after: that replica is no stray, and the job's others run on."""
+    worker = launched.replicas.select_related("node").get(role="worker", index=2)
+    with django_capture_on_commit_callbacks(execute=True):
+        reports.replica_exited(
+            launched.pk, worker.role, worker.index, node_name(worker), "succeeded", 0, "", []
+        )
+    assert worker.node is not None
+    beat(worker.node, launched, at=later(1))  # lists the worker as running still
+    report = run_pass(django_capture_on_commit_callbacks, later(2))
+    assert report.strays_stopped == 0
+    assert sent_tasks.named(contract.TASK_STOP_JOB) == []
+    launched.refresh_from_db()
+    assert launched.state == Job.State.RUNNING
+
+
+def test_a_stray_stop_names_only_the_stray(
+    launched: Job,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    stray = {"job_id": launched.pk, "attempt": 7, "role": "worker", "index": 9, "state": "running"}
+    beat(nodes[0], running=[*entries(launched, nodes[0]), stray], at=later(1))
+    assert run_pass(django_capture_on_commit_callbacks, later(2)).strays_stopped == 1
+    _, kwargs, _ = sent_tasks.named(contract.TASK_STOP_JOB)[-1]
+    assert kwargs["only_listed"] is True and kwargs["up_to_attempt"] == 7
+    assert kwargs["replicas"] == [{"role": "worker", "index": 9, "attempt": 7}]
+
+
+def test_a_heartbeat_overtaken_by_a_newer_one_is_ignored(
+    nodes: list[Node], sent_tasks: SentTasks
+) -> None:
+    base = {"node": "node-1", "address": "10.0.0.1", "cpus": 8, "gpus": 0, "memory_gb": 32}
+    node_service.node_heartbeat({**base, "incarnation": "a", "sent": 200.0, "running": []})
+    late = [{"job_id": 1, "role": "master", "index": 0, "state": "running"}]
+    node_service.node_heartbeat({**base, "incarnation": "a", "sent": 100.0, "running": late})
+    assert Node.objects.get(name="node-1").running == []
+    # A restarted agent's clock starts its own story: its first heartbeat always counts.
+    node_service.node_heartbeat({**base, "incarnation": "b", "sent": 50.0, "running": late})
+    assert Node.objects.get(name="node-1").running == late

@@ -303,6 +303,7 @@ def test_a_stop_of_a_replica_it_never_ran_reports_it_unknown(
     unknown = reports.wait_for(contract.TASK_REPLICA_EXITED)
     assert unknown == {
         "job_id": 12,
+        "attempt": 0,
         "role": "worker",
         "index": 2,
         "node": "n1",
@@ -391,12 +392,14 @@ def test_heartbeats_list_what_runs_and_what_ended_lately(
     assert set(payload) == {"node", "cpus", "incarnation", "running", "finished", "sent"}
     assert payload["incarnation"] == supervisor.incarnation
     assert sorted(payload["running"], key=lambda r: r["job_id"]) == [
-        {"job_id": 11, "role": "master", "index": 0, "state": "running",
+        {"job_id": 11, "attempt": 0, "role": "master", "index": 0, "state": "running",
          "pids": started["pids"]},
-        {"job_id": 15, "role": "worker", "index": 1, "state": "waiting", "pids": []},
+        {"job_id": 15, "attempt": 0, "role": "worker", "index": 1, "state": "waiting",
+         "pids": []},
     ]  # fmt: skip
     assert payload["finished"] == [
-        {"job_id": 14, "role": "master", "index": 0, "state": "failed", "exit_code": 3,
+        {"job_id": 14, "attempt": 0, "role": "master", "index": 0, "state": "failed",
+         "exit_code": 3,
          "reason": "exited with code 3", "ended_at": failed["ended_at"]},
     ]  # fmt: skip
 

@@ -8,17 +8,31 @@ from django.core.management.base import BaseCommand
 
 from jobs.models import Framework, FrameworkImage, Package, Quota
 
+# What every job on the starter images watches for, unless it sets its own rules. Only what is
+# surely wrong stops or restarts a job; what may be wrong warns. The no-progress rule waits at
+# least 10 minutes, so that a long evaluation between two steps is not taken for a hang.
+DEFAULT_HEALTH_RULES: list[dict[str, object]] = [
+    {"kind": "non-finite", "metric": "loss", "action": "stop"},
+    {"kind": "log-pattern", "pattern": "CUDA out of memory", "action": "stop"},
+    {"kind": "log-pattern", "pattern": "NCCL error", "action": "restart-exclude-node"},
+    {"kind": "no-progress", "factor": 20, "min_seconds": 600, "minutes": 60, "action": "restart"},
+    {"kind": "throughput-drop", "metric": "samples_per_sec", "fraction": 0.5, "action": "warn"},
+    {"kind": "gpu-idle", "metric": "gpu_util_percent", "below": 80, "minutes": 1, "action": "warn"},
+]
+
 IMAGES = [
     {
         "name": "pytorch:2.13-cpu",
         "framework": Framework.PYTORCH,
         "description": "PyTorch 2.13 DDP: gloo on CPU, NCCL where the package has GPUs.",
+        "health_rules": DEFAULT_HEALTH_RULES,
     },
     {
         "name": "kvstore-ps:2.13",
         "framework": Framework.KVSTORE,
         "description": "Parameter server in MXNet kvstore style (scheduler, servers, workers) "
         "on torch.distributed 2.13.",
+        "health_rules": DEFAULT_HEALTH_RULES,
     },
 ]
 

@@ -1,0 +1,196 @@
+"""Restarting a job as a whole, the way torch elastic restarts its worker group.
+
+When an instance of the current attempt fails (it exits non-zero, its node is lost, a health
+rule asks for it, or its node is evicted), every instance of that attempt is stopped and a new
+attempt of the whole job waits for room: placed afresh, with a new rendezvous port, the same
+job id and checkpoint folder, and TRAINYARD_RESTART_COUNT set. The old attempt's replicas keep
+their rows (and their log lines keep their attempt), so the job page lists every attempt.
+
+    running --(failure, restarts left)--> restarting --(old processes gone, back-off over)-->
+    queued --(every new replica started)--> running
+
+The new attempt is not placed while any process of the old one may still run: it would meet
+them in the checkpoint folder, and on the nodes' capacity. A restarting job keeps its quota.
+
+Every function here runs inside a transaction that holds the job's row lock.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from console.celery import app
+from jobs.models import Job, JobAttempt, Node, Replica
+from jobs.services import dispatch, scheduling, transitions
+from jobs.services.placement import Demand, Room, gang_never_fits
+from workers import contract
+
+log = logging.getLogger(__name__)
+
+
+def current_replicas(job: Job) -> "QuerySet[Replica]":
+    """The replicas of the job's current attempt."""
+    return job.replicas.filter(attempt=job.attempt)
+
+
+def may_restart(job: Job, counts: bool = True) -> bool:
+    """Whether the job's policy allows one more restart (an eviction always may, unless the
+    policy is never)."""
+    if job.restart_policy != "on-failure":
+        return False
+    return job.restarts_left > 0 or not counts
+
+
+def begin(
+    job: Job,
+    why: str,
+    *,
+    exclude: list[str] | None = None,
+    counts: bool = True,
+    grace_seconds: float | None = None,
+) -> None:
+    """End the current attempt because of `why` and prepare the next one.
+
+    `exclude` names nodes the next attempts avoid; `counts=False` (an eviction) does not use
+    up a restart. The old attempt's processes get SIGTERM, then SIGKILL after `grace_seconds`
+    (the agent's default when None).
+    """
+    now = timezone.now()
+    old = job.attempt
+    used = job.restarts_used + (1 if counts else 0)
+    excluded, kept = _exclusions(job, exclude or [])
+    backoff = timedelta(seconds=job.restart_backoff_seconds)
+    label = f"restart {used} of {job.max_restarts}" if counts else "restart (not counted: evicted)"
+    wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
+    note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
+    JobAttempt.objects.filter(job=job, number=old).update(finished=now, reason=why, counted=counts)
+    moved = transitions.move_job(
+        job,
+        Job.State.RESTARTING,
+        f"{label}{wait} after attempt {old + 1} ended: {why}{note}",
+        attempt=old + 1,
+        restarts_used=used,
+        restart_at=now + backoff,
+        excluded_nodes=excluded,
+    )
+    if not moved:
+        return
+    JobAttempt.objects.create(job=job, number=job.attempt)
+    previous = list(
+        Replica.objects.filter(job=job, attempt=old).select_related("node").order_by("id")
+    )
+    Replica.objects.bulk_create(
+        Replica(job=job, attempt=job.attempt, role=r.role, index=r.index, package=r.package)
+        for r in previous
+    )
+    transitions.stop_unplaced(job, attempt=old)
+    holding = [r for r in previous if r.state in Replica.HOLDING_STATES]
+    if holding:
+        dispatch.send_stops_on_commit(
+            job.pk, holding, f"restarting: {why}", up_to_attempt=old, grace_seconds=grace_seconds
+        )
+    log.warning("job %s: %s", job.pk, job.reason)
+    resume_when_ready(job)
+
+
+def _exclusions(job: Job, wanted: list[str]) -> tuple[list[str], list[str]]:
+    """The nodes to exclude from now on, and those of `wanted` kept because without them the
+    job could never run (a restart that waits forever helps nobody)."""
+    excluded = sorted(set(job.excluded_nodes) | set(wanted))
+    if not wanted:
+        return excluded, []
+    open_nodes = list(Node.objects.exclude(state=Node.State.DRAINING).exclude(name__in=excluded))
+    demands = [
+        Demand((r.role, r.index), r.package.cpu, r.package.gpus, r.package.memory_gb)
+        for r in current_replicas(job).select_related("package")
+        if r.package is not None
+    ]
+    rooms = [Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in open_nodes]
+    if rooms and not gang_never_fits(demands, rooms):
+        return excluded, []
+    kept = sorted(set(wanted) - set(job.excluded_nodes))
+    return sorted(set(job.excluded_nodes)), kept
+
+
+def resume_when_ready(job: Job) -> bool:
+    """restarting -> queued once no process of an earlier attempt holds a node and the back-off
+    is over; until then, ask again when the back-off ends (reconciliation asks too)."""
+    if job.state != Job.State.RESTARTING:
+        return False
+    if Replica.objects.filter(
+        job=job, attempt__lt=job.attempt, state__in=Replica.HOLDING_STATES
+    ).exists():
+        return False  # the last one to end calls again
+    now = timezone.now()
+    if job.restart_at is not None and job.restart_at > now:
+        delay = (job.restart_at - now).total_seconds()
+        job_id = job.pk
+        transaction.on_commit(lambda: _resume_later(job_id, delay), robust=True)
+        return False
+    moved = transitions.move_job(
+        job, Job.State.QUEUED, f"attempt {job.attempt + 1}: waiting for room on the nodes"
+    )
+    if moved:
+        scheduling.request_schedule()
+    return moved
+
+
+def _resume_later(job_id: int, delay: float) -> None:
+    app.send_task(
+        contract.TASK_RESUME_RESTART,
+        kwargs={"job_id": job_id},
+        queue=contract.CONSOLE_QUEUE,
+        countdown=max(0.0, delay),
+    )
+
+
+def attempt_started(job: Job) -> None:
+    """Every replica of the current attempt runs: note when, and where."""
+    nodes = sorted(
+        set(current_replicas(job).exclude(node=None).values_list("node__name", flat=True))
+    )
+    JobAttempt.objects.filter(job=job, number=job.attempt, started=None).update(
+        started=timezone.now(), nodes=nodes
+    )
+
+
+def attempt_ended(job: Job, reason: str = "") -> None:
+    """The job ended in its current attempt (succeeded, failed for good, cancelled)."""
+    JobAttempt.objects.filter(job=job, number=job.attempt, finished=None).update(
+        finished=timezone.now(), reason=reason
+    )
+
+
+def final_reason(job: Job, cause: str) -> str:
+    """Why a job failed for good: this attempt's cause, then the earlier attempts' in brief."""
+    earlier = list(JobAttempt.objects.filter(job=job, number__lt=job.attempt).order_by("number"))
+    if not earlier:
+        return cause
+    gave_up = (
+        f"gave up after {job.restarts_used} restart{'s' if job.restarts_used != 1 else ''}"
+        if job.restart_policy == "on-failure"
+        else "no restart: the policy is never"
+    )
+    lines = [f"attempt {job.attempt + 1}: {cause}", f"{gave_up}; earlier attempts:"]
+    lines += [
+        f"attempt {a.number + 1}: {a.reason.splitlines()[0] if a.reason else '?'}" for a in earlier
+    ]
+    return "\n".join(lines)
+
+
+def resume(job_id: int) -> bool:
+    """The back-off of a restarting job is over (a delayed task): start its next attempt if
+    nothing of the old one still runs."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(pk=job_id).first()
+        return job is not None and resume_if_due(job)
+
+
+def resume_if_due(job: Job) -> bool:
+    """Reconciliation's backstop for a lost resume message."""
+    if job.restart_at is not None and job.restart_at > timezone.now():
+        return False
+    return resume_when_ready(job)
