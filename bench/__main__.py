@@ -9,6 +9,10 @@ same database, on SQLite and on PostgreSQL when reachable (bench/reconcile.py).
 Parameter server: the digits example on 2 workers in kvstore modes dist_sync and dist_async,
 next to DDP with 2 ranks, same per-worker batch and seed (bench/ps.py).
 
+Recovery: a kill -9 of one instance of a restartable DDP job: time until every instance runs
+and steps again, and the epochs done twice, next to the same job without a fault
+(bench/recovery.py).
+
 Logs: lines/s, latency and CPU from trainer through node agent and Redis to a websocket client,
 next to a bare pipe reader, and a training loop's speed with logging on vs /dev/null
 (bench/logs.py).
@@ -27,6 +31,7 @@ from bench.logs import log_path
 from bench.ps import ps_vs_ddp
 from bench.reconcile import measure_in_subprocess
 from bench.reconcile import summary as reconcile_summary
+from bench.recovery import recovery
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
 
@@ -90,6 +95,8 @@ def main() -> int:
             redis.wait(10)
     print("== parameter server vs DDP: 2 workers, same batch and seed ==")
     ok = ps_vs_ddp() and ok
+    print("== recovery: kill -9 of one instance, restart and resume ==")
+    ok = recovery() and ok
     print("== logs: trainer -> agent -> Redis -> websocket ==")
     ok = log_path() and ok
     return 0 if ok else 1
