@@ -164,7 +164,9 @@
     for (const e of events) {
       const tr = document.createElement("tr");
       tr.className = `health-${e.action}`;
-      const measured = e.value === null || e.value === undefined ? "–" : String(e.value);
+      let measured = "–";
+      if (typeof e.value === "number") measured = String(Number(e.value.toPrecision(4)));
+      else if (e.value !== null && e.value !== undefined) measured = String(e.value);
       cells(tr, [when(e.at), `#${e.attempt}`, `[${e.instance}]`, e.rule, measured, e.action, e.outcome || ""]);
       tr.children[3].title = e.message;
       body.appendChild(tr);
