@@ -218,6 +218,20 @@ def frame_lines(frame: dict[str, Any]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+HANG_GUARD = 180.0  # stops a hung test; measures nothing
+
+
+def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -> Any:
+    """Poll `check` until it returns something true, and return that."""
+    deadline = time.monotonic() + guard
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
 def pytorch_request(
     name: str, script: str, instances: int, package: str = "cpu-1", args: list[str] | None = None
 ) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import re
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,11 @@ import psutil
 import pytest
 import redis
 
-from tests.conftest import RunningStack, StackClient, process_alive, pytorch_request
+from tests.conftest import RunningStack, StackClient, process_alive, pytorch_request, wait_until
 from workers import contract
 
 pytestmark = pytest.mark.integration
 
-HANG_GUARD = 180.0  # stops a hung test; measures nothing
 NO_SURVIVOR_SECONDS = 5.0  # the promise: nothing of a dead agent outlives it by more
 
 
@@ -42,16 +40,6 @@ def release(tmp_path: Path) -> Path:
 
 def hold_request(name: str, instances: int, release: Path) -> dict[str, Any]:
     return pytorch_request(name, "hold.py", instances, args=["--release", str(release)])
-
-
-def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -> Any:
-    deadline = time.monotonic() + guard
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
 
 
 def pids_of(client: StackClient, job_id: int) -> list[int]:

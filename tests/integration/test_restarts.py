@@ -8,29 +8,18 @@ the moment that matters by watching the log, never by sleeping.
 import re
 import signal
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psutil
 import pytest
 
 from tests.conftest import RunningStack, StackClient, pytorch_request
+from tests.integration.test_faults import wait_until
 
 pytestmark = pytest.mark.integration
 
-HANG_GUARD = 240.0  # stops a hung test; measures nothing
 FINAL = re.compile(r"^final eval_accuracy=([0-9.]+)")
 EPOCH = re.compile(r"^epoch=(\d+)/(\d+) ")
-
-
-def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -> Any:
-    deadline = time.monotonic() + guard
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
 
 
 def restart_policy(max_restarts: int, backoff: int = 1, **more: Any) -> dict[str, Any]:
