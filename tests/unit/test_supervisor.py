@@ -45,12 +45,22 @@ class Reports:
         with self.changed:
             return [p for n, p in self.items if n == name]
 
-    def wait_for(self, name: str, timeout: float = 30, job_id: int | None = None) -> dict[str, Any]:
-        """The first report of that name (about that job, if given), once it has come."""
+    def wait_for(
+        self, name: str, timeout: float = 30, job_id: int | None = None, attempt: int = 0
+    ) -> dict[str, Any]:
+        """The first report of that name (about that job and attempt, if given), once it has
+        come."""
 
         def first() -> dict[str, Any] | None:
             return next(
-                (p for n, p in self.items if n == name and job_id in (None, p["job_id"])), None
+                (
+                    p
+                    for n, p in self.items
+                    if n == name
+                    and job_id in (None, p["job_id"])
+                    and p.get("attempt", 0) == attempt
+                ),
+                None,
             )
 
         with self.changed:
@@ -468,3 +478,27 @@ def shutdown_without_redis(url: str, redis_proc: subprocess.Popen[bytes], tmp_pa
     finally:
         sup.shutdown(timeout=4)
         shipper.close(timeout=1)
+
+
+def test_a_restart_starts_only_where_the_first_attempts_checkpoints_are_seen(
+    supervisor: Supervisor, reports: Reports, tmp_path: Path
+) -> None:
+    """Attempt 0 makes the job's folder on the checkpoint root; attempt 1 of the same job runs
+    in it, sees TRAINYARD_RESTART_COUNT=1, and a restart of a job whose folder this node
+    cannot see refuses to start, saying why."""
+    supervisor.start(spec("numbered.py", job_id=31, checkpoint_key="k31", args=["--lines", "1"]))
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=31)["state"] == "succeeded"
+    folder = supervisor.checkpoint_root / "job-31-k31"
+    assert (folder / ".trainyard-job").is_file()
+
+    supervisor.start(
+        spec("numbered.py", job_id=31, checkpoint_key="k31", attempt=1, args=["--lines", "1"])
+    )
+    again = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=31, attempt=1)
+    assert again["state"] == "succeeded", again["reason"]
+
+    supervisor.start(spec("numbered.py", job_id=32, checkpoint_key="k32", attempt=1))
+    refused = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=32, attempt=1)
+    assert refused["state"] == "failed" and refused["attempt"] == 1
+    assert "cannot restart on n1" in refused["reason"] and "job-32-k32" in refused["reason"]
+    assert not (supervisor.checkpoint_root / "job-32-k32").exists()
