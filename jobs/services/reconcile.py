@@ -172,8 +172,13 @@ def _check_node(
         if replicas:
             report.lost_nodes.append(node.name)
             reason = f"{node.name} lost: no heartbeat for {(now - heard).total_seconds():.0f} s"
+            by_job: dict[int, list[Replica]] = defaultdict(list)
             for replica in replicas:
-                report.ended += _repair(replica, _fail(reason, cause_at=heard))
+                by_job[replica.job_id].append(replica)
+            for together in by_job.values():
+                # All of a job's replicas there at once: nobody sees the job failed by the
+                # node with some of its instances on it still "running".
+                report.ended += _repair(together, _fail(reason, cause_at=heard))
         return
     if node.is_lost(now):
         return  # late, not yet lost: a heartbeat may still come
@@ -241,22 +246,28 @@ def _unanswered(sent: datetime | None, heard: datetime, grace: timedelta) -> boo
 Repair = Callable[[Job, Replica], bool]
 
 
-def _repair(replica: Replica, action: Repair) -> int:
-    """Run `action` on the replica as it is now, under its job's lock; 1 if it did something.
+def _repair(replicas: Replica | list[Replica], action: Repair) -> int:
+    """Run `action` on each replica (all of one job) as it is now, in one transaction under
+    their job's lock; how many it did something to.
 
-    The pass read the replica a moment ago: if it has moved on since (its agent reported, or
-    another pass got there first), there is nothing left to repair.
+    The pass read the replicas a moment ago: one that has moved on since (its agent reported,
+    or another pass got there first) has nothing left to repair.
     """
+    together = replicas if isinstance(replicas, list) else [replicas]
+    done = 0
     with transaction.atomic():
-        job = outcomes.locked_job(replica.job_id)
-        current = (
-            Replica.objects.select_related("node", "job")
-            .filter(pk=replica.pk, state=replica.state, node=replica.node)
-            .first()
-        )
-        if job is None or current is None:
+        job = outcomes.locked_job(together[0].job_id)
+        if job is None:
             return 0
-        return int(action(job, current))
+        for replica in together:
+            current = (
+                Replica.objects.select_related("node", "job")
+                .filter(pk=replica.pk, state=replica.state, node=replica.node)
+                .first()
+            )
+            if current is not None:
+                done += int(action(job, current))
+    return done
 
 
 def _fail(reason: str, cause_at: datetime | None = None) -> Repair:
