@@ -6,7 +6,17 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from jobs.models import FrameworkImage, Job, JobRole, Node, Package, Quota, Replica
+from jobs.models import (
+    FrameworkImage,
+    HealthEvent,
+    Job,
+    JobAttempt,
+    JobRole,
+    Node,
+    Package,
+    Quota,
+    Replica,
+)
 from jobs.services import nodes, scheduling
 
 
@@ -141,6 +151,7 @@ class ReplicaInline(admin.TabularInline):
     extra = 0
     can_delete = False
     readonly_fields = (
+        "attempt",
         "role",
         "index",
         "package",
@@ -152,16 +163,35 @@ class ReplicaInline(admin.TabularInline):
     )
 
 
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    readonly_fields = ("number", "started", "finished", "nodes", "reason", "counted")
+
+
+class HealthEventInline(admin.TabularInline):
+    model = HealthEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ("at", "attempt", "rule", "action", "role", "index", "node", "value",
+                       "message", "outcome")  # fmt: skip
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("id", "name", "owner", "image", "state", "cpu_total", "gpus_total", "created")
     list_filter = ("state", "image")
     search_fields = ("name", "owner__username")
-    inlines = [JobRoleInline, ReplicaInline]
+    inlines = [JobRoleInline, JobAttemptInline, HealthEventInline, ReplicaInline]
     # State is written by the transitions service only; admins cancel through the job page.
     readonly_fields = (
         "state",
         "reason",
+        "attempt",
+        "restarts_used",
+        "restart_at",
+        "excluded_nodes",
         "log_complete",
         "started",
         "finished",

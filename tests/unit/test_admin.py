@@ -4,7 +4,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs.models import FrameworkImage, Quota
+from jobs.models import FrameworkImage, HealthEvent, Quota
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import job_request
 
@@ -96,3 +96,16 @@ def test_it_lets_admins_give_a_group_a_quota(client: Client, charlie_admin: User
     )
     assert r.status_code == 302
     assert Quota.objects.get(group=team).gpus == 8
+
+
+def test_a_jobs_page_lists_its_attempts_and_the_health_rules_that_fired(
+    client: Client, charlie_admin: User, alice: User
+) -> None:
+    job = submit_job(alice, check_job_request(job_request()))
+    HealthEvent.objects.create(
+        job=job, attempt=0, rule="loss is not finite", action="stop", role="master",
+        value="nan", message="loss is nan on master", outcome="stopped the job",
+    )  # fmt: skip
+    client.force_login(charlie_admin)
+    page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "attempt 1 of job" in page and "loss is nan on master" in page
