@@ -34,6 +34,21 @@
     shownFramework = fw;
   }
 
+  // "the image's default" says what that default is; the restart fields only matter on failure.
+  function showRestartDefault() {
+    const image = images[value("image")];
+    const option = form.elements.restart_policy.options[0];
+    const r = image && image.restart;
+    if (!r) return;
+    option.textContent = r.policy === "on-failure"
+      ? `the image's default: restart, up to ${r.max_restarts} times`
+      : "the image's default: the job fails";
+    const restarts = value("restart_policy") === "on-failure";
+    for (const name of ["max_restarts", "restart_backoff_seconds", "exclude_failed_node"]) {
+      document.getElementById(`field-${name}`).hidden = !restarts;
+    }
+  }
+
   // [(role, package, instances)] as the request will be made; the scheduler is not charged.
   function roleTerms(fw) {
     if (fw === "kvstore") {
@@ -69,6 +84,7 @@
   function update() {
     const fw = framework();
     showFields(fw);
+    showRestartDefault();
     const terms = roleTerms(fw);
     const rows = document.querySelectorAll("#totals tbody tr");
     if (terms.some(([, pkg, n]) => !pkg || !Number.isInteger(n) || n < 1)) {
