@@ -78,13 +78,22 @@ def replica_ended(
     elif state == Replica.State.FAILED:
         if job.is_active:
             attempt_failed(job, replica)
-        elif job.state == Job.State.FAILED and replica.attempt == job.attempt:
+        elif (
+            job.state == Job.State.FAILED
+            and replica.attempt == job.attempt
+            and not _ended_by_a_rule(job)
+        ):
             # A failure found late (a lost node) may have happened before the one reported.
+            # (A health rule that stopped the job decided its end: its reason stands.)
             transitions.set_job_reason(job, restarts.final_reason(job, root_cause(job)))
     complete_log_if_done(job)
     # Capacity was freed: let waiting jobs in.
     scheduling.request_schedule()
     return True
+
+
+def _ended_by_a_rule(job: Job) -> bool:
+    return job.health_events.filter(attempt=job.attempt, action="stop").exists()
 
 
 def attempt_failed(job: Job, replica: Replica) -> None:

@@ -88,7 +88,7 @@ def test_a_failing_script_fails_the_job_with_its_exit_code_and_stderr(
     job = stack.admin.wait_finished(job["id"])
     assert job["state"] == "failed"
     assert "exited with code 3" in job["reason"]
-    assert "RuntimeError: CUDA out of memory (simulated)" in job["reason"]
+    assert "RuntimeError: simulated failure in step 3" in job["reason"]
     assert {r["state"] for r in job["replicas"]} <= {"failed", "stopped"}
 
 

@@ -9,9 +9,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from jobs.healthrules import Watch, parse_rules
 from jobs.models import Job, JobAttempt, Node, Replica
+from jobs.services import health, reports, restarts
 from jobs.services import nodes as node_service
-from jobs.services import reports, restarts
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract
@@ -178,3 +179,32 @@ def test_eviction_restarts_without_using_a_restart_and_fails_a_never_job(
     graces = {s["grace_seconds"] for _, s, _ in sent_tasks.named(contract.TASK_STOP_JOB)}
     assert graces == {12}
     assert JobAttempt.objects.get(job=keeps, number=0).counted is False
+
+
+def test_a_rule_that_stops_a_job_keeps_its_reason_when_the_instance_then_fails(
+    alice: User,
+    nodes: list[Node],
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    """A trainer prints 'CUDA out of memory' and exits 1 a moment later: the rule stopped the
+    job (no restart, though the policy allows one) and its reason stays, whichever comes
+    first to the console."""
+    capture = django_capture_on_commit_callbacks
+    job = launch(alice, capture, max_restarts=2, backoff_seconds=0)
+    (rule,) = parse_rules([{"kind": "log-pattern", "pattern": "out of memory", "action": "stop"}])
+    watch = Watch([rule], started_at=0.0)
+    (firing,) = watch.line("worker", 1, "CUDA out of memory", "stderr", 1.0)
+    with capture(execute=True):
+        assert health.fired(job.pk, 0, firing) == "stopped the job"
+    exit_of(job, capture, "worker-1", "failed", 1, 0)
+    assert job.state == Job.State.FAILED and job.restarts_used == 0
+    assert job.reason.startswith("health rule: worker-1 printed 'CUDA out of memory'")
+    event = job.health_events.get()
+    worker = job.replicas.select_related("node").get(role="worker")
+    assert worker.node is not None
+    assert (event.action, event.node, event.outcome) == (
+        "stop",
+        worker.node.name,
+        "stopped the job",
+    )

@@ -182,7 +182,7 @@ def test_it_reports_a_failure_with_exit_code_and_stderr_tail(
     supervisor.start(spec("fail.py"))
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
     assert (exited["state"], exited["exit_code"]) == ("failed", 3)
-    assert exited["stderr_tail"][-1] == "RuntimeError: CUDA out of memory (simulated)"
+    assert exited["stderr_tail"][-1] == "RuntimeError: simulated failure in step 3"
 
 
 def test_it_stops_the_whole_process_group(
