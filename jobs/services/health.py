@@ -23,7 +23,7 @@ from django.db import transaction
 
 from jobs import logstream
 from jobs.healthrules import Firing, RuleError, Watch, parse_rules
-from jobs.models import Framework, HealthEvent, Job, JobAttempt
+from jobs.models import Framework, HealthEvent, Job, JobAttempt, Replica
 from jobs.services import events, outcomes, presenters, restarts
 from workers import contract
 from workers.logsink import LogBatch, LogSink
@@ -131,7 +131,7 @@ def fired(job_id: int, attempt: int, firing: Firing, client: redis.Redis | None 
         and Job.objects.filter(pk=job_id, attempt=attempt, state__in=WATCHED_STATES).exists()
     ):
         # Said first, so that it comes before the lines of the stop or restart it causes.
-        _say_in_log(client, job_id, attempt, firing)
+        _say_in_log(client, job_id, attempt, firing, _node_of(job_id, attempt, firing))
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
         if job is None or job.attempt != attempt or job.state not in WATCHED_STATES:
@@ -183,13 +183,23 @@ def _apply(job: Job, firing: Firing, node: str) -> str:
     return "stopped the job: no restart left"
 
 
-def _say_in_log(client: redis.Redis, job_id: int, attempt: int, firing: Firing) -> None:
-    """The firing, in the instance's own log, where whoever reads the log will see it."""
+def _node_of(job_id: int, attempt: int, firing: Firing) -> str:
+    node = (
+        Replica.objects.filter(job_id=job_id, attempt=attempt, role=firing.role, index=firing.index)
+        .values_list("node__name", flat=True)
+        .first()
+    )
+    return node or ""
+
+
+def _say_in_log(client: redis.Redis, job_id: int, attempt: int, firing: Firing, node: str) -> None:
+    """The firing, in the instance's own log (as from its node), where whoever reads the log
+    will see it."""
     batch = LogBatch(
         job_id=job_id,
         role=firing.role,
         index=firing.index,
-        node="console",
+        node=node,
         stream=contract.STREAM_STDERR,
         ts=time.time(),
         lines=[f"[trainyard] health rule fired: {firing.message}"],
