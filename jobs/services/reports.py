@@ -76,7 +76,8 @@ def replica_exited(
             not_running_on_its_node(job, replica)
             return
         state = AGENT_OUTCOMES.get(outcome, Replica.State.FAILED)
-        if state != Replica.State.SUCCEEDED and job.is_active:
+        if state == Replica.State.FAILED or (state != Replica.State.SUCCEEDED and job.is_active):
+            # How it failed, in its own words; a replica stopped after its job ended needs none.
             reason = outcomes.with_stderr(reason, stderr_tail)
         outcomes.replica_ended(
             job,
