@@ -66,7 +66,6 @@ def begin(
     label = f"restart {used} of {job.max_restarts}" if counts else "restart (not counted: evicted)"
     wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
     note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
-    JobAttempt.objects.filter(job=job, number=old).update(finished=now, reason=why, counted=counts)
     moved = transitions.move_job(
         job,
         Job.State.RESTARTING,
@@ -78,6 +77,7 @@ def begin(
     )
     if not moved:
         return
+    JobAttempt.objects.filter(job=job, number=old).update(finished=now, reason=why, counted=counts)
     JobAttempt.objects.create(job=job, number=job.attempt)
     previous = list(
         Replica.objects.filter(job=job, attempt=old).select_related("node").order_by("id")
