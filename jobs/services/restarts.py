@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from console.celery import app
-from jobs.models import Job, JobAttempt, Node, Replica
+from jobs.models import Job, JobAttempt, Node, Replica, RestartPolicy
 from jobs.services import dispatch, scheduling, transitions
 from jobs.services.placement import Demand, Room, gang_never_fits
 from workers import contract
@@ -39,7 +39,7 @@ def current_replicas(job: Job) -> "QuerySet[Replica]":
 def may_restart(job: Job, counts: bool = True) -> bool:
     """Whether the job's policy allows one more restart (an eviction always may, unless the
     policy is never)."""
-    if job.restart_policy != "on-failure":
+    if job.restart_policy != RestartPolicy.ON_FAILURE:
         return False
     return job.restarts_left > 0 or not counts
 
@@ -171,7 +171,7 @@ def final_reason(job: Job, cause: str) -> str:
         return cause
     gave_up = (
         f"gave up after {job.restarts_used} restart{'s' if job.restarts_used != 1 else ''}"
-        if job.restart_policy == "on-failure"
+        if job.restart_policy == RestartPolicy.ON_FAILURE
         else "no restart: the policy is never"
     )
     lines = [f"attempt {job.attempt + 1}: {cause}", f"{gave_up}; earlier attempts:"]
