@@ -4,6 +4,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import io
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Coroutine, Iterator
@@ -30,23 +32,33 @@ T = TypeVar("T")
 FIXTURE_CODE_ROOT = Path(__file__).parent / "fixtures" / "code"
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server of our own on a free port (never the machine's shared one)."""
+@contextlib.contextmanager
+def private_redis(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real redis-server of our own on a free port (never the machine's shared one), which
+    the caller may stop or freeze; its URL and process."""
+    data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    data = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
-        redis_argv(redis_server_binary(), port, data),
+        redis_argv(redis_server_binary(), port, data_dir),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
     try:
         wait_for_redis(url, proc)
-        yield url
+        yield url, proc
     finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a frozen one cannot obey SIGTERM
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Redis the unit tests share."""
+    with private_redis(tmp_path_factory.mktemp("redis")) as (url, _):
+        yield url
 
 
 @pytest.fixture

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import redis
 
-from tests.conftest import FIXTURE_CODE_ROOT, process_alive
-from tests.unit.test_supervisor import private_redis, spec, texts, tree_pids, wait_until
+from tests.conftest import FIXTURE_CODE_ROOT, private_redis, process_alive
+from tests.unit.test_supervisor import spec, texts, tree_pids, wait_until
 from workers import agent, contract
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,8 @@ from django.test import Client
 
 from jobs import views
 from jobs.models import Node
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from stack.redis_server import free_port
+from tests.conftest import private_redis
 
 # The check reads the database from a thread of its own, which sees committed rows only.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,23 +48,9 @@ def get_healthz(client: Client, hang_guard: float = 5.0) -> tuple[int, dict[str,
 @pytest.fixture
 def stalled_redis(tmp_path: Path) -> Iterator[str]:
     """A private redis-server that accepts connections but answers nothing (SIGSTOP)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        redis_argv(redis_server_binary(), port, tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_for_redis(url, proc)
+    with private_redis(tmp_path / "redis") as (url, proc):
         os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            yield url
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+        yield url
 
 
 def test_it_answers_200_with_the_live_nodes(

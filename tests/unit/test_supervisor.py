@@ -1,6 +1,5 @@
 """The agent's supervisor with real processes and a real Redis; reports are captured."""
 
-import contextlib
 import json
 import os
 import re
@@ -18,8 +17,7 @@ import pytest
 import redis
 
 from jobs.logstream import parse_entry
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
-from tests.conftest import FIXTURE_CODE_ROOT, process_alive
+from tests.conftest import FIXTURE_CODE_ROOT, private_redis, process_alive
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.agent import heartbeat_payload, make_celery, make_reporter
@@ -427,25 +425,6 @@ def test_heartbeats_list_what_runs_and_what_ended_lately(
 
 
 # --- bounded shutdown ---------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def private_redis(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A redis-server of the test's own, which the test may stop."""
-    data_dir.mkdir()
-    port = free_port()
-    proc = subprocess.Popen(
-        redis_argv(redis_server_binary(), port, data_dir),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_for_redis(url, proc)
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_shutdown_ends_within_its_timeout_when_redis_is_gone(tmp_path: Path) -> None:
