@@ -98,10 +98,13 @@ def last_cursor(log: Locator) -> int:
 def showcase(stack: RunningStack) -> Iterator[dict[str, Any]]:
     """A finished job of 3 instances on both nodes (3 x 2 cores, nodes of 4) whose log has
     markup, colour codes and, far from its end, a traceback on worker-1's stderr."""
-    # 2,500 lines after the traceback: whatever the ranks' pace, the traceback and rank 0's first
-    # line are before the last 2,000 lines, which the page loads first.
+    # The page loads the last 2,000 lines first; the traceback and rank 0's first line must be
+    # before them whatever the ranks' pace. The traceback reaches the log through worker-1's
+    # stderr reader, which a busy agent may run a while after its stdout reader: with 2,500
+    # lines after it the margin (500 lines) was once too small on a loaded 2-core machine, so
+    # 6,000 lines follow it.
     request = pytorch_request(
-        "showcase", "log_showcase.py", 3, package="cpu-2", args=["--after", "2500"]
+        "showcase", "log_showcase.py", 3, package="cpu-2", args=["--after", "6000"]
     )
     job = stack.admin.submit(request)
     job = stack.admin.wait_finished(job["id"])
