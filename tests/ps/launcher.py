@@ -183,8 +183,9 @@ def ps_job(servers: int, workers: int, args: list[str], script: Path = PS_SCRIPT
 
 
 @contextmanager
-def ddp_job(ranks: int, args: list[str]) -> Iterator[Job]:
-    """digits_ddp.py with `ranks` processes and torchrun's variables, as the platform runs it."""
+def ddp_job(ranks: int, args: list[str], extra_env: dict[str, str] | None = None) -> Iterator[Job]:
+    """digits_ddp.py with `ranks` processes and torchrun's variables, as the platform runs it;
+    `extra_env` is added to every process's environment."""
     port = free_port()
     job = Job({})
     try:
@@ -201,6 +202,7 @@ def ddp_job(ranks: int, args: list[str]) -> Iterator[Job]:
                     contract.TRAINYARD_INDEX: str(rank),
                 }
             )
+            env.update(extra_env or {})
             tag = "master" if rank == 0 else f"worker-{rank}"
             job.procs[tag] = spawn(tag, DDP_SCRIPT, args, env)
         yield job

@@ -15,14 +15,15 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.ps.launcher import DDP_SCRIPT, PS_SCRIPT, Job, base_env, free_port, ps_env, spawn
+from tests.ps import launcher
+from tests.ps.launcher import PS_SCRIPT, Job, free_port, ps_env, spawn
 from workers import contract
 
 EPOCHS = 8
@@ -84,34 +85,14 @@ def checkpoint_env(env: dict[str, str], checkpoints: Path, restart: int) -> dict
     return env
 
 
-@contextmanager
 def ddp_job(
     checkpoints: Path, restart: int = 0, ranks: int = 1, metrics_file: Path | None = None
-) -> Iterator[Job]:
-    """digits_ddp.py as the platform starts it: torchrun's variables, one process per rank."""
-    port = free_port()
-    job = Job({})
-    try:
-        for rank in range(ranks):
-            env = base_env()
-            env.update(
-                {
-                    contract.MASTER_ADDR: "127.0.0.1",
-                    contract.MASTER_PORT: str(port),
-                    contract.WORLD_SIZE: str(ranks),
-                    contract.RANK: str(rank),
-                    contract.LOCAL_RANK: "0",
-                    contract.TRAINYARD_ROLE: "master" if rank == 0 else "worker",
-                    contract.TRAINYARD_INDEX: str(rank),
-                }
-            )
-            if metrics_file is not None:
-                env[contract.TRAINYARD_METRICS_FILE] = str(metrics_file)
-            tag = "master" if rank == 0 else f"worker-{rank}"
-            job.procs[tag] = spawn(tag, DDP_SCRIPT, ARGS, checkpoint_env(env, checkpoints, restart))
-        yield job
-    finally:
-        job.stop()
+) -> AbstractContextManager[Job]:
+    """digits_ddp.py as the platform starts it, on this checkpoint folder and restart count."""
+    extra = checkpoint_env({}, checkpoints, restart)
+    if metrics_file is not None:
+        extra[contract.TRAINYARD_METRICS_FILE] = str(metrics_file)
+    return launcher.ddp_job(ranks, ARGS, extra)
 
 
 @contextmanager
