@@ -275,18 +275,25 @@ class ChildSupervisor:
                 )
             return child.proc.pid
 
-    def restart(self, name: str, down_seconds: float = 0.0, ready_timeout: float = 20.0) -> int:
-        """Stop one process (SIGTERM, then SIGKILL after the stop timeout), leave it down for
-        `down_seconds`, start it again as it was and wait until it is up; returns the new PID."""
+    def restart(
+        self,
+        name: str,
+        while_down: Callable[[], object] | None = None,
+        ready_timeout: float = 20.0,
+    ) -> int:
+        """Stop one process (SIGTERM, then SIGKILL after the stop timeout), leave it down until
+        `while_down()` returns (an outage that lasts until something happened, never a fixed
+        time), start it again as it was and wait until it is up; returns the new PID."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError(f"not restarting {name}: the stack is stopping")
             child = self._find(name)
             child.state = ChildState.HELD
             child.down_since = time.monotonic()
-        self._say(child, f"{name} is being restarted on request (down for {down_seconds:g} s)")
+        self._say(child, f"{name} is being restarted on request")
         _terminate(child.proc, time.monotonic() + self.policy.stop_timeout)
-        time.sleep(down_seconds)  # the outage asked for, not a wait for some condition
+        if while_down is not None:
+            while_down()
         with self._lock:
             if self._stopping:
                 return child.proc.pid
@@ -537,10 +544,10 @@ class Stack:
         (Redis: answers); returns the new PID. Raises TimeoutError saying where it stands."""
         return self._supervisor.wait_up(name, timeout, not_pid=old_pid)
 
-    def restart(self, name: str, down_seconds: float = 0.0) -> None:
+    def restart(self, name: str, while_down: Callable[[], object] | None = None) -> None:
         """Stop one process by its PID and start it again as it was (same port, same data),
-        after `down_seconds`; returns once it is up (Redis: answers)."""
-        self._supervisor.restart(name, down_seconds)
+        once `while_down()` has returned; returns once it is up (Redis: answers)."""
+        self._supervisor.restart(name, while_down)
 
     # --- stop ---
 

@@ -155,13 +155,19 @@ class RunningStack:
     def client_for(self, username: str) -> "StackClient":
         return StackClient(self.url, self.stack.manage("token", username).strip())
 
-    def create_user(self, username: str, password: str) -> "StackClient":
-        self.stack.manage(
-            "shell",
-            "-c",
-            "from django.contrib.auth.models import User; "
-            f"User.objects.create_user({username!r}, password={password!r})",
+    def create_user(
+        self, username: str, password: str, quota: dict[str, int] | None = None
+    ) -> "StackClient":
+        """A user of this stack (with a quota of their own when given one: cpu, gpus, memory_gb,
+        running_jobs), and an API client for them. A test that owns its user depends on no
+        other test's jobs for what its quota has left."""
+        code = (
+            "from django.contrib.auth.models import User; from jobs.models import Quota; "
+            f"user = User.objects.create_user({username!r}, password={password!r})"
         )
+        if quota is not None:
+            code += f"; Quota.objects.create(user=user, **{quota!r})"
+        self.stack.manage("shell", "-c", code)
         return self.client_for(username)
 
 

@@ -1,7 +1,7 @@
 """Debian's Chromium driven by Playwright (no browser download; `make test` installs it)."""
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,20 +40,27 @@ def browser() -> Iterator[Browser]:
 
 
 @contextmanager
-def admin_page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
-    """A fresh browser context logged in to `stack` as its admin."""
+def user_page(
+    browser: Browser, stack: RunningStack, username: str, password: str
+) -> Iterator[Page]:
+    """A fresh browser context logged in to `stack` as that user."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(HANG_GUARD_MS)
     page.goto(f"{stack.url}/accounts/login/")
-    page.fill("#id_username", "admin")
-    page.fill("#id_password", stack.admin_password)
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(f"{stack.url}/")
     try:
         yield page
     finally:
         context.close()
+
+
+def admin_page(browser: Browser, stack: RunningStack) -> AbstractContextManager[Page]:
+    """A fresh browser context logged in to `stack` as its admin."""
+    return user_page(browser, stack, "admin", stack.admin_password)
 
 
 @pytest.fixture

@@ -2,19 +2,33 @@
 
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
+from tests.browser.conftest import user_page
 from tests.conftest import RunningStack
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 
+@pytest.fixture
+def lena_page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
+    """A user of her own with a 32-core quota and no job yet: what the form says she has left
+    depends on no other test's jobs."""
+    stack.create_user(
+        "lena", "lena-password-1", quota={"cpu": 32, "gpus": 0, "memory_gb": 128, "running_jobs": 4}
+    )
+    with user_page(browser, stack, "lena", "lena-password-1") as page:
+        yield page
+
+
 def test_launch_from_the_form_and_see_worker_lines_live(
-    page: Page, stack: RunningStack, tmp_path_factory: pytest.TempPathFactory
+    lena_page: Page, stack: RunningStack, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    page = lena_page
     page.click("text=New job")
     page.fill("#id_name", "digits from the browser")
     page.select_option("#id_script", "digits-ddp")

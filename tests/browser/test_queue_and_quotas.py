@@ -4,53 +4,60 @@ page shows use against limits."""
 import re
 
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, Page, expect
 
-from tests.conftest import RunningStack, pytorch_request
+from tests.browser.conftest import user_page
+from tests.conftest import RunningStack, pytorch_request, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 
+def nodes_idle(stack: RunningStack) -> bool:
+    nodes = stack.admin.http.get("/api/v1/nodes").json()["nodes"]
+    return all(not node["jobs"] for node in nodes)
+
+
 def test_a_queued_job_shows_its_reason_and_position_then_starts(
-    page: Page, stack: RunningStack
+    browser: Browser, stack: RunningStack
 ) -> None:
-    admin = stack.admin
-    # 3 x 2 cores on two nodes of 4: node-1 full, node-2 has 2 cores left.
-    blocker = admin.submit(pytorch_request("blocker", "sleep_tree.py", 3, package="cpu-2"))
-    admin.wait(blocker["id"], lambda j: j["state"] == "running")
-    waiting = admin.submit(pytorch_request("waits", "sleep_tree.py", 2, package="cpu-2"))
-    job = admin.wait(waiting["id"], lambda j: j["reason"].startswith("waiting:"))
-    assert job["queue_position"] == 1
-
-    page.goto(f"{stack.url}/jobs/{waiting['id']}/")
-    expect(page.locator("#job-state")).to_have_text("queued")
-    expect(page.locator("#queue-position")).to_have_text("Position in the queue: 1")
-    expect(page.locator("#job-reason")).to_have_text(
-        re.compile(
-            r"^waiting: needs a node with 2 CPU cores and 4 GB free; node-\d frees 2 CPU cores "
-            rf"when job {blocker['id']} ends$"
-        )
+    # The reason names what each node frees, which holds only on idle nodes: the shared
+    # stack's other tests end their jobs, and this one waits until they have (its own user
+    # makes sure no quota of theirs is in the way either).
+    wait_until("the shared nodes to be idle before this test fills them", lambda: nodes_idle(stack))
+    tess = stack.create_user(
+        "tess", "tess-password-1", quota={"cpu": 16, "gpus": 0, "memory_gb": 64, "running_jobs": 4}
     )
+    # 3 x 2 cores on two nodes of 4: node-1 full, node-2 has 2 cores left.
+    blocker = tess.submit(pytorch_request("blocker", "sleep_tree.py", 3, package="cpu-2"))
+    tess.wait(blocker["id"], lambda j: j["state"] == "running")
+    waiting = tess.submit(pytorch_request("waits", "sleep_tree.py", 2, package="cpu-2"))
+    job = tess.wait(waiting["id"], lambda j: j["reason"].startswith("waiting:"))
+    assert job["queue_position"] == 1
+    with user_page(browser, stack, "tess", "tess-password-1") as page:
+        page.goto(f"{stack.url}/jobs/{waiting['id']}/")
+        expect(page.locator("#job-state")).to_have_text("queued")
+        expect(page.locator("#queue-position")).to_have_text("Position in the queue: 1")
+        expect(page.locator("#job-reason")).to_have_text(
+            re.compile(
+                r"^waiting: needs a node with 2 CPU cores and 4 GB free; node-\d frees 2 CPU cores "
+                rf"when job {blocker['id']} ends$"
+            )
+        )
 
-    assert admin.http.post(f"/api/v1/jobs/{blocker['id']}/cancel").status_code == 200
-    # Freed room admits the waiting job, and the page follows without a reload.
-    expect(page.locator("#job-state")).to_have_text("running")
-    expect(page.locator("#queue-position")).to_be_hidden()
-    assert admin.http.post(f"/api/v1/jobs/{waiting['id']}/cancel").status_code == 200
-    admin.wait_finished(waiting["id"])
-    admin.wait_finished(blocker["id"])
+        assert tess.http.post(f"/api/v1/jobs/{blocker['id']}/cancel").status_code == 200
+        # Freed room admits the waiting job, and the page follows without a reload.
+        expect(page.locator("#job-state")).to_have_text("running")
+        expect(page.locator("#queue-position")).to_be_hidden()
+        assert tess.http.post(f"/api/v1/jobs/{waiting['id']}/cancel").status_code == 200
+        tess.wait_finished(waiting["id"])
+        tess.wait_finished(blocker["id"])
 
 
 def test_the_quota_page_shows_each_users_use_against_the_limit(
     page: Page, stack: RunningStack
 ) -> None:
-    quinn = stack.create_user("quinn", "quinn-password-1")
-    stack.stack.manage(
-        "shell",
-        "-c",
-        "from django.contrib.auth.models import User; from jobs.models import Quota; "
-        "Quota.objects.create(user=User.objects.get(username='quinn'), cpu=2, gpus=0, "
-        "memory_gb=8, running_jobs=2)",
+    quinn = stack.create_user(
+        "quinn", "quinn-password-1", quota={"cpu": 2, "gpus": 0, "memory_gb": 8, "running_jobs": 2}
     )
     job = quinn.submit(pytorch_request("quinn's", "sleep_tree.py", 1, package="cpu-2"))
     refused = quinn.http.post("/api/v1/jobs", json=pytorch_request("more", "markup.py", 1))

@@ -93,11 +93,13 @@ def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
         f"{round(speedup['efficiency'] * 100)} %"
     )
 
-    # The verdict, with its reasons, and the baseline picked in the picker.
-    expect(page.locator("#verdict-badge")).to_have_text(
-        re.compile(rf"^curves (match|differ from) baseline #{one}$")
-    )
-    expect(page.locator("#verdict-reasons li").first).to_contain_text("final eval accuracy")
+    # The verdict the console gave (tested for its own sake in test_training_metrics), with its
+    # reasons, and the baseline picked in the picker.
+    verdict = one_and_two_workers["summary"]["baseline"]["verdict"]
+    said = "match" if verdict["matches"] else "differ from"
+    expect(page.locator("#verdict-badge")).to_have_text(f"curves {said} baseline #{one}")
+    expect(page.locator("#verdict-reasons li")).to_have_text(verdict["reasons"])
+    assert verdict["reasons"][0].startswith("final eval accuracy")
     expect(page.locator("#baseline-select")).to_have_value(str(one))
     expect(page.locator("#baseline-launch")).to_be_hidden()
 
@@ -105,7 +107,13 @@ def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
     expect(page.locator("#gpu-status span")).to_have_text("no GPU")
     expect(page.locator("#chart-gpu .chart-empty")).to_have_text("no GPU")
     expect(page.locator("#chart-samples-per-sec canvas")).to_be_visible()
-    expect(page.locator("#chart-cpu canvas, #chart-cpu .chart-empty").first).to_be_visible()
+    # The agent samples every few seconds: a short run may end before its first CPU figure
+    # (the first sample only primes the counters). The chart shows what the API has.
+    cpu_points = stack.admin.http.get(f"/api/v1/jobs/{two}/metrics?name=cpu_percent").json()
+    if cpu_points["points"]:
+        expect(page.locator("#chart-cpu canvas")).to_be_visible()
+    else:
+        expect(page.locator("#chart-cpu .chart-empty")).to_have_text("no points yet")
     expect(page.locator(f"#scaling tr.current[data-job='{two}']")).to_be_visible()
     expect(page.locator(f"#scaling tr[data-job='{one}']")).to_be_visible()
     expect(page.locator("#exports-hint")).to_have_text(
@@ -171,30 +179,37 @@ def test_it_launches_a_1_worker_baseline_for_a_program_without_one(
     assert admin.wait_finished(baseline)["state"] == "succeeded"
 
 
-def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack) -> None:
+def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack, tmp_path: Path) -> None:
     """While a job runs, its points come over the page's websocket and the charts redraw: the
-    agent's memory samples (every 2 s) and a regex-defined metric (4 lines a second)."""
+    agent's memory samples (every 2 s) and a regex-defined metric (a tick every 0.25 s). The
+    test holds the job open until it has seen both charts grow, however slow the machine."""
     admin = stack.admin
-    args = ["--lines", "60", "--rate", "4"]
-    request = pytorch_request("printed slowly", "numbered.py", 1, args=args)
-    request["metrics"] = [{"name": "line_no", "regex": r"^\w+-\d+ (?P<value>(?P<step>\d+))$"}]
-    job = admin.submit(request)
-    page.add_init_script(
-        "window.metricEvents = 0;"
-        "document.addEventListener('trainyard:metric', () => window.metricEvents++);"
+    stop = tmp_path / "stop"
+    request = pytorch_request(
+        "ticks slowly", "ticker.py", 1, args=["--stop", str(stop), "--every", "0.25"]
     )
-    page.goto(f"{stack.url}/jobs/{job['id']}/")
-    running = "document.getElementById('job-state').textContent === 'running'"
-    for chart in ("#chart-memory", "#chart-custom"):
-        drawn = f"Number(document.querySelector('{chart}').dataset.points || 0)"
-        page.wait_for_function(f"() => {drawn} > 0 && {running}")
-        first = page.evaluate(f"() => {drawn}")
-        # More points while the job still runs: drawn from live points, not a reload.
-        page.wait_for_function(f"() => {drawn} > {first} && {running}")
-        counts = page.evaluate(CANVAS_PIXELS, f"{chart} canvas")
-        assert counts["opaque"] > 500 and counts["run"] > 50, (chart, counts)
-    expect(page.locator("#training-status")).to_contain_text("live")
-    assert page.evaluate("window.metricEvents") > 0
+    request["metrics"] = [{"name": "tick", "regex": r"^tick (?P<value>(?P<step>\d+))$"}]
+    job = admin.submit(request)
+    try:
+        page.add_init_script(
+            "window.metricEvents = 0;"
+            "document.addEventListener('trainyard:metric', () => window.metricEvents++);"
+        )
+        page.goto(f"{stack.url}/jobs/{job['id']}/")
+        expect(page.locator("#job-state")).to_have_text("running")
+        for chart in ("#chart-memory", "#chart-custom"):
+            drawn = f"Number(document.querySelector('{chart}').dataset.points || 0)"
+            page.wait_for_function(f"() => {drawn} > 0")
+            first = page.evaluate(f"() => {drawn}")
+            # More points while the job still runs: drawn from live points, not a reload.
+            page.wait_for_function(f"() => {drawn} > {first}")
+            counts = page.evaluate(CANVAS_PIXELS, f"{chart} canvas")
+            assert counts["opaque"] > 500 and counts["run"] > 50, (chart, counts)
+        expect(page.locator("#job-state")).to_have_text("running")
+        expect(page.locator("#training-status")).to_contain_text("live")
+        assert page.evaluate("window.metricEvents") > 0
+    finally:
+        stop.touch()
     expect(page.locator("#job-state")).to_have_text("succeeded")
     expect(page.locator("#training-status")).not_to_contain_text("live")
-    admin.wait_finished(job["id"])
+    assert admin.wait_finished(job["id"])["state"] == "succeeded"

@@ -17,6 +17,7 @@ from tests.conftest import (
     process_alive,
     pytorch_request,
     run_async,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -96,16 +97,17 @@ def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
     admin = stack.admin
     job = admin.submit(pytorch_request("sleeps", "sleep_tree.py", 3))
     admin.wait(job["id"], lambda j: j["state"] == "running")
-    pids: list[int] = []
-    deadline = time.monotonic() + 120
-    while len(pids) < 6 and time.monotonic() < deadline:
-        pids = [
+
+    def printed_pids() -> list[int] | None:
+        found = [
             int(p)
             for x in admin.logs(job["id"])
             for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])
         ]
-        time.sleep(0.2)
-    assert len(pids) == 6 and all(process_alive(p) for p in pids)
+        return found if len(found) == 6 else None
+
+    pids = wait_until("the 3 processes and their 3 children to print their PIDs", printed_pids)
+    assert all(process_alive(p) for p in pids)
     response = admin.http.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     job = admin.wait_finished(job["id"])
@@ -180,7 +182,12 @@ def test_websocket_reconnect_with_after_has_no_gap_and_no_duplicate(
         async with websockets.connect(f"{url}?after=0", additional_headers=headers) as ws:
             await _read(ws, frames, stop_after_lines=3)
         cursor = max(x["cursor"] for f in frames for x in frame_lines(f))
-        await asyncio.sleep(1.0)  # away for a second while the job keeps printing
+        # Away until the job has printed more (a condition, not a pause of some length).
+        await asyncio.to_thread(
+            wait_until,
+            "lines printed while the client was away",
+            lambda: any(x["cursor"] > cursor for x in admin.logs(job["id"])),
+        )
         async with websockets.connect(f"{url}?after={cursor}", additional_headers=headers) as ws:
             await _read(ws, frames, stop_after_lines=None)
         return frames

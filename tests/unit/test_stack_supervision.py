@@ -244,8 +244,17 @@ def test_a_restart_on_request_is_one_restart_and_no_crash(
     s.supervisor.watch()
     old_pid = child.proc.pid
 
-    new_pid = s.supervisor.restart("sleeper", down_seconds=0.3)
+    seen_while_down: list[tuple[bool, int]] = []
 
+    def while_down() -> None:
+        # However often the watcher looks meanwhile, a held process is not started again.
+        for _ in range(3):
+            s.supervisor.supervise_once()
+        seen_while_down.append((process_alive(old_pid), child.proc.pid))
+
+    new_pid = s.supervisor.restart("sleeper", while_down)
+
+    assert seen_while_down == [(False, old_pid)], "down, and not restarted, until it returned"
     assert new_pid != old_pid and process_alive(new_pid) and not process_alive(old_pid)
     assert child.restarts == 0, "not counted as a crash"
     assert not any("exited" in line for line in s.lines), "the watcher left it alone"
