@@ -266,7 +266,10 @@ def pytorch_request(
 
 @contextlib.contextmanager
 def running_stack(
-    var_dir: Path, nodes: int = 2, extra_env: dict[str, str] | None = None
+    var_dir: Path,
+    nodes: int = 2,
+    extra_env: dict[str, str] | None = None,
+    code_root: Path = FIXTURE_CODE_ROOT,
 ) -> Iterator[RunningStack]:
     """Redis, the ASGI server, the console worker, the log keeper and node agents, as
     `make run` runs them, stopped by PID on the way out."""
@@ -278,7 +281,7 @@ def running_stack(
         nodes=nodes,
         node_cpus=4,
         node_memory_gb=16,
-        code_root=FIXTURE_CODE_ROOT,
+        code_root=code_root,
         extra_env=dict(extra_env or {}),
     )
     login = running.prepare()
