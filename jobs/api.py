@@ -71,19 +71,58 @@ def api_endpoint(*methods: str) -> Callable[[View], View]:
                 return view(request, *args, **kwargs)
             except Http404:
                 return error(404, "job", "No such job.")
+            except RequestDataTooBig:
+                limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+                return error(413, "request", f"The body is larger than {limit:,} bytes; send less.")
 
         return wrapper
 
     return decorator
 
 
+# No request of this API nests deeper than a handful of levels; a body that does is refused
+# before anything walks it (json.loads itself would hit the recursion limit near 1,000).
+MAX_JSON_DEPTH = 32
+
+
 def _json_body(request: HttpRequest) -> Any:
+    """The body as JSON: ValidationFailed (400) if it is not JSON or nests too deeply, and
+    RequestDataTooBig (413, in api_endpoint) over DATA_UPLOAD_MAX_MEMORY_SIZE."""
+    too_deep = ValidationFailed(
+        {"request": [f"The body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."]}
+    )
+    raw = request.body or b"null"
+    if _bracket_depth(raw) > MAX_JSON_DEPTH:
+        raise too_deep
     try:
-        return json.loads(request.body or b"null")
-    except RequestDataTooBig:
-        raise
+        return json.loads(raw)
+    except RecursionError:
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
+
+
+def _bracket_depth(raw: bytes) -> int:
+    """How deep [ and { nest, outside strings: measured without parsing, so that a hostile
+    body costs one pass over its bytes."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
 
 
 def job_as_dict(job: Job) -> dict[str, Any]:
@@ -203,9 +242,6 @@ def jobs(request: HttpRequest) -> HttpResponse:
     try:
         job_request = check_job_request(_json_body(request))
         job = submit_job(request.user, job_request)  # type: ignore[arg-type]
-    except RequestDataTooBig:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return error(413, "request", f"The request body is over {limit} bytes.")
     except ValidationFailed as exc:
         return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
     job.refresh_from_db()
@@ -227,12 +263,16 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
     return JsonResponse(job_as_dict(job))
 
 
+# Cursors are Redis stream IDs (unsigned 64-bit); nothing larger means anything.
+MAX_QUERY_INT = 2**63 - 1
+
+
 def _int_param(request: HttpRequest, name: str, default: int | None) -> int | None:
     raw = request.GET.get(name)
     if raw is None or raw == "":
         return default
     value = int(raw)  # ValueError is turned into a 400 by the caller
-    if value < 0:
+    if not 0 <= value <= MAX_QUERY_INT:
         raise ValueError
     return value
 
@@ -247,7 +287,7 @@ def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
         try:
             values[name] = _int_param(request, name, default)
         except ValueError:
-            return error(400, name, f"{name} must be a non-negative whole number.")
+            return error(400, name, f"{name} must be a whole number from 0 to 2**63-1.")
     stream = request.GET.get("stream") or None
     if stream not in (None, "stdout", "stderr"):
         return error(400, "stream", "stream must be stdout or stderr.")

@@ -50,7 +50,11 @@ def resolve_under_root(root: Path, relative: str) -> Path:
     candidate = (root / pure).resolve()
     if not candidate.is_relative_to(root):
         raise ProgramError("The script path leads outside the code root.")
-    if not candidate.is_file():
+    try:
+        is_file = candidate.is_file()
+    except OSError as exc:  # a name too long for the file system, say
+        raise ProgramError(f"No script at that path under the code root: {exc.strerror}.") from None
+    if not is_file:
         raise ProgramError(f"No script at {relative!r} under the code root.")
     return candidate
 

@@ -176,9 +176,12 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
         if not isinstance(spec, dict):
             errors.add(f"roles.{role}", 'Give {"package": NAME, "instances": N}.')
             continue
-        package = packages.get(spec.get("package"))  # type: ignore[arg-type]
-        if package is None:
-            errors.add(f"roles.{role}.package", f"Unknown package {spec.get('package')!r}.")
+        name = spec.get("package")
+        package = packages.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):
+            errors.add(f"roles.{role}.package", 'Give the package\'s name, e.g. "cpu-1".')
+        elif package is None:
+            errors.add(f"roles.{role}.package", f"Unknown package {name!r}.")
         elif not package.allows_role(role):
             errors.add(
                 f"roles.{role}.package",
