@@ -1,0 +1,68 @@
+"""Every endpoint that names a job answers another user's job exactly as a job that does not
+exist: 404, with nothing of it in the body, and nothing changed. The endpoints are read from
+the URL configuration, so one added later is covered without touching this test."""
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import URLPattern, get_resolver
+
+from jobs.models import ApiToken, Job
+from jobs.services.submission import check_job_request, submit_job
+from tests.unit.helpers import job_request
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
+
+
+def job_routes() -> list[str]:
+    """The route of every URL pattern that takes a job id, e.g. 'api/v1/jobs/<int:job_id>'."""
+    routes = [
+        str(p.pattern)
+        for p in get_resolver().url_patterns
+        if isinstance(p, URLPattern) and "<int:job_id>" in str(p.pattern)
+    ]
+    assert len(routes) >= 12, routes  # the API's job endpoints and the job pages
+    return routes
+
+
+@pytest.fixture
+def bobs_job(bob: User) -> Job:
+    return submit_job(bob, check_job_request(job_request(name="bob's secret run")))
+
+
+def call(client: Client, method: str, path: str, token: str | None) -> Any:
+    headers = {"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}
+    if method == "get":
+        return client.get(path, **headers)
+    body = json.dumps({"baseline": None})
+    return client.post(path, data=body, content_type="application/json", **headers)
+
+
+@pytest.mark.parametrize("route", job_routes())
+@pytest.mark.parametrize("method", ["get", "post"])
+def test_another_users_job_is_a_404_on_every_endpoint(
+    client: Client, alice: User, bobs_job: Job, route: str, method: str
+) -> None:
+    path = "/" + route.replace("<int:job_id>", str(bobs_job.pk))
+    missing = "/" + route.replace("<int:job_id>", str(bobs_job.pk + 1000))
+    as_page = not route.startswith("api/")
+    token = None if as_page else ApiToken.issue(alice)
+    if as_page:
+        client.force_login(alice)
+    before = Job.objects.values().get(pk=bobs_job.pk)
+
+    theirs = call(client, method, path, token)
+    nobodys = call(client, method, missing, token)
+
+    if theirs.status_code == 405:  # a method the endpoint never takes: no job looked up
+        assert nobodys.status_code == 405
+        return
+    assert theirs.status_code == 404, (path, method, theirs.status_code)
+    assert nobodys.status_code == 404
+    assert b"secret" not in theirs.content
+    if not as_page:
+        assert theirs.json() == nobodys.json()  # the same answer: no way to tell it exists
+    assert Job.objects.values().get(pk=bobs_job.pk) == before
