@@ -34,11 +34,11 @@ def bobs_job(bob: User) -> Job:
 
 
 def call(client: Client, method: str, path: str, token: str | None) -> Any:
-    headers = {"HTTP_AUTHORIZATION": f"Token {token}"} if token else {}
+    headers = {"Authorization": f"Token {token}"} if token else {}
     if method == "get":
-        return client.get(path, **headers)
+        return client.get(path, headers=headers)
     body = json.dumps({"baseline": None})
-    return client.post(path, data=body, content_type="application/json", **headers)
+    return client.post(path, data=body, content_type="application/json", headers=headers)
 
 
 @pytest.mark.parametrize("route", job_routes())
