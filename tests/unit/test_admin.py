@@ -1,25 +1,76 @@
 """Admins manage images, packages, quotas, nodes and jobs in Django admin."""
 
+import re
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
+from django.db.models import Model
 from django.test import Client
+from django.utils.html import escape
 
-from jobs.models import FrameworkImage, HealthEvent, Quota
+from jobs.models import FrameworkImage, HealthEvent, Job, Node, Package, Quota
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import job_request
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes")
 
 
-@pytest.mark.parametrize("model", ["frameworkimage", "package", "quota", "node", "job"])
+# Per model: the model, what names each of its rows in the change list, and the inputs its add
+# form must have.
+MANAGED: dict[str, tuple[type[Model], Callable[[Any], list[str]], set[str]]] = {
+    "frameworkimage": (
+        FrameworkImage,
+        lambda image: [image.name],
+        {"name", "framework", "description", "container_image", "enabled",
+         "metric_definitions", "restart_policy", "max_restarts", "health_rules"},
+    ),
+    "package": (
+        Package,
+        lambda package: [package.name],
+        {"name", "cpu", "gpus", "gpu_model", "memory_gb", "price_per_hour", "roles", "enabled"},
+    ),
+    "quota": (
+        Quota,
+        lambda quota: [str(quota)],
+        {"is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs"},
+    ),
+    "node": (
+        Node,
+        lambda node: [node.name],
+        {"state", "labels", "cpu", "gpus", "memory_gb", "capacity_set_by_admin"},
+    ),
+    "job": (
+        Job,
+        lambda job: [job.name, job.owner.username],
+        {"owner", "name", "image", "program", "args", "health_rules"},
+    ),
+}  # fmt: skip
+
+
+def input_names(html: str) -> set[str]:
+    return set(re.findall(r'<(?:input|select|textarea)[^>]*\bname="([^"]+)"', html))
+
+
+@pytest.mark.parametrize("model", list(MANAGED))
 def test_it_lists_and_opens_every_managed_model(
     client: Client, charlie_admin: User, alice: User, model: str
 ) -> None:
     submit_job(alice, check_job_request(job_request()))
     client.force_login(charlie_admin)
+    model_class, names_of, fields = MANAGED[model]
     listing = client.get(f"/admin/jobs/{model}/")
     assert listing.status_code == 200
-    assert client.get(f"/admin/jobs/{model}/add/").status_code == 200
+    rows = list(model_class._default_manager.all())
+    assert rows  # the catalog, the nodes and alice's job gave every model rows
+    assert {r.pk for r in listing.context["cl"].result_list} == {r.pk for r in rows}
+    page = listing.content.decode()
+    shown = [name for row in rows for name in names_of(row)]
+    assert [name for name in shown if escape(name) not in page] == []
+    add = client.get(f"/admin/jobs/{model}/add/")
+    assert add.status_code == 200
+    assert fields - input_names(add.content.decode()) == set()
 
 
 def test_it_lets_admins_give_a_user_a_quota(
@@ -47,8 +98,14 @@ def test_it_refuses_a_quota_that_is_neither_default_nor_a_users(
 
 def test_it_keeps_admin_pages_from_non_staff(client: Client, alice: User) -> None:
     client.force_login(alice)
-    assert client.get("/admin/jobs/job/").status_code == 302
-    assert FrameworkImage.objects.count() == 2  # unchanged: the starter catalog
+    page = client.get("/admin/jobs/job/")
+    assert (page.status_code, page["Location"]) == (302, "/admin/login/?next=/admin/jobs/job/")
+    # Nor can she run an admin action: the node stays in service.
+    node = Node.objects.get(name="node-1")
+    r = client.post("/admin/jobs/node/", {"action": "drain", "_selected_action": [node.pk]})
+    assert (r.status_code, r["Location"]) == (302, "/admin/login/?next=/admin/jobs/node/")
+    node.refresh_from_db()
+    assert (node.state, node.status) == (Node.State.READY, "ready")
 
 
 def test_it_drains_and_returns_nodes(client: Client, charlie_admin: User) -> None:

@@ -11,9 +11,10 @@ from django.contrib.auth.models import User
 from console.asgi import application
 from jobs import logstream
 from jobs.consumers import JobConsumer
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken, Job, Replica
 from jobs.redis_client import get_redis
-from jobs.services import events, logarchive
+from jobs.services import logarchive, reports
+from jobs.services.presenters import job_state_payload
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import append_lines, job_request
 from workers import contract
@@ -104,8 +105,7 @@ async def test_it_replays_follows_and_resumes_without_gap_or_duplicate(
     assert live["next"] == 6
     await comm.disconnect()
 
-    # Away for a second; more lines and the end arrive meanwhile. Resume after cursor 3.
-    await asyncio.sleep(1)
+    # Away; more lines and the end arrive meanwhile. Resume after cursor 3.
     append_lines(sink, job.pk, "master", 0, "node-1", ["b0", "b1"])
     sink.append_end(job.pk, "job succeeded")
     comm = communicator(job.pk, token, after=3)
@@ -117,19 +117,46 @@ async def test_it_replays_follows_and_resumes_without_gap_or_duplicate(
     await comm.disconnect()
 
 
+@database_sync_to_async
+def report_started(job_id: int, tag: str) -> dict[str, Any]:
+    """An agent's report that a replica started, through the services layer as the console
+    worker takes it; then the presenter's payload for the job as it stands after it."""
+    replica = next(r for r in Replica.objects.filter(job_id=job_id).select_related("node")
+                   if r.tag == tag)  # fmt: skip
+    assert replica.node is not None, "the scheduler placed every replica on submission"
+    reports.replica_started(job_id, replica.role, replica.index, replica.node.name)
+    return job_state_payload(Job.objects.get(pk=job_id))
+
+
 async def test_it_relays_state_changes(job: Job, alice: User) -> None:
     token = await database_sync_to_async(ApiToken.issue)(alice)
     comm = communicator(job.pk, token)
     assert (await comm.connect())[0]
-    await comm.receive_json_from(timeout=5)
-    from channels.layers import get_channel_layer
+    connected = await comm.receive_json_from(timeout=5)
+    assert connected["type"] == "state" and connected["job"]["state"] == "queued"
 
-    await get_channel_layer().group_send(
-        events.job_group(job.pk),
-        {"type": "job.event", "payload": {"type": "state", "job": {"state": "running"}}},
-    )
+    async def next_change() -> dict[str, Any]:
+        # The placement's event left before this client joined, but leaves through a thread
+        # of its own and may reach the group after the join: it shows what the connect frame
+        # showed, so it tells nothing new.
+        while True:
+            frame = await comm.receive_json_from(timeout=5)
+            if frame != connected:
+                return frame
+
+    after_master = await report_started(job.pk, "master")
+    frame = await next_change()
+    assert frame == {"type": "state", "job": after_master}
+    assert frame["job"]["state"] == "queued"  # the worker has not started yet
+    assert [(r["tag"], r["state"]) for r in frame["job"]["replicas"]] == [
+        ("master", "running"), ("worker-1", "assigned")
+    ]  # fmt: skip
+
+    after_worker = await report_started(job.pk, "worker-1")
     frame = await comm.receive_json_from(timeout=5)
-    assert frame == {"type": "state", "job": {"state": "running"}}
+    assert frame == {"type": "state", "job": after_worker}
+    assert (frame["job"]["state"], frame["job"]["reason"]) == ("running", "")
+    assert [r["state"] for r in frame["job"]["replicas"]] == ["running", "running"]
     await comm.disconnect()
 
 

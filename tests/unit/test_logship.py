@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from jobs.logstream import parse_entry
+from tests.conftest import wait_until
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
@@ -95,8 +96,8 @@ def test_it_sends_a_partial_line_after_the_pipe_was_quiet() -> None:
     with os.fdopen(write_fd, "wb") as w:
         w.write(b"Password: ")
         w.flush()
-        while not got.lines:  # the reader gives it up on its own, with the pipe still open
-            time.sleep(0.01)
+        # The reader gives it up on its own, with the pipe still open.
+        wait_until("the reader to send the partial line", lambda: got.lines)
         assert got.lines == ["Password: "]
         w.write(b"rest\n")
     reader.join(5)
@@ -227,9 +228,22 @@ def test_a_new_agent_sends_what_a_crashed_one_left_in_its_spool(
     assert [t for _, _, t in all_lines(client, 5)] == ["old 0", "old 1", "old 2", "new"]
 
 
+def spooled(spool_dir: Path) -> list[tuple[int, str, int, str, str]]:
+    """(job, role, index, stream, text) of every line in the spool's segments, oldest first,
+    read off the disk without taking them (a Spool would delete a segment it has read)."""
+    out: list[tuple[int, str, int, str, str]] = []
+    for segment in sorted(spool_dir.glob("*.spool")):
+        # After the last newline: a record still being written, counted once it is whole.
+        *whole, _ = segment.read_text().split("\n")
+        for b in map(LogBatch.from_json, whole):
+            out.extend((b.job_id, b.role, b.index, b.stream, t) for t in b.lines)
+    return out
+
+
 def test_the_trainer_is_never_blocked_by_an_absent_redis(tmp_path: Path) -> None:
     broken = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.1)
-    shipper = LogShipper(broken, tmp_path / "spool", retry_seconds=0.05)
+    spool_dir = tmp_path / "spool"
+    shipper = LogShipper(broken, spool_dir, retry_seconds=0.05)
     proc = subprocess.Popen(
         [sys.executable, "-c", "for i in range(20000): print('x' * 100, i)"],
         stdout=subprocess.PIPE,
@@ -239,5 +253,9 @@ def test_the_trainer_is_never_blocked_by_an_absent_redis(tmp_path: Path) -> None
     pump_pipe(proc.stdout, lambda ts, lines: shipper.put(key, contract.STREAM_STDOUT, ts, lines))
     # The trainer ran to its end although none of its lines could reach Redis.
     assert proc.wait() == 0
-    shipper.flush(0.2)
+    # Nor were its lines dropped: every one waits on disk, in order, for Redis to come back.
+    expected = [(3, "master", 0, contract.STREAM_STDOUT, f"{'x' * 100} {i}") for i in range(20000)]
+    wait_until("every line in the spool", lambda: len(spooled(spool_dir)) >= len(expected))
+    assert spooled(spool_dir) == expected
     shipper.close(timeout=0.5)
+    assert spooled(spool_dir) == expected  # closing keeps them for the next agent

@@ -3,12 +3,18 @@ the agent (no Django involved)."""
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 import pytest
 
+from tests.conftest import wait_until
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, parse_line, scan_lines
 from workers.trainer_lib import trainyard_metrics
@@ -90,8 +96,7 @@ def test_the_tail_follows_a_growing_file_and_reports_bad_lines(tmp_path: Path) -
         f.flush()
         f.write('{"step": 3, "lo')  # half a line: waits for the rest
         f.flush()
-        while len(sink.points) < 2:
-            time.sleep(0.05)
+        wait_until("the tail to read the two good whole lines", lambda: len(sink.points) >= 2)
         f.write('ss": 0.25}\n')
     tail.stop()
     tail.join(5)
@@ -127,15 +132,44 @@ def test_the_helper_writes_the_protocol(tmp_path: Path, monkeypatch: pytest.Monk
     assert [points[0].value, points[2].value] == [0.5, 900.0] and math.isnan(points[1].value)
 
 
-def test_the_helper_does_nothing_outside_trainyard(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(trainyard_metrics.ENV, raising=False)
-    trainyard_metrics.report(step=1, loss=0.5)  # no error, no file
+def test_the_helper_does_nothing_outside_trainyard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run inside Trainyard first, so that the helper holds an open metrics file: leaving
+    # Trainyard must stop the writes to it too, not only the opening of new files.
+    inside = tmp_path / "inside.jsonl"
+    monkeypatch.setenv(trainyard_metrics.ENV, str(inside))
+    trainyard_metrics.report(step=1, loss=0.5)
+    assert [json.loads(line)["step"] for line in inside.read_text().splitlines()] == [1]
+
+    def refuse_to_open(*args: object, **kwargs: object) -> NoReturn:
+        raise AssertionError(f"the helper opened a file outside Trainyard: {args}")
+
+    # The module's own `open` comes before the builtin: any file it opens, anywhere, fails here.
+    monkeypatch.setattr(trainyard_metrics, "open", refuse_to_open, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(trainyard_metrics.ENV)
+
+    trainyard_metrics.declare(total_steps=100, total_epochs=2.0)
+    trainyard_metrics.report(step=2, epoch=0.5, loss=0.25, lr=math.nan)
+
+    assert [json.loads(line)["step"] for line in inside.read_text().splitlines()] == [1]
+    assert list(tmp_path.iterdir()) == [inside]  # nothing new in the working directory
+
+
+ROUNDING = 0.05 * 3  # two processes' shares and their sum, each rounded to 0.1
+
+
+def tree_cpu_seconds(tree: list[psutil.Process]) -> float:
+    """User plus system CPU time of these processes, as psutil's cpu_percent counts it."""
+    return sum(t.user + t.system for t in (p.cpu_times() for p in tree))
+
+
+def tree_rss_mb(tree: list[psutil.Process]) -> float:
+    return sum(p.memory_info().rss for p in tree) / 2**20
 
 
 def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> None:
-    import subprocess
-    import sys
-
     busy = (
         "import subprocess, sys\n"
         "subprocess.Popen([sys.executable, '-c', 'while True: pass']).wait()"
@@ -143,21 +177,50 @@ def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> 
     proc = subprocess.Popen([sys.executable, "-c", busy])
     try:
         sink = Sink()
-        watched = Watched([proc.pid], gpu_ids=[], emit=sink.on_points)
-        sampler = SystemSampler(lambda: [watched])
-        while not psutil.Process(proc.pid).children():
-            time.sleep(0.05)  # the busy grandchild is starting
-        sampler.sample(watched)  # primes the CPU counters
-        time.sleep(1.0)
-        sampler.sample(watched)
-        names = {p.name: p.value for p in sink.points}
-        assert set(names) == {"cpu_percent", "memory_mb"}  # no GPU: no GPU points at all
-        # Only the grandchild spins (its parent waits): any real share of a core is its.
-        assert names["cpu_percent"] > 10
-    finally:
-        import os
-        import signal
+        asked_for_gpus: list[list[int]] = []
 
+        def gpu_usage(ids: list[int]) -> list[tuple[float, float]]:
+            asked_for_gpus.append(ids)
+            return [(50.0, 1000.0)]  # what a GPU would say, were one given
+
+        watched = Watched([proc.pid], gpu_ids=[], emit=sink.on_points)
+        sampler = SystemSampler(lambda: [watched], gpu_usage=gpu_usage)
+        top = psutil.Process(proc.pid)
+        # Only the grandchild spins; its parent waits for it.
+        [spinner] = wait_until("the busy grandchild to start", top.children)
+        tree = [top, spinner]
+
+        # Outer marks around both samples, inner marks between them: the sampler's window
+        # holds the inner one and lies within the outer one.
+        outer_start, outer_cpu_start = time.monotonic(), tree_cpu_seconds(tree)
+        sampler.sample(watched)  # primes the CPU counters: no point yet
+        assert sink.points == []
+        inner_start, inner_cpu_start = time.monotonic(), tree_cpu_seconds(tree)
+        # However busy this machine is: wait for CPU time used, not for time passed.
+        wait_until(
+            "the busy grandchild to use 0.3 s of CPU",
+            lambda: tree_cpu_seconds(tree) - inner_cpu_start >= 0.3,
+        )
+        inner_end, inner_cpu_end = time.monotonic(), tree_cpu_seconds(tree)
+        rss_before = tree_rss_mb(tree)
+        sampler.sample(watched)
+        rss_after = tree_rss_mb(tree)
+        outer_end, outer_cpu_end = time.monotonic(), tree_cpu_seconds(tree)
+
+        assert [p.name for p in sink.points] == ["cpu_percent", "memory_mb"]
+        assert asked_for_gpus == []  # no GPU given: none asked about, and no GPU points
+        cpu_percent, memory_mb = (p.value for p in sink.points)
+        # The tree's CPU time over the sampler's window, per second of it, within what
+        # psutil measured around and inside that window. ROUNDING: psutil rounds each
+        # process's share to 0.1, and the sampler their sum.
+        at_least = 100 * (inner_cpu_end - inner_cpu_start) / (outer_end - outer_start)
+        at_most = 100 * (outer_cpu_end - outer_cpu_start) / (inner_end - inner_start)
+        assert at_least > 0
+        assert at_least - ROUNDING <= cpu_percent <= at_most + ROUNDING
+        # The tree's resident memory as psutil read it just before and after (0.05 for rounding).
+        low, high = sorted((rss_before, rss_after))
+        assert low - 0.05 <= memory_mb <= high + 0.05
+    finally:
         for child in psutil.Process(proc.pid).children(recursive=True):
             os.kill(child.pid, signal.SIGKILL)
         proc.kill()

@@ -1,5 +1,6 @@
 """Validation and admission: every bad request gets its field's message and writes nothing."""
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -9,9 +10,12 @@ from django.contrib.auth.models import Group, User
 from jobs.models import Job, Package, Quota, Replica
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from tests.conftest import set_quota
-from tests.unit.helpers import job_request
+from tests.unit.helpers import SentTasks, job_request
+from workers import contract
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes")
+
+Capture = Callable[..., Any]
 
 
 def errors_of(data: Any) -> dict[str, list[str]]:
@@ -209,9 +213,26 @@ def test_it_reports_quota_and_capacity_problems_together(alice: User) -> None:
     assert set(errors) == {"roles", "quota"}
 
 
-def test_it_queues_any_request_while_no_node_has_registered_yet(alice: User) -> None:
+@pytest.mark.usefixtures("redis_url")  # the scheduler tells websocket clients of the reason
+def test_it_queues_any_request_while_no_node_has_registered_yet(
+    alice: User, sent_tasks: SentTasks, django_capture_on_commit_callbacks: Capture
+) -> None:
     from jobs.models import Node
 
     Node.objects.all().delete()
-    job = submit_job(alice, check_job_request(job_request(2, package="worker-p100x2")))
+    # Two GPU workers: no node could hold them were any known, but none is yet, so the job
+    # waits for one instead of being refused. The commit runs the scheduler, as the console
+    # worker would on the message.
+    with django_capture_on_commit_callbacks(execute=True):
+        job = submit_job(alice, check_job_request(job_request(2, package="worker-p100x2")))
+    job.refresh_from_db()
+
+    assert sent_tasks.named(contract.TASK_SCHEDULE)  # the scheduler was asked, and ran
+    assert (job.state, job.reason) == (Job.State.QUEUED, "waiting for a node agent to register")
     assert job.gpus_total == 4
+    replicas = list(job.replicas.order_by("role", "index"))
+    assert [(r.tag, r.state, r.node) for r in replicas] == [
+        ("master", Replica.State.PENDING, None),
+        ("worker-1", Replica.State.PENDING, None),
+    ]
+    assert not sent_tasks.named(contract.TASK_START_REPLICA)  # nothing was started anywhere
