@@ -117,19 +117,21 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     await self._send({"type": "end", "reason": first.reason, "next": first.last})
                     await self.close()
                     return
-                if first.kind == LogChunk.Kind.GAP:
-                    await self._send(
-                        {"type": "gap", "after": position, "next": first.last,
-                         "reason": first.reason}
-                    )  # fmt: skip
-                    batches = batches[1:]
-                    position = first.last
-                # Log lines and metric points in stream order, each run of one kind a frame,
-                # so that a frame's `next` never passes something not yet sent.
-                for is_metrics, run in itertools.groupby(batches, key=lambda b: b.is_metrics):
+                # Gaps, log lines and metric points in stream order, each run of one kind a
+                # frame, so that a frame's `next` never passes something not yet sent. A gap
+                # may come anywhere in a page read from the archive, not only first.
+                for kind, run in itertools.groupby(batches, key=_frame_kind):
                     same = list(run)
+                    if kind == "gap":
+                        for hole in same:
+                            await self._send(
+                                {"type": "gap", "after": position, "next": hole.last,
+                                 "reason": hole.reason}
+                            )  # fmt: skip
+                            position = hole.last
+                        continue
                     position = same[-1].last
-                    if is_metrics:
+                    if kind == "metric":
                         # A value that was not finite is null: no chart takes it (the
                         # health rules read it from the stream themselves).
                         points = [p for b in same for p in b.points() if p["value"] is not None]
@@ -159,6 +161,12 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
 class _TooSlow(Exception):
     pass
+
+
+def _frame_kind(batch: logstream.Batch) -> str:
+    if batch.kind == LogChunk.Kind.GAP:
+        return "gap"
+    return "metric" if batch.is_metrics else "log"
 
 
 @database_sync_to_async

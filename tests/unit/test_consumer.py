@@ -247,3 +247,41 @@ async def test_it_closes_on_a_client_too_slow_to_read_instead_of_buffering(
     assert (await comm.receive_json_from(timeout=5))["type"] == "state"
     closed = await comm.receive_output(timeout=5)
     assert closed == {"type": "websocket.close", "code": 4408}
+
+
+async def test_a_gap_in_the_middle_of_an_archived_page_is_its_own_frame(
+    job: Job, alice: User
+) -> None:
+    """Lines archived, then lines trimmed from Redis before the keeper saw them, then more
+    lines, all archived: a client reading from the start gets the first lines, a gap frame
+    for the lost ones, and the last lines (a regression: the gap once went out as an empty
+    batch inside a log frame, and the page showed no notice)."""
+    sink = LogSink(get_redis())
+    key = contract.log_stream_key(job.pk)
+
+    def write_trim_archive() -> None:
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"kept {i}" for i in range(3)])
+        while logarchive.archive_once(get_redis(), block_ms=10):
+            pass
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"lost {i}" for i in range(4)])
+        get_redis().xtrim(key, maxlen=0, approximate=False)  # gone before the keeper saw them
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"late {i}" for i in range(2)])
+        while logarchive.archive_once(get_redis(), block_ms=10):
+            pass
+
+    await database_sync_to_async(write_trim_archive)()
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    comm = communicator(job.pk, token, after=0)
+    assert (await comm.connect())[0]
+    frames: list[dict[str, Any]] = []
+    while len([f for f in frames if f["type"] != "state"]) < 3:
+        frames.append(await comm.receive_json_from(timeout=5))
+    frames = [f for f in frames if f["type"] != "state"]
+    assert [f["type"] for f in frames] == ["log", "gap", "log"]
+    assert texts(frames[:1]) == ["kept 0", "kept 1", "kept 2"]
+    assert {k: frames[1][k] for k in ("type", "after", "next")} == {
+        "type": "gap", "after": 3, "next": 7
+    }  # fmt: skip
+    assert frames[1]["reason"]
+    assert texts(frames[2:]) == ["late 0", "late 1"] and cursors(frames[2:]) == [8, 9]
+    await comm.disconnect()
