@@ -3,11 +3,12 @@
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from tests.conftest import RunningStack
+from tests.conftest import RunningStack, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
 # Without these, Chromium keeps dialling Google's hosts on this closed network.
@@ -61,6 +62,13 @@ def user_page(
 def admin_page(browser: Browser, stack: RunningStack) -> AbstractContextManager[Page]:
     """A fresh browser context logged in to `stack` as its admin."""
     return user_page(browser, stack, "admin", stack.admin_password)
+
+
+def wait_in_page(page: Page, what: str, predicate: str, arg: Any = None) -> None:
+    """Poll the JavaScript `predicate` in the page until it is true. (Playwright's
+    wait_for_function runs its predicate through eval, which the console's
+    Content-Security-Policy forbids, as it should; evaluate is not affected.)"""
+    wait_until(what, lambda: page.evaluate(predicate, arg))
 
 
 @pytest.fixture

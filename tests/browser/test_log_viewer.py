@@ -1,18 +1,26 @@
 """The job page's log viewer, in a real browser against the real stack: text stays text, filters,
-search, jump to the first error, pause and resume, reconnecting, a bounded window under a flood
-of lines, older lines on scrolling up, and the download."""
+search, jump to the first error, pause and resume, reconnecting, lines Redis trimmed before they
+were archived shown as a gap, a bounded window under a flood of lines, older lines on scrolling
+up, and the download.
+
+(The server's own 4408 close of a client that reads too slowly is tested with a real client
+that stops reading, in tests/integration/test_slow_websocket.py.)"""
 
 import json
 import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from playwright.sync_api import Locator, Page, WebSocketRoute, expect
+import redis
+from playwright.sync_api import Browser, Locator, Page, expect
 
-from tests.conftest import RunningStack, pytorch_request
+from jobs.logstream import RawEntry, parse_entry
+from tests.browser.conftest import admin_page, wait_in_page
+from tests.conftest import RunningStack, pytorch_request, wait_until
+from workers.contract import log_stream_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -168,7 +176,7 @@ def test_filters_by_stream_node_and_role_and_counts_lines(
     def shows(which: list[dict[str, Any]]) -> None:
         """Wait until the log shows the last TAIL of these lines, exactly."""
         want = [line["cursor"] for line in which][-TAIL:]
-        page.wait_for_function(SHOWS_CURSORS, arg=want)
+        wait_in_page(page, f"the log to show {len(want)} lines", SHOWS_CURSORS, want)
 
     # stderr only: the traceback and one line per rank, nothing else.
     page.uncheck("#log-stdout")
@@ -254,17 +262,17 @@ def test_pause_holds_lines_back_and_reconnecting_loses_none(
     assert cursors(log) == shown  # held back, not rendered
     new_lines.click()
     expect(new_lines).to_be_hidden()
-    page.wait_for_function(LAST_CURSOR_ABOVE, arg=shown[-1])
+    wait_in_page(page, "the held lines", LAST_CURSOR_ABOVE, shown[-1])
 
     # Cut the websocket: the page reconnects after its cursor.
     expect(page.locator("#log-status")).to_have_text("live")
     before = last_cursor(log)
     page.evaluate("window.__sockets.at(-1).close()")
-    page.wait_for_function("window.__sockets.length === 2")
+    wait_in_page(page, "the page to reconnect", "window.__sockets.length === 2")
     urls = page.evaluate("window.__sockets.map(s => s.url)")
     assert urls[0].endswith(f"?tail={TAIL}")
     assert re.search(r"\?after=\d+$", urls[1])
-    page.wait_for_function(LAST_CURSOR_ABOVE, arg=before + 20)
+    wait_in_page(page, "lines after the reconnect", LAST_CURSOR_ABOVE, before + 20)
 
     stop.touch()
     expect(page.locator("#log-status")).to_contain_text("log complete")
@@ -279,69 +287,171 @@ def test_pause_holds_lines_back_and_reconnecting_loses_none(
     assert len(ticks) > 30
 
 
-def test_a_gap_frame_shows_a_notice_and_a_too_slow_close_resumes_after_the_cursor(
-    page: Page, stack: RunningStack, tmp_path: Path
-) -> None:
-    """The real server's frames pass through a relay in the browser that can turn a frame into
-    a gap (as when lines were trimmed before they were archived) and close the page's socket
-    with 4408, as the server does to a client that fell behind."""
-    relays: list[WebSocketRoute] = []
-    armed = {"gap": False}
-    dropped: list[int] = []
+# --- lines Redis trimmed before the keeper archived them ------------------------------------
 
-    def relay(ws: WebSocketRoute) -> None:
-        server = ws.connect_to_server()
-        relays.append(ws)
-        last = {"next": None}
+# The log as the viewer lays it out, in document order: a line's cursor, or a notice's kind.
+LAYOUT = """el => [...el.querySelectorAll(".line, .notice")].map(
+    e => e.classList.contains("line") ? +e.dataset.cursor : e.className)"""
 
-        def from_server(message: str | bytes) -> None:
-            frame = json.loads(message)
-            if armed["gap"] and frame["type"] == "log" and last["next"] is not None:
-                armed["gap"] = False
-                dropped.extend(
-                    b["first"] + k for b in frame["batches"] for k in range(len(b["lines"]))
-                )
-                frame = {
-                    "type": "gap",
-                    "after": last["next"],
-                    "next": frame["next"],
-                    "reason": "trimmed before it was archived (simulated)",
-                }
-            last["next"] = frame.get("next", last["next"])
-            ws.send(json.dumps(frame))
+# Lines of the three phases of phases.py: the first is archived, the second is trimmed from
+# Redis while the keeper is stopped, the third comes after. (The agent's CPU and memory samples
+# take cursors too, between lines, whenever they come: cursors are read, not assumed.)
+PHASES = (100, 300, 50)
 
-        server.on_message(from_server)
 
-    stop = tmp_path / "stop"
-    job = stack.admin.submit(pytorch_request("relayed", "ticker.py", 1, args=["--stop", str(stop)]))
-    page.route_web_socket(re.compile(r"/ws/jobs/\d+/"), relay)
-    log = open_job(page, stack, job["id"])
-    expect(log.locator(".line", has_text="tick 5").first).to_be_attached()
-
-    armed["gap"] = True
-    notice = log.locator(".notice-gap")
-    expect(notice).to_have_text(
-        re.compile(r"^⚠ \d+ lines? missing here: trimmed before it was archived \(simulated\)$")
+def gap_reason(after: int, upto: int) -> str:
+    return (
+        f"lines {after + 1} to {upto} are no longer kept: Redis trimmed them before they were "
+        "archived"
     )
-    expect(page.locator(".log-banner")).to_have_text(notice.inner_text())
-    assert dropped
 
-    page.wait_for_function(LAST_CURSOR_ABOVE, arg=max(dropped) + 5)
-    seen = last_cursor(log)
-    relays[0].close(code=4408, reason="too slow")
-    page.wait_for_function(LAST_CURSOR_ABOVE, arg=seen + 10)
-    assert len(relays) == 2
-    resumed = re.search(r"\?after=(\d+)$", relays[1].url)
-    assert resumed and int(resumed.group(1)) >= seen
 
-    stop.touch()
-    expect(page.locator("#log-status")).to_have_text(re.compile(r"^log complete \(.+\)$"))
-    expect(log.locator(".notice-end")).to_have_text(re.compile(r"^— end of log: .+ —$"))
-    # Every line once, in order, but those the gap said were gone.
-    shown = cursors(log)
-    everything = [line["cursor"] for line in stack.admin.logs(job["id"])]
-    assert shown == [c for c in everything if c >= shown[0] and c not in dropped]
-    assert set(dropped) < set(everything)
+def archived_chunks(stack: RunningStack, job_id: int) -> list[tuple[int, int, str]]:
+    """(first cursor, last cursor, kind) of each LogChunk row the log keeper wrote for the job."""
+    out = stack.stack.manage(
+        "shell",
+        "-c",
+        "import json; from jobs.models import LogChunk; print(json.dumps(list("
+        f"LogChunk.objects.filter(job_id={job_id}).order_by('first_cursor')"
+        ".values_list('first_cursor', 'last_cursor', 'kind'))))",
+    )
+    return [(first, last, kind) for first, last, kind in json.loads(out.splitlines()[-1])]
+
+
+def what_the_page_shows(browser: Browser, stack: RunningStack, job_id: int) -> dict[str, Any]:
+    """The finished job's page, once its log is complete on it."""
+    with admin_page(browser, stack) as page:
+        log = open_finished_job(page, stack, job_id)
+        return {
+            "layout": log.evaluate(LAYOUT),
+            "texts": line_texts(log),
+            "gap notices": log.locator(".notice-gap").all_inner_texts(),
+            "banners": page.locator(".log-banner").all_inner_texts(),
+        }
+
+
+@pytest.fixture(scope="module")
+def trimmed(
+    browser: Browser, fault_stack: RunningStack, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Any]:
+    """A finished job whose second phase Redis trimmed while the log keeper was stopped (by
+    PID), as it trims a stream past its cap; what its page showed before the keeper came back
+    (read from Redis); and the cursors that mark the hole. Returned once the keeper has
+    archived the rest of the log."""
+    stack = fault_stack
+    admin = stack.admin
+    gate = tmp_path_factory.mktemp("phases") / "gate-"
+    counts = ",".join(map(str, PHASES))
+    job_id = admin.submit(
+        pytorch_request("trimmed", "phases.py", 1, args=["--counts", counts, "--gate", str(gate)])
+    )["id"]
+
+    def archived_up_to() -> int:
+        chunks = archived_chunks(stack, job_id)
+        return chunks[-1][1] if chunks else 0
+
+    def whole_phase(phase: int) -> list[dict[str, Any]] | None:
+        """The phase's lines, once all of them are in the log."""
+        got = [x for x in admin.logs(job_id) if x["text"].startswith(f"phase {phase} ")]
+        return got if len(got) == PHASES[phase] else None
+
+    first_phase = wait_until("the first phase", lambda: whole_phase(0))
+    wait_until(
+        "the keeper to archive the first phase",
+        lambda: archived_up_to() >= first_phase[-1]["cursor"],
+    )
+    hole: dict[str, Any] = {}
+    failures: list[BaseException] = []
+
+    def while_the_keeper_is_down() -> None:
+        # Failures wait until after the restart: the keeper must come back whatever happens.
+        try:
+            hole["archived up to"] = archived_up_to()
+            Path(f"{gate}1").touch()
+            hole["lost"] = wait_until("the second phase in Redis", lambda: whole_phase(1))
+            # What the agents' XADD ... MAXLEN ~ does to a stream past its cap
+            # (workers.logsink), here to every entry: the first phase is archived, the second
+            # is now nowhere.
+            client = redis.Redis.from_url(stack.stack.redis_url, decode_responses=True)
+            try:
+                assert client.xtrim(log_stream_key(job_id), maxlen=0, approximate=False) > 0
+                Path(f"{gate}2").touch()
+                finished = admin.wait_finished(job_id)
+                assert finished["state"] == "succeeded", finished["reason"]
+                # Redis keeps the lines from here on.
+                entries = cast(list[RawEntry], client.xrange(log_stream_key(job_id), count=1))
+                hole["kept from"] = parse_entry(*entries[0]).first
+            finally:
+                client.close()
+            hole["seen"] = what_the_page_shows(browser, stack, job_id)
+        except BaseException as exc:  # re-raised once the keeper is back
+            failures.append(exc)
+
+    stack.stack.restart("log-keeper", while_the_keeper_is_down)
+    if failures:
+        raise failures[0]
+    wait_until("the keeper to archive the log", lambda: admin.job(job_id)["log_archived"])
+    return {"id": job_id, **hole}
+
+
+def shows_the_gap(trimmed: dict[str, Any], kept: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the page shows: the lines kept, one gap notice between the first phase and the
+    third, the same text as a banner, the end."""
+    after, upto = trimmed["archived up to"], trimmed["kept from"] - 1
+    notice = f"⚠ {upto - after:,} lines missing here: {gap_reason(after, upto)}"
+    before = [x["cursor"] for x in kept if x["cursor"] <= after]
+    later = [x["cursor"] for x in kept if x["cursor"] > upto]
+    assert len(before) + len(later) == len(kept)
+    return {
+        "layout": [*before, "notice notice-gap", *later, "notice notice-end"],
+        "texts": [x["text"] for x in kept],
+        "gap notices": [notice],
+        "banners": [notice],
+    }
+
+
+def test_lines_trimmed_before_they_were_archived_show_as_a_gap(
+    fault_stack: RunningStack, trimmed: dict[str, Any]
+) -> None:
+    kept = fault_stack.admin.logs(trimmed["id"])
+    assert [x["text"] for x in kept] == [
+        f"phase {p} line {k}" for p in (0, 2) for k in range(PHASES[p])
+    ]
+    assert trimmed["seen"] == shows_the_gap(trimmed, kept)
+
+
+def test_the_keeper_records_the_hole_and_the_lost_lines_are_kept_nowhere(
+    fault_stack: RunningStack, trimmed: dict[str, Any]
+) -> None:
+    admin = fault_stack.admin
+    job_id = trimmed["id"]
+    after, upto = trimmed["archived up to"], trimmed["kept from"] - 1
+    lost = [x["cursor"] for x in trimmed["lost"]]
+    assert after < lost[0] and lost[-1] <= upto
+    chunks = archived_chunks(fault_stack, job_id)
+    # One row says the range is gone; no other row has any of it.
+    assert [c for c in chunks if c[2] == "gap"] == [(after + 1, upto, "gap")]
+    assert [c for c in chunks if c[0] <= upto and c[1] > after] == [(after + 1, upto, "gap")]
+    assert chunks[-1][2] == "end"
+    everything = admin.logs(job_id)
+    assert not {x["cursor"] for x in everything} & set(lost)
+    assert [x["text"] for x in everything] == [
+        f"phase {p} line {k}" for p in (0, 2) for k in range(PHASES[p])
+    ]
+    text = admin.http.get(f"/api/v1/jobs/{job_id}/logs.txt").text.splitlines()
+    assert text[PHASES[0] - 1 : PHASES[0] + 2] == [
+        f"[master] phase 0 line {PHASES[0] - 1}",
+        f"--- {gap_reason(after, upto)} ---",
+        "[master] phase 2 line 0",
+    ]
+
+
+def test_a_page_opened_after_the_hole_was_archived_shows_the_gap_too(
+    browser: Browser, fault_stack: RunningStack, trimmed: dict[str, Any]
+) -> None:
+    kept = fault_stack.admin.logs(trimmed["id"])
+    seen = what_the_page_shows(browser, fault_stack, trimmed["id"])
+    assert seen == shows_the_gap(trimmed, kept)
 
 
 def test_a_flood_of_lines_keeps_the_window_bounded_and_loads_older_lines(
@@ -368,7 +478,9 @@ def test_a_flood_of_lines_keeps_the_window_bounded_and_loads_older_lines(
     # Scrolling to the top fetches older lines, and what was on top stays where it was.
     top = first_cursor(log)
     log.evaluate("el => { el.scrollTop = 0; }")
-    page.wait_for_function("c => +document.querySelector('#log .line').dataset.cursor < c", arg=top)
+    wait_in_page(
+        page, "older lines", "c => +document.querySelector('#log .line').dataset.cursor < c", top
+    )
     expect(page.locator("#log-pause")).to_have_text("Resume")  # scrolling up paused the view
     expect(log.locator(f".line[data-cursor='{top}']")).to_be_in_viewport()
     assert log.locator(".line").count() <= MAX_WINDOW

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.browser.conftest import wait_in_page
 from tests.conftest import RunningStack, pytorch_request
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -40,11 +41,13 @@ LOSS_CANVAS = "#chart-loss canvas"
 
 
 def loss_chart_drawn(page: Page) -> dict[str, int]:
-    page.wait_for_function(
+    wait_in_page(
+        page,
+        "the loss chart drawn with the run's and the baseline's series",
         f"""() => {{
           const count = ({CANVAS_PIXELS})({LOSS_CANVAS!r});
           return count !== null && count.opaque > 500 && count.run > 100 && count.baseline > 100;
-        }}"""
+        }}""",
     )
     counts: dict[str, int] = page.evaluate(CANVAS_PIXELS, LOSS_CANVAS)
     return counts
@@ -199,10 +202,10 @@ def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack, tmp_pat
         expect(page.locator("#job-state")).to_have_text("running")
         for chart in ("#chart-memory", "#chart-custom"):
             drawn = f"Number(document.querySelector('{chart}').dataset.points || 0)"
-            page.wait_for_function(f"() => {drawn} > 0")
+            wait_in_page(page, f"first points on {chart}", f"() => {drawn} > 0")
             first = page.evaluate(f"() => {drawn}")
             # More points while the job still runs: drawn from live points, not a reload.
-            page.wait_for_function(f"() => {drawn} > {first}")
+            wait_in_page(page, f"more points on {chart}", f"() => {drawn} > {first}")
             counts = page.evaluate(CANVAS_PIXELS, f"{chart} canvas")
             assert counts["opaque"] > 500 and counts["run"] > 50, (chart, counts)
         expect(page.locator("#job-state")).to_have_text("running")
