@@ -4,6 +4,8 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from console.env import env_bool, env_float, env_int, env_path, env_str
 
@@ -45,14 +47,58 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Above WhiteNoise, so that static files get these headers too.
+    "jobs.security_headers.ContentSecurityPolicyMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "jobs.login_throttle.LoginThrottleMiddleware",
 ]
+
+# --- Headers on every response ---
+# SecurityMiddleware sends the first three, XFrameOptionsMiddleware the fourth (these are
+# Django's defaults, written out so that a reader sees what is promised).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# jobs.security_headers sends this one. Pages load scripts and styles only from /static/ (data
+# for scripts comes in json_script blocks), so no inline script or style runs; 'self' in
+# connect-src covers the job page's fetches and its websocket to the same host and port.
+SECURE_CSP: dict[str, list[str]] = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "font-src": ["'self'"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
+
+
+# --- TLS ---
+# TRAINYARD_HTTPS=1 where users reach the console over https://. It assumes a reverse proxy that
+# ends TLS and says so in X-Forwarded-Proto, setting that header itself on every request (never
+# passing on one a client sent), and that nothing but the proxy reaches the web server
+# (docs/operations.md). Then a plain-HTTP request is redirected to https://, cookies never
+# travel over plain HTTP, and browsers are told to use only https:// for this host for
+# TRAINYARD_HSTS_SECONDS (a year; 0 sends no HSTS header).
+TRAINYARD_HTTPS = env_bool("TRAINYARD_HTTPS", False)
+SECURE_SSL_REDIRECT = TRAINYARD_HTTPS
+SESSION_COOKIE_SECURE = TRAINYARD_HTTPS
+CSRF_COOKIE_SECURE = TRAINYARD_HTTPS
+SECURE_HSTS_SECONDS = env_int("TRAINYARD_HSTS_SECONDS", 365 * 24 * 3600) if TRAINYARD_HTTPS else 0
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if TRAINYARD_HTTPS else None
+# Health probes that ask the web server directly, over plain HTTP, get their answer, not a
+# redirect.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 
 ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
@@ -92,6 +138,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["TEST"] = {"NAME": ""}  # in-memory for unit tests
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Django's ModelBackend behind the login throttle (jobs/login_throttle.py).
+AUTHENTICATION_BACKENDS = ["jobs.login_throttle.ThrottledModelBackend"]
+# Wrong passwords allowed per account, and per client address (all accounts together), before
+# that account or address is locked out; 0: no limit. Failures count for, and a lock lasts,
+# TRAINYARD_LOGIN_LOCKOUT_SECONDS. Behind a proxy the address is the client's only if the web
+# server trusts the proxy's X-Forwarded-For (uvicorn --forwarded-allow-ips; docs/operations.md).
+TRAINYARD_LOGIN_FAILURES_PER_ACCOUNT = env_int("TRAINYARD_LOGIN_FAILURES_PER_ACCOUNT", 5)
+TRAINYARD_LOGIN_FAILURES_PER_ADDRESS = env_int("TRAINYARD_LOGIN_FAILURES_PER_ADDRESS", 20)
+TRAINYARD_LOGIN_LOCKOUT_SECONDS = env_int("TRAINYARD_LOGIN_LOCKOUT_SECONDS", 15 * 60)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -134,6 +190,31 @@ def channel_layers(redis_url: str) -> dict[str, object]:
 
 CHANNEL_LAYERS = channel_layers(REDIS_URL or "redis://127.0.0.1:1/0")
 
+
+def cache_settings(redis_url: str) -> dict[str, object]:
+    """Django's cache (it holds the login throttle's counts): in Redis, so that every web
+    process shares it; in process memory where there is no Redis (unit tests, manage.py).
+    It shares the Redis database with Celery and the log streams: never cache.clear() it."""
+    if not redis_url:
+        return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": "trainyard-cache",
+            # A login must not wait on a Redis that hangs: short timeouts, no retries (the
+            # throttle lets the attempt through instead).
+            "OPTIONS": {
+                "socket_connect_timeout": 1,
+                "socket_timeout": 1,
+                "retry": Retry(NoBackoff(), 0),
+            },
+        }
+    }
+
+
+CACHES = cache_settings(REDIS_URL)
+
 CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -169,6 +250,11 @@ TRAINYARD_MAX_INSTANCES = env_int("TRAINYARD_MAX_INSTANCES", 64)
 # A log websocket whose client has not taken one frame in this long is closed (code 4408) and
 # resumes from its cursor, rather than having the server buffer for it without bound.
 TRAINYARD_WS_SEND_TIMEOUT_SECONDS = env_int("TRAINYARD_WS_SEND_TIMEOUT_SECONDS", 20)
+
+# /healthz tells anyone only "up" or "down"; staff, and callers that send this token
+# (Authorization: Token …, e.g. a monitoring system), also get which part fails and how many
+# nodes are live. Empty: staff only. `make run` sets one of its own for its readiness check.
+TRAINYARD_HEALTHZ_TOKEN = env_str("TRAINYARD_HEALTHZ_TOKEN", "")
 
 LOGGING = {
     "version": 1,

@@ -3,6 +3,10 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from jobs import api, views
+from jobs.login_throttle import AdminLoginForm, LoginForm
+
+# Both login pages say how long to wait when the login throttle refuses an attempt.
+admin.site.login_form = AdminLoginForm
 
 urlpatterns = [
     path("", views.job_list, name="job_list"),
@@ -11,7 +15,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("nodes/", views.node_list, name="node_list"),
     path("quotas/", views.quota_list, name="quota_list"),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path(
+        "accounts/login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),

@@ -1,6 +1,7 @@
 """Browser pages: job list, New job form, job page. Thin views over the services layer."""
 
 import functools
+import secrets
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -11,7 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -26,6 +27,7 @@ from jobs.forms import NewJobForm
 from jobs.models import Node
 from jobs.services import cluster, outcomes, presenters, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.tokens import user_for_token
 
 
 @login_required
@@ -96,9 +98,13 @@ HEALTH_CHECK_SECONDS = 0.5
 
 
 def healthz(request: HttpRequest) -> HttpResponse:
-    """Liveness for operators and `make run`: database, Redis, and how many nodes heartbeat.
+    """Liveness for load balancers, operators and `make run`: database, Redis, live nodes.
 
+    Everyone gets {"status": "up"} (200) or {"status": "down"} (503). Staff (a session or an
+    API token of a staff user) and holders of TRAINYARD_HEALTHZ_TOKEN also get the details:
     503 names the failing part, e.g. {"redis": false, "redis_error": "no answer within 0.5 s"}.
+    Anonymous callers learn no more, so that error texts (addresses, driver messages) and the
+    size of the cluster stay inside.
     """
     # The database is asked in a worker thread (a query cannot be interrupted), Redis meanwhile
     # in this one through a client with short timeouts.
@@ -106,17 +112,36 @@ def healthz(request: HttpRequest) -> HttpResponse:
     pending_nodes = _ask_database_for_live_nodes()
     redis_error = _redis_problem()
     nodes_live, database_error = _database_answer(pending_nodes, deadline)
-    body: dict[str, object] = {
-        "redis": redis_error is None,
-        "database": database_error is None,
-        "nodes_live": nodes_live,
-    }
-    if redis_error is not None:
-        body["redis_error"] = redis_error
-    if database_error is not None:
-        body["database_error"] = database_error
     healthy = redis_error is None and database_error is None
+    body: dict[str, object] = {"status": "up" if healthy else "down"}
+    if _may_see_health_details(request, database_answers=database_error is None):
+        body.update(redis=redis_error is None, database=database_error is None)
+        body["nodes_live"] = nodes_live
+        if redis_error is not None:
+            body["redis_error"] = redis_error
+        if database_error is not None:
+            body["database_error"] = database_error
     return JsonResponse(body, status=200 if healthy else 503)
+
+
+def _may_see_health_details(request: HttpRequest, database_answers: bool) -> bool:
+    """The health token, or a staff user's session or API token. Users are looked up in the
+    database, so while it does not answer only the health token shows details: a lookup could
+    hang, and /healthz must answer."""
+    header = request.headers.get("Authorization", "")
+    key = header[6:].strip() if header.startswith("Token ") else ""
+    health_token = settings.TRAINYARD_HEALTHZ_TOKEN
+    if key and health_token and secrets.compare_digest(key.encode(), health_token.encode()):
+        return True
+    if not database_answers:
+        return False
+    try:
+        if key:
+            user = user_for_token(key)
+            return user is not None and user.is_staff
+        return bool(request.user.is_authenticated and request.user.is_staff)
+    except DatabaseError:
+        return False
 
 
 def _redis_problem() -> str | None:

@@ -13,6 +13,7 @@ import argparse
 import enum
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -392,8 +393,16 @@ class Stack:
     extra_env: dict[str, str] = field(default_factory=dict)  # for every child
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
     announce: Callable[[str], None] | None = None  # restart lines; None: print them
+    # Lets wait_ready read /healthz's details (the count of live nodes), which anonymous
+    # callers do not get; the environment's own token if it sets one.
+    healthz_token: str = field(
+        default_factory=lambda: (
+            os.environ.get("TRAINYARD_HEALTHZ_TOKEN") or secrets.token_urlsafe(24)
+        )
+    )
 
     def __post_init__(self) -> None:
+        self.healthz_token = self.extra_env.get("TRAINYARD_HEALTHZ_TOKEN", self.healthz_token)
         self._supervisor = ChildSupervisor(
             self.var_dir / "logs", self.env, ROOT, self.restart_policy, self.announce
         )
@@ -414,6 +423,7 @@ class Stack:
                 "DJANGO_SETTINGS_MODULE": "console.settings",
                 "TRAINYARD_VAR_DIR": str(self.var_dir),
                 "REDIS_URL": self.redis_url,
+                "TRAINYARD_HEALTHZ_TOKEN": self.healthz_token,
                 "PYTHONUNBUFFERED": "1",
             }
         )
@@ -502,7 +512,10 @@ class Stack:
             if should_stop():
                 raise StartInterrupted("stopped while starting")
             try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=2) as response:  # noqa: S310
+                request = urllib.request.Request(  # noqa: S310  (our own http:// URL)
+                    f"{self.url}/healthz", headers={"Authorization": f"Token {self.healthz_token}"}
+                )
+                with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310
                     health = json.load(response)
                 if health.get("nodes_live", 0) >= self.nodes:
                     return
