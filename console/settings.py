@@ -42,6 +42,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # API v1's docs page renders ninja's templates with its bundled Swagger UI from /static/
+    # (no CDN: the console must work offline).
+    "ninja",
     "jobs",
 ]
 

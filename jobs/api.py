@@ -1,4 +1,6 @@
-"""HTTP API v1: JSON over session or token auth. Thin views over the services layer."""
+"""HTTP API v1 on django-ninja: JSON over session or token auth. Thin operations over the
+services layer; the shapes live in jobs/schemas.py, and the OpenAPI document at
+/api/v1/openapi.json (a readable reference at /api/v1/docs) is generated from them."""
 
 import json
 from collections.abc import Callable
@@ -6,16 +8,35 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import User
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.db.models import Prefetch
+from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from django.middleware.csrf import CsrfViewMiddleware
-from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI, Query, Status
+from ninja.errors import AuthenticationError, HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
+from ninja.security import APIKeyCookie, APIKeyHeader
 
 from jobs import logstream
 from jobs.access import get_job_for, visible_jobs
-from jobs.models import FrameworkImage, Job, KVStoreMode, Node, Package
+from jobs.models import FrameworkImage, Job, JobRole, KVStoreMode, Node, Package, Replica
+from jobs.schemas import (
+    BaselineIn,
+    CatalogOut,
+    DrainIn,
+    ErrorsOut,
+    JobIn,
+    JobListOut,
+    JobOut,
+    LogPageOut,
+    MetricPageOut,
+    NodeListOut,
+    NodeStateOut,
+    field_errors,
+)
 from jobs.services import (
     baselines,
     cluster,
@@ -31,53 +52,60 @@ from jobs.services.submission import ValidationFailed, check_job_request, submit
 from jobs.tokens import user_for_token
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
 
-SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 MAX_LOG_PAGE = 10_000
 DEFAULT_LOG_PAGE = 1_000
-
-View = Callable[..., HttpResponseBase]
-
-
-def error(status: int, field: str, message: str, **extra: Any) -> JsonResponse:
-    return JsonResponse({"errors": {field: [message]}, **extra}, status=status)
+JOB_PAGE = 200  # the job list's default and largest page
 
 
-def _csrf_failure(request: HttpRequest) -> HttpResponse | None:
-    check = CsrfViewMiddleware(lambda r: HttpResponse())
-    check.process_request(request)
-    return check.process_view(request, lambda r: HttpResponse(), (), {})
+class ApiError(Exception):
+    """A refusal, answered as {"errors": {field: [message]}, **extra} with `status`."""
+
+    def __init__(self, status: int, field: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.errors = {field: [message]}
+        self.extra = extra
 
 
-def api_endpoint(*methods: str) -> Callable[[View], View]:
-    """Method check, then token or session auth (session writes need the CSRF token)."""
+# --- auth ---------------------------------------------------------------------------------------
 
-    def decorator(view: View) -> View:
-        @csrf_exempt
-        @wraps(view)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            if request.method not in methods:
-                return error(405, "method", f"Use {' or '.join(methods)}.")
-            header = request.headers.get("Authorization", "")
-            if header.startswith("Token "):
-                user = user_for_token(header[6:].strip())
-                if user is None:
-                    return error(401, "auth", "Invalid or revoked token.")
-                request.user = user
-            elif not request.user.is_authenticated:
-                return error(401, "auth", "Log in or send Authorization: Token KEY.")
-            elif request.method not in SAFE_METHODS and _csrf_failure(request) is not None:
-                return error(403, "auth", "CSRF check failed; send the X-CSRFToken header.")
-            try:
-                return view(request, *args, **kwargs)
-            except Http404:
-                return error(404, "job", "No such job.")
-            except RequestDataTooBig:
-                limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-                return error(413, "request", f"The body is larger than {limit:,} bytes; send less.")
 
-        return wrapper
+class TokenAuth(APIKeyHeader):
+    """`Authorization: Token KEY` (jobs.tokens). A token that is given but wrong is refused
+    outright, even beside a logged-in session."""
 
-    return decorator
+    param_name = "Authorization"
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> User | None:
+        if not key or not key.startswith("Token "):
+            return None
+        user = user_for_token(key[6:].strip())
+        if user is None:
+            raise ApiError(401, "auth", "Invalid or revoked token.")
+        request.user = user
+        return user
+
+
+class SessionAuth(APIKeyCookie):
+    """The browser's login session; a request that changes something also needs the CSRF
+    token (X-CSRFToken), checked by ninja. Anonymous requests are a 401, not a CSRF 403."""
+
+    param_name = settings.SESSION_COOKIE_NAME
+
+    def __init__(self) -> None:
+        super().__init__(csrf=True)
+
+    def __call__(self, request: HttpRequest) -> User | None:
+        if not request.user.is_authenticated:
+            return None
+        try:
+            self._get_key(request)  # the CSRF check
+        except HttpError:
+            raise ApiError(403, "auth", "CSRF check failed; send the X-CSRFToken header.") from None
+        return request.user
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> User | None:
+        return None  # unused: __call__ decides
 
 
 # No request of this API nests deeper than a handful of levels; a body that does is refused
@@ -85,21 +113,121 @@ def api_endpoint(*methods: str) -> Callable[[View], View]:
 MAX_JSON_DEPTH = 32
 
 
-def _json_body(request: HttpRequest) -> Any:
-    """The body as JSON: ValidationFailed (400) if it is not JSON or nests too deeply, and
-    RequestDataTooBig (413, in api_endpoint) over DATA_UPLOAD_MAX_MEMORY_SIZE."""
-    too_deep = ValidationFailed(
-        {"request": [f"The body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."]}
+class GuardedParser(Parser):
+    """JSON bodies, refused (400, with a reason) when they are not JSON or nest too deeply.
+    ninja wraps what this raises in an HttpError; `_http_error` unwraps it."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        raw = request.body
+        too_deep = ValidationFailed(
+            {"request": [f"The body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."]}
+        )
+        if _bracket_depth(raw) > MAX_JSON_DEPTH:
+            raise too_deep
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise too_deep from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
+
+
+def _docs_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The reference pages are for users: a logged-in session (else the login page), or a
+    valid API token, so that a client can fetch openapi.json as it calls the API."""
+    page = login_required(view)
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        header = request.headers.get("Authorization", "")
+        user = user_for_token(header[6:].strip()) if header.startswith("Token ") else None
+        if user is not None:
+            request.user = user
+            return view(request, *args, **kwargs)
+        return page(request, *args, **kwargs)
+
+    return wrapper
+
+
+api = NinjaAPI(
+    title="Trainyard API",
+    version="1",
+    description="Submit and watch distributed training jobs. Authenticate with "
+    "`Authorization: Token KEY` or a logged-in session (writes then need X-CSRFToken). "
+    'Every refusal is `{"errors": {field: [message]}}`.',
+    auth=[TokenAuth(), SessionAuth()],
+    parser=GuardedParser(),
+    urls_namespace="api-v1",
+    docs_decorator=_docs_login,
+)
+
+ERRORS: dict[int, type[ErrorsOut]] = {code: ErrorsOut for code in (400, 401, 403, 404, 409, 413)}
+
+
+def errors_response(
+    request: HttpRequest, status: int, errors: dict[str, list[str]], **extra: Any
+) -> HttpResponse:
+    return api.create_response(request, {"errors": errors, **extra}, status=status)
+
+
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+    return errors_response(request, exc.status, exc.errors, **exc.extra)
+
+
+@api.exception_handler(ValidationFailed)
+def _validation_failed(request: HttpRequest, exc: ValidationFailed) -> HttpResponse:
+    return errors_response(request, 400, exc.errors, **exc.detail)
+
+
+@api.exception_handler(NinjaValidationError)
+def _schema_error(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
+    """pydantic's errors, by field path, in words (jobs.schemas.MESSAGES)."""
+    located = []
+    for error in exc.errors:
+        loc = tuple(error.get("loc", ()))
+        # ("body", PARAM, ...) for a body, ("query", NAME) for a query parameter.
+        located.append({**error, "loc": loc[2:] if loc[:1] == ("body",) else loc[1:]})
+    return errors_response(request, 400, field_errors(located))
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if isinstance(exc.__cause__, ValidationFailed):  # from GuardedParser
+        return errors_response(request, 400, exc.__cause__.errors)
+    return errors_response(request, exc.status_code, {"request": [str(exc)]})
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
+    return errors_response(request, 401, {"auth": ["Log in or send Authorization: Token KEY."]})
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    # The same answer for another user's job as for a missing one (jobs.access).
+    return errors_response(request, 404, {"job": ["No such job."]})
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return errors_response(
+        request, 413, {"request": [f"The body is larger than {limit:,} bytes; send less."]}
     )
-    raw = request.body or b"null"
-    if _bracket_depth(raw) > MAX_JSON_DEPTH:
-        raise too_deep
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise too_deep from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
+
+
+def _download(content_type: str, description: str) -> dict[str, Any]:
+    """The OpenAPI answer of a file download (the operation returns its own HttpResponse)."""
+    body = {"schema": {"type": "string", "format": "binary"}}
+    return {"responses": {200: {"description": description, "content": {content_type: body}}}}
+
+
+def _user(request: HttpRequest) -> User:
+    """The authenticated user (the auth classes have set it)."""
+    user: User | AnonymousUser = request.user
+    assert isinstance(user, User)
+    return user
 
 
 def _bracket_depth(raw: bytes) -> int:
@@ -125,10 +253,12 @@ def _bracket_depth(raw: bytes) -> int:
     return deepest
 
 
-def job_as_dict(job: Job) -> dict[str, Any]:
+def job_as_dict(job: Job, queue_positions: dict[int, int] | None = None) -> dict[str, Any]:
+    """A job as the API shows it (schemas.JobOut). `queue_positions`, from
+    presenters.queue_positions, saves a query per job in a list."""
     roles = {
         r.role: {"package": r.package.name, "instances": r.instances}
-        for r in job.roles.select_related("package")
+        for r in presenters.related(job, "roles", job.roles.select_related("package"))
     }
     return {
         "id": job.pk,
@@ -159,7 +289,7 @@ def job_as_dict(job: Job) -> dict[str, Any]:
             "exclude_failed_node": job.exclude_failed_node,
         },
         "health_rules": job.health_rules,
-        **presenters.job_state_payload(job),
+        **presenters.job_state_payload(job, queue_positions),
     }
 
 
@@ -230,95 +360,166 @@ def catalog_for(user: User) -> dict[str, Any]:
     }
 
 
-@api_endpoint("GET")
-def catalog(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(catalog_for(request.user))  # type: ignore[arg-type]
+# --- catalog ------------------------------------------------------------------------------------
 
 
-@api_endpoint("GET", "POST")
-def jobs(request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
-        return JsonResponse({"jobs": [job_as_dict(j) for j in visible_jobs(request.user)[:200]]})
-    try:
-        job_request = check_job_request(_json_body(request))
-        job = submit_job(request.user, job_request)  # type: ignore[arg-type]
-    except ValidationFailed as exc:
-        return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
+@api.get("/catalog", response={200: CatalogOut, **ERRORS}, tags=["catalog"], url_name="api_catalog")
+def catalog(request: HttpRequest) -> dict[str, Any]:
+    """Images, packages, built-in examples and the quota left."""
+    return catalog_for(_user(request))
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+def _listed_jobs(user: User) -> Any:
+    """The jobs the user may see, with everything a job's answer shows fetched up front: the
+    list costs the same few queries whatever its length."""
+    return visible_jobs(user).prefetch_related(
+        Prefetch("roles", queryset=JobRole.objects.select_related("package")),
+        Prefetch("replicas", queryset=Replica.objects.select_related("node").order_by("id")),
+        "attempts",
+        "health_events",
+    )
+
+
+@api.get("/jobs", response={200: JobListOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
+def job_list(
+    request: HttpRequest,
+    limit: int = Query(JOB_PAGE, ge=1, le=JOB_PAGE),
+    offset: int = Query(0, ge=0, le=2**63 - 1),
+) -> dict[str, Any]:
+    """The jobs you may see, newest first, a page at a time (`limit`, `offset`)."""
+    jobs = _listed_jobs(_user(request))
+    count = jobs.count()
+    page = list(jobs[offset : offset + limit])
+    positions = presenters.queue_positions(page)
+    return {
+        "jobs": [job_as_dict(j, positions) for j in page],
+        "count": count,
+        "limit": limit,
+        "offset": offset,
+        "next": offset + limit if offset + limit < count else None,
+    }
+
+
+@api.post("/jobs", response={201: JobOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
+def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
+    """Check the request (400 with every problem), admit it against the quota and the nodes
+    (400 saying which term is over and by how much), and queue it."""
+    job = submit_job(_user(request), check_job_request(payload))
     job.refresh_from_db()
-    return JsonResponse(job_as_dict(job), status=201)
+    return Status(201, job_as_dict(job))
 
 
-@api_endpoint("GET")
-def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    return JsonResponse(job_as_dict(get_job_for(request.user, job_id)))
+@api.get("/jobs/{int:job_id}", response={200: JobOut, **ERRORS}, tags=["jobs"], url_name="api_job")
+def job_detail(request: HttpRequest, job_id: int) -> dict[str, Any]:
+    return job_as_dict(get_job_for(request.user, job_id))
 
 
-@api_endpoint("POST")
-def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.post(
+    "/jobs/{int:job_id}/cancel",
+    response={200: JobOut, **ERRORS},
+    tags=["jobs"],
+    url_name="api_job_cancel",
+)
+def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
+    """Stop every process of the job; 409 when it has already ended."""
     job = get_job_for(request.user, job_id)
     try:
-        job = outcomes.cancel(job.pk, request.user)  # type: ignore[arg-type]
+        job = outcomes.cancel(job.pk, _user(request))
     except transitions.InvalidTransition as exc:
-        return error(409, "state", str(exc))
-    return JsonResponse(job_as_dict(job))
+        raise ApiError(409, "state", str(exc)) from None
+    return job_as_dict(job)
 
+
+# --- logs ---------------------------------------------------------------------------------------
 
 # Cursors are Redis stream IDs (unsigned 64-bit); nothing larger means anything.
 MAX_QUERY_INT = 2**63 - 1
 
 
-def _int_param(request: HttpRequest, name: str, default: int | None) -> int | None:
-    raw = request.GET.get(name)
+def _whole(name: str, raw: str | None, default: int | None) -> int | None:
+    """A query parameter as a whole number from 0 to 2**63-1, or a 400 that says so."""
     if raw is None or raw == "":
         return default
-    value = int(raw)  # ValueError is turned into a 400 by the caller
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
     if not 0 <= value <= MAX_QUERY_INT:
-        raise ValueError
+        raise ApiError(400, name, f"{name} must be a whole number from 0 to 2**63-1.")
     return value
 
 
-@api_endpoint("GET")
-def job_logs(request: HttpRequest, job_id: int) -> HttpResponse:
-    """A page of the job's log: lines after `after` (or, with `before`, the last lines before
-    it), optionally only of one role, instance, node or stream, or containing `q`, or errors."""
+@api.get(
+    "/jobs/{int:job_id}/logs",
+    response={200: LogPageOut, **ERRORS},
+    tags=["logs"],
+    url_name="api_job_logs",
+)
+def job_logs(
+    request: HttpRequest,
+    job_id: int,
+    after: str | None = None,
+    before: str | None = None,
+    role: str | None = None,
+    index: str | None = None,
+    node: str | None = None,
+    stream: str | None = None,
+    q: str | None = None,
+    errors: str | None = None,
+    limit: str | None = None,
+) -> dict[str, Any]:
+    """A page of the job's log: lines after cursor `after` (or, with `before`, the last lines
+    before it), optionally only of one role, instance, node or stream, or containing `q`, or
+    error lines (`errors=1`). Whole-number parameters are strings here so that a bad one gets
+    this endpoint's own message."""
     job = get_job_for(request.user, job_id)
-    values: dict[str, int | None] = {}
-    for name, default in (("after", 0), ("before", None), ("index", None), ("limit", None)):
-        try:
-            values[name] = _int_param(request, name, default)
-        except ValueError:
-            return error(400, name, f"{name} must be a whole number from 0 to 2**63-1.")
-    stream = request.GET.get("stream") or None
-    if stream not in (None, "stdout", "stderr"):
-        return error(400, "stream", "stream must be stdout or stderr.")
+    values = {
+        "after": _whole("after", after, 0),
+        "before": _whole("before", before, None),
+        "index": _whole("index", index, None),
+        "limit": _whole("limit", limit, None),
+    }
+    if (stream or None) not in (None, "stdout", "stderr"):
+        raise ApiError(400, "stream", "stream must be stdout or stderr.")
     where = logstream.LineFilter(
-        role=request.GET.get("role") or None,
+        role=role or None,
         index=values["index"],
-        node=request.GET.get("node") or None,
-        stream=stream,
-        text=request.GET.get("q") or None,
-        errors=request.GET.get("errors") in ("1", "true"),
+        node=node or None,
+        stream=stream or None,
+        text=q or None,
+        errors=errors in ("1", "true"),
     )
-    limit = min(values["limit"] or DEFAULT_LOG_PAGE, MAX_LOG_PAGE)
+    page_size = min(values["limit"] or DEFAULT_LOG_PAGE, MAX_LOG_PAGE)
     if values["before"] is not None:
-        page = logstream.read_page_before(job.pk, values["before"], limit, where)
+        page = logstream.read_page_before(job.pk, values["before"], page_size, where)
         extra = {"more_before": page.more_before}
     else:
-        page = logstream.read_page(job.pk, values["after"] or 0, limit, where)
+        page = logstream.read_page(job.pk, values["after"] or 0, page_size, where)
         extra = {}
-    return JsonResponse(
-        {"lines": page.lines, "next": page.next, "complete": page.complete, **extra}
-    )
+    return {"lines": page.lines, "next": page.next, "complete": page.complete, **extra}
 
 
-@api_endpoint("GET")
-def job_log_counts(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.get(
+    "/jobs/{int:job_id}/logs/counts",
+    response={200: dict[str, Any], **ERRORS},
+    tags=["logs"],
+    url_name="api_job_log_counts",
+)
+def job_log_counts(request: HttpRequest, job_id: int) -> dict[str, Any]:
     """Lines so far per instance and stream, and per node."""
-    job = get_job_for(request.user, job_id)
-    return JsonResponse(logstream.line_counts(job.pk))
+    return logstream.line_counts(get_job_for(request.user, job_id).pk)
 
 
-@api_endpoint("GET")
+@api.get(
+    "/jobs/{int:job_id}/logs.txt",
+    response={200: None, **ERRORS},
+    tags=["logs"],
+    openapi_extra=_download("text/plain", "The whole log, streamed."),
+    url_name="api_job_log_text",
+)
 def job_log_text(request: HttpRequest, job_id: int) -> HttpResponseBase:
     """The whole log as text, one "[tag] line" per line, streamed as it is read."""
     job = get_job_for(request.user, job_id)
@@ -331,32 +532,57 @@ def job_log_text(request: HttpRequest, job_id: int) -> HttpResponseBase:
 # --- metrics ------------------------------------------------------------------------------------
 
 
-@api_endpoint("GET")
-def job_metrics(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.get(
+    "/jobs/{int:job_id}/metrics",
+    response={200: MetricPageOut, **ERRORS},
+    tags=["metrics"],
+    url_name="api_job_metrics",
+)
+def job_metrics(
+    request: HttpRequest, job_id: int, after: str | None = None, name: str | None = None
+) -> dict[str, Any]:
     """Metric points after cursor `after`, optionally of one name."""
     job = get_job_for(request.user, job_id)
     try:
-        after = _int_param(request, "after", 0) or 0
-    except ValueError:
-        return error(400, "after", "after must be a non-negative whole number.")
-    points, position = logstream.metric_points(job.pk, after, name=request.GET.get("name") or None)
-    return JsonResponse({"points": points, "next": position})
+        start = _whole("after", after, 0) or 0
+    except ApiError:
+        raise ApiError(400, "after", "after must be a non-negative whole number.") from None
+    points, position = logstream.metric_points(job.pk, start, name=name or None)
+    return {"points": points, "next": position}
 
 
-@api_endpoint("GET")
-def job_metrics_summary(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.get(
+    "/jobs/{int:job_id}/metrics/summary",
+    response={200: dict[str, Any], **ERRORS},
+    tags=["metrics"],
+    url_name="api_job_metrics_summary",
+)
+def job_metrics_summary(request: HttpRequest, job_id: int) -> dict[str, Any]:
+    """The training report: throughput, speedup against the baseline, cost, figures."""
     job = get_job_for(request.user, job_id)
-    return JsonResponse(training_report.report(request.user, job))  # type: ignore[arg-type]
+    return training_report.report(_user(request), job)
 
 
-@api_endpoint("GET")
+@api.get(
+    "/jobs/{int:job_id}/metrics.csv",
+    response={200: None, **ERRORS},
+    tags=["metrics"],
+    openapi_extra=_download("text/csv", "Every metric point, streamed."),
+    url_name="api_job_metrics_csv",
+)
 def job_metrics_csv(request: HttpRequest, job_id: int) -> HttpResponseBase:
     job = get_job_for(request.user, job_id)
     rows = StreamingHttpResponse(metric_export.csv_rows(job.pk), content_type="text/csv")
     return _attachment(rows, f"trainyard-job-{job.pk}-metrics.csv")
 
 
-@api_endpoint("GET")
+@api.get(
+    "/jobs/{int:job_id}/metrics.tensorboard.tar.gz",
+    response={200: None, **ERRORS},
+    tags=["metrics"],
+    openapi_extra=_download("application/gzip", "TensorBoard event files."),
+    url_name="api_job_metrics_tensorboard",
+)
 def job_metrics_tensorboard(request: HttpRequest, job_id: int) -> HttpResponseBase:
     job = get_job_for(request.user, job_id)
     archive = HttpResponse(
@@ -372,105 +598,99 @@ def _attachment(response: HttpResponseBase, filename: str) -> HttpResponseBase:
     return response
 
 
-@api_endpoint("POST")
-def job_baseline(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.post(
+    "/jobs/{int:job_id}/baseline",
+    response={200: dict[str, Any], **ERRORS},
+    tags=["metrics"],
+    url_name="api_job_baseline",
+)
+def job_baseline(request: HttpRequest, job_id: int, payload: BaselineIn) -> dict[str, Any]:
     """Body {"baseline": JOB_ID or null}: compare this job with an earlier one."""
     job = get_job_for(request.user, job_id)
     try:
-        body = _json_body(request)
-    except ValidationFailed as exc:
-        return JsonResponse({"errors": exc.errors}, status=400)
-    value = body.get("baseline") if isinstance(body, dict) else "missing"
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        return error(400, "baseline", 'Send {"baseline": JOB_ID} or {"baseline": null}.')
-    try:
-        baselines.set_baseline(request.user, job, value)  # type: ignore[arg-type]
+        baselines.set_baseline(_user(request), job, payload.baseline)
     except baselines.BaselineError as exc:
-        return error(400, "baseline", str(exc))
-    return JsonResponse(training_report.report(request.user, job))  # type: ignore[arg-type]
+        raise ApiError(400, "baseline", str(exc)) from None
+    return training_report.report(_user(request), job)
 
 
-@api_endpoint("POST")
-def job_baseline_run(request: HttpRequest, job_id: int) -> HttpResponse:
+@api.post(
+    "/jobs/{int:job_id}/baseline-run",
+    response={201: JobOut, **ERRORS},
+    tags=["metrics"],
+    url_name="api_job_baseline_run",
+)
+def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]]:
     """Launch a 1-worker copy of the job and make it the job's baseline."""
     job = get_job_for(request.user, job_id)
     try:
-        baseline = baselines.launch_single_worker_baseline(request.user, job)  # type: ignore[arg-type]
+        baseline = baselines.launch_single_worker_baseline(_user(request), job)
     except baselines.BaselineError as exc:
-        return error(400, "baseline", str(exc))
-    except ValidationFailed as exc:
-        return JsonResponse({"errors": exc.errors, **exc.detail}, status=400)
+        raise ApiError(400, "baseline", str(exc)) from None
     baseline.refresh_from_db()
-    return JsonResponse(job_as_dict(baseline), status=201)
+    return Status(201, job_as_dict(baseline))
 
 
-@api_endpoint("GET")
-def node_list(request: HttpRequest) -> HttpResponse:
-    return JsonResponse(
-        {
-            "nodes": [
-                {
-                    "name": row.node.name,
-                    "address": row.node.address,
-                    "status": row.status,
-                    "capacity": {
-                        "cpu": row.node.cpu,
-                        "gpus": row.node.gpus,
-                        "memory_gb": row.node.memory_gb,
-                    },
-                    "used": row.used,
-                    "free": row.free,
-                    "jobs": row.jobs,
-                    "last_heartbeat": row.node.last_heartbeat.isoformat()
-                    if row.node.last_heartbeat
-                    else None,
-                }
-                for row in cluster.node_rows()
-            ]
-        }
-    )
+# --- nodes --------------------------------------------------------------------------------------
 
 
-MAX_EVICT_GRACE_SECONDS = 3600
+@api.get("/nodes", response={200: NodeListOut, **ERRORS}, tags=["nodes"], url_name="api_nodes")
+def node_list(request: HttpRequest) -> dict[str, Any]:
+    return {
+        "nodes": [
+            {
+                "name": row.node.name,
+                "address": row.node.address,
+                "status": row.status,
+                "capacity": {
+                    "cpu": row.node.cpu,
+                    "gpus": row.node.gpus,
+                    "memory_gb": row.node.memory_gb,
+                },
+                "used": row.used,
+                "free": row.free,
+                "jobs": row.jobs,
+                "last_heartbeat": row.node.last_heartbeat.isoformat()
+                if row.node.last_heartbeat
+                else None,
+            }
+            for row in cluster.node_rows()
+        ]
+    }
 
 
-@api_endpoint("POST")
-def node_drain(request: HttpRequest, name: str) -> HttpResponse:
+def _admin_node(request: HttpRequest, name: str, doing: str) -> None:
+    if not request.user.is_staff:
+        raise ApiError(403, "auth", f"Only administrators {doing}.")
+    if not Node.objects.filter(name=name).exists():
+        raise ApiError(404, "node", f"No node {name!r}.")
+
+
+@api.post(
+    "/nodes/{name}/drain",
+    response={200: NodeStateOut, **ERRORS},
+    tags=["nodes"],
+    url_name="api_node_drain",
+)
+def node_drain(request: HttpRequest, name: str, payload: DrainIn | None = None) -> dict[str, Any]:
     """Admins: no new work to the node; with {"evict": true}, move its running jobs away
     (SIGTERM, `grace_seconds` to checkpoint, then a restart elsewhere), as a spot instance's
-    preemption notice would."""
-    if not request.user.is_staff:
-        return error(403, "auth", "Only administrators drain nodes.")
-    if not Node.objects.filter(name=name).exists():
-        return error(404, "node", f"No node {name!r}.")
-    try:
-        body = _json_body(request)
-    except ValidationFailed as exc:
-        return JsonResponse({"errors": exc.errors}, status=400)
-    body = {} if body is None else body
-    if not isinstance(body, dict) or set(body) - {"evict", "grace_seconds"}:
-        return error(400, "request", 'Send {"evict": true|false, "grace_seconds": N} or nothing.')
-    evict = body.get("evict", False)
-    grace = body.get("grace_seconds", nodes.EVICT_GRACE_SECONDS)
-    if not isinstance(evict, bool):
-        return error(400, "evict", "Give true or false.")
-    if (
-        isinstance(grace, bool)
-        or not isinstance(grace, int | float)
-        or not 0 <= grace <= MAX_EVICT_GRACE_SECONDS
-    ):
-        return error(400, "grace_seconds", f"Give seconds from 0 to {MAX_EVICT_GRACE_SECONDS}.")
-    by = request.user.get_username()
-    evicted = nodes.drain([name], evict=evict, grace_seconds=float(grace), by=by)
-    return JsonResponse({"node": name, "status": "draining", "evicted_jobs": evicted})
+    preemption notice would. No body (or null) means drain only."""
+    _admin_node(request, name, "drain nodes")
+    body = payload or DrainIn(grace_seconds=nodes.EVICT_GRACE_SECONDS)
+    by = _user(request).get_username()
+    evicted = nodes.drain([name], evict=body.evict, grace_seconds=float(body.grace_seconds), by=by)
+    return {"node": name, "status": "draining", "evicted_jobs": evicted}
 
 
-@api_endpoint("POST")
-def node_ready(request: HttpRequest, name: str) -> HttpResponse:
+@api.post(
+    "/nodes/{name}/ready",
+    response={200: NodeStateOut, **ERRORS},
+    tags=["nodes"],
+    url_name="api_node_ready",
+)
+def node_ready(request: HttpRequest, name: str) -> dict[str, Any]:
     """Admins: return a drained node to service."""
-    if not request.user.is_staff:
-        return error(403, "auth", "Only administrators return nodes to service.")
-    if not Node.objects.filter(name=name).exists():
-        return error(404, "node", f"No node {name!r}.")
+    _admin_node(request, name, "return nodes to service")
     nodes.return_to_service([name])
-    return JsonResponse({"node": name, "status": "ready"})
+    return {"node": name, "status": "ready"}

@@ -1,8 +1,9 @@
 """What clients are shown of a job's state: read-only views over the models."""
 
+from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import Model, Q, QuerySet
 
 from jobs.models import Job, Replica
 
@@ -12,13 +13,27 @@ def state_of(job_id: int) -> dict[str, Any] | None:
     return job_state_payload(job) if job is not None else None
 
 
-def job_state_payload(job: Job) -> dict[str, Any]:
-    """What websocket clients are told when a job or one of its replicas changes."""
+def related(job: Job, name: str, query: QuerySet[Any]) -> list[Any]:
+    """The job's `name` rows: the prefetched ones where a list fetched them up front (see
+    jobs.api.job_list), else `query`."""
+    cache = getattr(job, "_prefetched_objects_cache", {})
+    return list(cache[name]) if name in cache else list(query)
+
+
+def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -> dict[str, Any]:
+    """What websocket clients are told when a job or one of its replicas changes.
+
+    `queue_positions` (from queue_positions()) stands in for one query per job in a list."""
+    replicas = [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
+    if queue_positions is None:
+        position = queue_position(job)
+    else:
+        position = queue_positions.get(job.pk) if _waiting(job, replicas) else None
     return {
         "id": job.pk,
         "state": job.state,
         "reason": job.reason,
-        "queue_position": queue_position(job),
+        "queue_position": position,
         "started": job.started.isoformat() if job.started else None,
         "finished": job.finished.isoformat() if job.finished else None,
         "replicas": [
@@ -31,7 +46,7 @@ def job_state_payload(job: Job) -> dict[str, Any]:
                 "exit_code": r.exit_code,
                 "reason": r.reason,
             }
-            for r in job.replicas.filter(attempt=job.attempt).select_related("node").order_by("id")
+            for r in replicas
         ],
         "attempt": job.attempt,
         "restarts_used": job.restarts_used,
@@ -48,7 +63,7 @@ def job_state_payload(job: Job) -> dict[str, Any]:
                 "reason": a.reason,
                 "counted": a.counted,
             }
-            for a in job.attempts.order_by("number")
+            for a in sorted(related(job, "attempts", job.attempts.all()), key=_number)
         ],
         "health_events": [
             {
@@ -62,9 +77,35 @@ def job_state_payload(job: Job) -> dict[str, Any]:
                 "message": e.message,
                 "outcome": e.outcome,
             }
-            for e in job.health_events.order_by("at", "id")
+            for e in sorted(related(job, "health_events", job.health_events.all()), key=_at)
         ],
     }
+
+
+def _replicas_of(job: Job) -> QuerySet[Replica]:
+    return job.replicas.filter(attempt=job.attempt).select_related("node").order_by("id")
+
+
+def _number(attempt: Any) -> int:
+    return int(attempt.number)
+
+
+def _at(event: Any) -> tuple[Any, int]:
+    return (event.at, event.pk)
+
+
+def _waiting(job: Job, replicas: list[Replica]) -> bool:
+    return job.state == Job.State.QUEUED and any(r.state == Replica.State.PENDING for r in replicas)
+
+
+def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
+    """Every waiting job's place in the queue, in one query (see queue_position): for a list
+    of jobs, whatever its length."""
+    if not list(jobs):
+        return {}
+    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    ranking = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
+    return {pk: place for place, pk in enumerate(ranking.values_list("pk", flat=True), 1)}
 
 
 def queue_position(job: Job) -> int | None:

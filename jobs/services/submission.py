@@ -1,7 +1,10 @@
 """Checking a job request and admitting it against the quota.
 
 `check_job_request` validates (no writes); `submit_job` admits and writes. The API and the
-browser form both build the same request dict and go through here, so they can't disagree.
+browser form both build the same request and go through here, so they can't disagree.
+JSON types are checked by the pydantic schema jobs.schemas.JobIn (by ninja for the API, by
+parse_job_request for dicts); here are the checks of meaning: known image and packages, role
+rules, paths under the code root, the quota and the nodes' capacity.
 Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
@@ -12,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from pydantic import ValidationError as PydanticValidationError
 
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
@@ -26,6 +30,7 @@ from jobs.models import (
     Replica,
     RestartPolicy,
 )
+from jobs.schemas import JobIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.metricparse import BadMetric, check_definitions
@@ -39,17 +44,6 @@ from workers.programs import (
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-TOP_LEVEL_FIELDS = {
-    "name",
-    "image",
-    "program",
-    "roles",
-    "kvstore",
-    "metrics",
-    "restart",
-    "health_rules",
-}
-RESTART_FIELDS = {"policy", "max_restarts", "backoff_seconds", "exclude_failed_node"}
 MAX_RESTARTS = 100
 MAX_BACKOFF_SECONDS = 3600
 
@@ -95,28 +89,21 @@ class _Errors:
         self.by_field.setdefault(field, []).append(message)
 
 
-def _check_name(raw: Any, errors: _Errors) -> str:
-    if not isinstance(raw, str) or not raw.strip():
-        errors.add("name", "Give the job a name.")
-        return ""
+def _check_name(raw: str, errors: _Errors) -> str:
     name = raw.strip()
-    if len(name) > MAX_NAME_LENGTH:
+    if not name:
+        errors.add("name", "Give the job a name.")
+    elif len(name) > MAX_NAME_LENGTH:
         errors.add("name", f"The name is {len(name)} characters; at most {MAX_NAME_LENGTH}.")
     elif any(unicodedata.category(c) == "Cc" for c in name):
         errors.add("name", "The name may not contain control characters.")
     return name
 
 
-def _check_program(raw: Any, errors: _Errors) -> tuple[dict[str, str], list[str]]:
-    if not isinstance(raw, dict):
-        errors.add("program", 'Give the program as {"script": ..., "args": [...]}.')
-        return {}, []
-    unknown = set(raw) - {"script", "args"}
-    if unknown:
-        errors.add("program", f"Unknown field(s): {', '.join(sorted(unknown))}.")
-    script = raw.get("script")
+def _check_program(raw: ProgramIn, errors: _Errors) -> tuple[dict[str, str], list[str]]:
+    script, args = raw.script, raw.args
     program: dict[str, str] = {}
-    if not isinstance(script, str) or not script.strip():
+    if not script.strip():
         errors.add("program.script", "Pick a built-in example or give a script path.")
     elif script in BUILTIN_EXAMPLES:
         program = {"example": script}
@@ -126,17 +113,13 @@ def _check_program(raw: Any, errors: _Errors) -> tuple[dict[str, str], list[str]
             program = {"path": script}
         except ProgramError as exc:
             errors.add("program.script", str(exc))
-    args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        errors.add("program.args", "Arguments must be a list of strings.")
-        return program, []
     if len(args) > MAX_ARGS:
         errors.add("program.args", f"{len(args)} arguments; at most {MAX_ARGS}.")
     if any(len(a) > MAX_ARG_LENGTH for a in args):
         errors.add("program.args", f"An argument is longer than {MAX_ARG_LENGTH} characters.")
     if any("\x00" in a for a in args):
         errors.add("program.args", "Arguments may not contain NUL bytes.")
-    return program, args
+    return program, list(args)
 
 
 # Fewest instances of each role the user asks for, per framework; roles not listed are optional.
@@ -146,8 +129,10 @@ MIN_INSTANCES: dict[str, dict[str, int]] = {
 }
 
 
-def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> list[RoleRequest]:
-    if not isinstance(raw, dict) or not raw:
+def _check_roles(
+    raw: dict[str, RoleIn], image: FrameworkImage | None, errors: _Errors
+) -> list[RoleRequest]:
+    if not raw:
         errors.add("roles", 'Give each role a package and instances: {"worker": {...}, ...}.')
         return []
     if image is None:
@@ -173,24 +158,15 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
             if minimum.get(role, 0) > 0:
                 errors.add(f"roles.{role}", f"This job needs at least {minimum[role]} {role}.")
             continue
-        if not isinstance(spec, dict):
-            errors.add(f"roles.{role}", 'Give {"package": NAME, "instances": N}.')
-            continue
-        name = spec.get("package")
-        package = packages.get(name) if isinstance(name, str) else None
-        if not isinstance(name, str):
-            errors.add(f"roles.{role}.package", 'Give the package\'s name, e.g. "cpu-1".')
-        elif package is None:
-            errors.add(f"roles.{role}.package", f"Unknown package {name!r}.")
+        package = packages.get(spec.package)
+        if package is None:
+            errors.add(f"roles.{role}.package", f"Unknown package {spec.package!r}.")
         elif not package.allows_role(role):
             errors.add(
                 f"roles.{role}.package",
                 f"Package {package.name!r} is for {', '.join(package.roles)}, not {role}.",
             )
-        instances = spec.get("instances")
-        if not isinstance(instances, int) or isinstance(instances, bool):
-            errors.add(f"roles.{role}.instances", "Instances must be a whole number.")
-            continue
+        instances = spec.instances
         low = minimum.get(role, 0)
         if role == "master" and instances != 1:
             errors.add("roles.master.instances", "A PyTorch job has exactly 1 master.")
@@ -203,7 +179,7 @@ def _check_roles(raw: Any, image: FrameworkImage | None, errors: _Errors) -> lis
     return roles
 
 
-def _check_kvstore(raw: Any, image: FrameworkImage | None, errors: _Errors) -> str:
+def _check_kvstore(raw: str | None, image: FrameworkImage | None, errors: _Errors) -> str:
     if image is None:
         return ""
     if image.framework != Framework.KVSTORE:
@@ -232,53 +208,28 @@ def _check_program_fits_image(
         )
 
 
-def _whole_number(raw: Any, field: str, low: int, high: int, errors: _Errors) -> int | None:
-    if isinstance(raw, bool) or not isinstance(raw, int) or not low <= raw <= high:
-        errors.add(field, f"Give a whole number from {low} to {high}.")
-        return None
-    return raw
-
-
-def _check_restart(raw: Any, image: FrameworkImage | None, errors: _Errors) -> RestartSettings:
-    """The job's restart policy; the image's when the request gives none."""
+def _check_restart(
+    raw: RestartIn | None, image: FrameworkImage | None, errors: _Errors
+) -> RestartSettings:
+    """The job's restart policy; the image's when the request gives none. Types and ranges
+    were checked by the schema."""
     default = RestartSettings.of_image(image) if image else RestartSettings()
     if raw is None:
         return default
-    if not isinstance(raw, dict):
-        errors.add("restart", 'Give {"policy": "never" | "on-failure", "max_restarts": N}.')
-        return default
-    unknown = set(raw) - RESTART_FIELDS
-    if unknown:
-        errors.add("restart", f"Unknown field(s): {', '.join(sorted(map(str, unknown)))}.")
-    policy = raw.get("policy", default.policy)
+    policy = raw.policy if raw.policy is not None else default.policy
     if policy not in RestartPolicy.values:
         errors.add("restart.policy", f"The policy is one of {', '.join(RestartPolicy.values)}.")
         policy = default.policy
-    max_restarts = _whole_number(
-        raw.get("max_restarts", default.max_restarts if policy == default.policy else 3),
-        "restart.max_restarts",
-        0,
-        MAX_RESTARTS,
-        errors,
-    )
-    backoff = _whole_number(
-        raw.get("backoff_seconds", default.backoff_seconds),
-        "restart.backoff_seconds",
-        0,
-        MAX_BACKOFF_SECONDS,
-        errors,
-    )
-    exclude = raw.get("exclude_failed_node", False)
-    if not isinstance(exclude, bool):
-        errors.add("restart.exclude_failed_node", "Give true or false.")
-        exclude = False
+    max_restarts = raw.max_restarts
+    if max_restarts is None:
+        max_restarts = default.max_restarts if policy == default.policy else 3
     if policy == RestartPolicy.NEVER:
         max_restarts = 0
     return RestartSettings(
         str(policy),
-        max_restarts if max_restarts is not None else 0,
-        backoff if backoff is not None else default.backoff_seconds,
-        exclude,
+        max_restarts,
+        raw.backoff_seconds if raw.backoff_seconds is not None else default.backoff_seconds,
+        bool(raw.exclude_failed_node),
     )
 
 
@@ -295,29 +246,37 @@ def _check_health_rules(
         return []
 
 
+def parse_job_request(data: Any) -> JobIn:
+    """A request dict as the API's schema (JSON types checked); ValidationFailed if it is not.
+    The API has ninja do this; the browser form and internal callers come through here."""
+    if isinstance(data, JobIn):
+        return data
+    try:
+        return JobIn.model_validate(data)
+    except PydanticValidationError as exc:
+        raise ValidationFailed(field_errors(exc.errors())) from None
+
+
 def check_job_request(data: Any) -> JobRequest:
-    """Validate a request dict; raise ValidationFailed with every problem found."""
+    """Validate a request (a JobIn, or a dict of one); raise ValidationFailed with every
+    problem found. Types are the schema's; here is what they mean."""
+    body = parse_job_request(data)
     errors = _Errors()
-    if not isinstance(data, dict):
-        raise ValidationFailed({"request": ["The request body must be a JSON object."]})
-    unknown = set(data) - TOP_LEVEL_FIELDS
-    if unknown:
-        errors.add("request", f"Unknown field(s): {', '.join(sorted(unknown))}.")
-    name = _check_name(data.get("name"), errors)
-    image = FrameworkImage.objects.filter(name=data.get("image"), enabled=True).first()
+    name = _check_name(body.name, errors)
+    image = FrameworkImage.objects.filter(name=body.image, enabled=True).first()
     if image is None:
-        errors.add("image", f"Unknown framework image {data.get('image')!r}.")
-    program, args = _check_program(data.get("program"), errors)
+        errors.add("image", f"Unknown framework image {body.image!r}.")
+    program, args = _check_program(body.program, errors)
     _check_program_fits_image(program, image, errors)
-    roles = _check_roles(data.get("roles"), image, errors)
-    kvstore = _check_kvstore(data.get("kvstore"), image, errors)
+    roles = _check_roles(body.roles, image, errors)
+    kvstore = _check_kvstore(body.kvstore, image, errors)
     definitions: list[dict[str, str]] = []
     try:
-        definitions = check_definitions(data.get("metrics"))
+        definitions = check_definitions(body.metrics)
     except BadMetric as exc:
         errors.add("metrics", f"Metric definitions: {exc}.")
-    restart = _check_restart(data.get("restart"), image, errors)
-    health_rules = _check_health_rules(data.get("health_rules"), image, errors)
+    restart = _check_restart(body.restart, image, errors)
+    health_rules = _check_health_rules(body.health_rules, image, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None

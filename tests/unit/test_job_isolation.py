@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
-from django.urls import URLPattern, get_resolver
+from django.urls import URLPattern, URLResolver, get_resolver
 
 from jobs.models import ApiToken, Job
 from jobs.services.submission import check_job_request, submit_job
@@ -19,11 +19,7 @@ pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url
 
 def job_routes() -> list[str]:
     """The route of every URL pattern that takes a job id, e.g. 'api/v1/jobs/<int:job_id>'."""
-    routes = [
-        str(p.pattern)
-        for p in get_resolver().url_patterns
-        if isinstance(p, URLPattern) and "<int:job_id>" in str(p.pattern)
-    ]
+    routes = [r for r in all_routes(get_resolver().url_patterns) if "<int:job_id>" in r]
     assert len(routes) >= 12, routes  # the API's job endpoints and the job pages
     return routes
 
@@ -31,6 +27,17 @@ def job_routes() -> list[str]:
 @pytest.fixture
 def bobs_job(bob: User) -> Job:
     return submit_job(bob, check_job_request(job_request(name="bob's secret run")))
+
+
+def all_routes(patterns: list[Any], prefix: str = "") -> list[str]:
+    """Every route, included ones (the API's) joined to their prefix."""
+    routes: list[str] = []
+    for p in patterns:
+        if isinstance(p, URLPattern):
+            routes.append(prefix + str(p.pattern))
+        elif isinstance(p, URLResolver):
+            routes += all_routes(p.url_patterns, prefix + str(p.pattern))
+    return routes
 
 
 def call(client: Client, method: str, path: str, token: str | None) -> Any:

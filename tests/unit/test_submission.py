@@ -53,7 +53,15 @@ def test_it_accepts_a_script_under_the_code_root(code_root: Path) -> None:
         ({"program": {"script": "digits-ddp", "args": ["a"] * 300}}, "program.args"),
         ({"program": "digits-ddp"}, "program"),
         ({"roles": {}}, "roles"),
-        ({"roles": {"master": {"package": "cpu-1", "instances": 1}, "ps": {}}}, "roles"),
+        (
+            {
+                "roles": {
+                    "master": {"package": "cpu-1", "instances": 1},
+                    "ps": {"package": "cpu-1", "instances": 1},
+                }
+            },
+            "roles",
+        ),
         ({"roles": {"worker": {"package": "cpu-1", "instances": 2}}}, "roles.master"),
         ({"roles": {"master": {"package": "cpu-1", "instances": 2}}}, "roles.master.instances"),
         ({"roles": {"master": {"package": "cpu-1", "instances": 0}}}, "roles.master.instances"),

@@ -1,0 +1,309 @@
+"""The shapes of API v1, one pydantic schema per shape: request bodies are checked against them
+(strict JSON types: a package is a string, instances an int and not a bool) and the OpenAPI
+document is generated from them. What a value *means* (a known package, role rules, the quota)
+is checked by the services layer, not here.
+
+Output schemas allow extra keys: a presenter that adds a field is never cut short by a schema
+that has not caught up (extend, don't break).
+"""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProgramIn(_In):
+    script: StrictStr = Field(
+        description="A built-in example's name or a path under the code root."
+    )
+    args: list[StrictStr] = Field(default_factory=list)
+
+
+class RoleIn(BaseModel):
+    # Unknown keys inside a role were always ignored; they still are.
+    package: StrictStr = Field(description="A package's name from the catalog.")
+    instances: StrictInt
+
+
+class RestartIn(_In):
+    policy: StrictStr | None = Field(default=None, description='"never" or "on-failure".')
+    max_restarts: StrictInt | None = Field(default=None, ge=0, le=100)
+    backoff_seconds: StrictInt | None = Field(default=None, ge=0, le=3600)
+    exclude_failed_node: StrictBool | None = None
+
+
+class JobIn(_In):
+    """The body of POST /api/v1/jobs."""
+
+    name: StrictStr
+    image: StrictStr = Field(description="A framework image's name from the catalog.")
+    program: ProgramIn
+    roles: dict[str, RoleIn] = Field(description='{ROLE: {"package", "instances"}}')
+    kvstore: StrictStr | None = None
+    # Checked by their own parsers (workers.metricparse, jobs.healthrules), whose messages
+    # say more than a type error would.
+    metrics: Any = None
+    restart: RestartIn | None = None
+    health_rules: Any = None
+
+
+class BaselineIn(BaseModel):
+    baseline: StrictInt | None = Field(default=None, description="A job id, or null for none.")
+
+
+class DrainIn(_In):
+    evict: StrictBool = False
+    grace_seconds: StrictInt | StrictFloat = Field(default=30.0, ge=0, le=3600)
+
+
+# --- answers ------------------------------------------------------------------------------------
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorsOut(_Out):
+    """Every refusal: {"errors": {field: [message, ...]}}, plus details for some (quota)."""
+
+    errors: dict[str, list[str]]
+
+
+class ProgramOut(_Out):
+    script: str
+    args: list[str]
+
+
+class RoleOut(_Out):
+    package: str
+    instances: int
+
+
+class TotalsOut(_Out):
+    cpu: int
+    gpus: int
+    memory_gb: int
+    price_per_hour: str
+
+
+class RestartOut(_Out):
+    policy: str
+    max_restarts: int
+    backoff_seconds: int
+    exclude_failed_node: bool = False
+
+
+class ReplicaOut(_Out):
+    role: str
+    index: int
+    tag: str
+    node: str | None
+    state: str
+    exit_code: int | None
+    reason: str
+
+
+class AttemptOut(_Out):
+    number: int
+    started: str | None
+    finished: str | None
+    nodes: Any
+    reason: str
+    counted: bool
+
+
+class HealthEventOut(_Out):
+    at: str
+    attempt: int
+    rule: str
+    action: str
+    instance: str
+    node: str
+    value: Any
+    message: str
+    outcome: str
+
+
+class JobOut(_Out):
+    id: int
+    name: str
+    owner: str
+    image: str
+    program: ProgramOut
+    roles: dict[str, RoleOut]
+    kvstore: str | None
+    totals: TotalsOut
+    created: str
+    log_complete: bool
+    log_archived: bool
+    baseline: int | None
+    metrics: list[dict[str, Any]]
+    restart: RestartOut
+    health_rules: list[dict[str, Any]]
+    state: str
+    reason: str
+    queue_position: int | None
+    started: str | None
+    finished: str | None
+    replicas: list[ReplicaOut]
+    attempt: int
+    restarts_used: int
+    max_restarts: int
+    restart_at: str | None
+    attempts: list[AttemptOut]
+    health_events: list[HealthEventOut]
+
+
+class JobListOut(_Out):
+    jobs: list[JobOut]
+    count: int = Field(description="Jobs in all, over every page.")
+    limit: int
+    offset: int
+    next: int | None = Field(description="The offset of the next page; null on the last.")
+
+
+class ImageOut(_Out):
+    name: str
+    framework: str
+    description: str
+    roles: list[str]
+    kvstore_modes: list[str]
+    restart: dict[str, Any]
+    health_rules: list[Any]
+
+
+class PackageOut(_Out):
+    name: str
+    cpu: int
+    gpus: int
+    gpu_model: str
+    memory_gb: int
+    price_per_hour: str
+    roles: list[str]
+    summary: str
+
+
+class ExampleOut(_Out):
+    name: str
+    framework: str
+    description: str
+
+
+class QuotaOut(_Out):
+    left: dict[str, Any]
+    scopes: list[dict[str, Any]]
+
+
+class CatalogOut(_Out):
+    images: list[ImageOut]
+    packages: list[PackageOut]
+    examples: list[ExampleOut]
+    code_root: str
+    max_instances: int
+    quota: QuotaOut | None
+
+
+class LogLineOut(_Out):
+    cursor: int
+    role: str
+    index: int
+    node: str
+    stream: str
+    ts: float
+    text: str
+
+
+class LogPageOut(_Out):
+    lines: list[LogLineOut]
+    next: int
+    complete: bool
+
+
+class MetricPointOut(_Out):
+    name: str
+    value: float
+    step: int | None
+    ts: float
+    role: str
+    index: int
+
+
+class MetricPageOut(_Out):
+    points: list[MetricPointOut]
+    next: int
+
+
+class NodeOut(_Out):
+    name: str
+    address: str
+    status: str
+    capacity: dict[str, int]
+    used: dict[str, int]
+    free: dict[str, int]
+    jobs: list[int]
+    last_heartbeat: str | None
+
+
+class NodeListOut(_Out):
+    nodes: list[NodeOut]
+
+
+class NodeStateOut(_Out):
+    node: str
+    status: str
+
+
+# --- pydantic errors as messages a person understands ------------------------------------------
+
+WHOLE_NUMBER = "Give a whole number from {low} to {high}."
+# By field path, roles' names replaced by "*". A path not listed keeps pydantic's message.
+MESSAGES: dict[str, str] = {
+    "request": "The request body must be a JSON object.",
+    "name": "Give the job a name.",
+    "image": 'Give the framework image\'s name, e.g. "pytorch:2.13-cpu".',
+    "program": 'Give the program as {"script": ..., "args": [...]}.',
+    "program.script": "Pick a built-in example or give a script path.",
+    "program.args": "Arguments must be a list of strings.",
+    "roles": 'Give each role a package and instances: {"worker": {...}, ...}.',
+    "roles.*": 'Give {"package": NAME, "instances": N}.',
+    "roles.*.package": 'Give the package\'s name, e.g. "cpu-1".',
+    "roles.*.instances": "Instances must be a whole number.",
+    "kvstore": "The kvstore mode is a string: dist_sync, dist_device_sync or dist_async.",
+    "restart": 'Give {"policy": "never" | "on-failure", "max_restarts": N}.',
+    "restart.policy": 'The policy is "never" or "on-failure".',
+    "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=100),
+    "restart.backoff_seconds": WHOLE_NUMBER.format(low=0, high=3600),
+    "restart.exclude_failed_node": "Give true or false.",
+    "baseline": 'Send {"baseline": JOB_ID} or {"baseline": null}.',
+    "evict": "Give true or false.",
+    "grace_seconds": "Give seconds from 0 to 3600.",
+}
+
+
+def field_errors(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> dict[str, list[str]]:
+    """pydantic's error list as {"roles.worker.instances": ["Instances must be a whole
+    number."]}: one message per field, list indexes folded into their list's field, and
+    unknown keys named on their parent ("request" at the top). `strip` drops leading loc
+    items (ninja's "body" and the parameter's name)."""
+    by_field: dict[str, list[str]] = {}
+    unknown: dict[str, list[str]] = {}
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ())[strip:] if not isinstance(p, int)]
+        if error.get("type") == "extra_forbidden" and loc:
+            unknown.setdefault(".".join(loc[:-1]) or "request", []).append(loc[-1])
+            continue
+        field = ".".join(loc) or "request"
+        pattern = ".".join("*" if loc[:i] == ["roles"] else p for i, p in enumerate(loc))
+        message = MESSAGES.get(pattern or "request") or f"{error.get('msg', 'Invalid value')}."
+        if message not in by_field.setdefault(field, []):
+            by_field[field].append(message)
+    for field, names in unknown.items():
+        by_field.setdefault(field, []).append(f"Unknown field(s): {', '.join(sorted(names))}.")
+    return by_field
