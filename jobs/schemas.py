@@ -227,12 +227,19 @@ class LogPageOut(_Out):
 
 
 class MetricPointOut(_Out):
+    """One point. A point has a step or an epoch or neither (only its time); a value that was
+    not finite is null, with `nonfinite` saying which ("nan", "inf", "-inf")."""
+
     name: str
-    value: float
-    step: int | None
+    value: float | None
+    step: int | None = None
+    epoch: float | None = None
+    nonfinite: str | None = None
     ts: float
+    cursor: int
     role: str
     index: int
+    node: str
 
 
 class MetricPageOut(_Out):

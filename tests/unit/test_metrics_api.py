@@ -44,6 +44,27 @@ def api(user: User) -> Client:
     return Client(headers={"Authorization": f"Token {ApiToken.issue(user)}"})
 
 
+@pytest.mark.parametrize("archived", [False, True], ids=["in-redis", "archived"])
+def test_points_with_only_an_epoch_or_no_finite_value_are_served(
+    alice: User, archived: bool
+) -> None:
+    """A regression: the typed API once answered 500 for a point without a step (a trainer
+    reporting per epoch, or a system sample), beside one whose value was not finite."""
+    job = job_for(alice)
+    report(job, "master", 0, {"name": "eval_accuracy", "value": 0.9, "epoch": 1.0})
+    report(job, "master", 0, {"name": "cpu_percent", "value": 80.0})
+    report(job, "master", 0, {"name": "loss", "value": None, "nonfinite": "nan", "step": 3})
+    if archived:
+        archive_all()
+    response = api(alice).get(f"/api/v1/jobs/{job.pk}/metrics?after=0")
+    assert response.status_code == 200, response.content
+    points = response.json()["points"]
+    # The NaN is left out here, as charts take no such value (test_nonfinite_metrics).
+    assert [(p["name"], p.get("step"), p.get("epoch"), p["value"]) for p in points] == [
+        ("eval_accuracy", None, 1.0, 0.9), ("cpu_percent", None, None, 80.0),
+    ]  # fmt: skip
+
+
 def test_points_are_archived_and_served_with_their_origin(alice: User) -> None:
     job = job_for(alice)
     report(job, "master", 0, {"name": "loss", "value": 0.5, "step": 1})
