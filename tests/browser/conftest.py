@@ -28,8 +28,11 @@ HANG_GUARD_MS = 120_000
 expect.set_options(timeout=HANG_GUARD_MS)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
+    """One Chromium for the browser tests, stopped when they are done: Playwright's sync API
+    keeps an event loop running in the main thread while it lives, and Django refuses
+    database calls from a thread with a running loop (the unit tests that follow)."""
     if not CHROMIUM.exists():
         pytest.fail("Chromium is missing at /usr/bin/chromium: run `make test`, which installs it")
     with sync_playwright() as p:
