@@ -48,6 +48,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from workers.contract import tag_of
+
 ACTIONS: tuple[str, ...] = ("warn", "stop", "restart", "restart-exclude-node")
 KINDS: tuple[str, ...] = ("non-finite", "no-progress", "log-pattern", "throughput-drop", "gpu-idle")
 STREAMS: tuple[str, ...] = ("any", "stdout", "stderr")
@@ -428,7 +430,7 @@ def _shown(value: object) -> str:
 
 def instance_label(role: str, index: int) -> str:
     """How the console names an instance everywhere: "master", "scheduler", "worker-1"."""
-    return role if role in ("master", "scheduler") else f"{role}-{index}"
+    return tag_of(role, index)
 
 
 def _fmt(number: float) -> str:

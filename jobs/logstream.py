@@ -22,6 +22,7 @@ from django.db.models import F, Max, Sum
 from jobs.models import LogChunk, MetricPoint
 from jobs.redis_client import get_redis
 from workers import contract
+from workers.contract import tag_of
 
 METRIC = "metric"  # the stream name of batches whose lines are metric points
 RawEntry = tuple[str, dict[str, str]]  # (entry id, fields), as a decode_responses client gives
@@ -47,10 +48,6 @@ ERROR_PATTERN = re.compile(
 
 # Terminal escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ones).
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
-
-
-def tag_of(role: str, index: int) -> str:
-    return role if role in {"master", "scheduler"} else f"{role}-{index}"
 
 
 @dataclass(frozen=True, slots=True)

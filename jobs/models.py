@@ -18,6 +18,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from workers.contract import tag_of
+
 
 class Framework(models.TextChoices):
     PYTORCH = "pytorch", "PyTorch DDP"
@@ -271,6 +273,8 @@ class Job(models.Model):
 
     ACTIVE_STATES = (State.PENDING, State.QUEUED, State.RUNNING, State.RESTARTING)
     TERMINAL_STATES = (State.SUCCEEDED, State.FAILED, State.CANCELLED)
+    # Waiting for room: no process has started yet, so there is no log either.
+    WAITING_STATES = (State.PENDING, State.QUEUED)
     TRANSITIONS: dict[str, frozenset[str]] = {
         State.PENDING: frozenset({State.QUEUED, State.FAILED, State.CANCELLED}),
         State.QUEUED: frozenset(
@@ -509,7 +513,7 @@ class Replica(models.Model):
 
     @property
     def tag(self) -> str:
-        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+        return tag_of(self.role, self.index)
 
 
 class LogChunk(models.Model):

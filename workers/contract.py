@@ -3,6 +3,17 @@
 Each name is defined once here so that the two sides cannot drift apart.
 """
 
+# --- How logs, charts and pages name an instance (seed 004): `[master]`, `[scheduler]`, and
+# `[worker-1]`, `[server-0]` for roles with several instances. The console's pages get this
+# rule from the server (jobs.page_rules), not from a copy of their own.
+SOLO_ROLES = ("master", "scheduler")
+TAG_FORMAT = "{role}-{index}"
+
+
+def tag_of(role: str, index: int) -> str:
+    return role if role in SOLO_ROLES else TAG_FORMAT.format(role=role, index=index)
+
+
 # --- Environment of a PyTorch trainer process (the variables torchrun sets) ---
 MASTER_ADDR = "MASTER_ADDR"
 MASTER_PORT = "MASTER_PORT"

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import psutil
 
+from workers.contract import tag_of
+
 log = logging.getLogger(__name__)
 
 # How long `reap` waits for a killed group to disappear before it gives up (the record stays,
@@ -49,7 +51,7 @@ class ProcRecord:
     @property
     def tag(self) -> str:
         """The instance as logs name it: `master`, `worker-1` (the rule of ReplicaSpec.tag)."""
-        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+        return tag_of(self.role, self.index)
 
     @property
     def filename(self) -> str:

@@ -3,6 +3,8 @@
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workers.contract import tag_of
+
 FRAMEWORK_PYTORCH = "pytorch"
 FRAMEWORK_KVSTORE = "kvstore"
 FRAMEWORKS = (FRAMEWORK_PYTORCH, FRAMEWORK_KVSTORE)
@@ -72,7 +74,7 @@ class ReplicaSpec:
     @property
     def tag(self) -> str:
         """How logs name this instance: `master`, `worker-1`, as in seed 004."""
-        return self.role if self.role in {"master", "scheduler"} else f"{self.role}-{self.index}"
+        return tag_of(self.role, self.index)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workers.contract import tag_of
+
 Point = dict[str, Any]  # {name, value, step?, epoch?, ts, role, index, ...}
 
 GPU_BOTTLENECK_PERCENT = 80.0
@@ -265,7 +267,7 @@ def low_gpu_utilisation(points: Sequence[Point], now: float) -> list[str]:
         window = [p for p in samples if p["ts"] >= now - GPU_BOTTLENECK_SECONDS]
         covered = bool(window) and min(p["ts"] for p in samples) <= now - GPU_BOTTLENECK_SECONDS
         if covered and all(p["value"] < GPU_BOTTLENECK_PERCENT for p in window):
-            slow.append(role if role in ("master", "scheduler") else f"{role}-{index}")
+            slow.append(tag_of(role, index))
     return slow
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs import logstream
+from workers.contract import tag_of
 from workers.metricparse import SYSTEM_METRICS
 
 CSV_FIELDS = ("cursor", "role", "index", "node", "name", "step", "epoch", "value", "ts")
@@ -32,7 +33,7 @@ def csv_rows(job_id: int) -> Iterator[str]:
 def _tag(point: dict[str, Any]) -> str:
     """TensorBoard tag: the metric, per process (`loss/worker-1`); the agent's samples under
     `system/`."""
-    who = logstream.tag_of(point["role"], point["index"])
+    who = tag_of(point["role"], point["index"])
     group = "system/" if point["name"] in SYSTEM_METRICS else ""
     return f"{group}{point['name']}/{who}"
 
