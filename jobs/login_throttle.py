@@ -188,6 +188,22 @@ def attempt_succeeded(request: HttpRequest | None, username: str) -> None:
     _unthrottled_if_cache_fails("not taking the count back", None, take_back)
 
 
+def lift(username: str | None = None, address: str | None = None) -> list[str]:
+    """Lift the lock and forget the failures of an account and/or a client address (an admin
+    who has checked who is knocking: `manage.py unlock_login`). Returns what was lifted."""
+    lifted = []
+    for scope, value in (("account", username), ("address", address)):
+        if value is None:
+            continue
+        count = _Count(scope, f"{scope}:" + _digest(value), 0)
+        was_locked = cache.get(count.lock_key) is not None
+        cache.delete_many([count.lock_key, count.failures_key])
+        lifted.append(
+            f"{scope} {value!r}" + (" (was locked)" if was_locked else " (was not locked)")
+        )
+    return lifted
+
+
 def _tell(request: HttpRequest | None, lockout: Lockout | None) -> None:
     """Leave the lockout on the request for the login form's message and the 429."""
     if request is not None and lockout is not None:

@@ -624,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
         if password:
             print(f"Log in as {user} / {password}", flush=True)
         print(f"Logs of each process: {stack.var_dir / 'logs'}/", flush=True)
+        # manage.py commands that talk to the running console (unlock_login) need it.
+        print(f"Redis: REDIS_URL={stack.redis_url}", flush=True)
         print("A process that exits is restarted; press Ctrl-C to stop everything.", flush=True)
         while not stopping:
             time.sleep(0.5)  # the supervisor's thread heals; this one only waits for Ctrl-C

@@ -2,6 +2,7 @@
 are refused for a while, with a message that says how long, even with the right password."""
 
 import contextlib
+import io
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ from asgiref.sync import async_to_sync
 from django.contrib.auth import aauthenticate, authenticate
 from django.contrib.auth.models import User
 from django.core.cache import cache
+from django.core.management import CommandError, call_command
 from django.test import Client
 from redis import RedisError
 
@@ -125,6 +127,50 @@ def test_a_success_does_not_clear_the_addresss_count(client: Client, alice: User
     assert log_in(client, "alice", "alice-password").status_code == 302
     client.logout()
     assert log_in(client, "guess-19", "wrong-password").status_code == 429
+
+
+def test_an_admin_lifts_an_account_lockout_with_unlock_login(
+    settings: Any, client: Client, alice: User
+) -> None:
+    settings.REDIS_URL = "redis://the-console's-redis"  # the cache of these tests stays local
+    fail(client, "alice", 5)
+    out = io.StringIO()
+    call_command("unlock_login", "alice", stdout=out)
+    assert out.getvalue() == "unlocked account 'alice' (was locked)\n"
+    response = log_in(client, "alice", "alice-password")
+    assert (response.status_code, response["Location"]) == (302, "/")
+    client.logout()
+    # Its failures went with the lock: four more wrong passwords do not lock it again.
+    assert fail(client, "alice", 4).status_code == 200
+
+
+def test_unlock_login_lifts_an_address_and_says_when_nothing_was_locked(
+    settings: Any, client: Client, alice: User
+) -> None:
+    settings.REDIS_URL = "redis://the-console's-redis"
+    for i in range(20):
+        log_in(client, f"guess-{i}", "wrong-password", address="10.0.0.1")
+    out = io.StringIO()
+    call_command("unlock_login", "bob", address="10.0.0.1", stdout=out)
+    assert out.getvalue() == (
+        "unlocked account 'bob' (was not locked)\nunlocked address '10.0.0.1' (was locked)\n"
+    )
+    response = log_in(client, "alice", "alice-password", address="10.0.0.1")
+    assert (response.status_code, response["Location"]) == (302, "/")
+
+
+def test_unlock_login_needs_an_account_or_an_address() -> None:
+    with pytest.raises(CommandError, match=r"Name an account, an --address, or both\."):
+        call_command("unlock_login")
+
+
+def test_unlock_login_refuses_without_the_consoles_redis(settings: Any, client: Client) -> None:
+    """Without REDIS_URL the command would unlock its own in-process cache: nothing at all."""
+    settings.REDIS_URL = ""
+    fail(client, "alice", 5)
+    with pytest.raises(CommandError, match="The lockouts live in the console's Redis"):
+        call_command("unlock_login", "alice")
+    assert log_in(client, "alice", "alice-password").status_code == 429
 
 
 def test_limits_and_lockout_come_from_the_settings(
