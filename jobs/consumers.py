@@ -27,6 +27,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
+from redis import RedisError
 
 from jobs import logstream
 from jobs.access import get_job_for
@@ -72,7 +73,9 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_BAD_REQUEST)
             return
         # Join before reading the state, so no change can fall between the two.
-        await self.channel_layer.group_add(job_group(self.job_id), self.channel_name)
+        if not await self._join_group():
+            await self.close(code=CLOSE_SERVER_ERROR)
+            return
         state = await _state_for(user, self.job_id)
         if state is None:
             await self.channel_layer.group_discard(job_group(self.job_id), self.channel_name)
@@ -93,7 +96,24 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             with contextlib.suppress(asyncio.CancelledError):
                 await self.follower
         if hasattr(self, "job_id"):
-            await self.channel_layer.group_discard(job_group(self.job_id), self.channel_name)
+            # With Redis away the membership cannot be dropped; it expires on its own.
+            with contextlib.suppress(RedisError, OSError):
+                await self.channel_layer.group_discard(job_group(self.job_id), self.channel_name)
+
+    async def _join_group(self) -> bool:
+        """Join the job's group for state events. After Redis restarts, the layer's pooled
+        connection is dead and the first command on it fails, though Redis is back: one more
+        try takes a fresh connection. Redis still away: the client is told to come back."""
+        for attempt in (1, 2):
+            try:
+                await self.channel_layer.group_add(job_group(self.job_id), self.channel_name)
+                return True
+            except (RedisError, OSError) as exc:
+                log.warning(
+                    "job %s: joining its event group failed (try %d of 2): %s",
+                    self.job_id, attempt, exc,
+                )  # fmt: skip
+        return False
 
     async def job_event(self, event: dict[str, Any]) -> None:
         await self.send_json(event["payload"])
@@ -140,6 +160,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                         wire = [b.wire() for b in same]
                         await self._send({"type": "log", "batches": wire, "next": position})
         except _TooSlow:
+            # Worth a line: a proxy that buffers badly, or a tab left in the background, shows
+            # up here again and again.
+            log.info(
+                "closing the log stream of job %s with %d: the client did not take a frame "
+                "within %s s (it resumes from the last frame it read)",
+                self.job_id, CLOSE_TOO_SLOW, settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS,
+            )  # fmt: skip
             await self.close(code=CLOSE_TOO_SLOW)
         except Exception:
             # Redis away, say: the client reconnects from its cursor and loses nothing.

@@ -1,12 +1,15 @@
 """The job websocket through the real ASGI stack, Redis stream and Redis channel layer."""
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from console.asgi import application
 from jobs import logstream
@@ -228,8 +231,13 @@ async def test_it_sends_heartbeats_while_the_job_is_quiet(
 
 
 async def test_it_closes_on_a_client_too_slow_to_read_instead_of_buffering(
-    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch, settings: Any
+    job: Job,
+    alice: User,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="jobs.consumers")
     settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS = 0.2
     original = JobConsumer.send_json
 
@@ -247,6 +255,11 @@ async def test_it_closes_on_a_client_too_slow_to_read_instead_of_buffering(
     assert (await comm.receive_json_from(timeout=5))["type"] == "state"
     closed = await comm.receive_output(timeout=5)
     assert closed == {"type": "websocket.close", "code": 4408}
+    # The operator sees it in the web server's log.
+    assert [r.getMessage() for r in caplog.records if r.name == "jobs.consumers"] == [
+        f"closing the log stream of job {job.pk} with 4408: the client did not take a frame "
+        "within 0.2 s (it resumes from the last frame it read)"
+    ]
 
 
 async def test_a_gap_in_the_middle_of_an_archived_page_is_its_own_frame(
@@ -285,3 +298,49 @@ async def test_a_gap_in_the_middle_of_an_archived_page_is_its_own_frame(
     assert frames[1]["reason"]
     assert texts(frames[2:]) == ["late 0", "late 1"] and cursors(frames[2:]) == [8, 9]
     await comm.disconnect()
+
+
+class _FlakyGroupAdd:
+    """The channel layer's group_add after a Redis restart: its pooled connection is dead, so
+    the first `failures` calls fail as redis-py fails them, and later ones go through."""
+
+    def __init__(self, original: Any, failures: int) -> None:
+        self.original, self.failures, self.calls = original, failures, 0
+
+    async def __call__(self, group: str, channel: str) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RedisConnectionError("Error UNKNOWN while writing to socket. Connection lost.")
+        await self.original(group, channel)
+
+
+async def test_a_stale_redis_connection_after_a_restart_costs_no_failed_handshake(
+    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in a drill: the first page opened after Redis was killed and restarted got a 500
+    on the websocket handshake, from the layer's dead pooled connection."""
+    layer = get_channel_layer()
+    flaky = _FlakyGroupAdd(layer.group_add, failures=1)
+    monkeypatch.setattr(layer, "group_add", flaky)
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    comm = communicator(job.pk, token)
+    assert (await comm.connect())[0]
+    assert (await comm.receive_json_from(timeout=5))["type"] == "state"
+    assert flaky.calls == 2
+    # Joined on the second try: state changes reach this client.
+    after_master = await report_started(job.pk, "master")
+    while (frame := await comm.receive_json_from(timeout=5)) != {
+        "type": "state",
+        "job": after_master,
+    }:
+        assert frame["type"] == "state"  # the placement's own event may come first
+    await comm.disconnect()
+
+
+async def test_with_redis_still_away_the_client_is_told_to_come_back(
+    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layer = get_channel_layer()
+    monkeypatch.setattr(layer, "group_add", _FlakyGroupAdd(layer.group_add, failures=2))
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    assert await communicator(job.pk, token).connect() == (False, 1011)
