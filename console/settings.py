@@ -60,6 +60,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "jobs.login_throttle.LoginThrottleMiddleware",
+    "jobs.api_fallback.ApiFallbackErrorsMiddleware",
 ]
 
 # --- Headers on every response ---

@@ -93,11 +93,52 @@ class TotalsOut(_Out):
     price_per_hour: str
 
 
-class RestartOut(_Out):
-    policy: str
+class RestartDefaultsOut(_Out):
+    """An image's restart defaults, which a job may override."""
+
+    policy: str = Field(description='"never" or "on-failure".')
     max_restarts: int
     backoff_seconds: int
+
+
+class RestartOut(RestartDefaultsOut):
     exclude_failed_node: bool = False
+
+
+def _unless_none(value: object) -> bool:
+    return value is None
+
+
+def _param(description: str) -> Any:
+    """A rule parameter that only some kinds take: left out of the answer when absent, as it
+    is from the stored rule, never sent as null."""
+    return Field(default=None, description=description, exclude_if=_unless_none)
+
+
+class MetricDefinitionOut(_Out):
+    """A regex metric definition: the first group of `regex` on a log line is `name`'s value."""
+
+    name: str
+    regex: str
+
+
+class HealthRuleOut(_Out):
+    """A health rule (jobs.healthrules): `kind` and `action`, and the parameters its kind
+    takes. Numbers stay as written (30, not 30.0)."""
+
+    kind: str = Field(
+        description='"non-finite", "no-progress", "log-pattern", "throughput-drop" or "gpu-idle".'
+    )
+    action: str = Field(description='"warn", "stop", "restart" or "restart-exclude-node".')
+    name: str | None = _param("Only when not the kind's default name.")
+    metric: str | None = _param('A metric name; for non-finite, "*" is any metric.')
+    factor: int | float | None = _param("no-progress: no new step for factor × median step time.")
+    minutes: int | float | None = _param("no-progress: no new step; gpu-idle: below `below`.")
+    min_seconds: int | float | None = _param("no-progress: never less than this.")
+    pattern: str | None = _param("log-pattern: a regular expression a line matches.")
+    stream: str | None = _param('log-pattern: "stdout", "stderr" or "any".')
+    fraction: int | float | None = _param("throughput-drop: below fraction × the recent mean.")
+    below: int | float | None = _param("gpu-idle: the metric stayed below this.")
 
 
 class ReplicaOut(_Out):
@@ -114,7 +155,7 @@ class AttemptOut(_Out):
     number: int
     started: str | None
     finished: str | None
-    nodes: Any
+    nodes: list[str] = Field(description="Where its replicas ran, once all had started.")
     reason: str
     counted: bool
 
@@ -126,7 +167,9 @@ class HealthEventOut(_Out):
     action: str
     instance: str
     node: str
-    value: Any
+    value: int | float | str | None = Field(
+        description='What was measured: a number, or "nan", "inf" or "-inf".'
+    )
     message: str
     outcome: str
 
@@ -144,9 +187,9 @@ class JobOut(_Out):
     log_complete: bool
     log_archived: bool
     baseline: int | None
-    metrics: list[dict[str, Any]]
+    metrics: list[MetricDefinitionOut]
     restart: RestartOut
-    health_rules: list[dict[str, Any]]
+    health_rules: list[HealthRuleOut]
     state: str
     reason: str
     queue_position: int | None
@@ -175,8 +218,8 @@ class ImageOut(_Out):
     description: str
     roles: list[str]
     kvstore_modes: list[str]
-    restart: dict[str, Any]
-    health_rules: list[Any]
+    restart: RestartDefaultsOut
+    health_rules: list[HealthRuleOut]
 
 
 class PackageOut(_Out):
@@ -196,9 +239,26 @@ class ExampleOut(_Out):
     description: str
 
 
+class ResourcesOut(_Out):
+    cpu: int
+    gpus: int
+    memory_gb: int
+    jobs: int = Field(description="Jobs queued or running at once.")
+
+
+class QuotaScopeOut(_Out):
+    """One quota that binds the user, and what its holders use now."""
+
+    kind: str = Field(description='"user", "default" or "group".')
+    name: str
+    limit: ResourcesOut
+    used: ResourcesOut
+    left: ResourcesOut = Field(description="limit - used: below 0 where an admin lowered it.")
+
+
 class QuotaOut(_Out):
-    left: dict[str, Any]
-    scopes: list[dict[str, Any]]
+    left: ResourcesOut = Field(description="The room left: the least over every scope.")
+    scopes: list[QuotaScopeOut]
 
 
 class CatalogOut(_Out):
@@ -245,6 +305,94 @@ class MetricPointOut(_Out):
 class MetricPageOut(_Out):
     points: list[MetricPointOut]
     next: int
+
+
+class ReplicaLineCountOut(_Out):
+    tag: str
+    role: str
+    index: int
+    node: str
+    stdout: int
+    stderr: int
+
+
+class LogCountsOut(_Out):
+    """Lines so far, archived or not: in all, per node, and per instance and stream."""
+
+    total: int
+    by_node: dict[str, int]
+    replicas: list[ReplicaLineCountOut]
+
+
+class ThroughputOut(_Out):
+    global_sps: float = Field(description="Samples per second, summed over the processes.")
+    per_worker_sps: float
+    workers_reporting: int
+
+
+class ProgressOut(_Out):
+    fraction: float
+    eta_seconds: float | None = Field(description="None once the job has ended.")
+    by: str = Field(description="What the fraction counts: steps or epochs.")
+
+
+class VerdictOut(_Out):
+    matches: bool | None = Field(description="None: not enough data to say.")
+    axis: str
+    final_eval_accuracy: float | None
+    baseline_eval_accuracy: float | None
+    loss_distance: float | None
+    lr_distance: float | None
+    reasons: list[str]
+
+
+class SpeedupOut(_Out):
+    baseline_sps: float
+    speedup: float | None
+    global_speedup: float | None
+    efficiency: float | None
+    samples_per_dollar_ratio: float | None
+
+
+class AgainstBaselineOut(_Out):
+    id: int
+    name: str
+    verdict: VerdictOut
+    speedup: SpeedupOut | None
+    why_no_speedup: str | None
+
+
+class ScalingRowOut(_Out):
+    job_id: int
+    workers: int
+    global_sps: float
+    speedup: float | None
+    global_speedup: float | None
+    efficiency: float | None
+    samples_per_dollar: float | None
+
+
+class ScalingOut(_Out):
+    rows: list[ScalingRowOut]
+    hint: str
+    has_single_worker_run: bool
+
+
+class TrainingReportOut(_Out):
+    """The training report (seed 000/001/003's figures): throughput, cost, progress, the
+    comparison with the baseline, and scaling over the user's runs of the same program."""
+
+    workers: int
+    elapsed_seconds: float
+    price_per_hour: float
+    cost_so_far: float
+    throughput: ThroughputOut | None
+    samples_per_dollar: float | None
+    gpu: str = Field(description='"none" or "present".')
+    low_gpu_utilisation: list[str]
+    progress: ProgressOut | None
+    baseline: AgainstBaselineOut | None
+    scaling: ScalingOut
 
 
 class NodeOut(_Out):

@@ -12,7 +12,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from openapi_spec_validator import validate
 
-from jobs.models import ApiToken, Job
+from jobs.api import catalog_for, job_as_dict
+from jobs.models import ApiToken, FrameworkImage, HealthEvent, Job
 from jobs.services.submission import check_job_request, submit_job
 from tests.conftest import set_quota
 from tests.unit.helpers import job_request
@@ -95,6 +96,119 @@ def test_every_operation_documents_its_error_answers(client: Client, alice: User
         assert content_type in ok["content"], name
     job = document["components"]["schemas"]["JobIn"]
     assert set(job["required"]) == {"name", "image", "program", "roles"}
+
+
+def test_every_json_answer_is_a_named_schema_a_client_can_generate_code_from(
+    client: Client, alice: User
+) -> None:
+    """Not a bare "object": the log counts, the training report and the baseline answer were."""
+    document = openapi(client, alice)
+    named = {}
+    for path, methods in API_V1.items():
+        for method in methods:
+            for code, answer in document["paths"][path][method]["responses"].items():
+                schema = answer.get("content", {}).get("application/json", {}).get("schema")
+                if schema is not None and code in ("200", "201"):
+                    assert "$ref" in schema, (method, path, code, schema)
+                    named[f"{method} {path}"] = schema["$ref"].rsplit("/", 1)[1]
+    assert named["get /api/v1/jobs/{job_id}/logs/counts"] == "LogCountsOut"
+    assert named["get /api/v1/jobs/{job_id}/metrics/summary"] == "TrainingReportOut"
+    assert named["post /api/v1/jobs/{job_id}/baseline"] == "TrainingReportOut"
+    report = document["components"]["schemas"]["TrainingReportOut"]
+    assert {"throughput", "progress", "baseline", "scaling", "cost_so_far"} <= set(
+        report["required"]
+    )
+
+
+def untyped_parts(document: dict[str, Any]) -> list[str]:
+    """Where an answer's schema says nothing of a value: a property with no type (Any), or an
+    object with neither properties nor a type for its values."""
+    schemas = document["components"]["schemas"]
+    found: list[str] = []
+
+    def walk(schema: dict[str, Any], where: str, seen: frozenset[str]) -> None:
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[1]
+            if name not in seen:
+                walk(schemas[name], name, seen | {name})
+            return
+        words = {"title", "description", "default"}
+        if set(schema) <= words or (
+            schema.get("type") == "object"
+            and "properties" not in schema
+            and not isinstance(schema.get("additionalProperties"), dict)
+        ):
+            found.append(where)
+        for key, inner in schema.get("properties", {}).items():
+            walk(inner, f"{where}.{key}", seen)
+        for inner in schema.get("anyOf", []):
+            walk(inner, where, seen)
+        for key in ("items", "additionalProperties"):
+            if isinstance(schema.get(key), dict):
+                walk(schema[key], f"{where}[]", seen)
+
+    for path, methods in API_V1.items():
+        for method in methods:
+            for code, answer in document["paths"][path][method]["responses"].items():
+                schema = answer.get("content", {}).get("application/json", {}).get("schema")
+                if schema is not None:
+                    walk(schema, f"{method} {path} {code}", frozenset())
+    return found
+
+
+def test_no_answer_has_a_part_a_client_cannot_type(client: Client, alice: User) -> None:
+    """The catalog's quota and restart defaults, a job's metric definitions, health rules and
+    attempts' nodes, and a health event's value were free-form objects or Any."""
+    document = openapi(client, alice)
+    assert untyped_parts(document) == []
+    schemas = document["components"]["schemas"]
+    assert schemas["QuotaOut"]["properties"]["left"]["$ref"].endswith("/ResourcesOut")
+    assert set(schemas["ResourcesOut"]["required"]) == {"cpu", "gpus", "memory_gb", "jobs"}
+    assert set(schemas["HealthRuleOut"]["required"]) == {"kind", "action"}
+    assert {"metric", "factor", "minutes", "pattern", "below"} <= set(
+        schemas["HealthRuleOut"]["properties"]
+    )
+
+
+def as_text(value: Any) -> str:
+    """JSON to compare: keys in any order (a schema lists its fields first), but 30 is not
+    30.0 and an absent key is not a null."""
+    return json.dumps(value, sort_keys=True)
+
+
+def test_the_typed_answers_keep_the_shapes_the_presenters_give(client: Client, alice: User) -> None:
+    """Typing the answers changed no JSON: a health rule gets no null for a parameter its kind
+    does not take, and a whole number stays whole (30, not 30.0)."""
+    roomy(alice)
+    rules = [
+        {"kind": "no-progress", "action": "warn", "factor": 10, "minutes": 30},
+        {"kind": "log-pattern", "action": "stop", "name": "OOM", "pattern": "out of memory"},
+    ]
+    image = FrameworkImage.objects.get(name="pytorch:2.13-cpu")
+    image.health_rules = [{"kind": "gpu-idle", "action": "warn", "below": 50}]
+    image.save()
+    metrics = [{"name": "loss", "regex": r"loss=(\S+)"}]
+    job = submit_job(alice, check_job_request(job_request(health_rules=rules, metrics=metrics)))
+    job.attempts.update(nodes=["node-1", "node-2"])
+    for value in (0.25, 3, "nan", None):
+        HealthEvent.objects.create(
+            job=job, attempt=0, rule="no progress", action="warn", role="master",
+            value=value, message="m", outcome="warned",
+        )  # fmt: skip
+    client.force_login(alice)
+    answer = client.get(f"/api/v1/jobs/{job.pk}")
+    assert as_text(answer.json()) == as_text(job_as_dict(job))
+    assert answer.json()["health_rules"] == [
+        {"kind": "no-progress", "action": "warn", "factor": 10, "minutes": 30, "min_seconds": 30},
+        {"kind": "log-pattern", "action": "stop", "name": "OOM", "pattern": "out of memory",
+         "stream": "any"},
+    ]  # fmt: skip
+    assert [e["value"] for e in answer.json()["health_events"]] == [0.25, 3, "nan", None]
+    catalog = client.get("/api/v1/catalog")
+    assert as_text(catalog.json()) == as_text(catalog_for(alice))
+    images = {i["name"]: i for i in catalog.json()["images"]}
+    assert images[image.name]["health_rules"] == image.health_rules
+    assert set(catalog.json()["quota"]["scopes"][0]) == {"kind", "name", "limit", "used", "left"}
 
 
 def test_the_docs_page_needs_a_login_and_loads_nothing_from_the_internet(
@@ -232,3 +346,29 @@ def test_a_session_write_with_the_csrf_token_is_accepted(alice: User) -> None:
     refused = denied.post("/api/v1/jobs", data=json.dumps(job_request()), content_type="x/json")
     assert refused.status_code == 403
     assert refused.json()["errors"]["auth"] == ["CSRF check failed; send the X-CSRFToken header."]
+
+
+def test_a_path_under_api_that_matches_no_operation_answers_in_the_api_form(
+    client: Client, alice: User
+) -> None:
+    """Found by the fuzz (tests/integration/test_api_fuzz.py): `GET /api/v1/jobs/2.5` got
+    Django's HTML 404 page, which no API client can parse."""
+    client.force_login(alice)
+    for path in ("/api/v1/jobs/2.5", "/api/v1/no-such-thing", "/api/v2/jobs"):
+        response = client.get(path)
+        assert (response.status_code, response["Content-Type"]) == (404, "application/json")
+        assert response.json() == {
+            "errors": {"request": [f"No API operation at {path}; see /api/v1/docs."]}
+        }
+
+
+def test_a_wrong_method_answers_405_in_the_api_form_with_allow(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    response = client.get("/api/v1/jobs/1/cancel")
+    assert (response.status_code, response["Content-Type"]) == (405, "application/json")
+    assert response["Allow"] == "POST"
+    assert response.json() == {
+        "errors": {"request": ["GET is not allowed on /api/v1/jobs/1/cancel; allowed: POST."]}
+    }
+    # A 404 of an API view itself keeps its own message.
+    assert client.get("/api/v1/jobs/999999").json() == {"errors": {"job": ["No such job."]}}

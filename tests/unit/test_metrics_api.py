@@ -90,6 +90,15 @@ def test_others_cannot_read_a_jobs_metrics(alice: User, bob: User) -> None:
     assert api(bob).get(f"/api/v1/jobs/{job.pk}/metrics").status_code == 404
 
 
+@pytest.mark.parametrize("after", ["-1", "x", "1.5", str(2**63)])
+def test_a_bad_cursor_is_refused_as_the_log_refuses_it(alice: User, after: str) -> None:
+    job = job_for(alice)
+    message = {"errors": {"after": ["after must be a whole number from 0 to 2**63-1."]}}
+    for path in ("metrics", "logs"):
+        response = api(alice).get(f"/api/v1/jobs/{job.pk}/{path}", {"after": after})
+        assert (response.status_code, response.json()) == (400, message)
+
+
 def test_csv_and_tensorboard_exports(alice: User, tmp_path: Path) -> None:
     job = job_for(alice)
     for step in range(5):
