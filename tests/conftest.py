@@ -31,6 +31,17 @@ T = TypeVar("T")
 
 FIXTURE_CODE_ROOT = Path(__file__).parent / "fixtures" / "code"
 
+# Lines the API fuzz (tests/integration/test_api_fuzz.py) leaves for the end of the output.
+FUZZ_SUMMARY = pytest.StashKey[list[str]]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(FUZZ_SUMMARY, [])
+    if lines:
+        terminalreporter.section("API fuzz (Schemathesis, against the running server)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
 
 @contextlib.contextmanager
 def private_redis(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
