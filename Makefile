@@ -25,10 +25,16 @@ test: $(VENV)/.installed chromium
 bench: $(VENV)/.installed
 	$(PY) -m bench
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+	node_modules/.bin/eslint static/trainyard eslint.config.js
+
+# ESLint for the page scripts, from the npm registry, at the versions package-lock.json pins.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 format: $(VENV)/.installed
 	$(VENV)/bin/ruff format .
@@ -45,4 +51,4 @@ chromium:
 	fi
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

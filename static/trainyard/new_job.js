@@ -1,7 +1,9 @@
 // New job form: the fields of the chosen image's framework, and live totals by seed 004's
-// formula (total = Σ package × instances per role) against what the quota has left.
-(function () {
-  "use strict";
+// formula (total = Σ package × instances per role) against what the quota has left. The
+// formula's terms and the instance names are the server's (rules.js).
+import { isCharged, quotaResources, tagOf } from "./rules.js";
+
+{
   const catalog = JSON.parse(document.getElementById("catalog").textContent);
   const form = document.getElementById("new-job");
   const packages = Object.fromEntries(catalog.packages.map((p) => [p.name, p]));
@@ -60,15 +62,21 @@
     return n > 1 ? [["master", pkg, 1], ["worker", pkg, n - 1]] : [["master", pkg, 1]];
   }
 
+  function chargedTerms(fw) {
+    return roleTerms(fw).filter(([role]) => isCharged(role));
+  }
+
   function tags(fw, terms) {
     const list = (role, n, from) => {
       const out = [];
-      for (let i = from; i < from + Math.min(n, 3); i++) out.push(`[${role}-${i}]`);
-      if (n > 3) out.push("…", `[${role}-${from + n - 1}]`);
+      for (let i = from; i < from + Math.min(n, 3); i++) out.push(`[${tagOf(role, i)}]`);
+      if (n > 3) out.push("…", `[${tagOf(role, from + n - 1)}]`);
       return out;
     };
-    if (fw === "kvstore") return ["[scheduler]", ...list("server", terms[0][2], 0), ...list("worker", terms[1][2], 0)];
-    return ["[master]", ...(terms[1] ? list("worker", terms[1][2], 1) : [])];
+    if (fw === "kvstore") {
+      return [`[${tagOf("scheduler", 0)}]`, ...list("server", terms[0][2], 0), ...list("worker", terms[1][2], 0)];
+    }
+    return [`[${tagOf("master", 0)}]`, ...(terms[1] ? list("worker", terms[1][2], 1) : [])];
   }
 
   function batchNote(workers) {
@@ -91,8 +99,10 @@
       rows.forEach((r) => { r.querySelector(".need").textContent = "–"; });
       return;
     }
-    const sum = (res) => terms.reduce((acc, [, pkg, n]) => acc + pkg[res] * n, 0);
-    const need = { cpu: sum("cpu"), gpus: sum("gpus"), memory_gb: sum("memory_gb"), jobs: 1 };
+    const charged = chargedTerms(fw);
+    const sum = (res) => charged.reduce((acc, [, pkg, n]) => acc + pkg[res] * n, 0);
+    const need = { jobs: 1 };
+    for (const r of quotaResources) need[r.key] = sum(r.key);
     const quota = catalog.quota;
     rows.forEach((row) => {
       const res = row.dataset.resource;
@@ -103,12 +113,12 @@
       row.classList.toggle("over", over);
       row.title = over && left !== null ? `over by ${need[res] - left}` : "";
     });
-    const price = terms.reduce((acc, [, pkg, n]) => acc + parseFloat(pkg.price_per_hour) * n, 0);
+    const price = charged.reduce((acc, [, pkg, n]) => acc + parseFloat(pkg.price_per_hour) * n, 0);
     document.getElementById("price").textContent = price.toFixed(2);
-    const expr = (res) => terms.map(([role, pkg, n]) => `${role} ${pkg[res]}×${n}`).join(" + ");
-    document.getElementById("formula").textContent =
-      `CPU_total = ${expr("cpu")} = ${need.cpu}; GPU_total = ${expr("gpus")} = ${need.gpus}; ` +
-      `Memory_total = ${expr("memory_gb")} = ${need.memory_gb} GB`;
+    const expr = (res) => charged.map(([role, pkg, n]) => `${role} ${pkg[res]}×${n}`).join(" + ") || "0";
+    document.getElementById("formula").textContent = quotaResources
+      .map((r) => `${r.formula_name} = ${expr(r.key)} = ${need[r.key]}${r.unit}`)
+      .join("; ");
     document.getElementById("roles-preview").textContent = `Instances: ${tags(fw, terms).join(" ")}`;
     const notes = document.getElementById("ps-notes");
     notes.hidden = fw !== "kvstore";
@@ -121,4 +131,4 @@
   form.addEventListener("input", update);
   form.addEventListener("change", update);
   update();
-})();
+}

@@ -24,7 +24,7 @@ from workers.contract import log_stream_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-MAX_WINDOW = 5000  # elements (lines and notices) the viewer keeps in the DOM (job_detail.js)
+MAX_WINDOW = 5000  # elements (lines and notices) the viewer keeps in the DOM (job/logview.js)
 TAIL = 2000  # lines the viewer loads at first, and when a filter changes
 SPEW_LINES = 50_000
 

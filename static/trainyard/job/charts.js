@@ -1,4 +1,4 @@
-// Job page: the training section (templates/jobs/_training.html).
+// Job page: the training section (templates/jobs/_training.html), as an ES module.
 //
 // Figures come from GET /api/v1/jobs/ID/metrics/summary (jobs/services/training_report.py);
 // charts are drawn with uPlot (static/vendor/uplot) from every metric point of the job, and of
@@ -11,8 +11,9 @@
 //
 // Everything shown is built with createElement / textContent: metric names and job names are
 // data, never markup.
-(function () {
-  "use strict";
+import { isTerminal, tagOf as tagOfInstance } from "../rules.js";
+
+function startCharts() {
   const section = document.getElementById("training");
   if (!section || typeof uPlot === "undefined") return;
 
@@ -22,7 +23,6 @@
   // Without socket frames for this long while the job runs, fetch new points over HTTP too.
   const SOCKET_QUIET_MS = 10000;
   const CHART_HEIGHT = 220;
-  const TERMINAL = ["succeeded", "failed", "cancelled"];
   // Names with a chart of their own, and the declared totals, which only feed the progress bar.
   const OWN_CHART = new Set(["loss", "lr", "eval_accuracy", "samples_per_sec", "cpu_percent", "memory_mb", "gpu_util_percent"]);
   const NOT_CHARTED = new Set(["total_steps", "total_epochs"]);
@@ -47,7 +47,7 @@
   function store() {
     return { seen: new Set(), byName: new Map(), next: 0, count: 0 };
   }
-  let run = store();
+  const run = store();
   let base = store();
   let baseId = null; // whose points `base` holds
   let baseState = null;
@@ -74,12 +74,11 @@
     return added;
   }
 
-  const tagOf = (p) => (p.role === "master" || p.role === "scheduler" ? p.role : `${p.role}-${p.index}`);
+  const tagOf = (p) => tagOfInstance(p.role, p.index);
   const ROLE_ORDER = { scheduler: 0, master: 1, server: 2, worker: 3 };
-  function byTag(a, b) {
-    const [ra, ia] = a.split("-");
-    const [rb, ib] = b.split("-");
-    return (ROLE_ORDER[ra] ?? 9) - (ROLE_ORDER[rb] ?? 9) || ra.localeCompare(rb) || Number(ia || 0) - Number(ib || 0);
+  // Instances in order by their role and index (points carry both; the tag is only a name).
+  function byInstance(a, b) {
+    return (ROLE_ORDER[a.role] ?? 9) - (ROLE_ORDER[b.role] ?? 9) || a.role.localeCompare(b.role) || Number(a.index || 0) - Number(b.index || 0);
   }
 
   // (x, mean over processes) of one metric by `axis` ("step", "epoch" or "ts"), sorted by x.
@@ -102,7 +101,7 @@
       if (!tags.has(tag)) tags.set(tag, []);
       tags.get(tag).push(p);
     }
-    return [...tags.keys()].sort(byTag).map((tag) => [tag, curve(tags.get(tag), axis)]);
+    return [...tags.entries()].sort((a, b) => byInstance(a[1][0], b[1][0])).map(([tag, pts]) => [tag, curve(pts, axis)]);
   }
 
   // uPlot wants one sorted x array and every series aligned to it (null where a series has no
@@ -287,7 +286,7 @@
       if (custom) render(charts.custom, custom);
       else charts.custom.fig.hidden = true;
     }
-    const live = state && !TERMINAL.includes(state) ? " · live" : "";
+    const live = state && !isTerminal(state) ? " · live" : "";
     $("training-status").textContent = `${int.format(run.count)} point${run.count === 1 ? "" : "s"}${live}`;
   }
 
@@ -371,7 +370,7 @@
     let line = `${int.format(pct)} % of the ${p.by}s`;
     if (p.eta_seconds != null) line += ` · ETA ${duration(p.eta_seconds)}`;
     else if (p.fraction >= 1) line += " · done";
-    else if (TERMINAL.includes(state)) line += ` · stopped (${state})`;
+    else if (isTerminal(state)) line += ` · stopped (${state})`;
     text.textContent = line;
   }
 
@@ -382,7 +381,7 @@
       const had = latest.get(tag);
       if (!had || p.ts >= had.ts) latest.set(tag, p);
     }
-    return [...latest.entries()].sort((a, b) => byTag(a[0], b[0]));
+    return [...latest.entries()].sort((a, b) => byInstance(a[1], b[1]));
   }
 
   function renderGpuStatus() {
@@ -538,8 +537,8 @@
       init.headers = { ...init.headers, "Content-Type": "application/json", "X-CSRFToken": csrfToken() };
     }
     const r = await fetch(path, init);
-    let body = null;
-    try { body = await r.json(); } catch (e) { body = null; }
+    let body;
+    try { body = await r.json(); } catch { body = null; }
     if (!r.ok) {
       const errors = body && body.errors ? Object.values(body.errors).flat() : [];
       throw new Error(errors[0] || `${path}: HTTP ${r.status}`);
@@ -575,7 +574,7 @@
       const body = await api("/api/v1/jobs");
       // {"jobs": [...]}, newest first; accept a bare list too.
       jobsList = Array.isArray(body) ? body : body.jobs || [];
-    } catch (e) {
+    } catch {
       jobsList = [];
     }
     if (summary) renderBaselineOptions();
@@ -610,7 +609,7 @@
     }
   }
 
-  const baseActive = () => baseId !== null && baseState !== null && !TERMINAL.includes(baseState);
+  const baseActive = () => baseId !== null && baseState !== null && !isTerminal(baseState);
 
   function showError(e) {
     $("baseline-error").textContent = e && e.message ? e.message : String(e);
@@ -672,10 +671,10 @@
 
   function setState(next) {
     if (!next || next === state) return;
-    const wasActive = !TERMINAL.includes(state);
+    const wasActive = !isTerminal(state);
     state = next;
     section.dataset.state = state;
-    if (wasActive && TERMINAL.includes(state)) {
+    if (wasActive && isTerminal(state)) {
       // The run is over: its last points and final figures, once.
       loadPoints().then(loadSummary).catch(showError);
     }
@@ -691,7 +690,7 @@
 
   async function tick() {
     polling = false;
-    const active = !TERMINAL.includes(state);
+    const active = !isTerminal(state);
     if (!active && !baseActive()) return;
     try {
       if (active) {
@@ -701,10 +700,10 @@
           setState(job.state);
         }
         if (Date.now() - lastSocketPointsAt > SOCKET_QUIET_MS) await loadPoints();
-        if (!TERMINAL.includes(state)) await loadSummary();
+        if (!isTerminal(state)) await loadSummary();
       }
       if (baseActive()) await loadBaseline(baseGen);
-    } catch (e) {
+    } catch {
       // A blip (the server restarting, say): try again next tick.
     }
     poll();
@@ -720,4 +719,6 @@
   }
 
   start();
-})();
+}
+
+startCharts();

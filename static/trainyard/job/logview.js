@@ -1,33 +1,30 @@
-// Job page: state, instances and the log viewer.
+// The job page's log viewer.
 //
-// The log arrives over one websocket: the last TAIL lines, then live. What the page shows is a
-// *window*: a run of consecutive lines that match the filters, at most MAX_WINDOW of them in
-// the DOM (in blocks of CHUNK). Live lines wait in `pending` and are rendered once per
-// animation frame, at most FRAME_LINES a frame. While the view is paused they stay there,
-// bounded by MAX_BUFFER: past it the oldest are dropped, and fetched over HTTP if the person
-// scrolls down to them. Older lines, other filters, search hits and the first error come from
-// the HTTP API.
+// The log arrives over the page's websocket (connection.js): the last TAIL lines, then live.
+// What the page shows is a *window*: a run of consecutive lines that match the filters, at
+// most MAX_WINDOW of them in the DOM (in blocks of CHUNK). Live lines wait in `pending` and are
+// rendered once per animation frame, at most FRAME_LINES a frame. While the view is paused
+// they stay there, bounded by MAX_BUFFER: past it the oldest are dropped, and fetched over HTTP
+// if the person scrolls down to them. Older lines, other filters, search hits and the first
+// error come from the HTTP API.
 //
 // Lines are built with createElement / createTextNode only: whatever a trainer prints (HTML,
 // escape sequences) stays text.
-(function () {
-  "use strict";
-  const TAIL = 2000; // lines asked for on connect, and when the view is rebuilt at the end
-  const MAX_WINDOW = 5000; // line (and notice) elements in the DOM, at most
-  const MAX_BUFFER = 5000; // live lines held back while paused; more could never all be shown
-  const PAGE = 1000; // lines per HTTP page when scrolling or loading around a line
-  const FRAME_LINES = 1000; // lines rendered per animation frame at most: a burst never janks
-  // Lines sit in blocks of CHUNK in the DOM, so adding or dropping a few relayouts one block
-  // rather than walking every line of the window.
-  const CHUNK = 200;
-  const EDGE_PX = 300; // this close to the top (bottom) of the window, fetch older (newer) lines
-  const COUNTS_EVERY_MS = 2000;
-  const STALE_SOCKET_MS = 20000; // the server sends something every ~5 s; silence means a dead link
-  const END = Number.MAX_SAFE_INTEGER; // sorts after every cursor
-  const TERMINAL = ["succeeded", "failed", "cancelled"];
+import { isWaiting, tagOf as tagOfInstance } from "../rules.js";
+import { parseText } from "./ansi.js";
 
-  const initial = JSON.parse(document.getElementById("job-initial").textContent);
-  const jobId = initial.id;
+export const TAIL = 2000; // lines asked for on connect, and when the view is rebuilt at the end
+const MAX_WINDOW = 5000; // line (and notice) elements in the DOM, at most
+const MAX_BUFFER = 5000; // live lines held back while paused; more could never all be shown
+const PAGE = 1000; // lines per HTTP page when scrolling or loading around a line
+const FRAME_LINES = 1000; // lines rendered per animation frame at most: a burst never janks
+// Lines sit in blocks of CHUNK in the DOM, so adding or dropping a few relayouts one block
+// rather than walking every line of the window.
+const CHUNK = 200;
+const EDGE_PX = 300; // this close to the top (bottom) of the window, fetch older (newer) lines
+const END = Number.MAX_SAFE_INTEGER; // sorts after every cursor
+
+export function createLogView(jobId, initialJob) {
   const $ = (id) => document.getElementById(id);
   const logEl = $("log");
   const statusEl = $("log-status");
@@ -45,15 +42,13 @@
   const countsEl = $("log-counts");
   const number = new Intl.NumberFormat("en-US");
 
-  let job = initial;
+  let job = initialJob;
 
-  // --- the connection -----------------------------------------------------------------------
+  // --- what the websocket has brought ---------------------------------------------------------
   let cursor = null; // every line up to this cursor has come over the websocket (null: none yet)
   let ended = false;
   let endItem = null;
-  let socket = null;
-  let retry = 500;
-  let lastFrameAt = 0;
+  let connection = "connecting…";
 
   // --- the view -----------------------------------------------------------------------------
   let win = []; // items in the DOM, ascending by cursor; item.el is its element
@@ -75,112 +70,7 @@
   let matchCount = 0;
   let focusItem = null;
 
-  function tagOf(line) {
-    return line.role === "master" || line.role === "scheduler" ? line.role : `${line.role}-${line.index}`;
-  }
-
-  // --- job state and the Instances table ----------------------------------------------------
-  let replicaCounts = {};
-
-  function renderState(state) {
-    job = state;
-    const stateEl = $("job-state");
-    stateEl.textContent = state.state;
-    stateEl.className = `state state-${state.state}`;
-    $("job-reason").textContent = state.reason || "";
-    const position = $("queue-position");
-    position.hidden = !state.queue_position;
-    position.querySelector("span").textContent = state.queue_position || "";
-    const cancel = $("cancel-form");
-    if (cancel && TERMINAL.includes(state.state)) cancel.remove();
-    const body = document.querySelector("#replicas tbody");
-    body.replaceChildren();
-    for (const r of state.replicas) {
-      const tr = document.createElement("tr");
-      tr.dataset.tag = r.tag;
-      for (const value of [`[${r.tag}]`, r.node || "–", r.state, r.exit_code ?? "", ""]) {
-        const td = document.createElement("td");
-        td.textContent = value;
-        tr.appendChild(td);
-      }
-      const badge = document.createElement("span");
-      badge.className = `state state-${r.state}`;
-      badge.textContent = r.state;
-      tr.children[2].replaceChildren(badge);
-      if (r.reason) {
-        // How this instance ended, beside the job's own reason (which names the first cause).
-        const why = document.createElement("small");
-        why.className = "replica-reason";
-        why.textContent = ` ${r.reason.split("\n")[0]}`;
-        why.title = r.reason;
-        tr.children[2].appendChild(why);
-      }
-      tr.lastElementChild.className = "lines";
-      body.appendChild(tr);
-      ensureTab(r);
-    }
-    renderReplicaCounts();
-    renderAttempts(state);
-    renderHealthEvents(state);
-    syncOptions();
-    showEmpty();
-  }
-
-  function cells(tr, values) {
-    for (const value of values) {
-      const td = document.createElement("td");
-      td.textContent = value;
-      tr.appendChild(td);
-    }
-  }
-
-  function when(iso) {
-    return iso ? new Date(iso).toLocaleTimeString() : "–";
-  }
-
-  // One row per run of the whole job; a restart adds one, with why the one before ended.
-  function renderAttempts(state) {
-    const attempts = state.attempts || [];
-    $("attempts-section").hidden = attempts.length < 2 && state.state !== "restarting";
-    const body = document.querySelector("#attempts tbody");
-    body.replaceChildren();
-    for (const a of attempts) {
-      const tr = document.createElement("tr");
-      tr.dataset.attempt = a.number;
-      let why = a.reason ? a.reason.split("\n")[0] : "";
-      if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
-      else if (a.reason && !a.counted) why += " (not counted against the restarts)";
-      cells(tr, [`#${a.number}`, when(a.started), when(a.finished), (a.nodes || []).join(", ") || "–", why]);
-      tr.lastElementChild.title = a.reason || "";
-      body.appendChild(tr);
-    }
-  }
-
-  function renderHealthEvents(state) {
-    const events = state.health_events || [];
-    $("health-section").hidden = events.length === 0;
-    const body = document.querySelector("#health-events tbody");
-    body.replaceChildren();
-    for (const e of events) {
-      const tr = document.createElement("tr");
-      tr.className = `health-${e.action}`;
-      let measured = "–";
-      if (typeof e.value === "number") measured = String(Number(e.value.toPrecision(4)));
-      else if (e.value !== null && e.value !== undefined) measured = String(e.value);
-      cells(tr, [when(e.at), `#${e.attempt}`, `[${e.instance}]`, e.rule, measured, e.action, e.outcome || ""]);
-      tr.children[3].title = e.message;
-      body.appendChild(tr);
-    }
-  }
-
-  function renderReplicaCounts() {
-    for (const tr of document.querySelectorAll("#replicas tbody tr")) {
-      const c = replicaCounts[tr.dataset.tag];
-      const td = tr.lastElementChild;
-      td.textContent = number.format(c ? c.stdout + c.stderr : 0);
-      td.title = c ? `${number.format(c.stdout)} stdout, ${number.format(c.stderr)} stderr` : "";
-    }
-  }
+  const tagOf = (line) => tagOfInstance(line.role, line.index);
 
   // --- filters: instance tabs, role, node, stream -------------------------------------------
   function ensureTab(r) {
@@ -284,84 +174,6 @@
     filterChanged();
   });
   for (const el of [roleEl, nodeEl, stdoutEl, stderrEl]) el.addEventListener("change", filterChanged);
-
-  // --- turning a line into an element -------------------------------------------------------
-  // CSI (ESC [ ... final byte), OSC (ESC ] ... BEL or ST), DCS/SOS/PM/APC strings, other ESC
-  // sequences, 8-bit CSI, and every other control character but tab and newline.
-  const ESCAPES =
-    /\x1b\[([0-?]*)[ -\/]*([@-~])|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[PX^_][^\x1b]*(?:\x1b\\)?|\x1b[ -\/]*[0-~]?|\x9b[0-?]*[ -\/]*[@-~]|[\x00-\x08\x0b-\x1a\x1c-\x1f\x7f-\x9f]/g;
-  const COLOURS = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"];
-  const colourName = (n) => (n < 8 ? COLOURS[n] : `bright-${COLOURS[n - 8]}`);
-
-  function applySgr(style, params) {
-    const codes = params === "" ? [0] : params.split(";").map((p) => parseInt(p.split(":")[0], 10) || 0);
-    for (let i = 0; i < codes.length; i++) {
-      const c = codes[i];
-      if (c === 0) Object.assign(style, { fg: null, bg: null, bold: false, dim: false, italic: false, underline: false });
-      else if (c === 1) style.bold = true;
-      else if (c === 2) style.dim = true;
-      else if (c === 3) style.italic = true;
-      else if (c === 4) style.underline = true;
-      else if (c === 22) style.bold = style.dim = false;
-      else if (c === 23) style.italic = false;
-      else if (c === 24) style.underline = false;
-      else if (c >= 30 && c <= 37) style.fg = c - 30;
-      else if (c === 39) style.fg = null;
-      else if (c >= 40 && c <= 47) style.bg = c - 40;
-      else if (c === 49) style.bg = null;
-      else if (c >= 90 && c <= 97) style.fg = c - 90 + 8;
-      else if (c >= 100 && c <= 107) style.bg = c - 100 + 8;
-      else if (c === 38 || c === 48) {
-        // 256 colours: the first 16 are the named ones; other palettes and RGB are skipped.
-        let value = null;
-        if (codes[i + 1] === 5) { value = codes[i + 2] < 16 ? codes[i + 2] : null; i += 2; }
-        else if (codes[i + 1] === 2) i += 4;
-        if (c === 38) style.fg = value; else style.bg = value;
-      }
-    }
-  }
-
-  function styleClass(s) {
-    const cls = [];
-    if (s.fg !== null) cls.push(`ansi-${colourName(s.fg)}`);
-    if (s.bg !== null) cls.push(`ansi-bg-${colourName(s.bg)}`);
-    if (s.bold) cls.push("ansi-bold");
-    if (s.dim) cls.push("ansi-dim");
-    if (s.italic) cls.push("ansi-italic");
-    if (s.underline) cls.push("ansi-underline");
-    return cls.join(" ");
-  }
-
-  // What a terminal shows: the text after the last carriage return (a trailing empty part, as
-  // in "50%\r", does not count), in the colours set so far; every other escape is dropped.
-  const PLAIN = /^[^\x00-\x08\x0b-\x1f\x7f-\x9f]*$/; // nothing to interpret: the common case
-
-  function parseText(text) {
-    if (PLAIN.test(text)) return text ? [{ text, cls: "" }] : [];
-    const parts = text.split("\r");
-    let shown = parts.length - 1;
-    while (shown > 0 && parts[shown].replace(ESCAPES, "") === "") shown--;
-    const style = { fg: null, bg: null, bold: false, dim: false, italic: false, underline: false };
-    const segments = [];
-    for (let p = 0; p <= shown; p++) {
-      const part = parts[p];
-      let at = 0;
-      const emit = (s) => {
-        if (p !== shown || s === "") return;
-        const cls = styleClass(style);
-        const last = segments[segments.length - 1];
-        if (last && last.cls === cls) last.text += s;
-        else segments.push({ text: s, cls });
-      };
-      for (const m of part.matchAll(ESCAPES)) {
-        emit(part.slice(at, m.index));
-        at = m.index + m[0].length;
-        if (m[2] === "m" && /^[\d;:]*$/.test(m[1])) applySgr(style, m[1]);
-      }
-      emit(part.slice(at));
-    }
-    return segments;
-  }
 
   function prepare(line) {
     line.tag = tagOf(line);
@@ -1019,8 +831,6 @@
   $("jump-error").addEventListener("click", jumpToError);
 
   // --- status and notices -------------------------------------------------------------------
-  let connection = "connecting…";
-
   function showStatus() {
     setText(statusEl, following || ended ? connection : `${connection} · paused`);
   }
@@ -1030,7 +840,7 @@
     let text = "No lines yet.";
     if (nothingSelected()) text = "Tick stdout or stderr to see lines.";
     else if (Object.keys(filterParams()).length) text = "No lines match these filters yet.";
-    else if (["queued", "pending"].includes(job.state)) text = "The log starts when the job runs.";
+    else if (isWaiting(job.state)) text = "The log starts when the job runs.";
     logEl.dataset.empty = text;
   }
 
@@ -1048,25 +858,8 @@
     while (noticesEl.childElementCount > 3) noticesEl.firstElementChild.remove();
   }
 
-  // --- line counts --------------------------------------------------------------------------
+  // --- line counts per node (GET .../logs/counts) ----------------------------------------------
   let nodeCounts = {};
-
-  async function refreshCounts() {
-    let c;
-    try {
-      const r = await fetch(`/api/v1/jobs/${jobId}/logs/counts`, { credentials: "same-origin" });
-      if (!r.ok) return;
-      c = await r.json();
-    } catch (err) {
-      return;
-    }
-    replicaCounts = {};
-    for (const r of c.replicas || []) replicaCounts[r.tag] = r;
-    nodeCounts = c.by_node || {};
-    countsEl.dataset.total = c.total;
-    renderReplicaCounts();
-    syncOptions();
-  }
 
   function renderNodeCounts() {
     const nodes = Object.keys(nodeCounts).sort();
@@ -1092,101 +885,54 @@
     }
   }
 
-  function countsLoop() {
-    if (ended) return;
-    if (!["queued", "pending"].includes(job.state)) refreshCounts();
-    setTimeout(countsLoop, COUNTS_EVERY_MS);
-  }
-
-  // --- the websocket ------------------------------------------------------------------------
+  // --- what the page's other parts call -----------------------------------------------------
   function advance(next) {
     if (typeof next === "number" && (cursor === null || next > cursor)) cursor = next;
   }
 
-  // The training charts (metrics.js) listen on the document: one websocket serves both.
-  function share(name, detail) {
-    document.dispatchEvent(new CustomEvent(name, { detail }));
-  }
-
-  function onFrame(msg) {
-    lastFrameAt = Date.now();
-    if (msg.type === "state") {
-      renderState(msg.job);
-      share("trainyard:state", msg.job);
-    } else if (msg.type === "metric") {
-      advance(msg.next);
-      share("trainyard:metric", msg);
-    } else if (msg.type === "log") {
-      retry = 500;
+  return {
+    // Where the websocket starts: the tail at first, then after our cursor (no gap, no repeat).
+    streamFrom: () => (cursor === null ? `tail=${TAIL}` : `after=${cursor}`),
+    isEnded: () => ended,
+    advance,
+    jobChanged(state) {
+      job = state;
+      for (const r of state.replicas) ensureTab(r);
+      syncOptions();
+      showEmpty();
+    },
+    log(msg) {
       receive(msg);
       advance(msg.next);
-    } else if (msg.type === "heartbeat") {
-      advance(msg.next);
-    } else if (msg.type === "gap") {
+    },
+    gap(msg) {
       const lost = msg.next - msg.after;
       const text = `⚠ ${number.format(lost)} line${lost === 1 ? "" : "s"} missing here: ${msg.reason}`;
       advance(msg.next);
       if (!nothingSelected()) pushNotice({ notice: "gap", cursor: msg.after + 0.5, text });
       banner(text);
-    } else if (msg.type === "end") {
+    },
+    end(msg) {
       advance(msg.next);
       ended = true;
       connection = `log complete (${msg.reason})`;
       endItem = { notice: "end", cursor: END, text: `— end of log: ${msg.reason} —` };
       pushNotice(endItem);
       showStatus();
-      refreshCounts();
-    }
-  }
-
-  function connect() {
-    const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const from = cursor === null ? `tail=${TAIL}` : `after=${cursor}`;
-    const ws = new WebSocket(`${scheme}://${location.host}/ws/jobs/${jobId}/?${from}`);
-    socket = ws;
-    lastFrameAt = Date.now();
-    ws.onopen = () => {
-      if (!ended) connection = "live";
-      showStatus();
-    };
-    ws.onmessage = (ev) => onFrame(JSON.parse(ev.data));
-    ws.onclose = (ev) => {
-      if (socket === ws) socket = null;
+    },
+    // How the websocket is doing, in words ("live", "reconnecting…"); the end's words stay.
+    setConnection(text) {
       if (ended) return;
-      if (ev.code === 4401) connection = "logged out: log in again to see the log";
-      else if (ev.code === 4404) connection = "no such job";
-      else if (ev.code === 4408) {
-        // The server dropped us for falling behind: pick up again from our cursor at once.
-        connection = "catching up…";
-        setTimeout(connect, 0);
-      } else {
-        connection = "reconnecting…";
-        setTimeout(connect, retry); // resumes after our cursor: no gap, no repeat
-        retry = Math.min(retry * 2, 10000);
-      }
+      connection = text;
       showStatus();
-    };
-  }
-
-  // A link can die without a close frame; the server speaks at least every ~5 s.
-  setInterval(() => {
-    if (socket && !ended && Date.now() - lastFrameAt > STALE_SOCKET_MS) socket.close();
-  }, 5000);
-
-  // While the job waits for room, its place in the queue moves as other jobs start or leave;
-  // those changes are not this job's events, so ask for them.
-  async function refreshWhileWaiting() {
-    const position = $("queue-position");
-    if (!ended && !position.hidden) {
-      const r = await fetch(`/api/v1/jobs/${jobId}`, { credentials: "same-origin" });
-      if (r.ok) renderState(await r.json());
-    }
-    setTimeout(refreshWhileWaiting, 3000);
-  }
-
-  renderState(initial);
-  showFollowState();
-  connect();
-  countsLoop();
-  setTimeout(refreshWhileWaiting, 3000);
-})();
+    },
+    setNodeCounts(byNode, total) {
+      nodeCounts = byNode || {};
+      countsEl.dataset.total = total;
+      syncOptions();
+    },
+    start() {
+      showFollowState();
+    },
+  };
+}

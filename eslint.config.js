@@ -1,0 +1,29 @@
+// ESLint for the console's page scripts (`make lint`). Plain browser ES modules, no build
+// step; uPlot is the one global the vendored library brings.
+import js from "@eslint/js";
+import globals from "globals";
+
+export default [
+  { ignores: ["static/vendor/**", "node_modules/**", ".venv/**", "var/**"] },
+  js.configs.recommended,
+  {
+    files: ["static/trainyard/**/*.js"],
+    languageOptions: {
+      ecmaVersion: 2022,
+      sourceType: "module",
+      globals: { ...globals.browser, uPlot: "readonly" },
+    },
+    rules: {
+      // The ANSI parser matches control characters on purpose: that is its job.
+      "no-control-regex": "off",
+      eqeqeq: ["error", "always", { null: "ignore" }], // `x == null`: null or undefined
+      "no-var": "error",
+      "prefer-const": "error",
+      "no-implicit-globals": "error",
+    },
+  },
+  {
+    files: ["eslint.config.js"],
+    languageOptions: { sourceType: "module", globals: globals.node },
+  },
+];

@@ -1,0 +1,116 @@
+// The job's state at the top of its page: the badge and reason, the place in the queue, the
+// Cancel button (gone once the job has ended), the Instances table, the runs of a restarted
+// job and the health rules that fired. Everything is built with textContent: reasons and rule
+// messages are data, never markup.
+import { isTerminal } from "../rules.js";
+
+const $ = (id) => document.getElementById(id);
+const number = new Intl.NumberFormat("en-US");
+
+export function renderJobState(state) {
+  const stateEl = $("job-state");
+  stateEl.textContent = state.state;
+  stateEl.className = `state state-${state.state}`;
+  $("job-reason").textContent = state.reason || "";
+  const position = $("queue-position");
+  position.hidden = !state.queue_position;
+  position.querySelector("span").textContent = state.queue_position || "";
+  const cancel = $("cancel-form");
+  if (cancel && isTerminal(state.state)) cancel.remove();
+  renderReplicas(state);
+  renderAttempts(state);
+  renderHealthEvents(state);
+}
+
+// Whether the page still waits for the job to get room (its place in the queue is shown).
+export const waitingInQueue = () => !$("queue-position").hidden;
+
+function renderReplicas(state) {
+  const body = document.querySelector("#replicas tbody");
+  body.replaceChildren();
+  for (const r of state.replicas) {
+    const tr = document.createElement("tr");
+    tr.dataset.tag = r.tag;
+    cells(tr, [`[${r.tag}]`, r.node || "–", r.state, r.exit_code ?? "", ""]);
+    const badge = document.createElement("span");
+    badge.className = `state state-${r.state}`;
+    badge.textContent = r.state;
+    tr.children[2].replaceChildren(badge);
+    if (r.reason) {
+      // How this instance ended, beside the job's own reason (which names the first cause).
+      const why = document.createElement("small");
+      why.className = "replica-reason";
+      why.textContent = ` ${r.reason.split("\n")[0]}`;
+      why.title = r.reason;
+      tr.children[2].appendChild(why);
+    }
+    tr.lastElementChild.className = "lines";
+    body.appendChild(tr);
+  }
+  renderReplicaCounts();
+}
+
+function cells(tr, values) {
+  for (const value of values) {
+    const td = document.createElement("td");
+    td.textContent = value;
+    tr.appendChild(td);
+  }
+}
+
+function when(iso) {
+  return iso ? new Date(iso).toLocaleTimeString() : "–";
+}
+
+// One row per run of the whole job; a restart adds one, with why the one before ended.
+function renderAttempts(state) {
+  const attempts = state.attempts || [];
+  $("attempts-section").hidden = attempts.length < 2 && state.state !== "restarting";
+  const body = document.querySelector("#attempts tbody");
+  body.replaceChildren();
+  for (const a of attempts) {
+    const tr = document.createElement("tr");
+    tr.dataset.attempt = a.number;
+    let why = a.reason ? a.reason.split("\n")[0] : "";
+    if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
+    else if (a.reason && !a.counted) why += " (not counted against the restarts)";
+    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), (a.nodes || []).join(", ") || "–", why]);
+    tr.lastElementChild.title = a.reason || "";
+    body.appendChild(tr);
+  }
+}
+
+function renderHealthEvents(state) {
+  const events = state.health_events || [];
+  $("health-section").hidden = events.length === 0;
+  const body = document.querySelector("#health-events tbody");
+  body.replaceChildren();
+  for (const e of events) {
+    const tr = document.createElement("tr");
+    tr.className = `health-${e.action}`;
+    let measured = "–";
+    if (typeof e.value === "number") measured = String(Number(e.value.toPrecision(4)));
+    else if (e.value !== null && e.value !== undefined) measured = String(e.value);
+    cells(tr, [when(e.at), `#${e.attempt}`, `[${e.instance}]`, e.rule, measured, e.action, e.outcome || ""]);
+    tr.children[3].title = e.message;
+    body.appendChild(tr);
+  }
+}
+
+// Lines so far per instance (GET .../logs/counts), in the Instances table's last column.
+let replicaCounts = {};
+
+export function setReplicaCounts(replicas) {
+  replicaCounts = {};
+  for (const r of replicas || []) replicaCounts[r.tag] = r;
+  renderReplicaCounts();
+}
+
+function renderReplicaCounts() {
+  for (const tr of document.querySelectorAll("#replicas tbody tr")) {
+    const c = replicaCounts[tr.dataset.tag];
+    const td = tr.lastElementChild;
+    td.textContent = number.format(c ? c.stdout + c.stderr : 0);
+    td.title = c ? `${number.format(c.stdout)} stdout, ${number.format(c.stderr)} stderr` : "";
+  }
+}
