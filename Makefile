@@ -5,18 +5,23 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test bench lint format chromium clean
+.PHONY: run cluster test bench lint format chromium clean
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[console,agent,trainer,dev]"
 	touch $@
 
 run: $(VENV)/.installed
 	$(PY) -m stack.run --port $(PORT)
+
+# The multi-host demo on one machine: every node agent in a network namespace of its own, with
+# its own address (needs root; docs/deploy.md).
+cluster: $(VENV)/.installed
+	$(PY) -m stack.run --cluster --port $(PORT)
 
 test: $(VENV)/.installed chromium
 	$(PY) -m pytest

@@ -26,11 +26,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def redis_argv(binary: str, port: int, data_dir: Path) -> list[str]:
+def redis_argv(
+    binary: str,
+    port: int,
+    data_dir: Path,
+    bind: tuple[str, ...] = ("127.0.0.1",),
+    password: str = "",
+) -> list[str]:
+    """Loopback only unless told otherwise. A password goes into a config file only the owner
+    reads (a command line is visible to every user of the machine)."""
+    config: list[str] = []
+    if password:
+        conf = data_dir / "redis.conf"
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)
+        conf.write_text(f"requirepass {password}\n")
+        config = [str(conf)]
     return [
         binary,
+        *config,
         "--port", str(port),
-        "--bind", "127.0.0.1",
+        "--bind", *bind,
         "--dir", str(data_dir),
         # Log lines and queued messages survive a crash of this Redis (kill -9 included): an
         # append-only file synced before each reply is sent, no RDB snapshots. "everysec"

@@ -27,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO
 
+from stack.netns import HostNetwork, unavailable_reason
 from stack.redis_server import (
     free_port,
     redis_answers,
@@ -81,6 +82,9 @@ class Child:
     log_file: IO[bytes]
     # Up only once this answers (Redis: a PING); None: up as soon as it is spawned.
     ready: Callable[[], bool] | None = None
+    # On top of the stack's environment, for this process only (an agent's REDIS_URL as its
+    # host reaches Redis).
+    env: dict[str, str] = field(default_factory=dict)
     state: ChildState = ChildState.STARTING
     started_at: float = 0.0
     down_since: float | None = None  # when it went down, until it is up again
@@ -124,24 +128,34 @@ class ChildSupervisor:
         with self._lock:
             return list(self._children)
 
-    def spawn(self, name: str, argv: list[str], ready: Callable[[], bool] | None = None) -> Child:
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        ready: Callable[[], bool] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # kept across restarts, closed in stop()
+        env = dict(env or {})
         with self._lock:
             if self._stopping:
                 log_file.close()
                 raise RuntimeError(f"not starting {name}: the stack is stopping")
-            child = Child(name, argv, self._popen(argv, log_file), log_path, log_file, ready)
+            proc = self._popen(argv, log_file, env)
+            child = Child(name, argv, proc, log_path, log_file, ready, env=env)
             child.started_at = time.monotonic()
             child.state = ChildState.STARTING if ready else ChildState.UP
             self._children.append(child)
             self._changed.notify_all()
         return child
 
-    def _popen(self, argv: list[str], log_file: IO[bytes]) -> subprocess.Popen[bytes]:
+    def _popen(
+        self, argv: list[str], log_file: IO[bytes], env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
-            env=self._env(),
+            env=self._env() | env,
             cwd=self._cwd,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -224,7 +238,7 @@ class ChildSupervisor:
 
     def _respawn(self, child: Child, now: float) -> None:
         try:
-            child.proc = self._popen(child.argv, child.log_file)
+            child.proc = self._popen(child.argv, child.log_file, child.env)
         except OSError as exc:
             child.started_at = now  # a failed start is a quick exit: the back-off grows
             self._schedule_restart(child, now, f"could not be started ({exc})")
@@ -298,7 +312,7 @@ class ChildSupervisor:
         with self._lock:
             if self._stopping:
                 return child.proc.pid
-            child.proc = self._popen(child.argv, child.log_file)
+            child.proc = self._popen(child.argv, child.log_file, child.env)
             child.started_at = time.monotonic()
             child.quick_exits = 0
             child.state = ChildState.STARTING
@@ -389,6 +403,17 @@ class Stack:
     node_cpus: int = 4
     node_memory_gb: int = 16
     redis_url: str = ""  # empty: start our own
+    # Our own Redis asks for this password (docs/deploy.md: a shared Redis always does).
+    redis_password: str = ""
+    # Each agent on a "host" of its own: a network namespace with its own address on a bridge
+    # (stack/netns.py, `make cluster`). Redis then listens on the bridge too.
+    hosts_in_namespaces: bool = False
+    # How an agent is started, before its options: this Python's `-m workers.agent`, or the
+    # `trainyard-agent` of an environment that holds only the agent (no Django).
+    agent_command: list[str] = field(
+        default_factory=lambda: [sys.executable, "-m", "workers.agent"]
+    )
+    trainer_python: str | None = None  # the agents' --trainer-python; None: their own Python
     code_root: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for every child
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
@@ -402,6 +427,7 @@ class Stack:
     )
 
     def __post_init__(self) -> None:
+        self.network: HostNetwork | None = None
         self.healthz_token = self.extra_env.get("TRAINYARD_HEALTHZ_TOKEN", self.healthz_token)
         self._supervisor = ChildSupervisor(
             self.var_dir / "logs", self.env, ROOT, self.restart_policy, self.announce
@@ -459,16 +485,26 @@ class Stack:
         if _port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is in use; pick another with PORT=...")
         (self.var_dir / "logs").mkdir(parents=True, exist_ok=True)
+        if self.hosts_in_namespaces:
+            self.network = HostNetwork.create(self.nodes)
         spawn = self._supervisor.spawn
+        agents_redis_url = self.redis_url
         if not self.redis_url:
             redis_port = free_port()
             data_dir = self.var_dir / "redis"
             data_dir.mkdir(parents=True, exist_ok=True)
-            url = self.redis_url = f"redis://127.0.0.1:{redis_port}/0"
+            auth = f":{self.redis_password}@" if self.redis_password else ""
+            url = self.redis_url = f"redis://{auth}127.0.0.1:{redis_port}/0"
+            agents_redis_url = url
+            bind: tuple[str, ...] = ("127.0.0.1",)
+            if self.network is not None:
+                # The hosts reach this machine only across the bridge.
+                bind = (*bind, self.network.gateway)
+                agents_redis_url = f"redis://{auth}{self.network.gateway}:{redis_port}/0"
             # The same argv on every restart: the same port and the same append-only file.
             child = spawn(
                 "redis",
-                redis_argv(redis_server_binary(), redis_port, data_dir),
+                redis_argv(redis_server_binary(), redis_port, data_dir, bind, self.redis_password),
                 ready=lambda: redis_answers(url),
             )
             wait_for_redis(self.redis_url, child.proc)
@@ -490,12 +526,21 @@ class Stack:
         )  # fmt: skip
         spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
         for i in range(1, self.nodes + 1):
-            spawn(
-                f"node-{i}",
-                [py, "-m", "workers.agent", "--node", f"node-{i}", "--address", "127.0.0.1",
-                 "--cpus", str(self.node_cpus), "--memory-gb", str(self.node_memory_gb),
-                 "--workdir", str(self.var_dir / "agents")],
-            )  # fmt: skip
+            node, address = f"node-{i}", "127.0.0.1"
+            if self.network is not None:
+                host = self.network.hosts[i - 1]
+                node, address = host.node, host.address
+            argv = [
+                *self.agent_command, "--node", node, "--address", address,
+                "--cpus", str(self.node_cpus), "--memory-gb", str(self.node_memory_gb),
+                "--workdir", str(self.var_dir / "agents"),
+            ]  # fmt: skip
+            if self.trainer_python:
+                argv += ["--trainer-python", self.trainer_python]
+            if self.network is not None:
+                argv = self.network.hosts[i - 1].run_argv(argv)
+            # The URL in the environment, not on the command line, where `ps` shows it.
+            spawn(node, argv, env={"REDIS_URL": agents_redis_url})
         self._supervisor.watch()
         self.wait_ready(should_stop=should_stop)
 
@@ -566,6 +611,9 @@ class Stack:
 
     def stop(self) -> None:
         self._supervisor.stop(_stop_stage)
+        if self.network is not None:
+            self.network.destroy()
+            self.network = None
 
 
 def _port_in_use(port: int) -> bool:
@@ -578,15 +626,33 @@ def _port_in_use(port: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run Trainyard on this machine.")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
-    parser.add_argument("--nodes", type=int, default=2)
-    parser.add_argument("--var-dir", type=Path, default=ROOT / "var")
+    parser.add_argument(
+        "--nodes", type=int, default=None, help="node agents (default 2; 3 with --cluster)"
+    )
+    parser.add_argument("--var-dir", type=Path, default=None)
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="each agent on a host of its own: a network namespace with its own address on a "
+        "bridge (needs root); Redis then listens on the bridge, with a password",
+    )
     args = parser.parse_args(argv)
+    nodes = args.nodes or (3 if args.cluster else 2)
+    var_dir = args.var_dir or ROOT / ("var/cluster" if args.cluster else "var")
+    if args.cluster:
+        reason = unavailable_reason()
+        if reason:
+            print(f"error: make cluster cannot run here: {reason}", file=sys.stderr)
+            return 1
 
     stack = Stack(
-        var_dir=args.var_dir.resolve(),
+        var_dir=var_dir.resolve(),
         port=args.port,
-        nodes=args.nodes,
+        nodes=nodes,
         redis_url=os.environ.get("REDIS_URL", ""),
+        # Redis listens on the bridge too: never without a password there.
+        redis_password=secrets.token_urlsafe(24) if args.cluster else "",
+        hosts_in_namespaces=args.cluster,
     )
     pid_file = stack.var_dir / "stack.pid"
     if pid_file.exists():
@@ -613,9 +679,10 @@ def main(argv: list[str] | None = None) -> int:
         login = stack.prepare()
         stack.var_dir.mkdir(parents=True, exist_ok=True)
         pid_file.write_text(str(os.getpid()))
+        where = " on hosts of their own (network namespaces)" if args.cluster else ""
         print(
             "Starting Redis, the web server, the console worker, the log keeper and "
-            f"{args.nodes} node agents…",
+            f"{nodes} node agents{where}…",
             flush=True,
         )
         stack.start(should_stop=lambda: stopping)
@@ -624,6 +691,12 @@ def main(argv: list[str] | None = None) -> int:
         if password:
             print(f"Log in as {user} / {password}", flush=True)
         print(f"Logs of each process: {stack.var_dir / 'logs'}/", flush=True)
+        if stack.network is not None:
+            for host in stack.network.hosts:
+                print(
+                    f"  {host.node}: {host.address} in network namespace {host.namespace}",
+                    flush=True,
+                )
         # manage.py commands that talk to the running console (unlock_login) need it.
         print(f"Redis: REDIS_URL={stack.redis_url}", flush=True)
         print("A process that exits is restarted; press Ctrl-C to stop everything.", flush=True)

@@ -1,6 +1,7 @@
 """The node agent: a Celery worker on its node's own queue, plus the supervisor and a heartbeat.
 
-Run one per host:  python -m workers.agent --node gpu-7 --address 10.0.0.7 --redis-url redis://...
+Run one per host:  trainyard-agent --node gpu-7 --address 10.0.0.7 --redis-url redis://...
+(or python -m workers.agent ...; docs/deploy.md).
 
 It needs Redis and the trainers' code only. The Celery tasks are thin: they hand a spec to the
 supervisor (or ask it to stop a job) and return at once; the supervisor owns the processes.
@@ -15,6 +16,7 @@ import fcntl
 import logging
 import os
 import platform
+import shutil
 import socket
 import sys
 import threading
@@ -26,6 +28,7 @@ import redis
 from celery import Celery
 
 from workers import contract, guardian, inventory
+from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
 from workers.spec import ReplicaSpec
@@ -165,7 +168,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--node", default=socket.gethostname(), help="this node's unique name")
     parser.add_argument(
-        "--address", default="127.0.0.1", help="address other nodes reach this one at"
+        "--address",
+        default="127.0.0.1",
+        help="the address other nodes reach this one at (a job's MASTER_ADDR / "
+        "DMLC_PS_ROOT_URI when its master or scheduler runs here)",
+    )
+    parser.add_argument(
+        "--interface",
+        default=None,
+        help="the network interface trainers talk over (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, "
+        "DMLC_INTERFACE); default: the interface that holds --address",
+    )
+    parser.add_argument(
+        "--trainer-python",
+        default=sys.executable,
+        help="the Python that runs trainers (a virtualenv or conda environment with the "
+        "frameworks); default: the agent's own",
     )
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", ""))
     # Left unset, capacity is what the host has (GPUs through NVML); set them to advertise
@@ -217,7 +235,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--heartbeat-seconds must be positive")
     if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
         parser.error(f"--stop-timeout must be more than {CLOSING_MARGIN_SECONDS:g}")
+    here = inventory.interfaces()
+    if args.interface is not None and args.interface not in here:
+        parser.error(
+            f"--interface {args.interface}: no such interface here (there are: "
+            f"{', '.join(sorted(here))})"
+        )
+    python = shutil.which(args.trainer_python)
+    if python is None:
+        parser.error(f"--trainer-python {args.trainer_python}: no such executable")
+    args.trainer_python = python
     return args
+
+
+def node_network(address: str, interface: str | None) -> NodeNetwork:
+    """The address and interface trainers of this node use; an address that no interface here
+    holds is left to the frameworks' own choice of interface, with a warning."""
+    if interface is None:
+        interface = inventory.interface_of(address)
+        if interface is None:
+            log.warning(
+                "--address %s is on no interface of this host: gloo and NCCL pick their own "
+                "(set --interface if peers cannot reach it)",
+                address,
+            )
+    return NodeNetwork(address=address, interface=interface)
 
 
 def hold_workdir(workdir: Path) -> IO[str]:
@@ -258,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         code_root=args.code_root.resolve(),
         gpus=args.gpus,
         checkpoint_root=(args.checkpoint_root or args.workdir / "checkpoints").resolve(),
+        network=node_network(args.address, args.interface),
+        trainer_python=args.trainer_python,
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.

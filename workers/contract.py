@@ -29,6 +29,16 @@ DMLC_PS_ROOT_URI = "DMLC_PS_ROOT_URI"
 DMLC_PS_ROOT_PORT = "DMLC_PS_ROOT_PORT"
 DMLC_NUM_SERVER = "DMLC_NUM_SERVER"
 DMLC_NUM_WORKER = "DMLC_NUM_WORKER"
+# The address this process is reached at (the node's, as its agent advertises it), and the
+# network interface to use where the node names one.
+DMLC_NODE_HOST = "DMLC_NODE_HOST"
+DMLC_INTERFACE = "DMLC_INTERFACE"
+
+# --- Which network interface gloo and NCCL bind to (PyTorch processes), where the node names
+# one: without them gloo binds to whatever the host name resolves to, which on a multi-homed
+# host (or in a network namespace) may be no interface the peers can reach. ---
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+NCCL_SOCKET_IFNAME = "NCCL_SOCKET_IFNAME"
 
 # --- Environment every Trainyard process gets ---
 TRAINYARD_JOB_ID = "TRAINYARD_JOB_ID"

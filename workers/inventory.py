@@ -5,6 +5,7 @@ A host without an NVIDIA driver has no GPUs, and says so; it never reports a gue
 
 import logging
 import os
+import socket
 from dataclasses import dataclass
 
 import psutil
@@ -72,3 +73,24 @@ def gpu_usage(ids: list[int]) -> list[tuple[float, float]]:
         return []
     finally:
         pynvml.nvmlShutdown()
+
+
+def interfaces() -> dict[str, list[str]]:
+    """Each network interface of this host (of this network namespace) and its IPv4/IPv6
+    addresses."""
+    found: dict[str, list[str]] = {}
+    for name, addresses in psutil.net_if_addrs().items():
+        found[name] = [
+            a.address.split("%")[0]  # an IPv6 link-local address carries its scope
+            for a in addresses
+            if a.family in (socket.AF_INET, socket.AF_INET6)
+        ]
+    return found
+
+
+def interface_of(address: str) -> str | None:
+    """The interface that holds `address` here, if one does (127.0.0.1: the loopback)."""
+    for name, addresses in sorted(interfaces().items()):
+        if address in addresses:
+            return name
+    return None

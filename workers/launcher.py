@@ -25,6 +25,15 @@ def metrics_file(instance_dir: Path, local_rank: int) -> Path:
 
 
 @dataclass(frozen=True)
+class NodeNetwork:
+    """Where this node is reached: the address its agent advertises (the master's becomes
+    MASTER_ADDR / DMLC_PS_ROOT_URI for the whole job) and, if known, the interface holding it."""
+
+    address: str
+    interface: str | None = None
+
+
+@dataclass(frozen=True)
 class LocalProcess:
     local_rank: int
     argv: list[str]
@@ -47,6 +56,7 @@ def build_processes(
     gpu_ids: list[int],
     python: str = sys.executable,
     base_env: dict[str, str] | None = None,
+    network: NodeNetwork | None = None,
 ) -> list[LocalProcess]:
     """The processes of one replica. argv is a list: arguments are never seen by a shell.
 
@@ -77,6 +87,11 @@ def build_processes(
     # An instance without GPUs must not pick up the host's GPUs by accident.
     common["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpu_ids)
     argv = [python, str(script), *spec.args]
+    interface = network.interface if network is not None else None
+    if interface:
+        # torch.distributed under both frameworks (Trainyard's parameter server runs on gloo).
+        common[contract.GLOO_SOCKET_IFNAME] = interface
+        common[contract.NCCL_SOCKET_IFNAME] = interface
     if spec.framework == FRAMEWORK_KVSTORE:
         # MXNet's variables; one process per instance: a worker with several devices
         # aggregates across them itself (dist_device_sync).
@@ -90,6 +105,10 @@ def build_processes(
                 contract.TRAINYARD_KVSTORE: spec.kvstore,
             }
         )
+        if network is not None:
+            common[contract.DMLC_NODE_HOST] = network.address
+        if interface:
+            common[contract.DMLC_INTERFACE] = interface
         common[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(instance_dir, 0))
         return [LocalProcess(0, argv, common)]
     common.update(

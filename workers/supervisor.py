@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -35,7 +36,7 @@ from typing import Any, Protocol
 import redis
 
 from workers import contract, deathsig, inventory
-from workers.launcher import build_processes
+from workers.launcher import NodeNetwork, build_processes
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
@@ -193,6 +194,8 @@ class Supervisor:
         gpus: int = 0,
         incarnation: str | None = None,
         checkpoint_root: Path | None = None,
+        network: NodeNetwork | None = None,
+        trainer_python: str = sys.executable,
     ) -> None:
         self.node = node
         # Names this agent process in every report, so the console can tell a restarted agent
@@ -203,6 +206,10 @@ class Supervisor:
         self._report = report
         self._workdir = workdir
         self._code_root = code_root
+        # The trainers' interpreter: the agent's own, or the environment that holds the
+        # frameworks (a GPU host's agent can run from a small environment of its own).
+        self._trainer_python = trainer_python
+        self._network = network or NodeNetwork(address="127.0.0.1", interface=None)
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
@@ -429,7 +436,14 @@ class Supervisor:
         except BadMetric as exc:
             self._note(run, f"metric definitions ignored: {exc}")
         for local in build_processes(
-            spec, script, master_port, job_dir, checkpoint_dir, run.gpu_ids
+            spec,
+            script,
+            master_port,
+            job_dir,
+            checkpoint_dir,
+            run.gpu_ids,
+            python=self._trainer_python,
+            network=self._network,
         ):
             with self._lock:
                 # A stop that arrived while we were starting must not miss this process.

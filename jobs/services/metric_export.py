@@ -42,14 +42,20 @@ def write_tensorboard(job_id: int, directory: Path) -> int:
     """Write the job's metrics as event files under `directory`; returns the points written.
 
     A point's TensorBoard step is its step, else its epoch × 1000, else its order among the
-    points of that tag, so that every curve has an x axis.
+    points of that tag, so that every curve has an x axis. Written with TensorBoard's own event
+    writer (what torch's SummaryWriter wraps), so the console needs no torch.
     """
-    from torch.utils.tensorboard import SummaryWriter  # heavy import: only when exporting
+    # Heavy imports (protobuf): only when exporting.
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     points, _ = logstream.metric_points(job_id)
     counters: dict[str, int] = {}
     written = 0
-    with SummaryWriter(log_dir=str(directory)) as writer:
+    directory.mkdir(parents=True, exist_ok=True)
+    writer = EventFileWriter(str(directory))
+    try:
         for point in points:
             tag = _tag(point)
             if point.get("step") is not None:
@@ -59,8 +65,13 @@ def write_tensorboard(job_id: int, directory: Path) -> int:
             else:
                 step = counters.get(tag, 0)
                 counters[tag] = step + 1
-            writer.add_scalar(tag, point["value"], global_step=step, walltime=point["ts"])
+            value = Summary.Value(tag=tag, simple_value=logstream.point_value(point))
+            writer.add_event(
+                Event(wall_time=point["ts"], step=step, summary=Summary(value=[value]))
+            )
             written += 1
+    finally:
+        writer.close()
     return written
 
 
