@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "jobs.login_throttle.LoginThrottleMiddleware",
     "jobs.api_fallback.ApiFallbackErrorsMiddleware",
+    "jobs.upload_limit.SnapshotUploadLimitMiddleware",
 ]
 
 # --- Headers on every response ---
@@ -234,6 +235,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # Where users' training scripts live; a job's script path must resolve inside it.
 TRAINYARD_CODE_ROOT = env_path("TRAINYARD_CODE_ROOT", BASE_DIR / "code")
+# Code snapshots (POST /api/v1/snapshots): the largest archive taken, and what its files may come
+# to unpacked. An archive travels to the agents through Redis and is kept in the database.
+TRAINYARD_SNAPSHOT_MAX_BYTES = env_int("TRAINYARD_SNAPSHOT_MAX_MB", 100) * 2**20
+TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES = env_int("TRAINYARD_SNAPSHOT_MAX_UNPACKED_MB", 1024) * 2**20
 
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)

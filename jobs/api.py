@@ -14,9 +14,10 @@ from django.core.exceptions import RequestDataTooBig
 from django.db.models import Prefetch
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
-from ninja import NinjaAPI, Query, Status
+from ninja import File, Form, NinjaAPI, Query, Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.files import UploadedFile
 from ninja.parser import Parser
 from ninja.security import APIKeyCookie, APIKeyHeader
 
@@ -36,6 +37,9 @@ from jobs.schemas import (
     MetricPageOut,
     NodeListOut,
     NodeStateOut,
+    SnapshotDetailOut,
+    SnapshotListOut,
+    SnapshotUploadOut,
     TrainingReportOut,
     field_errors,
 )
@@ -47,12 +51,15 @@ from jobs.services import (
     outcomes,
     presenters,
     quota,
+    snapshots,
     training_report,
     transitions,
 )
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
+from jobs.upload_limit import ArchiveTooBig
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
+from workers.snapshot import SnapshotError, is_sha256
 
 MAX_LOG_PAGE = 10_000
 DEFAULT_LOG_PAGE = 1_000
@@ -216,6 +223,8 @@ def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
 
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    if isinstance(exc, ArchiveTooBig):
+        return errors_response(request, 413, {"archive": [str(exc)]})
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     return errors_response(
         request, 413, {"request": [f"The body is larger than {limit:,} bytes; send less."]}
@@ -273,6 +282,7 @@ def job_as_dict(job: Job, queue_positions: dict[int, int] | None = None) -> dict
         "program": {
             "script": job.script,
             "args": job.args,
+            "snapshot": job.program.get("snapshot"),
         },
         "roles": roles,
         "kvstore": job.kvstore or None,
@@ -412,7 +422,8 @@ def job_list(
 def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
     """Check the request (400 with every problem), admit it against the quota and the nodes
     (400 saying which term is over and by how much), and queue it."""
-    job = submit_job(_user(request), check_job_request(payload))
+    user = _user(request)
+    job = submit_job(user, check_job_request(payload, owner=user))
     job.refresh_from_db()
     return Status(201, job_as_dict(job))
 
@@ -696,3 +707,61 @@ def node_ready(request: HttpRequest, name: str) -> dict[str, Any]:
     _admin_node(request, name, "return nodes to service")
     nodes.return_to_service([name])
     return {"node": name, "status": "ready"}
+
+
+# --- code snapshots -------------------------------------------------------------------------
+
+
+def snapshot_as_dict(upload: Any, **extra: Any) -> dict[str, Any]:
+    snapshot = upload.snapshot
+    return {
+        "sha256": snapshot.sha256,
+        "name": upload.name,
+        "size": snapshot.size,
+        "unpacked_size": snapshot.unpacked_size,
+        "file_count": len(snapshot.files),
+        "uploaded": upload.uploaded.isoformat(),
+        **extra,
+    }
+
+
+@api.post(
+    "/snapshots",
+    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS},
+    tags=["code"],
+    url_name="api_snapshots",
+)
+def snapshot_upload(
+    request: HttpRequest, archive: File[UploadedFile], name: Form[str] = ""
+) -> Status[dict[str, Any]]:
+    """Upload a project folder as a .tar.gz (multipart field `archive`; `name` is yours to
+    choose). Every member must be a plain file or folder inside the archive: absolute paths,
+    `..`, links and devices are refused. The files are stored once, named by their SHA-256:
+    201 for files the console had not seen, 200 (`new`: false) for ones it had. Run it with
+    `"program": {"script": "train.py", "snapshot": SHA256}`."""
+    try:
+        with archive.open("rb") as data:
+            stored = snapshots.store_upload(_user(request), data, name)
+    except SnapshotError as exc:
+        raise ApiError(400, "archive", f"The archive is refused: {exc}.") from None
+    return Status(201 if stored.new else 200, snapshot_as_dict(stored.upload, new=stored.new))
+
+
+@api.get("/snapshots", response={200: SnapshotListOut, **ERRORS}, tags=["code"])
+def snapshot_list(request: HttpRequest) -> dict[str, Any]:
+    """Your code snapshots, the latest upload first."""
+    return {"snapshots": [snapshot_as_dict(u) for u in snapshots.uploads_of(_user(request))]}
+
+
+@api.get(
+    "/snapshots/{sha256}",
+    response={200: SnapshotDetailOut, **ERRORS},
+    tags=["code"],
+    url_name="api_snapshot",
+)
+def snapshot_detail(request: HttpRequest, sha256: str) -> dict[str, Any]:
+    """One of your code snapshots, with its files."""
+    upload = snapshots.upload_of(_user(request), sha256) if is_sha256(sha256) else None
+    if upload is None:
+        raise ApiError(404, "snapshot", "No such code snapshot of yours.")
+    return snapshot_as_dict(upload, files=upload.snapshot.files)

@@ -244,6 +244,39 @@ class Node(models.Model):
         return "lost" if self.is_lost() else self.state
 
 
+class CodeSnapshot(models.Model):
+    """A project folder as a canonical .tar.gz, named by its SHA-256 (workers/snapshot.py).
+    Stored once however many users upload it; a job keeps the one it was submitted with."""
+
+    sha256 = models.CharField(max_length=64, unique=True)
+    archive = models.BinaryField()
+    size = models.PositiveBigIntegerField(help_text="Bytes of the archive.")
+    unpacked_size = models.PositiveBigIntegerField(help_text="Bytes of its files.")
+    files = models.JSONField(default=list, help_text="Paths of its files, sorted.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.sha256[:12]
+
+
+class CodeUpload(models.Model):
+    """That a user uploaded a snapshot (and may run it), under a name of theirs."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    snapshot = models.ForeignKey(CodeSnapshot, on_delete=models.PROTECT, related_name="uploads")
+    name = models.CharField(max_length=200, blank=True)
+    uploaded = models.DateTimeField(default=timezone.now, help_text="The latest upload of it.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "snapshot"], name="one_upload_per_owner")
+        ]
+        ordering = ["-uploaded"]
+
+    def __str__(self) -> str:
+        return f"{self.name or self.snapshot} ({self.owner})"
+
+
 class Job(models.Model):
     class State(models.TextChoices):
         """A job's state. Allowed transitions (`Job.TRANSITIONS`):
@@ -292,7 +325,14 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     name = models.CharField(max_length=200)
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
-    program = models.JSONField(help_text='{"example": NAME} or {"path": RELATIVE_PATH}')
+    program = models.JSONField(
+        help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or '
+        '{"path": RELATIVE_PATH, "snapshot": SHA256} inside a code snapshot'
+    )
+    # The code snapshot the job runs (also in `program`, for the agents): kept while it is.
+    snapshot = models.ForeignKey(
+        CodeSnapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
     args = models.JSONField(default=list)
     kvstore = models.CharField(
         max_length=20, choices=KVStoreMode.choices, blank=True, help_text="Parameter-server jobs."

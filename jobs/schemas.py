@@ -21,9 +21,15 @@ class _In(BaseModel):
 
 class ProgramIn(_In):
     script: StrictStr = Field(
-        description="A built-in example's name or a path under the code root."
+        description="A built-in example's name, a path under the code root, or (with "
+        "`snapshot`) a path inside that code snapshot."
     )
     args: list[StrictStr] = Field(default_factory=list)
+    snapshot: StrictStr | None = Field(
+        default=None,
+        description="The SHA-256 of a code snapshot you uploaded (POST /api/v1/snapshots): the "
+        "job runs exactly those files, whatever is uploaded later.",
+    )
 
 
 class RoleIn(BaseModel):
@@ -79,6 +85,7 @@ class ErrorsOut(_Out):
 class ProgramOut(_Out):
     script: str
     args: list[str]
+    snapshot: str | None = Field(default=None, description="The code snapshot it runs, if any.")
 
 
 class RoleOut(_Out):
@@ -406,6 +413,29 @@ class NodeOut(_Out):
     last_heartbeat: str | None
 
 
+class SnapshotOut(_Out):
+    """A code snapshot you uploaded."""
+
+    sha256: str = Field(description="What a job's program.snapshot names.")
+    name: str
+    size: int = Field(description="Bytes of the stored archive.")
+    unpacked_size: int = Field(description="Bytes of its files.")
+    file_count: int
+    uploaded: str = Field(description="When you last uploaded these files.")
+
+
+class SnapshotUploadOut(SnapshotOut):
+    new: bool = Field(description="False: the console already held exactly these files.")
+
+
+class SnapshotDetailOut(SnapshotOut):
+    files: list[str] = Field(description="Its files' paths, sorted.")
+
+
+class SnapshotListOut(_Out):
+    snapshots: list[SnapshotOut]
+
+
 class NodeListOut(_Out):
     nodes: list[NodeOut]
 
@@ -426,6 +456,7 @@ MESSAGES: dict[str, str] = {
     "program": 'Give the program as {"script": ..., "args": [...]}.',
     "program.script": "Pick a built-in example or give a script path.",
     "program.args": "Arguments must be a list of strings.",
+    "program.snapshot": "Give the code snapshot's SHA-256 as a string.",
     "roles": 'Give each role a package and instances: {"worker": {...}, ...}.',
     "roles.*": 'Give {"package": NAME, "instances": N}.',
     "roles.*.package": 'Give the package\'s name, e.g. "cpu-1".',

@@ -11,6 +11,7 @@ import redis
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -42,7 +43,8 @@ def new_job(request: HttpRequest) -> HttpResponse:
     over: dict[str, dict[str, object]] = {}
     if request.method == "POST" and form.is_valid():
         try:
-            job = submit_job(request.user, check_job_request(form.as_request()))  # type: ignore[arg-type]
+            user: User = request.user  # type: ignore[assignment]  # login_required
+            job = submit_job(user, check_job_request(form.as_request(), owner=user))
         except ValidationFailed as exc:
             form.add_service_errors(exc.errors)
             over = exc.detail.get("quota", {})

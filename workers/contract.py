@@ -118,3 +118,8 @@ FIELD_END = "end"  # present only on the job's final entry: the reason the log e
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"
 STREAM_METRIC = "m"  # the "lines" are metric points, one JSON object each (workers.metricparse)
+
+
+def snapshot_key(sha256: str) -> str:
+    """A code snapshot's archive (workers/snapshot.py), put there by the console for agents."""
+    return f"trainyard:snapshot:{sha256}"

@@ -48,7 +48,8 @@ from workers.procrecords import (
     reap_all,
     record_of,
 )
-from workers.programs import ProgramError, resolve_program
+from workers.programs import ProgramError, resolve_program, resolve_under_root
+from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
 
 log = logging.getLogger(__name__)
@@ -213,6 +214,7 @@ class Supervisor:
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
+        self.snapshots = SnapshotCache(client, workdir / "snapshots")
         self._free_gpus = set(range(gpus))
         self._runs: dict[Ident, _ReplicaRun] = {}
         self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
@@ -424,12 +426,12 @@ class Supervisor:
 
     def _start(self, run: _ReplicaRun, master_port: int) -> None:
         spec = run.spec
-        try:
-            script = resolve_program(spec.program, self._code_root)
-        except ProgramError as exc:
-            raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
         job_dir = self._workdir / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}" / spec.tag
         job_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            script, cwd = self._program(run, job_dir)
+        except (ProgramError, SnapshotError) as exc:
+            raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
         checkpoint_dir = self._checkpoint_dir(spec)
         try:
             run.regex_metrics = compile_definitions(spec.metric_definitions)
@@ -454,7 +456,7 @@ class Supervisor:
                 proc = subprocess.Popen(
                     deathsig.command(local.argv),
                     env=local.env,
-                    cwd=job_dir,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -489,6 +491,24 @@ class Supervisor:
         }
         run.state = ReplicaState.RUNNING
         self._send_report(contract.TASK_REPLICA_STARTED, run.started_report)
+
+    def _program(self, run: _ReplicaRun, instance_dir: Path) -> tuple[Path, Path]:
+        """The script to run, and the folder it runs in: a job's code snapshot, unpacked once
+        per job on this node (its processes start there, as under torchrun launched in the
+        project folder); else the code root's file or a built-in example, from the instance's
+        own folder."""
+        program = run.spec.program
+        if "snapshot" not in program:
+            return resolve_program(program, self._code_root), instance_dir
+        fetched = self.snapshots.fetches
+        code = self.snapshots.checkout(
+            program["snapshot"],
+            self._workdir / "jobs" / str(run.spec.job_id) / "code",
+            should_stop=run.stop_requested.is_set,
+        )
+        if self.snapshots.fetches > fetched:
+            log.info("job %s: fetched code snapshot %s", run.spec.job_id, program["snapshot"])
+        return resolve_under_root(code, program["path"]), code
 
     def _checkpoint_dir(self, spec: ReplicaSpec) -> Path:
         """The job's checkpoint folder on the shared root: the same for every instance and

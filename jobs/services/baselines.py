@@ -94,13 +94,17 @@ def launch_single_worker_baseline(user: User, job: Job) -> Job:
     request = {
         "name": f"{job.name} · 1-worker baseline"[:200],
         "image": job.image.name,
-        "program": {"script": job.script, "args": list(job.args)},
+        "program": {
+            "script": job.script,
+            "args": list(job.args),
+            "snapshot": job.program.get("snapshot"),
+        },
         "roles": roles,
         "metrics": list(job.metric_definitions),
     }
     if job.kvstore:
         request["kvstore"] = job.kvstore
-    checked = submission.check_job_request(request)
+    checked = submission.check_job_request(request, owner=user)
     with transaction.atomic():
         baseline = submission.submit_job(user, checked)
         set_baseline(user, job, baseline.pk)

@@ -10,6 +10,7 @@ from django.utils import timezone
 from console.celery import app
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
+from jobs.services import snapshots
 from workers import contract
 from workers.spec import FRAMEWORK_KVSTORE, FRAMEWORK_PYTORCH, ReplicaSpec
 
@@ -128,6 +129,9 @@ def send_starts(job_id: int, specs: list[tuple[str, ReplicaSpec]]) -> None:
 
 
 def _send_specs(specs: list[tuple[str, ReplicaSpec]]) -> None:
+    # Before any agent looks for it: the code snapshot the job runs, in Redis (again).
+    for sha256 in sorted({s.program["snapshot"] for _, s in specs if "snapshot" in s.program}):
+        snapshots.publish(sha256)
     for node, spec in specs:
         app.send_task(
             contract.TASK_START_REPLICA,

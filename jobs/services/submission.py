@@ -20,6 +20,7 @@ from pydantic import ValidationError as PydanticValidationError
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
     PLATFORM_ROLES,
+    CodeSnapshot,
     Framework,
     FrameworkImage,
     Job,
@@ -31,7 +32,7 @@ from jobs.models import (
     RestartPolicy,
 )
 from jobs.schemas import JobIn, ProgramIn, RestartIn, RoleIn, field_errors
-from jobs.services import quota, scheduling, transitions
+from jobs.services import quota, scheduling, snapshots, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
@@ -100,10 +101,14 @@ def _check_name(raw: str, errors: _Errors) -> str:
     return name
 
 
-def _check_program(raw: ProgramIn, errors: _Errors) -> tuple[dict[str, str], list[str]]:
+def _check_program(
+    raw: ProgramIn, errors: _Errors, owner: User | None
+) -> tuple[dict[str, str], list[str]]:
     script, args = raw.script, raw.args
     program: dict[str, str] = {}
-    if not script.strip():
+    if raw.snapshot is not None:
+        program = _check_snapshot_program(script, raw.snapshot, owner, errors)
+    elif not script.strip():
         errors.add("program.script", "Pick a built-in example or give a script path.")
     elif script in BUILTIN_EXAMPLES:
         program = {"example": script}
@@ -120,6 +125,32 @@ def _check_program(raw: ProgramIn, errors: _Errors) -> tuple[dict[str, str], lis
     if any("\x00" in a for a in args):
         errors.add("program.args", "Arguments may not contain NUL bytes.")
     return program, list(args)
+
+
+def _check_snapshot_program(
+    script: str, sha256: str, owner: User | None, errors: _Errors
+) -> dict[str, str]:
+    """A script inside a code snapshot the owner uploaded: {"path", "snapshot"}."""
+    upload = snapshots.upload_of(owner, sha256) if owner is not None else None
+    if upload is None:
+        errors.add(
+            "program.snapshot",
+            f"No code snapshot {sha256[:64]!r} of yours: upload it first (POST /api/v1/snapshots).",
+        )
+        return {}
+    path = script.strip().removeprefix("./")
+    if not path:
+        errors.add("program.script", "Give the script's path inside the snapshot.")
+    elif path not in upload.snapshot.files:
+        shown = ", ".join(p for p in upload.snapshot.files if p.endswith(".py"))[:300]
+        errors.add(
+            "program.script",
+            f"No file {path[:200]!r} in code snapshot {sha256[:12]} (its Python files: "
+            f"{shown or 'none'}).",
+        )
+    else:
+        return {"path": path, "snapshot": sha256}
+    return {}
 
 
 # Fewest instances of each role the user asks for, per framework; roles not listed are optional.
@@ -257,16 +288,17 @@ def parse_job_request(data: Any) -> JobIn:
         raise ValidationFailed(field_errors(exc.errors())) from None
 
 
-def check_job_request(data: Any) -> JobRequest:
+def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     """Validate a request (a JobIn, or a dict of one); raise ValidationFailed with every
-    problem found. Types are the schema's; here is what they mean."""
+    problem found. Types are the schema's; here is what they mean. A program in a code
+    snapshot needs the `owner` who submits it: only their own uploads are theirs to run."""
     body = parse_job_request(data)
     errors = _Errors()
     name = _check_name(body.name, errors)
     image = FrameworkImage.objects.filter(name=body.image, enabled=True).first()
     if image is None:
         errors.add("image", f"Unknown framework image {body.image!r}.")
-    program, args = _check_program(body.program, errors)
+    program, args = _check_program(body.program, errors, owner)
     _check_program_fits_image(program, image, errors)
     roles = _check_roles(body.roles, image, errors)
     kvstore = _check_kvstore(body.kvstore, image, errors)
@@ -350,11 +382,15 @@ def create_job(
     The caller has checked the quota inside the same transaction.
     """
     restart = restart or RestartSettings()
+    snapshot = None
+    if "snapshot" in program:
+        snapshot = CodeSnapshot.objects.defer("archive").get(sha256=program["snapshot"])
     job = Job.objects.create(
         owner=owner,
         name=name,
         image_id=image_id,
         program=program,
+        snapshot=snapshot,
         args=args,
         state=Job.State.PENDING,
         cpu_total=totals.cpu,

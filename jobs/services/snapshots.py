@@ -1,0 +1,106 @@
+"""Code snapshots on the console: taking uploads, finding a user's, publishing them to agents.
+
+The database keeps every snapshot a job may still need (CodeSnapshot, by SHA-256); Redis
+carries a copy to the agents, put there (again, if it expired or Redis lost it) whenever start
+messages for a job that runs one are sent. The format and its checks are workers/snapshot.py's.
+"""
+
+import logging
+from dataclasses import dataclass
+from typing import IO
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs.models import CodeSnapshot, CodeUpload
+from jobs.redis_client import get_redis
+from workers import contract, snapshot
+from workers.snapshot import SnapshotError
+
+log = logging.getLogger(__name__)
+
+MAX_NAME_LENGTH = 200
+# How long a published archive stays in Redis after the last start message that needed it.
+PUBLISHED_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Stored:
+    upload: CodeUpload
+    new: bool  # the console had no snapshot with these files before
+
+
+def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
+    """Check an uploaded .tar.gz, store its canonical form (once per content) and record
+    that `owner` uploaded it. SnapshotError says what is wrong with it."""
+    name = name.strip()
+    if len(name) > MAX_NAME_LENGTH:
+        raise SnapshotError(f"the name is {len(name)} characters; at most {MAX_NAME_LENGTH}")
+    packed = snapshot.canonical(archive, settings.TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES)
+    if not packed.files:
+        raise SnapshotError("the archive holds no files")
+    if len(packed.archive) > settings.TRAINYARD_SNAPSHOT_MAX_BYTES:
+        raise SnapshotError(
+            f"packed, it is {len(packed.archive) / 2**20:,.1f} MB; at most "
+            f"{settings.TRAINYARD_SNAPSHOT_MAX_BYTES / 2**20:,.0f} MB"
+        )
+    stored, new = _snapshot_row(packed)
+    with transaction.atomic():
+        upload, _ = CodeUpload.objects.select_for_update().get_or_create(
+            owner=owner, snapshot=stored, defaults={"name": name}
+        )
+        upload.uploaded = timezone.now()
+        if name:
+            upload.name = name
+        upload.save(update_fields=["uploaded", "name"])
+    return Stored(upload, new)
+
+
+def _snapshot_row(packed: snapshot.Packed) -> tuple[CodeSnapshot, bool]:
+    existing = CodeSnapshot.objects.defer("archive").filter(sha256=packed.sha256).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            row = CodeSnapshot.objects.create(
+                sha256=packed.sha256,
+                archive=packed.archive,
+                size=len(packed.archive),
+                unpacked_size=packed.unpacked_size,
+                files=[m.path for m in packed.files],
+            )
+        return row, True
+    except IntegrityError:  # the same files, uploaded at the same moment by someone else
+        return CodeSnapshot.objects.defer("archive").get(sha256=packed.sha256), False
+
+
+def uploads_of(owner: User) -> list[CodeUpload]:
+    return list(
+        CodeUpload.objects.filter(owner=owner).select_related("snapshot").defer("snapshot__archive")
+    )
+
+
+def upload_of(owner: User, sha256: str) -> CodeUpload | None:
+    """The owner's upload of that snapshot; None when they never uploaded it (whoever else
+    did: a user runs only what they uploaded)."""
+    return (
+        CodeUpload.objects.filter(owner=owner, snapshot__sha256=sha256)
+        .select_related("snapshot")
+        .defer("snapshot__archive")
+        .first()
+    )
+
+
+def publish(sha256: str) -> None:
+    """Make sure agents can read the archive from Redis (and keep it there a week more)."""
+    client = get_redis()
+    key = contract.snapshot_key(sha256)
+    if client.expire(key, PUBLISHED_SECONDS):
+        return
+    archive = CodeSnapshot.objects.filter(sha256=sha256).values_list("archive", flat=True).first()
+    if archive is None:
+        log.error("code snapshot %s is not in the database; agents cannot fetch it", sha256)
+        return
+    client.set(key, bytes(archive), ex=PUBLISHED_SECONDS)

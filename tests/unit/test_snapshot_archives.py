@@ -1,0 +1,225 @@
+"""Code snapshot archives (workers/snapshot.py): canonical packing, every escaping member
+refused, safe unpacking, and an agent's cache fed from a real Redis."""
+
+import gzip
+import hashlib
+import io
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis
+
+from workers import contract, snapshot
+from workers.snapshot import SnapshotCache, SnapshotError
+
+
+def project(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("import pkg.model\nprint(pkg.model.NAME)\n")
+    (root / "train.py").chmod(0o755)
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "model.py").write_text("NAME = 'mlp'\n")
+    (root / "data.csv").write_text("x,y\n1,2\n")
+    return root
+
+
+def tar_gz(add: Callable[[tarfile.TarFile], None]) -> io.BytesIO:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        add(tar)
+    data.seek(0)
+    return data
+
+
+def with_member(info: tarfile.TarInfo, content: bytes = b"") -> io.BytesIO:
+    def add(tar: tarfile.TarFile) -> None:
+        info.size = len(content) if info.isreg() else 0
+        tar.addfile(info, io.BytesIO(content) if info.isreg() else None)
+
+    return tar_gz(add)
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, **fields: object) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info
+
+
+def test_the_same_files_give_the_same_snapshot_however_they_were_packed(tmp_path: Path) -> None:
+    folder = project(tmp_path / "proj")
+    packed = snapshot.pack_folder(folder)
+    assert packed.sha256 == hashlib.sha256(packed.archive).hexdigest()
+    assert [(m.path, m.executable) for m in packed.files] == [
+        ("data.csv", False),
+        ("pkg/__init__.py", False),
+        ("pkg/model.py", False),
+        ("train.py", True),
+    ]
+
+    # The same files in another order, under "./", with other times and owners: gzip's own
+    # header time differs too.
+    def add(tar: tarfile.TarFile) -> None:
+        for name in ("train.py", "pkg/model.py", "data.csv", "pkg/__init__.py"):
+            info = tar.gettarinfo(str(folder / name), arcname=f"./{name}")
+            info.mtime, info.uid, info.uname = 1_700_000_000, 1000, "alice"
+            with (folder / name).open("rb") as f:
+                tar.addfile(info, f)
+
+    again = snapshot.canonical(tar_gz(add))
+    assert again.sha256 == packed.sha256 and again.archive == packed.archive
+
+    (folder / "pkg" / "model.py").write_text("NAME = 'cnn'\n")
+    assert snapshot.pack_folder(folder).sha256 != packed.sha256
+
+
+@pytest.mark.parametrize(
+    ("info", "why"),
+    [
+        (member("/etc/cron.d/evil"), "an absolute path"),
+        (member("../outside.py"), "contains '..'"),
+        (member("pkg/../../outside.py"), "contains '..'"),
+        (member("link.py", tarfile.SYMTYPE, linkname="/etc/passwd"), "a link"),
+        (member("inside-link.py", tarfile.SYMTYPE, linkname="train.py"), "a link"),
+        (member("hard.py", tarfile.LNKTYPE, linkname="train.py"), "a link"),
+        (member("tty", tarfile.CHRTYPE, devmajor=5, devminor=0), "not a regular file"),
+        (member("disk", tarfile.BLKTYPE, devmajor=8, devminor=0), "not a regular file"),
+        (member("pipe", tarfile.FIFOTYPE), "not a regular file"),
+    ],
+    ids=[
+        "absolute",
+        "dotdot",
+        "nested-dotdot",
+        "symlink-out",
+        "symlink-in",
+        "hardlink",
+        "char-device",
+        "block-device",
+        "fifo",
+    ],
+)
+def test_every_member_that_could_escape_is_refused(
+    info: tarfile.TarInfo, why: str, tmp_path: Path
+) -> None:
+    archive = with_member(info, b"print('pwned')\n")
+    with pytest.raises(SnapshotError, match=why):
+        snapshot.canonical(archive)
+    # An agent handed such an archive anyway refuses it too, and writes nothing.
+    path = tmp_path / "given.tar.gz"
+    archive.seek(0)
+    path.write_bytes(archive.read())
+    with pytest.raises(SnapshotError, match=why):
+        snapshot.unpack(path, tmp_path / "code")
+    assert not (tmp_path / "code").exists()
+    assert not (tmp_path / "outside.py").exists()
+
+
+def test_a_name_given_twice_or_as_file_and_folder_is_refused() -> None:
+    def twice(tar: tarfile.TarFile) -> None:
+        for text in (b"a", b"b"):
+            info = member("train.py", size=1)
+            tar.addfile(info, io.BytesIO(text))
+
+    with pytest.raises(SnapshotError, match=r"'train\.py' appears twice"):
+        snapshot.canonical(tar_gz(twice))
+
+    def clash(tar: tarfile.TarFile) -> None:
+        for name in ("pkg", "pkg/model.py"):
+            tar.addfile(member(name, size=1), io.BytesIO(b"x"))
+
+    with pytest.raises(SnapshotError, match="'pkg' is a file and also a folder"):
+        snapshot.canonical(tar_gz(clash))
+
+
+def test_what_is_not_an_archive_or_unpacks_too_large_is_refused() -> None:
+    with pytest.raises(SnapshotError, match=r"not a readable \.tar\.gz archive"):
+        snapshot.canonical(io.BytesIO(b"PK\x03\x04 a zip file"))
+    with pytest.raises(SnapshotError, match="not a readable"):
+        snapshot.canonical(io.BytesIO(gzip.compress(b"not a tar" * 100)))
+    # A small archive that unpacks huge (a gzip bomb) is refused by its declared sizes.
+    zeros = tar_gz(
+        lambda tar: tar.addfile(member("zeros", size=10 * 2**20), io.BytesIO(bytes(10 * 2**20)))
+    )
+    assert len(zeros.getvalue()) < 100_000
+    with pytest.raises(SnapshotError, match="more than 1 MB"):
+        snapshot.canonical(zeros, max_unpacked_bytes=2**20)
+
+
+def test_it_unpacks_files_with_their_modes_and_nothing_else(tmp_path: Path) -> None:
+    packed = snapshot.pack_folder(project(tmp_path / "proj"))
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(packed.archive)
+    snapshot.unpack(archive, tmp_path / "code")
+    unpacked = sorted(
+        p.relative_to(tmp_path / "code").as_posix() for p in (tmp_path / "code").rglob("*")
+    )
+    assert unpacked == ["data.csv", "pkg", "pkg/__init__.py", "pkg/model.py", "train.py"]
+    assert (tmp_path / "code" / "train.py").stat().st_mode & 0o777 == 0o755
+    assert (tmp_path / "code" / "data.csv").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "code" / "pkg" / "model.py").read_text() == "NAME = 'mlp'\n"
+
+
+def test_a_folder_with_a_link_is_refused(tmp_path: Path) -> None:
+    folder = project(tmp_path / "proj")
+    (folder / "secrets").symlink_to("/etc/passwd")
+    with pytest.raises(SnapshotError, match="'secrets': a link"):
+        snapshot.pack_folder(folder)
+
+
+# --- an agent's cache, over the unit tests' real Redis ---
+
+
+@pytest.fixture
+def client(redis_server: str) -> redis.Redis:
+    client = redis.Redis.from_url(redis_server)
+    client.flushdb()
+    return client
+
+
+def test_the_cache_fetches_once_checks_the_hash_and_checks_out_once(
+    client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot, "READ_CHUNK", 64)  # many GETRANGE reads for a small archive
+    packed = snapshot.pack_folder(project(tmp_path / "proj"))
+    client.set(contract.snapshot_key(packed.sha256), packed.archive)
+    cache = SnapshotCache(client, tmp_path / "cache")
+    first = cache.checkout(packed.sha256, tmp_path / "jobs" / "1" / "code")
+    assert (first / "pkg" / "model.py").read_text() == "NAME = 'mlp'\n"
+    assert cache.archive(packed.sha256).read_bytes() == packed.archive
+    # A second job, with Redis emptied meanwhile: the cache has it, no fetch.
+    client.flushdb()
+    second = cache.checkout(packed.sha256, tmp_path / "jobs" / "2" / "code")
+    assert (second / "train.py").is_file() and cache.fetches == 1
+    # The same job's other replica or next attempt: the same folder, not unpacked again.
+    (first / "written-by-attempt-0.txt").write_text("kept")
+    assert cache.checkout(packed.sha256, first) == first
+    assert (first / "written-by-attempt-0.txt").read_text() == "kept"
+
+
+def test_an_archive_that_does_not_match_its_hash_is_refused(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    packed = snapshot.pack_folder(project(tmp_path / "proj"))
+    project(tmp_path / "other")
+    (tmp_path / "other" / "train.py").write_text("print('tampered')\n")
+    tampered = snapshot.pack_folder(tmp_path / "other").archive
+    client.set(contract.snapshot_key(packed.sha256), tampered)
+    cache = SnapshotCache(client, tmp_path / "cache")
+    with pytest.raises(SnapshotError, match=f"{packed.sha256[:12]} read from Redis does not match"):
+        cache.checkout(packed.sha256, tmp_path / "code")
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing kept, not even the temporary
+    assert not (tmp_path / "code").exists()
+
+
+def test_a_snapshot_missing_from_redis_fails_with_a_reason(
+    client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(snapshot, "FETCH_WAIT_SECONDS", 0.3)
+    cache = SnapshotCache(client, tmp_path / "cache")
+    with pytest.raises(SnapshotError, match=f"code snapshot {'ab' * 6} is not in Redis"):
+        cache.archive("ab" * 32)
+    with pytest.raises(SnapshotError, match="is not a SHA-256"):
+        cache.archive("../../etc/passwd")
