@@ -47,3 +47,31 @@ def env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a number") from None
+
+
+def env_list(name: str, default: str) -> list[str]:
+    """A comma-separated list; blanks dropped."""
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_either(name: str, older: str, default: str) -> str:
+    """`name`, or the older name it replaces (still read, so existing deployments keep
+    working); both set to different values is a mistake to fail on, not to guess about."""
+    new, old = os.environ.get(name, ""), os.environ.get(older, "")
+    if new and old and new != old:
+        raise ImproperlyConfiguredEnv(f"{name} and {older} are both set, to different values")
+    return new or old or default
+
+
+def secret_from_file(name: str) -> str:
+    """The contents of the file the variable names (a secret kept out of the environment,
+    e.g. systemd's credentials or a mounted secret); failing loudly on a missing or empty
+    file."""
+    path = Path(os.environ[name])
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}={path}: cannot read it ({exc.strerror})") from None
+    if not value:
+        raise ImproperlyConfiguredEnv(f"{name}={path} is empty")
+    return value

@@ -1,5 +1,6 @@
 """Django settings. Everything a deployment changes comes from the environment (see README)."""
 
+import os
 import secrets
 from pathlib import Path
 
@@ -7,7 +8,16 @@ import dj_database_url
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from console.env import env_bool, env_float, env_int, env_path, env_str
+from console.env import (
+    ImproperlyConfiguredEnv,
+    env_bool,
+    env_either,
+    env_float,
+    env_int,
+    env_path,
+    env_str,
+    secret_from_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -16,10 +26,23 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = env_path("TRAINYARD_VAR_DIR", BASE_DIR / "var")
 
 
+# TRAINYARD_ENV=production: the settings a shared deployment must make are required, and their
+# development defaults (SQLite, a generated key, local host names) refused (docs/deploy.md).
+PRODUCTION = env_str("TRAINYARD_ENV", "development") == "production"
+if env_str("TRAINYARD_ENV", "development") not in ("development", "production"):
+    raise ImproperlyConfiguredEnv("TRAINYARD_ENV is development (the default) or production")
+
+
 def _secret_key() -> str:
-    from_env = env_str("DJANGO_SECRET_KEY", "")
+    if os.environ.get("SECRET_KEY_FILE"):
+        if env_either("SECRET_KEY", "DJANGO_SECRET_KEY", ""):
+            raise ImproperlyConfiguredEnv("set SECRET_KEY or SECRET_KEY_FILE, not both")
+        return secret_from_file("SECRET_KEY_FILE")
+    from_env = env_either("SECRET_KEY", "DJANGO_SECRET_KEY", "")
     if from_env:
         return from_env
+    if PRODUCTION:
+        return ""  # refused below, with whatever else is missing
     # A stable key per checkout, so sessions survive restarts of `make run`.
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     key_file = VAR_DIR / "secret_key"
@@ -31,8 +54,15 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
-CSRF_TRUSTED_ORIGINS = [o for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+ALLOWED_HOSTS = env_either("ALLOWED_HOSTS", "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(
+    ","
+)
+ALLOWED_HOSTS = [h.strip() for h in ALLOWED_HOSTS if h.strip()]
+CSRF_TRUSTED_ORIGINS = [
+    o.strip()
+    for o in env_either("CSRF_TRUSTED_ORIGINS", "DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",")
+    if o.strip()
+]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -273,3 +303,28 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("TRAINYARD_LOG_LEVEL", "INFO")},
 }
+
+
+def _production_problems() -> list[str]:
+    problems = []
+    if not SECRET_KEY:
+        problems.append(
+            "SECRET_KEY_FILE (or SECRET_KEY) must give the key every web process shares"
+        )
+    if DEBUG:
+        problems.append("DJANGO_DEBUG must be off")
+    if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
+        problems.append("DATABASE_URL must name the PostgreSQL database (postgres://...)")
+    if not REDIS_URL:
+        problems.append("REDIS_URL must name the shared Redis (redis://:PASSWORD@host:6379/0)")
+    elif "@" not in REDIS_URL:
+        problems.append("REDIS_URL carries no password: a shared Redis must require one")
+    if not env_either("ALLOWED_HOSTS", "DJANGO_ALLOWED_HOSTS", ""):
+        problems.append("ALLOWED_HOSTS must list the console's host names")
+    return problems
+
+
+if PRODUCTION and (_problems := _production_problems()):
+    raise ImproperlyConfiguredEnv(
+        "TRAINYARD_ENV=production, but: " + "; ".join(_problems) + " (docs/deploy.md)"
+    )

@@ -428,6 +428,12 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.network: HostNetwork | None = None
+        # Our own Redis gets its port now, so that its URL is known before it starts (a
+        # production console refuses to run even manage.py without REDIS_URL).
+        self._redis_port = 0 if self.redis_url else free_port()
+        self._redis_auth = f":{self.redis_password}@" if self.redis_password else ""
+        if not self.redis_url:
+            self.redis_url = f"redis://{self._redis_auth}127.0.0.1:{self._redis_port}/0"
         self.healthz_token = self.extra_env.get("TRAINYARD_HEALTHZ_TOKEN", self.healthz_token)
         self._supervisor = ChildSupervisor(
             self.var_dir / "logs", self.env, ROOT, self.restart_policy, self.announce
@@ -489,35 +495,31 @@ class Stack:
             self.network = HostNetwork.create(self.nodes)
         spawn = self._supervisor.spawn
         agents_redis_url = self.redis_url
-        if not self.redis_url:
-            redis_port = free_port()
+        if self._redis_port:
             data_dir = self.var_dir / "redis"
             data_dir.mkdir(parents=True, exist_ok=True)
-            auth = f":{self.redis_password}@" if self.redis_password else ""
-            url = self.redis_url = f"redis://{auth}127.0.0.1:{redis_port}/0"
-            agents_redis_url = url
+            url = self.redis_url
             bind: tuple[str, ...] = ("127.0.0.1",)
             if self.network is not None:
                 # The hosts reach this machine only across the bridge.
                 bind = (*bind, self.network.gateway)
-                agents_redis_url = f"redis://{auth}{self.network.gateway}:{redis_port}/0"
+                agents_redis_url = (
+                    f"redis://{self._redis_auth}{self.network.gateway}:{self._redis_port}/0"
+                )
             # The same argv on every restart: the same port and the same append-only file.
             child = spawn(
                 "redis",
-                redis_argv(redis_server_binary(), redis_port, data_dir, bind, self.redis_password),
+                redis_argv(
+                    redis_server_binary(), self._redis_port, data_dir, bind, self.redis_password
+                ),
                 ready=lambda: redis_answers(url),
             )
             wait_for_redis(self.redis_url, child.proc)
         else:
             wait_for_redis(self.redis_url, None)
         py = sys.executable
-        spawn(
-            "web",
-            [py, "-m", "uvicorn", "console.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--ws-ping-interval", "20",
-             # Compressing every log frame cost the web process more CPU than relaying it.
-             "--ws-per-message-deflate", "false"],
-        )  # fmt: skip
+        # The production web command (docs/deploy.md), with one worker.
+        spawn("web", [py, "-m", "stack.web", "--host", "127.0.0.1", "--port", str(self.port)])
         spawn(
             "console-worker",
             [py, "-m", "celery", "-A", "console", "worker", "-Q", "console",

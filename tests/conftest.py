@@ -151,6 +151,19 @@ def set_quota(user: User, cpu: int = 8, gpus: int = 0, memory_gb: int = 32, jobs
     )
 
 
+def require_postgres() -> None:
+    """Skip (with the reason) where no PostgreSQL server answers; under CI=true, fail: CI
+    must run what needs it."""
+    from bench.databases import postgres_unreachable_reason
+
+    reason = postgres_unreachable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the tests that need PostgreSQL, but {reason}")
+    pytest.skip(f"SKIPPED, not run: {reason}")
+
+
 # --- the real stack, for integration and browser tests ------------------------------------------
 
 

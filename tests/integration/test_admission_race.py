@@ -1,24 +1,15 @@
 """Racing submissions never over-admit: 8 processes x 20 jobs against a quota that admits 50,
 on SQLite and on PostgreSQL, bound by a user's own quota and by a group's shared one."""
 
-import os
 from pathlib import Path
 
 import pytest
 
 from bench.admission import race_in_subprocess
-from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from bench.databases import fresh_postgres, fresh_sqlite
+from tests.conftest import require_postgres
 
 pytestmark = pytest.mark.integration
-
-
-def require_postgres() -> None:
-    reason = postgres_unreachable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the PostgreSQL race, but {reason}")
-    pytest.skip(f"SKIPPED, not run: {reason}")
 
 
 @pytest.mark.parametrize("scope", ["user", "group"])
