@@ -76,11 +76,14 @@ def fuzzer(stack: RunningStack) -> Iterator[StackClient]:
 
 def snapshot(user: StackClient, admin: StackClient) -> dict[str, Any]:
     """What a refused request must leave as it was: the user's jobs, with what each holds (the
-    quota's use is their sum), and the nodes. Every job the fuzz gets accepted is cancelled
-    and has ended before the next request, so nothing here changes on its own meanwhile."""
+    quota's use is their sum), their code snapshots, and the nodes. Every job the fuzz gets
+    accepted is cancelled and has ended before the next request, so nothing here changes on
+    its own meanwhile."""
     jobs = user.http.get("/api/v1/jobs", params={"limit": 200}).json()["jobs"]
     nodes = admin.http.get("/api/v1/nodes").json()["nodes"]
+    uploads = user.http.get("/api/v1/snapshots").json()["snapshots"]
     return {
+        "snapshots": sorted((u["sha256"], u["name"]) for u in uploads),
         "jobs": {j["id"]: (j["name"], j["baseline"], j["state"], j["totals"]) for j in jobs},
         "nodes": {n["name"]: (n["status"] == "draining", n["capacity"]) for n in nodes},
     }
@@ -341,13 +344,17 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
                 fuzz(label, bodies, SUBMISSIONS, raw_json=True)
         node = stack.admin.http.get("/api/v1/nodes").json()["nodes"][0]["name"]
         for path, methods in schema.raw_schema["paths"].items():
-            url = path.replace("{job_id}", str(own_job["id"])).replace("{name}", node)
+            url = (
+                path.replace("{job_id}", str(own_job["id"]))
+                .replace("{name}", node)
+                .replace("{sha256}", "0" * 64)
+            )
             allowed = {method.upper() for method in methods}
             for method in sorted(METHODS - allowed):
                 check_wrong_method(method, path, url, allowed)
     finally:
         pytestconfig.stash.setdefault(FUZZ_SUMMARY, []).extend(summary(tally, len(operations)))
-    assert len(operations) == 17, [f"{o.method} {o.path}" for o in operations]
+    assert len(operations) == 20, [f"{o.method} {o.path}" for o in operations]
     assert all(tally.sent[f"{o.method.upper()} {o.path}"] > 0 for o in operations)
     assert tally.accepted_jobs > 0, "no request got as far as launching a job"
 
