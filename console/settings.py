@@ -18,6 +18,7 @@ from console.env import (
     env_str,
     secret_from_file,
 )
+from workers.redis_tls import celery_ssl_options
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -252,6 +253,8 @@ def cache_settings(redis_url: str) -> dict[str, object]:
 CACHES = cache_settings(REDIS_URL)
 
 CELERY_BROKER_URL = REDIS_URL or "redis://127.0.0.1:1/0"
+# rediss://: the certificate checks the URL asks for (workers/redis_tls.py).
+CELERY_BROKER_USE_SSL = celery_ssl_options(CELERY_BROKER_URL)
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_RESULT_SERIALIZER = "json"

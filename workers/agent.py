@@ -31,6 +31,7 @@ from workers import contract, guardian, inventory
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
+from workers.redis_tls import celery_ssl_options
 from workers.spec import ReplicaSpec
 from workers.supervisor import Report, Supervisor
 
@@ -71,6 +72,7 @@ def make_celery(broker_url: str) -> Celery:
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
+        broker_use_ssl=celery_ssl_options(broker_url),
     )
     return app
 
