@@ -212,4 +212,8 @@ class SystemSampler(threading.Thread):
                     )
                 )
                 points.append(Point("gpu_memory_mb", sum(m for _, m in usage), None, None, now))
+                if len(usage) > 1:  # and each GPU's own, where the instance has several
+                    for gpu, (util, memory) in zip(watched.gpu_ids, usage, strict=False):
+                        points.append(Point(f"gpu{gpu}_util_percent", util, None, None, now))
+                        points.append(Point(f"gpu{gpu}_memory_mb", memory, None, None, now))
         watched.emit(now, points)

@@ -26,6 +26,13 @@ SYSTEM_METRICS = ("cpu_percent", "memory_mb", "gpu_util_percent", "gpu_memory_mb
 # Declarations of the run's length.
 DECLARATIONS = ("total_steps", "total_epochs")
 KNOWN_METRICS = frozenset(TRAINING_METRICS + SYSTEM_METRICS + DECLARATIONS)
+# An instance with several GPUs: each GPU's own figures too (gpu3_util_percent, gpu3_memory_mb).
+PER_GPU_METRIC = re.compile(r"^gpu\d+_(util_percent|memory_mb)$")
+
+
+def is_system_metric(name: str) -> bool:
+    """Sampled by the agent, not reported by the trainer."""
+    return name in SYSTEM_METRICS or PER_GPU_METRIC.match(name) is not None
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
 RESERVED_KEYS = frozenset(("name", "value", "step", "epoch", "ts"))

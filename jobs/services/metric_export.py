@@ -11,7 +11,7 @@ from typing import Any
 
 from jobs import logstream
 from workers.contract import tag_of
-from workers.metricparse import SYSTEM_METRICS
+from workers.metricparse import is_system_metric
 
 CSV_FIELDS = ("cursor", "role", "index", "node", "name", "step", "epoch", "value", "ts")
 
@@ -34,7 +34,7 @@ def _tag(point: dict[str, Any]) -> str:
     """TensorBoard tag: the metric, per process (`loss/worker-1`); the agent's samples under
     `system/`."""
     who = tag_of(point["role"], point["index"])
-    group = "system/" if point["name"] in SYSTEM_METRICS else ""
+    group = "system/" if is_system_metric(point["name"]) else ""
     return f"{group}{point['name']}/{who}"
 
 

@@ -16,7 +16,14 @@ import pytest
 
 from tests.conftest import wait_until
 from workers.metricfeed import MetricTail, SystemSampler, Watched
-from workers.metricparse import BadMetric, Point, RegexMetric, parse_line, scan_lines
+from workers.metricparse import (
+    BadMetric,
+    Point,
+    RegexMetric,
+    is_system_metric,
+    parse_line,
+    scan_lines,
+)
 from workers.trainer_lib import trainyard_metrics
 
 
@@ -239,3 +246,29 @@ def test_an_image_refuses_bad_metric_definitions_in_the_admin() -> None:
     image.metric_definitions = [{"name": "loss", "regex": "loss=[0-9.]+"}]
     with pytest.raises(ValidationError, match="needs a group"):
         image.full_clean()
+
+
+def test_an_instance_with_several_gpus_gets_their_mean_and_each_gpus_own_figures() -> None:
+    """NVML through a fake (no driver here): what the sampler makes of what it reads."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sink = Sink()
+        usage = {2: (90.0, 1000.0), 5: (70.0, 3000.0)}
+        watched = Watched([proc.pid], gpu_ids=[2, 5], emit=sink.on_points)
+        sampler = SystemSampler(lambda: [watched], gpu_usage=lambda ids: [usage[i] for i in ids])
+        sampler.sample(watched)  # primes the CPU counters
+        sampler.sample(watched)
+        gpu_points = {p.name: p.value for p in sink.points if "gpu" in p.name}
+        assert gpu_points == {
+            "gpu_util_percent": 80.0,
+            "gpu_memory_mb": 4000.0,
+            "gpu2_util_percent": 90.0,
+            "gpu2_memory_mb": 1000.0,
+            "gpu5_util_percent": 70.0,
+            "gpu5_memory_mb": 3000.0,
+        }
+        assert all(is_system_metric(name) for name in gpu_points)
+        assert not is_system_metric("gpu_util") and not is_system_metric("loss")
+    finally:
+        proc.kill()
+        proc.wait()

@@ -495,3 +495,42 @@ def test_a_restart_starts_only_where_the_first_attempts_checkpoints_are_seen(
     assert refused["state"] == "failed" and refused["attempt"] == 1
     assert "cannot restart on n1" in refused["reason"] and "job-32-k32" in refused["reason"]
     assert not (supervisor.checkpoint_root / "job-32-k32").exists()
+
+
+def test_gpu_instances_run_a_process_per_gpu_on_the_gpus_the_agent_assigned(
+    client: redis.Redis, reports: Reports, tmp_path: Path
+) -> None:
+    """A node that says it has 4 GPUs (a fake inventory: no driver here): two instances of 2
+    GPUs each get disjoint GPUs and 2 processes each; the GPUs come back when they end."""
+    shipper = LogShipper(client, tmp_path / "spool")
+    sup = Supervisor("n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT, gpus=4)
+    plan = dict(world_size=4, gpus=2, local_world_size=2, cpus=4)
+    try:
+        assert sup.start(spec("env_probe.py", **plan))
+        assert sup.start(spec("env_probe.py", role="worker", index=1, rank_offset=2, **plan))
+        for role in ("master", "worker"):
+            wait_until(
+                lambda r=role: any(
+                    p["role"] == r for p in reports.named(contract.TASK_REPLICA_EXITED)
+                ),
+                30,
+                f"{role} to end",
+            )
+        lines = sorted(texts(client))
+        assert lines == [
+            "RANK=0 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 CUDA_VISIBLE_DEVICES=0,1",
+            "RANK=1 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 CUDA_VISIBLE_DEVICES=0,1",
+            "RANK=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 CUDA_VISIBLE_DEVICES=2,3",
+            "RANK=3 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 WORLD_SIZE=4 CUDA_VISIBLE_DEVICES=2,3",
+        ]
+        # Every GPU is free again: one instance may take all four.
+        whole = dict(world_size=4, gpus=4, local_world_size=4, cpus=4, job_id=12)
+        assert sup.start(spec("env_probe.py", **whole))
+        reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=12)
+        assert (
+            sorted(line.split()[-1] for line in texts(client, 12))
+            == ["CUDA_VISIBLE_DEVICES=0,1,2,3"] * 4
+        )
+    finally:
+        sup.shutdown()
+        shipper.close()
