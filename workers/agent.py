@@ -27,7 +27,7 @@ from typing import IO, Any
 import redis
 from celery import Celery
 
-from workers import contract, guardian, inventory
+from workers import containers, contract, guardian, inventory
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
@@ -182,6 +182,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "DMLC_INTERFACE); default: the interface that holds --address",
     )
     parser.add_argument(
+        "--container-runtime",
+        default=None,
+        help="docker or podman (a name or a path), for jobs whose image is a container; "
+        "default: docker, else podman, if installed",
+    )
+    parser.add_argument(
         "--trainer-python",
         default=sys.executable,
         help="the Python that runs trainers (a virtualenv or conda environment with the "
@@ -243,6 +249,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--interface {args.interface}: no such interface here (there are: "
             f"{', '.join(sorted(here))})"
         )
+    if args.container_runtime and containers.find_runtime(args.container_runtime) is None:
+        parser.error(f"--container-runtime {args.container_runtime}: no such executable")
     python = shutil.which(args.trainer_python)
     if python is None:
         parser.error(f"--trainer-python {args.trainer_python}: no such executable")
@@ -304,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_root=(args.checkpoint_root or args.workdir / "checkpoints").resolve(),
         network=node_network(args.address, args.interface),
         trainer_python=args.trainer_python,
+        container_runtime=containers.find_runtime(args.container_runtime),
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.

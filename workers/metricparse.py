@@ -34,6 +34,7 @@ def is_system_metric(name: str) -> bool:
     """Sampled by the agent, not reported by the trainer."""
     return name in SYSTEM_METRICS or PER_GPU_METRIC.match(name) is not None
 
+
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
 RESERVED_KEYS = frozenset(("name", "value", "step", "epoch", "ts"))
 MAX_LINE_CHARS = 16 * 1024

@@ -51,6 +51,8 @@ class ReplicaSpec:
     attempt: int = 0
     max_restarts: int = 0
     checkpoint_key: str = ""
+    # The image is a container (workers/containers.py): its reference; empty: the host's Python.
+    container_image: str = ""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

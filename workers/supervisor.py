@@ -35,8 +35,8 @@ from typing import Any, Protocol
 
 import redis
 
-from workers import contract, deathsig, inventory
-from workers.launcher import NodeNetwork, build_processes
+from workers import containers, contract, deathsig, inventory
+from workers.launcher import TRAINER_LIB, LocalProcess, NodeNetwork, build_processes
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
@@ -136,6 +136,7 @@ class _ReplicaRun:
     watched: Watched | None = None
     started_report: dict[str, Any] | None = None
     ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
+    containers: list[str] = field(default_factory=list)  # names, for jobs on container images
 
     @property
     def ident(self) -> "Ident":
@@ -197,6 +198,7 @@ class Supervisor:
         checkpoint_root: Path | None = None,
         network: NodeNetwork | None = None,
         trainer_python: str = sys.executable,
+        container_runtime: str | None = None,
     ) -> None:
         self.node = node
         # Names this agent process in every report, so the console can tell a restarted agent
@@ -211,6 +213,8 @@ class Supervisor:
         # frameworks (a GPU host's agent can run from a small environment of its own).
         self._trainer_python = trainer_python
         self._network = network or NodeNetwork(address="127.0.0.1", interface=None)
+        # docker or podman, for jobs whose image is a container; None: this node has neither.
+        self._container_runtime = container_runtime
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
@@ -347,7 +351,17 @@ class Supervisor:
         return [{k: o.report[k] for k in keys} for o in outcomes]
 
     def reap_leftovers(self) -> list[Reaped]:
-        """Kill what an earlier agent on this work dir left (call before starting anything)."""
+        """Kill what an earlier agent on this work dir left (call before starting anything),
+        and remove the containers it ran."""
+        if self._container_runtime is not None:
+            try:
+                listed = subprocess.run(
+                    containers.leftovers_argv(self._container_runtime, self.node),
+                    capture_output=True, text=True, timeout=30, check=False,
+                )  # fmt: skip
+                self._remove_containers(listed.stdout.split())
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("could not list this node's leftover containers: %s", exc)
         return reap_all(self.records)
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -447,6 +461,9 @@ class Supervisor:
             python=self._trainer_python,
             network=self._network,
         ):
+            argv = local.argv
+            if spec.container_image:
+                argv = self._in_container(run, local, cwd, script, job_dir, checkpoint_dir)
             with self._lock:
                 # A stop that arrived while we were starting must not miss this process.
                 if run.stop_requested.is_set():
@@ -454,7 +471,7 @@ class Supervisor:
                 # This thread forks the trainer, and the death signal set by the shim fires
                 # when this thread ends: it must (and does) outlive the processes it starts.
                 proc = subprocess.Popen(
-                    deathsig.command(local.argv),
+                    deathsig.command(argv),
                     env=local.env,
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
@@ -509,6 +526,64 @@ class Supervisor:
         if self.snapshots.fetches > fetched:
             log.info("job %s: fetched code snapshot %s", run.spec.job_id, program["snapshot"])
         return resolve_under_root(code, program["path"]), code
+
+    def _in_container(
+        self,
+        run: _ReplicaRun,
+        local: LocalProcess,
+        cwd: Path,
+        script: Path,
+        instance_dir: Path,
+        checkpoint_dir: Path,
+    ) -> list[str]:
+        """The argv that runs this process in the job's container image."""
+        spec = run.spec
+        if self._container_runtime is None:
+            raise RuntimeError(
+                f"image {spec.container_image} runs in containers, but {self.node} has no "
+                "container runtime (docker or podman; the agent's --container-runtime)"
+            )
+        env_file = instance_dir / f"env-{local.local_rank}"
+        folders = {cwd, instance_dir, checkpoint_dir}
+        mounts = [containers.Mount(TRAINER_LIB, read_only=True)]
+        script_inside = None
+        if "example" in spec.program:
+            library, script_inside = containers.example_layout(script)
+            mounts.append(library)
+        elif "snapshot" not in spec.program:
+            mounts.append(containers.Mount(self._code_root, read_only=True))
+        mounts += [containers.Mount(folder) for folder in sorted(folders)]
+        env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
+        containers.write_env_file(env_file, env)
+        name = containers.container_name(spec.job_id, spec.attempt, spec.tag, local.local_rank)
+        run.containers.append(name)
+        return containers.run_argv(
+            self._container_runtime,
+            spec.container_image,
+            name,
+            self.node,
+            local,
+            cwd,
+            mounts,
+            env_file,
+            run.gpu_ids,
+            script=script_inside,
+        )
+
+    def _remove_containers(self, names: list[str]) -> None:
+        """A container outlives its `run` process when that dies of SIGKILL: remove it."""
+        if self._container_runtime is None:
+            return
+        for name in names:
+            try:
+                subprocess.run(
+                    containers.remove_argv(self._container_runtime, name),
+                    capture_output=True,
+                    timeout=KILL_WAIT_SECONDS * 4,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("could not remove container %s: %s", name, exc)
 
     def _checkpoint_dir(self, spec: ReplicaSpec) -> Path:
         """The job's checkpoint folder on the shared root: the same for every instance and
@@ -649,6 +724,7 @@ class Supervisor:
             tail.stop()
         for tail in run.tails:
             tail.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
+        self._remove_containers(run.containers)
 
     def _finish(self, run: _ReplicaRun, exit_code: int | None, reason: str) -> None:
         spec = run.spec

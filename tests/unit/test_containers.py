@@ -1,0 +1,173 @@
+"""Images that are containers (workers/containers.py): the docker and podman command lines, and
+the supervisor running an instance through a runtime. No container engine runs on this machine,
+so the supervisor's test uses a stand-in runtime (tests/fixtures/fake_container_runtime.py)
+that starts the command on the host the way docker would start it in the container."""
+
+import json
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import FIXTURE_CODE_ROOT
+from tests.unit.test_supervisor import Reports, spec, texts, wait_until
+from workers import containers, contract
+from workers.containers import Mount
+from workers.launcher import TRAINER_LIB, LocalProcess
+from workers.logship import LogShipper
+from workers.supervisor import Supervisor
+
+FAKE_RUNTIME = Path(__file__).parent.parent / "fixtures" / "fake_container_runtime.py"
+
+
+def process(**env: str) -> LocalProcess:
+    base = {"PATH": "/host/venv/bin", "VIRTUAL_ENV": "/host/venv", "RANK": "3", **env}
+    return LocalProcess(1, ["/host/venv/bin/python", "/code/train.py", "--lr", "$(id)"], base)
+
+
+def test_docker_runs_the_script_on_the_host_network_with_the_instances_gpus(
+    tmp_path: Path,
+) -> None:
+    argv = containers.run_argv(
+        "/usr/bin/docker",
+        "registry.example.com/train:2.13",
+        "trainyard-7-a0-worker-1-1",
+        "gpu-7",
+        process(),
+        Path("/code"),
+        [Mount(Path("/code")), Mount(Path("/ck")), Mount(TRAINER_LIB, read_only=True)],
+        tmp_path / "env-1",
+        [2, 5],
+    )
+    assert argv == [
+        "/usr/bin/docker", "run", "--rm", "--name", "trainyard-7-a0-worker-1-1",
+        "--label", "trainyard.node=gpu-7", "--network", "host", "--ipc", "host", "--init",
+        "--env-file", str(tmp_path / "env-1"), "--workdir", "/code",
+        "--volume", "/code:/code", "--volume", "/ck:/ck",
+        "--volume", f"{TRAINER_LIB}:{TRAINER_LIB}:ro",
+        "--gpus", '"device=2,5"',
+        "registry.example.com/train:2.13", "python", "/code/train.py", "--lr", "$(id)",
+    ]  # fmt: skip
+
+
+def test_podman_gets_each_gpu_by_its_cdi_name_and_removal_that_tolerates_absence(
+    tmp_path: Path,
+) -> None:
+    argv = containers.run_argv(
+        "/usr/bin/podman", "img", "n", "gpu-7", process(), Path("/code"), [], tmp_path / "e", [0, 1]
+    )
+    assert argv[argv.index("img") - 4 : argv.index("img")] == [
+        "--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1",
+    ]  # fmt: skip
+    assert containers.remove_argv("/usr/bin/podman", "n") == [
+        "/usr/bin/podman", "rm", "--force", "--ignore", "n",
+    ]  # fmt: skip
+    assert containers.remove_argv("docker", "n") == ["docker", "rm", "--force", "n"]
+    assert containers.leftovers_argv("docker", "gpu-7") == [
+        "docker", "ps", "--all", "--quiet", "--filter", "label=trainyard.node=gpu-7",
+    ]  # fmt: skip
+
+
+def test_the_environment_goes_in_a_private_file_without_the_hosts_paths(tmp_path: Path) -> None:
+    env = containers.container_env(process(CUDA_VISIBLE_DEVICES="2,5"), [2, 5], library=True)
+    assert env == {
+        "RANK": "3",
+        "CUDA_VISIBLE_DEVICES": "0,1",  # as the runtime numbers the GPUs it passes
+        "PYTHONPATH": "/opt/trainyard/lib",
+    }
+    path = tmp_path / "env"
+    containers.write_env_file(path, env)
+    assert path.read_text() == "CUDA_VISIBLE_DEVICES=0,1\nPYTHONPATH=/opt/trainyard/lib\nRANK=3\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(containers.ContainerError, match="BAD"):
+        containers.write_env_file(path, {"BAD": "two\nlines"})
+
+
+def test_a_built_in_example_sees_the_workers_package_and_nothing_else_of_the_agent() -> None:
+    script = containers.WORKERS_PACKAGE / "examples" / "digits_ps.py"
+    mount, inside = containers.example_layout(script)
+    assert mount.option() == f"{containers.WORKERS_PACKAGE}:/opt/trainyard/lib/workers:ro"
+    assert inside == Path("/opt/trainyard/lib/workers/examples/digits_ps.py")
+
+
+# --- the supervisor, through a stand-in runtime ---
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    c.flushdb()
+    yield c
+
+
+def supervisor_with(
+    client: redis.Redis, reports: Reports, tmp_path: Path, runtime: str | None
+) -> tuple[Supervisor, LogShipper]:
+    shipper = LogShipper(client, tmp_path / "spool")
+    sup = Supervisor(
+        "n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT, gpus=2,
+        container_runtime=runtime,
+    )  # fmt: skip
+    return sup, shipper
+
+
+def test_the_supervisor_runs_a_container_instance_and_removes_the_container_after(
+    client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "runtime.log"
+    monkeypatch.setenv("FAKE_RUNTIME_LOG", str(log))  # the agent's own environment...
+    monkeypatch.setattr("workers.launcher.INHERITED_PREFIXES", ("CUDA_", "NCCL_", "GLOO_", "FAKE_"))
+    reports = Reports()
+    sup, shipper = supervisor_with(client, reports, tmp_path, str(FAKE_RUNTIME))
+    try:
+        job = spec(
+            "container_probe.py", gpus=2, local_world_size=2, world_size=2,
+            container_image="registry.example.com/train:2.13",
+        )  # fmt: skip
+        assert sup.start(job)
+        exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+        assert (exited["state"], exited["exit_code"]) == ("succeeded", 0), exited
+        instance = tmp_path / "work" / "jobs" / "11" / "attempt-0" / "master"
+        assert sorted(texts(client)) == [
+            f"image=registry.example.com/train:2.13 cwd={instance} cuda=0,1 rank={r} "
+            f"local_rank={r} has_path_of_agent=False"
+            for r in (0, 1)
+        ]
+        calls = [json.loads(line) for line in log.read_text().splitlines()]
+        runs = [c for c in calls if c[0] == "run"]
+        assert sorted(c[c.index("--name") + 1] for c in runs) == [
+            "trainyard-11-a0-master-0",
+            "trainyard-11-a0-master-1",
+        ]
+        assert all(c[c.index("--gpus") + 1] == '"device=0,1"' for c in runs)
+        assert all(f"{FIXTURE_CODE_ROOT}:{FIXTURE_CODE_ROOT}:ro" in c for c in runs)
+        # Once the processes have ended, their containers are removed, whatever became of them.
+        wait_until(
+            lambda: sum(c[:2] == ["rm", "--force"] for c in
+                        (json.loads(x) for x in log.read_text().splitlines())) == 2,
+            10,
+            "both containers to be removed",
+        )  # fmt: skip
+    finally:
+        sup.shutdown()
+        shipper.close()
+
+
+def test_a_container_image_on_a_node_without_a_runtime_fails_with_the_reason(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    reports = Reports()
+    sup, shipper = supervisor_with(client, reports, tmp_path, None)
+    try:
+        assert sup.start(spec("container_probe.py", container_image="train:2.13"))
+        exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+        assert exited["state"] == "failed"
+        assert exited["reason"] == (
+            "image train:2.13 runs in containers, but n1 has no container runtime (docker or "
+            "podman; the agent's --container-runtime)"
+        )
+    finally:
+        sup.shutdown()
+        shipper.close()

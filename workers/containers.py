@@ -1,0 +1,145 @@
+"""Images that are containers: a trainer process run by docker or podman instead of the host's
+Python.
+
+When a job's image names a container image (`FrameworkImage.container_image`), each of an
+instance's processes runs in a container of its own, with
+- the host's network and IPC namespaces (`--network host --ipc host`): MASTER_ADDR, the node's
+  interface and NCCL's shared memory work as they do outside;
+- the same folders at the same paths: the code (the job's snapshot, or the code root), the
+  instance's folder (its metrics channel), the job's checkpoint folder, and the trainer library;
+- the GPUs the agent assigned to the instance, renumbered from 0 inside as the runtime does;
+- the environment in a file only the agent reads (`--env-file`), never on a command line;
+- `--init`, so that SIGTERM reaches the trainer and orphans are reaped;
+- a label naming the node, so that an agent that starts again removes what its previous
+  incarnation left.
+
+Stopping the `run` process does not always stop the container (a SIGKILL never reaches it), so
+the supervisor removes it by name afterwards (`remove_argv`).
+"""
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.launcher import INHERITED_ENV, LocalProcess
+
+RUNTIMES = ("docker", "podman")
+NODE_LABEL = "trainyard.node"
+PYTHON_IN_IMAGE = "python"  # the image's own interpreter, found on its PATH
+
+
+class ContainerError(RuntimeError):
+    pass
+
+
+def find_runtime(preferred: str | None = None) -> str | None:
+    """The runtime's path: `preferred` if given (a name or a path), else docker, else podman."""
+    for name in [preferred] if preferred else RUNTIMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+# Where the agent's own `workers` package appears in a container that runs a built-in example
+# (the examples import it); only that package, so nothing else of the agent's environment
+# shadows the image's own libraries.
+LIBRARY_INSIDE = Path("/opt/trainyard/lib")
+WORKERS_PACKAGE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Mount:
+    path: Path  # outside
+    inside: Path | None = None  # None: the same path inside
+    read_only: bool = False
+
+    def option(self) -> str:
+        return f"{self.path}:{self.inside or self.path}" + (":ro" if self.read_only else "")
+
+
+def example_layout(script: Path) -> tuple[Mount, Path]:
+    """A built-in example: the mount of the `workers` package, and the script's path inside."""
+    inside = LIBRARY_INSIDE / WORKERS_PACKAGE.name
+    return (
+        Mount(WORKERS_PACKAGE, inside, read_only=True),
+        inside / script.resolve().relative_to(WORKERS_PACKAGE),
+    )
+
+
+def container_name(job_id: int, attempt: int, tag: str, local_rank: int) -> str:
+    return f"trainyard-{job_id}-a{attempt}-{tag}-{local_rank}"
+
+
+def container_env(
+    process: LocalProcess, gpu_ids: list[int], library: bool = False
+) -> dict[str, str]:
+    """The process's environment as the container gets it: the image keeps its own PATH,
+    HOME and libraries, sees its GPUs numbered 0..k-1, and (`library`) imports `workers`."""
+    env = {k: v for k, v in process.env.items() if k not in INHERITED_ENV}
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpu_ids)))
+    if library:
+        env["PYTHONPATH"] = f"{LIBRARY_INSIDE}:{env.get('PYTHONPATH', '')}".rstrip(":")
+    return env
+
+
+def write_env_file(path: Path, env: dict[str, str]) -> None:
+    """docker's and podman's --env-file: KEY=VALUE lines, read as they are (no quoting)."""
+    bad = sorted(k for k, v in env.items() if "\n" in v or "\n" in k or "=" in k)
+    if bad:
+        raise ContainerError(f"variables that an env file cannot carry: {', '.join(bad)}")
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+
+
+def run_argv(
+    runtime: str,
+    image: str,
+    name: str,
+    node: str,
+    process: LocalProcess,
+    workdir: Path,
+    mounts: list[Mount],
+    env_file: Path,
+    gpu_ids: list[int],
+    script: Path | None = None,
+) -> list[str]:
+    """The argv that runs `process` (its script, or `script` inside the image, and its
+    arguments) in `image`."""
+    argv = [
+        runtime, "run", "--rm", "--name", name, "--label", f"{NODE_LABEL}={node}",
+        "--network", "host", "--ipc", "host", "--init",
+        "--env-file", str(env_file), "--workdir", str(workdir),
+    ]  # fmt: skip
+    for mount in mounts:
+        argv += ["--volume", mount.option()]
+    if gpu_ids:
+        ids = ",".join(str(g) for g in gpu_ids)
+        if Path(runtime).name == "podman":
+            for gpu in gpu_ids:  # the NVIDIA Container Toolkit's CDI names
+                argv += ["--device", f"nvidia.com/gpu={gpu}"]
+        else:
+            # The quotes are part of the value: docker splits --gpus on commas otherwise.
+            argv += ["--gpus", f'"device={ids}"']
+    script_inside = str(script) if script is not None else process.argv[1]
+    return [*argv, image, PYTHON_IN_IMAGE, script_inside, *process.argv[2:]]
+
+
+def remove_argv(runtime: str, name: str) -> list[str]:
+    """Removes the container whatever its state; succeeds quietly if it is already gone."""
+    return (
+        [runtime, "rm", "--force", "--ignore", name]
+        if Path(runtime).name == "podman"
+        else [
+            runtime,
+            "rm",
+            "--force",
+            name,
+        ]
+    )
+
+
+def leftovers_argv(runtime: str, node: str) -> list[str]:
+    """Lists (by id) the containers of this node's trainers, running or not."""
+    return [runtime, "ps", "--all", "--quiet", "--filter", f"label={NODE_LABEL}={node}"]
