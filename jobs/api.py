@@ -282,7 +282,7 @@ def job_as_dict(job: Job, queue_positions: dict[int, int] | None = None) -> dict
         "program": {
             "script": job.script,
             "args": job.args,
-            "snapshot": job.program.get("snapshot"),
+            **({"snapshot": job.program["snapshot"]} if "snapshot" in job.program else {}),
         },
         "roles": roles,
         "kvstore": job.kvstore or None,

@@ -85,7 +85,11 @@ class ErrorsOut(_Out):
 class ProgramOut(_Out):
     script: str
     args: list[str]
-    snapshot: str | None = Field(default=None, description="The code snapshot it runs, if any.")
+    snapshot: str | None = Field(
+        default=None,
+        description="The code snapshot it runs; absent for a built-in example or the code root.",
+        exclude_if=lambda value: value is None,
+    )
 
 
 class RoleOut(_Out):
