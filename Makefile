@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test bench lint format chromium clean
+.PHONY: run cluster test bench lint format chromium clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -25,6 +25,10 @@ cluster: $(VENV)/.installed
 
 test: $(VENV)/.installed chromium
 	$(PY) -m pytest
+
+# Apache MXNet 1.9.1 for the kvstore images that name it (stack/runtimes.py); prints its python.
+mxnet-env: $(VENV)/.installed
+	$(PY) -m stack.runtimes mxnet
 
 # Figures as ratios against a baseline measured in the same run; no thresholds, no asserts.
 bench: $(VENV)/.installed

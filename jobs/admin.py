@@ -34,6 +34,7 @@ class PackageAdmin(admin.ModelAdmin):
         "gpus",
         "gpu_model",
         "memory_gb",
+        "processes",
         "price_per_hour",
         "roles",
         "enabled",

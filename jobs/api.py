@@ -58,6 +58,7 @@ from jobs.services import (
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 from jobs.upload_limit import ArchiveTooBig
+from workers import contract
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
 from workers.snapshot import SnapshotError, is_sha256
 
@@ -267,9 +268,12 @@ def _bracket_depth(raw: bytes) -> int:
     return deepest
 
 
-def job_as_dict(job: Job, queue_positions: dict[int, int] | None = None) -> dict[str, Any]:
-    """A job as the API shows it (schemas.JobOut). `queue_positions`, from
-    presenters.queue_positions, saves a query per job in a list."""
+def job_as_dict(
+    job: Job, viewer: User | AnonymousUser, queue_positions: dict[int, int] | None = None
+) -> dict[str, Any]:
+    """A job as `viewer` sees it through the API (schemas.JobOut): its owner sees every value
+    of its environment, anyone else (an admin) the secret-looking ones masked.
+    `queue_positions`, from presenters.queue_positions, saves a query per job in a list."""
     roles = {
         r.role: {"package": r.package.name, "instances": r.instances}
         for r in presenters.related(job, "roles", job.roles.select_related("package"))
@@ -304,6 +308,7 @@ def job_as_dict(job: Job, queue_positions: dict[int, int] | None = None) -> dict
             "exclude_failed_node": job.exclude_failed_node,
         },
         "health_rules": job.health_rules,
+        "env": job.env if viewer.pk == job.owner_id else contract.masked_env(job.env),
         **presenters.job_state_payload(job, queue_positions),
     }
 
@@ -357,6 +362,7 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "memory_gb": p.memory_gb,
                 "price_per_hour": str(p.price_per_hour),
                 "roles": p.roles,
+                "processes": p.processes_per_instance,
                 "summary": p.summary,
             }
             for p in Package.objects.filter(enabled=True)
@@ -410,7 +416,7 @@ def job_list(
     page = list(jobs[offset : offset + limit])
     positions = presenters.queue_positions(page)
     return {
-        "jobs": [job_as_dict(j, positions) for j in page],
+        "jobs": [job_as_dict(j, request.user, positions) for j in page],
         "count": count,
         "limit": limit,
         "offset": offset,
@@ -425,12 +431,12 @@ def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
     user = _user(request)
     job = submit_job(user, check_job_request(payload, owner=user))
     job.refresh_from_db()
-    return Status(201, job_as_dict(job))
+    return Status(201, job_as_dict(job, user))
 
 
 @api.get("/jobs/{int:job_id}", response={200: JobOut, **ERRORS}, tags=["jobs"], url_name="api_job")
 def job_detail(request: HttpRequest, job_id: int) -> dict[str, Any]:
-    return job_as_dict(get_job_for(request.user, job_id))
+    return job_as_dict(get_job_for(request.user, job_id), request.user)
 
 
 @api.post(
@@ -446,7 +452,7 @@ def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
         job = outcomes.cancel(job.pk, _user(request))
     except transitions.InvalidTransition as exc:
         raise ApiError(409, "state", str(exc)) from None
-    return job_as_dict(job)
+    return job_as_dict(job, request.user)
 
 
 # --- logs ---------------------------------------------------------------------------------------
@@ -641,7 +647,7 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]
     except baselines.BaselineError as exc:
         raise ApiError(400, "baseline", str(exc)) from None
     baseline.refresh_from_db()
-    return Status(201, job_as_dict(baseline))
+    return Status(201, job_as_dict(baseline, request.user))
 
 
 # --- nodes --------------------------------------------------------------------------------------

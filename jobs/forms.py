@@ -30,6 +30,7 @@ FIELD_FOR_ERROR = {
     "restart.backoff_seconds": "restart_backoff_seconds",
     "restart.exclude_failed_node": "exclude_failed_node",
     "health_rules": "health_rules",
+    "env": "env",
 }
 # A parameter-server form has its own worker fields, and server fields.
 PS_FIELD_FOR_ERROR = {
@@ -93,6 +94,14 @@ class NewJobForm(forms.Form):
         '[{"kind": "non-finite", "metric": "loss", "action": "stop"}] — see docs/health-rules.md.',
     )
 
+    env = forms.CharField(
+        label="Environment variables",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text="NAME=value, one a line, for every process. Values of names with TOKEN, "
+        "SECRET, PASSWORD or KEY in them are masked for anyone but you.",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         images = list(FrameworkImage.objects.filter(enabled=True))
@@ -140,6 +149,17 @@ class NewJobForm(forms.Form):
         except ValueError as exc:
             raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
 
+    def clean_env(self) -> dict[str, str]:
+        env: dict[str, str] = {}
+        for number, line in enumerate((self.cleaned_data.get("env") or "").splitlines(), 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, equals, value = line.partition("=")
+            if not equals:
+                raise forms.ValidationError(f"Line {number} is not NAME=value.")
+            env[name.strip()] = value
+        return env
+
     def framework(self) -> str:
         image = FrameworkImage.objects.filter(name=self.cleaned_data.get("image")).first()
         return image.framework if image else Framework.PYTORCH
@@ -175,6 +195,8 @@ class NewJobForm(forms.Form):
             }
         if data.get("health_rules") is not None:
             request["health_rules"] = data["health_rules"]
+        if data.get("env"):
+            request["env"] = data["env"]
         if self.framework() == Framework.KVSTORE:
             request["roles"] = {
                 "server": {"package": data["server_package"], "instances": data["servers"]},

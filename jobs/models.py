@@ -63,6 +63,19 @@ class FrameworkImage(models.Model):
     container_image = models.CharField(
         max_length=300, blank=True, help_text="Optional image reference for container clusters."
     )
+    # How its instances run on a host without containers: this interpreter (a virtualenv's or
+    # a conda environment's python) instead of the agent's --trainer-python.
+    python = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="The Python its trainers run with on every node, e.g. "
+        "/opt/envs/mxnet/bin/python; empty: the agent's --trainer-python.",
+    )
+    python_per_node = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Where a node keeps it elsewhere: {"gpu-7": "/opt/conda/envs/mx/bin/python"}.',
+    )
     enabled = models.BooleanField(default=True)
     metric_definitions = models.JSONField(
         default=list,
@@ -93,6 +106,10 @@ class FrameworkImage(models.Model):
     def roles(self) -> tuple[str, ...]:
         return FRAMEWORK_ROLES[self.framework]
 
+    def python_on(self, node: str) -> str:
+        """The interpreter its trainers run with on `node`; empty: the agent's own choice."""
+        return str(self.python_per_node.get(node) or self.python)
+
     def clean(self) -> None:
         """Refuse metric definitions the agent could not use, with the reason, in the admin."""
         from jobs.healthrules import RuleError, parse_rules
@@ -107,6 +124,15 @@ class FrameworkImage(models.Model):
             parse_rules(self.health_rules)
         except RuleError as exc:
             problems["health_rules"] = str(exc)
+        paths = (
+            [self.python, *self.python_per_node.values()]
+            if isinstance(self.python_per_node, dict)
+            else [self.python]
+        )
+        if not isinstance(self.python_per_node, dict) or any(
+            not isinstance(p, str) or (p and not p.startswith("/")) for p in paths
+        ):
+            problems["python"] = "Give absolute paths: /opt/envs/NAME/bin/python."
         if problems:
             raise ValidationError(problems)
 
@@ -123,6 +149,11 @@ class Package(models.Model):
     roles = models.JSONField(
         default=list, blank=True, help_text='Roles that may use it, e.g. ["worker"]; empty: any.'
     )
+    processes = models.PositiveSmallIntegerField(
+        default=0,
+        help_text="Processes per instance of a PyTorch job (torchrun's --nproc-per-node); "
+        "0: one per GPU, or one without GPUs.",
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -135,10 +166,15 @@ class Package(models.Model):
         return not self.roles or role in self.roles
 
     @property
+    def processes_per_instance(self) -> int:
+        return self.processes or max(1, self.gpus)
+
+    @property
     def summary(self) -> str:
         gpu = f"{self.gpu_model or 'GPU'} ×{self.gpus}, " if self.gpus else ""
         cores = "1 core" if self.cpu == 1 else f"{self.cpu} cores"
-        return f"{gpu}{cores}, {self.memory_gb} GB"
+        processes = f", {self.processes} processes" if self.processes > 1 else ""
+        return f"{gpu}{cores}, {self.memory_gb} GB{processes}"
 
 
 class Quota(models.Model):
@@ -334,6 +370,9 @@ class Job(models.Model):
         CodeSnapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
     args = models.JSONField(default=list)
+    env = models.JSONField(
+        default=dict, blank=True, help_text="The job's own environment variables {NAME: value}."
+    )
     kvstore = models.CharField(
         max_length=20, choices=KVStoreMode.choices, blank=True, help_text="Parameter-server jobs."
     )

@@ -58,6 +58,13 @@ class JobIn(_In):
     metrics: Any = None
     restart: RestartIn | None = None
     health_rules: Any = None
+    env: dict[StrictStr, StrictStr] | None = Field(
+        default=None,
+        description="Environment variables for every process of the job, {NAME: value}. Names "
+        "the platform sets (MASTER_ADDR, RANK, TRAINYARD_*, TORCHELASTIC_*, DMLC_*, ...) are "
+        "refused; values of names with TOKEN, SECRET, PASSWORD or KEY in them are shown masked "
+        "to anyone but you.",
+    )
 
 
 class BaselineIn(BaseModel):
@@ -201,6 +208,9 @@ class JobOut(_Out):
     metrics: list[MetricDefinitionOut]
     restart: RestartOut
     health_rules: list[HealthRuleOut]
+    env: dict[str, str] = Field(
+        default_factory=dict, description="The job's own variables (secret-looking ones masked)."
+    )
     state: str
     reason: str
     queue_position: int | None
@@ -241,6 +251,7 @@ class PackageOut(_Out):
     memory_gb: int
     price_per_hour: str
     roles: list[str]
+    processes: int = Field(description="PyTorch processes per instance (--nproc-per-node).")
     summary: str
 
 
@@ -452,7 +463,8 @@ class NodeStateOut(_Out):
 # --- pydantic errors as messages a person understands ------------------------------------------
 
 WHOLE_NUMBER = "Give a whole number from {low} to {high}."
-# By field path, roles' names replaced by "*". A path not listed keeps pydantic's message.
+# By field path, roles' and variables' names replaced by "*". A path not listed keeps
+# pydantic's message.
 MESSAGES: dict[str, str] = {
     "request": "The request body must be a JSON object.",
     "name": "Give the job a name.",
@@ -461,6 +473,8 @@ MESSAGES: dict[str, str] = {
     "program.script": "Pick a built-in example or give a script path.",
     "program.args": "Arguments must be a list of strings.",
     "program.snapshot": "Give the code snapshot's SHA-256 as a string.",
+    "env": "Give the environment as {NAME: value}, values as strings.",
+    "env.*": "Values of environment variables are strings.",
     "roles": 'Give each role a package and instances: {"worker": {...}, ...}.',
     "roles.*": 'Give {"package": NAME, "instances": N}.',
     "roles.*.package": 'Give the package\'s name, e.g. "cpu-1".',
@@ -490,7 +504,7 @@ def field_errors(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> dict[st
             unknown.setdefault(".".join(loc[:-1]) or "request", []).append(loc[-1])
             continue
         field = ".".join(loc) or "request"
-        pattern = ".".join("*" if loc[:i] == ["roles"] else p for i, p in enumerate(loc))
+        pattern = ".".join("*" if loc[:i] in (["roles"], ["env"]) else p for i, p in enumerate(loc))
         message = MESSAGES.get(pattern or "request") or f"{error.get('msg', 'Invalid value')}."
         if message not in by_field.setdefault(field, []):
             by_field[field].append(message)

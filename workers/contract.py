@@ -22,6 +22,23 @@ RANK = "RANK"
 LOCAL_RANK = "LOCAL_RANK"
 LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 NODE_RANK = "NODE_RANK"
+# The rest of what torchrun's elastic agent sets, so that libraries that ask whether they run
+# under torchrun (torch.distributed.is_torchelastic_launched(): TORCHELASTIC_RUN_ID) take
+# their torchrun path: Lightning, Accelerate, ...
+GROUP_RANK = "GROUP_RANK"  # the instance's rank among instances (= NODE_RANK)
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"  # how many instances
+ROLE_NAME = "ROLE_NAME"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+# Where torch's @record writes the exception that ends a process; the agent reads it back
+# and makes it the replica's reason.
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default
+TORCHRUN_ROLE = "default"  # torchrun's --role default: every process is in one role
 
 # --- Environment of a parameter-server process (MXNet's names) ---
 DMLC_ROLE = "DMLC_ROLE"
@@ -49,10 +66,49 @@ TRAINYARD_CHECKPOINT_DIR = "TRAINYARD_CHECKPOINT_DIR"
 TRAINYARD_RESTART_COUNT = "TRAINYARD_RESTART_COUNT"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+
+
+def torchelastic_run_id(job_id: int) -> str:
+    """The same for every process and every attempt of a job, as a rendezvous id is."""
+    return f"trainyard-job-{job_id}"
+
+
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
+# A folder of the instance's own in this attempt, for scratch files: processes start in the
+# code's folder, which every instance of the job (and every job of its code) shares.
+TRAINYARD_SCRATCH_DIR = "TRAINYARD_SCRATCH_DIR"
 TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
 # The metrics channel: a file the process appends JSON lines to (see workers/metrics.py).
 TRAINYARD_METRICS_FILE = "TRAINYARD_METRICS_FILE"
+
+# --- A job's own environment variables (`env` in a job request) ---
+# Names the platform sets: a job may not set them (its value would be overwritten, or would
+# break the contract between the processes of the job).
+RESERVED_ENV_NAMES = frozenset(
+    {
+        MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK,
+        GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME, ROLE_RANK, ROLE_WORLD_SIZE,
+        GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+    }
+)  # fmt: skip
+RESERVED_ENV_PREFIXES = ("TRAINYARD_", "TORCHELASTIC_", "DMLC_")
+# Values of names like these are shown masked to anyone but the job's owner.
+SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+MASKED = "••••••••"
+
+
+def is_reserved_env_name(name: str) -> bool:
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+def looks_secret(name: str) -> bool:
+    return any(part in name.upper() for part in SECRET_NAME_PARTS)
+
+
+def masked_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` as someone other than its owner sees it: values of secret-looking names hidden."""
+    return {k: MASKED if looks_secret(k) else v for k, v in env.items()}
+
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
 CONSOLE_QUEUE = "console"

@@ -1,7 +1,15 @@
 """Turning a replica spec into the processes to start: argv and environment per local rank.
 
-Like torch's elastic agent, an instance with several GPUs runs one process per GPU, each with
-the variables torchrun would set (RANK, LOCAL_RANK, ...), and each with its own pipes.
+Like torch's elastic agent, an instance runs `local_world_size` processes (one per GPU, or as
+many as its package says on CPU), each with its own pipes. A PyTorch process gets every
+variable torchrun 2.13 sets: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK,
+LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME ("default"), ROLE_RANK,
+ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE, TORCHELASTIC_SIGNALS_TO_HANDLE,
+TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS, plus NODE_RANK. A parameter-server
+process gets MXNet's DMLC_* variables. Both get Trainyard's own (TRAINYARD_*), the node's
+interface where it is known (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, DMLC_INTERFACE), and the
+job's own variables (`env`, which may not name any of these).
 """
 
 import os
@@ -15,13 +23,18 @@ from workers.spec import FRAMEWORK_KVSTORE, ReplicaSpec
 # Variables a trainer may inherit from the agent's environment. Everything else (the agent's
 # Redis URL, credentials, Django settings) stays out of the trainer's reach.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
-INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_")
+INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_", "TORCH_NCCL_")
 TRAINER_LIB = Path(__file__).resolve().parent / "trainer_lib"
 
 
 def metrics_file(instance_dir: Path, local_rank: int) -> Path:
     """Where a process's metrics channel is: in its instance's folder, one file per process."""
     return instance_dir / f"metrics-{local_rank}.jsonl"
+
+
+def error_file(instance_dir: Path, local_rank: int) -> Path:
+    """Where a process's @record writes the exception that ended it (TORCHELASTIC_ERROR_FILE)."""
+    return instance_dir / f"error-{local_rank}.json"
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ def build_processes(
             contract.TRAINYARD_ROLE: spec.role,
             contract.TRAINYARD_INDEX: str(spec.index),
             contract.TRAINYARD_CHECKPOINT_DIR: str(checkpoint_dir),
+            contract.TRAINYARD_SCRATCH_DIR: str(instance_dir),
             contract.TRAINYARD_RESTART_COUNT: str(spec.attempt),
             contract.TORCHELASTIC_RESTART_COUNT: str(spec.attempt),
             contract.TORCHELASTIC_MAX_RESTARTS: str(spec.max_restarts),
@@ -111,20 +125,35 @@ def build_processes(
             common[contract.DMLC_INTERFACE] = interface
         common[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(instance_dir, 0))
         return [LocalProcess(0, argv, common)]
+    # What torchrun's elastic agent sets, name for name (torch/distributed/elastic/agent/
+    # server/local_elastic_agent.py): every process is in one role, "default", as there.
     common.update(
         {
             contract.MASTER_ADDR: spec.master_addr,
             contract.MASTER_PORT: str(master_port),
             contract.WORLD_SIZE: str(spec.world_size),
             contract.NODE_RANK: str(spec.node_rank),
+            contract.GROUP_RANK: str(spec.node_rank),
+            contract.GROUP_WORLD_SIZE: str(spec.group_world_size or spec.world_size),
             contract.LOCAL_WORLD_SIZE: str(spec.local_world_size),
+            contract.ROLE_NAME: contract.TORCHRUN_ROLE,
+            contract.ROLE_WORLD_SIZE: str(spec.world_size),
+            contract.TORCHELASTIC_RUN_ID: contract.torchelastic_run_id(spec.job_id),
+            # Rank 0 hosts the store (env://), as under torchrun's static rendezvous.
+            contract.TORCHELASTIC_USE_AGENT_STORE: "False",
+            contract.TORCH_NCCL_ASYNC_ERROR_HANDLING: common.get(
+                contract.TORCH_NCCL_ASYNC_ERROR_HANDLING, "1"
+            ),
+            contract.TORCHELASTIC_SIGNALS_TO_HANDLE: contract.SIGNALS_TO_HANDLE,
         }
     )
     processes = []
     for local_rank in range(spec.local_world_size):
         env = dict(common)
+        rank = str(spec.rank_offset + local_rank)
         env[contract.LOCAL_RANK] = str(local_rank)
-        env[contract.RANK] = str(spec.rank_offset + local_rank)
+        env[contract.RANK] = env[contract.ROLE_RANK] = rank
         env[contract.TRAINYARD_METRICS_FILE] = str(metrics_file(instance_dir, local_rank))
+        env[contract.TORCHELASTIC_ERROR_FILE] = str(error_file(instance_dir, local_rank))
         processes.append(LocalProcess(local_rank, argv, env))
     return processes

@@ -39,6 +39,9 @@ class ReplicaSpec:
     local_world_size: int
     cpus: int
     gpus: int
+    # PyTorch jobs: how many instances the job has (torchrun's GROUP_WORLD_SIZE); 0 from a
+    # console older than this field, taken as one instance per process.
+    group_world_size: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     # Parameter-server jobs only: how many servers and workers there are, and the kvstore mode.
     num_servers: int = 0
@@ -53,6 +56,8 @@ class ReplicaSpec:
     checkpoint_key: str = ""
     # The image is a container (workers/containers.py): its reference; empty: the host's Python.
     container_image: str = ""
+    # The interpreter the image's trainers run with on this node; empty: the agent's own choice.
+    python: str = ""
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
@@ -61,8 +66,8 @@ class ReplicaSpec:
             raise SpecError("job id, index and attempt must be positive")
         if not all(c.isalnum() for c in self.checkpoint_key):
             raise SpecError("the checkpoint key must be letters and digits")
-        if not 1 <= self.local_world_size <= max(1, self.gpus):
-            raise SpecError("local_world_size must be between 1 and the instance's GPU count")
+        if self.local_world_size < 1:
+            raise SpecError("an instance runs at least one process")
         if not 0 <= self.rank_offset < self.world_size:
             raise SpecError("rank_offset must lie inside the world")
         if not all(isinstance(a, str) for a in self.args):

@@ -19,8 +19,11 @@ re-sends what was already reported; a stop of a replica this node does not run s
 """
 
 import enum
+import json
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,7 +39,7 @@ from typing import Any, Protocol
 import redis
 
 from workers import containers, contract, deathsig, inventory
-from workers.launcher import TRAINER_LIB, LocalProcess, NodeNetwork, build_processes
+from workers.launcher import TRAINER_LIB, LocalProcess, NodeNetwork, build_processes, error_file
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
@@ -137,6 +140,8 @@ class _ReplicaRun:
     started_report: dict[str, Any] | None = None
     ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
     containers: list[str] = field(default_factory=list)  # names, for jobs on container images
+    instance_dir: Path | None = None  # this attempt's folder of the instance, once started
+    failed_local_rank: int | None = None  # the process whose failure ended the replica
 
     @property
     def ident(self) -> "Ident":
@@ -172,6 +177,47 @@ class _Closing:
             flush_until=now + timeout - min(2.0, 0.2 * timeout),
             give_up_at=now + timeout,
         )
+
+
+# An error file longer than this is not one torch wrote: it is not read.
+MAX_ERROR_FILE_BYTES = 1 << 20
+MAX_RECORDED_MESSAGE = 500
+
+
+def recorded_error(path: Path) -> str | None:
+    """The exception a process recorded before it died (torch.distributed.elastic's @record:
+    {"message": {"message": "RuntimeError: ...", "extraInfo": {...}}}), or None."""
+    try:
+        if path.stat().st_size > MAX_ERROR_FILE_BYTES:
+            return None
+        data = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):
+        message = message.get("message")
+    if not isinstance(message, str) or not message.strip():
+        return None
+    one_line = " ".join(message.split())
+    if len(one_line) > MAX_RECORDED_MESSAGE:
+        one_line = one_line[: MAX_RECORDED_MESSAGE - 1] + "…"
+    return one_line
+
+
+TRACEBACK_START = "Traceback (most recent call last):"
+EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)"
+    r"(?::\s.*)?$"
+)
+
+
+def last_exception(lines: list[str]) -> str | None:
+    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None."""
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i].rstrip()
+        if EXCEPTION_LINE.match(line) and any(x.startswith(TRACEBACK_START) for x in lines[:i]):
+            return line[:MAX_RECORDED_MESSAGE]
+    return None
 
 
 def describe_exit(code: int) -> str:
@@ -393,7 +439,7 @@ class Supervisor:
             if exit_code is None:
                 raise _StopRequested
             run.state = ReplicaState.SUCCEEDED if exit_code == 0 else ReplicaState.FAILED
-            reason = "" if exit_code == 0 else describe_exit(exit_code)
+            reason = "" if exit_code == 0 else self._failure_reason(run, exit_code)
         except _StopRequested:
             run.state = ReplicaState.STOPPED
             reason = run.stop_reason
@@ -442,6 +488,7 @@ class Supervisor:
         spec = run.spec
         job_dir = self._workdir / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}" / spec.tag
         job_dir.mkdir(parents=True, exist_ok=True)
+        run.instance_dir = job_dir
         try:
             script, cwd = self._program(run, job_dir)
         except (ProgramError, SnapshotError) as exc:
@@ -458,7 +505,7 @@ class Supervisor:
             job_dir,
             checkpoint_dir,
             run.gpu_ids,
-            python=self._trainer_python,
+            python=self._python_for(spec),
             network=self._network,
         ):
             argv = local.argv
@@ -510,11 +557,13 @@ class Supervisor:
         self._send_report(contract.TASK_REPLICA_STARTED, run.started_report)
 
     def _program(self, run: _ReplicaRun, instance_dir: Path) -> tuple[Path, Path]:
-        """The script to run, and the folder it runs in: a job's code snapshot, unpacked once
-        per job on this node (its processes start there, as under torchrun launched in the
-        project folder); else the code root's file or a built-in example, from the instance's
-        own folder."""
+        """The script to run, and the folder its processes start in, as under torchrun launched
+        in the project's folder: the job's code snapshot (unpacked once per job on this node),
+        or the code root. A built-in example, which has no project, starts in the instance's
+        own folder (TRAINYARD_SCRATCH_DIR, which every process gets)."""
         program = run.spec.program
+        if "path" in program and "snapshot" not in program:
+            return resolve_program(program, self._code_root), self._code_root
         if "snapshot" not in program:
             return resolve_program(program, self._code_root), instance_dir
         fetched = self.snapshots.fetches
@@ -526,6 +575,18 @@ class Supervisor:
         if self.snapshots.fetches > fetched:
             log.info("job %s: fetched code snapshot %s", run.spec.job_id, program["snapshot"])
         return resolve_under_root(code, program["path"]), code
+
+    def _python_for(self, spec: ReplicaSpec) -> str:
+        """The image's interpreter on this node, checked before anything starts; else ours."""
+        if not spec.python or spec.container_image:
+            return self._trainer_python
+        found = shutil.which(spec.python)
+        if found is None:
+            raise RuntimeError(
+                f"the job's image runs its trainers with {spec.python}, which {self.node} does "
+                "not have (see docs/deploy.md: images that name their Python)"
+            )
+        return found
 
     def _in_container(
         self,
@@ -550,8 +611,7 @@ class Supervisor:
         if "example" in spec.program:
             library, script_inside = containers.example_layout(script)
             mounts.append(library)
-        elif "snapshot" not in spec.program:
-            mounts.append(containers.Mount(self._code_root, read_only=True))
+        # The code's folder is where the processes start: the snapshot, or the code root.
         mounts += [containers.Mount(folder) for folder in sorted(folders)]
         env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
         containers.write_env_file(env_file, env)
@@ -656,6 +716,7 @@ class Supervisor:
                 if run.stop_requested.is_set():
                     return None  # it died of our SIGTERM: a stop, not a failure
                 run.ended_at = time.time()
+                run.failed_local_rank = codes.index(failed)
                 with self._lock:
                     for proc in run.procs:
                         _signal_group(proc, signal.SIGTERM)
@@ -665,6 +726,20 @@ class Supervisor:
                 return 0
             run.stop_requested.wait(MONITOR_INTERVAL_SECONDS)
         return None
+
+    def _failure_reason(self, run: _ReplicaRun, exit_code: int) -> str:
+        """How the first failed process ended; with the exception it recorded (torch's @record
+        writes it to TORCHELASTIC_ERROR_FILE), that exception and its rank."""
+        how = describe_exit(exit_code)
+        recorded = None
+        if run.failed_local_rank is not None and run.instance_dir is not None:
+            recorded = recorded_error(error_file(run.instance_dir, run.failed_local_rank))
+        if recorded is not None:
+            assert run.failed_local_rank is not None
+            return f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
+        # No @record: the exception its traceback ended with, if it printed one.
+        printed = last_exception(list(run.stderr_tail))
+        return f"{printed} ({how})" if printed else how
 
     def _request_stop(
         self, run: _ReplicaRun, reason: str, grace_seconds: float | None = None

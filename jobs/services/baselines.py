@@ -101,6 +101,7 @@ def launch_single_worker_baseline(user: User, job: Job) -> Job:
         },
         "roles": roles,
         "metrics": list(job.metric_definitions),
+        "env": dict(job.env),
     }
     if job.kvstore:
         request["kvstore"] = job.kvstore

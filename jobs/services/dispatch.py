@@ -26,12 +26,13 @@ def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
 
 
 def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, ReplicaSpec]]:
-    """In rank order: the master is node rank 0 and hosts the rendezvous; an instance with
-    several GPUs runs one process per GPU, so ranks advance by each local world size."""
+    """In rank order: the master is node rank 0 and hosts the rendezvous; an instance runs
+    its package's processes (one per GPU by default), so ranks advance by each local world
+    size."""
     replicas.sort(key=lambda r: (r.role != "master", r.index))
     master = replicas[0]
     assert master.role == "master" and master.node is not None
-    local_sizes = [max(1, r.package.gpus if r.package else 0) for r in replicas]
+    local_sizes = [r.package.processes_per_instance if r.package else 1 for r in replicas]
     world_size = sum(local_sizes)
     specs = []
     rank = 0
@@ -51,9 +52,11 @@ def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, Replica
             node_rank=node_rank,
             rank_offset=rank,
             local_world_size=local_size,
+            group_world_size=len(replicas),
             cpus=replica.package.cpu,
             gpus=replica.package.gpus,
             metric_definitions=_metric_definitions(job),
+            python=job.image.python_on(replica.node.name),
             **_attempt_fields(job),
         )
         specs.append((replica.node.name, spec))
@@ -95,6 +98,7 @@ def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str
             num_workers=workers,
             kvstore=job.kvstore,
             metric_definitions=_metric_definitions(job),
+            python=job.image.python_on(replica.node.name),
             **_attempt_fields(job),
         )
         specs.append((replica.node.name, spec))
@@ -109,6 +113,7 @@ def _attempt_fields(job: Job) -> dict[str, Any]:
         "max_restarts": job.max_restarts,
         "checkpoint_key": job.checkpoint_key,
         "container_image": job.image.container_image,
+        "extra_env": dict(job.env),
     }
 
 

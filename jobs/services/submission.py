@@ -8,6 +8,7 @@ rules, paths under the code root, the quota and the nodes' capacity.
 Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ from jobs.models import (
 from jobs.schemas import JobIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, snapshots, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
+from workers.contract import is_reserved_env_name
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
     BUILTIN_EXAMPLES,
@@ -46,6 +48,9 @@ MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
 MAX_RESTARTS = 100
+MAX_ENV_VARS = 100
+MAX_ENV_VALUE_LENGTH = 4096
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_BACKOFF_SECONDS = 3600
 
 
@@ -80,6 +85,7 @@ class JobRequest:
     metric_definitions: list[dict[str, str]] = field(default_factory=list)
     restart: RestartSettings = RestartSettings()
     health_rules: list[dict[str, object]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class _Errors:
@@ -151,6 +157,33 @@ def _check_snapshot_program(
     else:
         return {"path": path, "snapshot": sha256}
     return {}
+
+
+def _check_env(raw: dict[str, str] | None, errors: _Errors) -> dict[str, str]:
+    env = dict(raw or {})
+    if len(env) > MAX_ENV_VARS:
+        errors.add("env", f"{len(env)} variables; at most {MAX_ENV_VARS}.")
+        return {}
+    for name, value in sorted(env.items()):
+        if not ENV_NAME.match(name):
+            errors.add(
+                "env",
+                f"{name[:60]!r} is not a variable name (letters, digits and _, not starting "
+                "with a digit).",
+            )
+        elif is_reserved_env_name(name):
+            errors.add(
+                "env",
+                f"{name} is set by the platform (see the README's \"What a trainer process "
+                'gets"); pick another name.',
+            )
+        if len(value) > MAX_ENV_VALUE_LENGTH or "\x00" in value:
+            errors.add(
+                "env",
+                f"The value of {name[:60]} must be at most {MAX_ENV_VALUE_LENGTH} characters, "
+                "without NUL bytes.",
+            )
+    return env
 
 
 # Fewest instances of each role the user asks for, per framework; roles not listed are optional.
@@ -309,6 +342,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         errors.add("metrics", f"Metric definitions: {exc}.")
     restart = _check_restart(body.restart, image, errors)
     health_rules = _check_health_rules(body.health_rules, image, errors)
+    env = _check_env(body.env, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -323,6 +357,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         definitions,
         restart,
         health_rules,
+        env,
     )
 
 
@@ -357,6 +392,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.metric_definitions,
             request.restart,
             request.health_rules,
+            request.env,
         )
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
@@ -376,6 +412,7 @@ def create_job(
     metric_definitions: list[dict[str, str]] | None = None,
     restart: RestartSettings | None = None,
     health_rules: list[dict[str, object]] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
@@ -392,6 +429,7 @@ def create_job(
         program=program,
         snapshot=snapshot,
         args=args,
+        env=env or {},
         state=Job.State.PENDING,
         cpu_total=totals.cpu,
         gpus_total=totals.gpus,

@@ -101,8 +101,9 @@ def test_the_admin_listings_show_the_real_rows(admin: Page, admin_stack: Running
     expect(admin.locator("p.paginator")).to_contain_text("2 framework images")
 
     packages = {r["name"]: r for r in listing(admin, admin_stack, "package")}
-    assert sorted(packages) == ["cpu-1", "cpu-2", "server-2c12g", "worker-p100x2"]
+    assert sorted(packages) == ["cpu-1", "cpu-2", "cpu-2-x2", "server-2c12g", "worker-p100x2"]
     assert (packages["cpu-2"]["cpu"], packages["cpu-2"]["memory_gb"]) == ("2", "4")
+    assert (packages["cpu-2-x2"]["processes"], packages["cpu-2"]["processes"]) == ("2", "0")
     assert (packages["worker-p100x2"]["gpus"], packages["worker-p100x2"]["gpu_model"]) == (
         "2",
         "P100",

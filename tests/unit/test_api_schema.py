@@ -197,7 +197,7 @@ def test_the_typed_answers_keep_the_shapes_the_presenters_give(client: Client, a
         )  # fmt: skip
     client.force_login(alice)
     answer = client.get(f"/api/v1/jobs/{job.pk}")
-    assert as_text(answer.json()) == as_text(job_as_dict(job))
+    assert as_text(answer.json()) == as_text(job_as_dict(job, alice))
     assert answer.json()["health_rules"] == [
         {"kind": "no-progress", "action": "warn", "factor": 10, "minutes": 30, "min_seconds": 30},
         {"kind": "log-pattern", "action": "stop", "name": "OOM", "pattern": "out of memory",

@@ -129,9 +129,8 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
         assert sup.start(job)
         exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
         assert (exited["state"], exited["exit_code"]) == ("succeeded", 0), exited
-        instance = tmp_path / "work" / "jobs" / "11" / "attempt-0" / "master"
         assert sorted(texts(client)) == [
-            f"image=registry.example.com/train:2.13 cwd={instance} cuda=0,1 rank={r} "
+            f"image=registry.example.com/train:2.13 cwd={FIXTURE_CODE_ROOT} cuda=0,1 rank={r} "
             f"local_rank={r} has_path_of_agent=False"
             for r in (0, 1)
         ]
@@ -142,7 +141,10 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
             "trainyard-11-a0-master-1",
         ]
         assert all(c[c.index("--gpus") + 1] == '"device=0,1"' for c in runs)
-        assert all(f"{FIXTURE_CODE_ROOT}:{FIXTURE_CODE_ROOT}:ro" in c for c in runs)
+        instance = tmp_path / "work" / "jobs" / "11" / "attempt-0" / "master"
+        for c in runs:  # the code root (where they start), their folder, the job's checkpoints
+            volumes = {c[i + 1] for i, x in enumerate(c) if x == "--volume"}
+            assert {f"{FIXTURE_CODE_ROOT}:{FIXTURE_CODE_ROOT}", f"{instance}:{instance}"} <= volumes
         # Once the processes have ended, their containers are removed, whatever became of them.
         wait_until(
             lambda: sum(c[:2] == ["rm", "--force"] for c in

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from workers import contract
-from workers.launcher import build_processes
+from workers.launcher import NodeNetwork, build_processes
 from workers.spec import ReplicaSpec, SpecError
 
 
@@ -90,7 +90,7 @@ def test_it_runs_one_process_per_gpu_with_consecutive_ranks() -> None:
     "overrides",
     [
         {"framework": "tensorflow"},
-        {"local_world_size": 2},
+        {"local_world_size": 0},
         {"rank_offset": 4},
         {"args": ["ok", 3]},
         {"job_id": 0},
@@ -106,3 +106,56 @@ def test_it_round_trips_through_json_dicts() -> None:
     assert ReplicaSpec.from_dict(s.to_dict()) == s
     with pytest.raises(SpecError):
         ReplicaSpec.from_dict({**s.to_dict(), "surprise": 1})
+
+
+def test_it_sets_the_rest_of_torchruns_contract_and_the_nodes_interface() -> None:
+    procs = build_processes(
+        spec(attempt=1, max_restarts=3, group_world_size=3, rank_offset=2, world_size=5,
+             local_world_size=2, cpus=4),
+        Path("/code/t.py"),
+        29500,
+        Path("/work/5/attempt-1/worker-2"),
+        Path("/ck"),
+        [],
+        python="py",
+        base_env={},
+        network=NodeNetwork(address="10.0.0.7", interface="eth1"),
+    )  # fmt: skip
+    names = (
+        "RANK", "LOCAL_RANK", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_NAME", "ROLE_RANK",
+        "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
+        "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TRAINYARD_SCRATCH_DIR",
+    )  # fmt: skip
+    assert [{n: p.env[n] for n in names} for p in procs] == [
+        {
+            "RANK": str(2 + local), "LOCAL_RANK": str(local), "GROUP_RANK": "2",
+            "GROUP_WORLD_SIZE": "3", "ROLE_NAME": "default", "ROLE_RANK": str(2 + local),
+            "ROLE_WORLD_SIZE": "5", "TORCHELASTIC_RUN_ID": "trainyard-job-5",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCHELASTIC_ERROR_FILE": f"/work/5/attempt-1/worker-2/error-{local}.json",
+            "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3",
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "2",
+            "GLOO_SOCKET_IFNAME": "eth1", "NCCL_SOCKET_IFNAME": "eth1",
+            "TRAINYARD_SCRATCH_DIR": "/work/5/attempt-1/worker-2",
+        }
+        for local in (0, 1)
+    ]  # fmt: skip
+    assert "DMLC_NODE_HOST" not in procs[0].env
+
+
+def test_a_parameter_server_process_gets_the_nodes_address_and_interface() -> None:
+    (proc,) = build_processes(
+        spec(framework="kvstore", role="server", num_servers=2, num_workers=2,
+             kvstore="dist_sync"),
+        Path("/code/t.py"), 9000, Path("/i"), Path("/ck"), [], python="py", base_env={},
+        network=NodeNetwork(address="10.0.0.7", interface="eth1"),
+    )  # fmt: skip
+    assert {k: v for k, v in proc.env.items() if k.startswith("DMLC_")} == {
+        "DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+        "DMLC_NUM_SERVER": "2", "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "10.0.0.7",
+        "DMLC_INTERFACE": "eth1",
+    }  # fmt: skip
+    assert proc.env["GLOO_SOCKET_IFNAME"] == "eth1"  # Trainyard's own PS runs on gloo

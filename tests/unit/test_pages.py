@@ -146,3 +146,37 @@ def test_the_quota_page_shows_use_against_limits(
     client.force_login(charlie_admin)
     html = client.get("/quotas/").content.decode()
     assert 'data-name="bob"' in html and 'data-name="charlie"' in html
+
+
+def test_the_form_takes_environment_variables_one_a_line(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    env = "DATA_DIR=/mnt/data\n# a comment\n\nHF_TOKEN=hf_a=b\n"
+    r = client.post("/jobs/new/", dict(FORM, env=env))
+    job = Job.objects.get()
+    assert r.status_code == 302
+    assert job.env == {"DATA_DIR": "/mnt/data", "HF_TOKEN": "hf_a=b"}
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<code>HF_TOKEN=hf_a=b</code>" in page  # its owner sees the value
+
+
+def test_the_form_refuses_a_platform_variable_or_a_line_without_a_value(
+    client: Client, alice: User
+) -> None:
+    client.force_login(alice)
+    page = client.post("/jobs/new/", dict(FORM, env="RANK=3")).content.decode()
+    assert "RANK is set by the platform" in page
+    page = client.post("/jobs/new/", dict(FORM, env="DATA_DIR")).content.decode()
+    assert "Line 1 is not NAME=value." in page
+    assert Job.objects.count() == 0
+
+
+def test_an_admin_sees_a_jobs_secret_looking_variables_masked(
+    client: Client, alice: User, charlie_admin: User
+) -> None:
+    client.force_login(alice)
+    client.post("/jobs/new/", dict(FORM, env="HF_TOKEN=hf_secret\nSEED=7"))
+    job = Job.objects.get()
+    client.force_login(charlie_admin)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "<code>HF_TOKEN=••••••••</code>" in page and "hf_secret" not in page
+    assert "<code>SEED=7</code>" in page

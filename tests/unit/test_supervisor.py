@@ -24,7 +24,7 @@ from workers.agent import heartbeat_payload, make_celery, make_reporter
 from workers.logship import LogShipper
 from workers.procrecords import ProcRecord, record_of
 from workers.spec import ReplicaSpec
-from workers.supervisor import Supervisor, describe_exit
+from workers.supervisor import Supervisor, describe_exit, last_exception
 
 
 class Reports:
@@ -418,7 +418,8 @@ def test_heartbeats_list_what_runs_and_what_ended_lately(
     assert payload["finished"] == [
         {"job_id": 14, "attempt": 0, "role": "master", "index": 0, "state": "failed",
          "exit_code": 3,
-         "reason": "exited with code 3", "ended_at": failed["ended_at"]},
+         "reason": "RuntimeError: simulated failure in step 3 (exited with code 3)",
+         "ended_at": failed["ended_at"]},
     ]  # fmt: skip
 
     supervisor.stop_job(11, "cancelled")
@@ -527,3 +528,14 @@ def test_gpu_instances_run_a_process_per_gpu_on_the_gpus_the_agent_assigned(
     finally:
         sup.shutdown()
         shipper.close()
+
+
+def test_a_failures_reason_is_the_exception_its_traceback_ended_with(
+    supervisor: Supervisor, reports: Reports
+) -> None:
+    """No @record: the last line of the traceback the trainer printed."""
+    supervisor.start(spec("fail.py"))
+    failed = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    assert failed["reason"] == "RuntimeError: simulated failure in step 3 (exited with code 3)"
+    # Killed without a word: only how it ended.
+    assert last_exception(["epoch=1 loss: 0.5", "KeyError: 3"]) is None

@@ -40,6 +40,14 @@ IMAGES = [
 PACKAGES = [
     {"name": "cpu-1", "cpu": 1, "memory_gb": 2, "price_per_hour": Decimal("0.05")},
     {"name": "cpu-2", "cpu": 2, "memory_gb": 4, "price_per_hour": Decimal("0.10")},
+    # Two PyTorch processes per instance, as `torchrun --nproc-per-node 2` on a CPU host.
+    {
+        "name": "cpu-2-x2",
+        "cpu": 2,
+        "memory_gb": 4,
+        "processes": 2,
+        "price_per_hour": Decimal("0.10"),
+    },
     {"name": "server-2c12g", "cpu": 2, "memory_gb": 12, "price_per_hour": Decimal("0.20")},
     {
         "name": "worker-p100x2",
