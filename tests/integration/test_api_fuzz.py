@@ -40,6 +40,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from jobs import healthrules
 from tests.conftest import FUZZ_SUMMARY, RunningStack, StackClient, pytorch_request
 
 EXAMPLES_PER_MODE = 20  # per operation; derandomized, so every run sends the same requests
@@ -124,27 +125,20 @@ def submissions(catalog: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
         {"name": st.sampled_from(["loss", "acc/top1"]) | text},
         optional={"regex": st.sampled_from([r"loss=(\S+)", "(", "no group", "(a*)*$"]) | text},
     )
+    # The rules' own vocabulary (jobs.healthrules), so that a new kind or parameter is fuzzed
+    # too: every parameter with values of any type, or ones some rule takes.
+    parameters = sorted(
+        {key for keys in healthrules.PARAMS.values() for key in keys}
+        | set(healthrules.COMMON_KEYS) - {"kind", "action"}
+    )
     rule = st.fixed_dictionaries(
         {
-            "kind": st.sampled_from(
-                ["non-finite", "no-progress", "log-pattern", "throughput-drop", "gpu-idle"]
-            )
-            | text,
-            "action": st.sampled_from(["warn", "stop", "restart", "restart-exclude-node"]),
+            "kind": st.sampled_from(healthrules.KINDS) | text,
+            "action": st.sampled_from(healthrules.ACTIONS),
         },
         optional={
             key: json_values | st.sampled_from(["loss", "*", "error", "", "x*", "stderr", 10])
-            for key in (
-                "metric",
-                "factor",
-                "minutes",
-                "min_seconds",
-                "pattern",
-                "stream",
-                "fraction",
-                "below",
-                "name",
-            )
+            for key in parameters
         },
     )
     options = {
