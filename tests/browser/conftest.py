@@ -44,22 +44,27 @@ def browser() -> Iterator[Browser]:
 
 
 @contextmanager
-def user_page(
-    browser: Browser, stack: RunningStack, username: str, password: str
-) -> Iterator[Page]:
-    """A fresh browser context logged in to `stack` as that user."""
+def logged_in_page(browser: Browser, url: str, username: str, password: str) -> Iterator[Page]:
+    """A fresh browser context logged in to the console at `url` as that user."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
     page.set_default_timeout(HANG_GUARD_MS)
-    page.goto(f"{stack.url}/accounts/login/")
+    page.goto(f"{url}/accounts/login/")
     page.fill("#id_username", username)
     page.fill("#id_password", password)
     page.click("button[type=submit]")
-    page.wait_for_url(f"{stack.url}/")
+    page.wait_for_url(f"{url}/")
     try:
         yield page
     finally:
         context.close()
+
+
+def user_page(
+    browser: Browser, stack: RunningStack, username: str, password: str
+) -> AbstractContextManager[Page]:
+    """A fresh browser context logged in to `stack` as that user."""
+    return logged_in_page(browser, stack.url, username, password)
 
 
 def admin_page(browser: Browser, stack: RunningStack) -> AbstractContextManager[Page]:

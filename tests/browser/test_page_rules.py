@@ -15,6 +15,7 @@ from playwright.sync_api import Browser, Page, expect
 from jobs.models import Job
 from jobs.services import dispatch, totals
 from jobs.services.submission import check_job_request, submit_job
+from tests.browser.conftest import logged_in_page
 from tests.conftest import pytorch_request, set_quota
 from workers import contract
 
@@ -34,17 +35,8 @@ def database_beside_playwright() -> Iterator[None]:
 @pytest.fixture
 def alices_page(browser: Browser, live_server: Any, alice: User) -> Iterator[Page]:
     set_quota(alice, cpu=32, gpus=4, memory_gb=256)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.goto(f"{live_server.url}/accounts/login/")
-    page.fill("#id_username", "alice")
-    page.fill("#id_password", "alice-password")
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{live_server.url}/")
-    try:
+    with logged_in_page(browser, live_server.url, "alice", "alice-password") as page:
         yield page
-    finally:
-        context.close()
 
 
 @pytest.fixture
