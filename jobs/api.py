@@ -58,7 +58,6 @@ from jobs.services import (
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 from jobs.upload_limit import ArchiveTooBig
-from workers import contract
 from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
 from workers.snapshot import SnapshotError, is_sha256
 
@@ -308,7 +307,7 @@ def job_as_dict(
             "exclude_failed_node": job.exclude_failed_node,
         },
         "health_rules": job.health_rules,
-        "env": job.env if viewer.pk == job.owner_id else contract.masked_env(job.env),
+        "env": job.env_seen_by(viewer),
         **presenters.job_state_payload(job, queue_positions),
     }
 

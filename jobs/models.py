@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from workers.contract import tag_of
+from workers.contract import masked_env, tag_of
 
 
 class Framework(models.TextChoices):
@@ -454,6 +454,13 @@ class Job(models.Model):
             if value is not None and value.isdigit():
                 return int(value)
         return None
+
+    def env_seen_by(self, viewer: object) -> dict[str, str]:
+        """Its environment as `viewer` may see it: every value for its owner; for anyone else
+        (an admin), the values of secret-looking names masked."""
+        return (
+            dict(self.env) if getattr(viewer, "pk", None) == self.owner_id else masked_env(self.env)
+        )
 
     @property
     def script(self) -> str:

@@ -29,7 +29,6 @@ from jobs.models import Node
 from jobs.services import cluster, outcomes, presenters, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
-from workers.contract import masked_env
 
 
 @login_required
@@ -80,8 +79,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "roles": job.roles.all(),
             "workers": workers,
             "global_batch": workers * batch if batch else None,
-            # Its owner sees every value; an admin the secret-looking ones masked.
-            "env": job.env if request.user.pk == job.owner_id else masked_env(job.env),
+            "env": job.env_seen_by(request.user),
         },
     )
 
