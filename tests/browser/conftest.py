@@ -83,3 +83,16 @@ def wait_in_page(page: Page, what: str, predicate: str, arg: Any = None) -> None
 def page(browser: Browser, stack: RunningStack) -> Iterator[Page]:
     with admin_page(browser, stack) as page:
         yield page
+
+
+# Every run keeps the pages it looked at here (var/ is not tracked); docs/images/ holds the
+# copies the user guide shows, refreshed from these.
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
+
+
+def keep_screenshot(page: Page, name: str) -> Path:
+    """Save the whole page as var/screenshots/NAME.png and return the path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
