@@ -12,7 +12,7 @@ CHROMIUM := /usr/bin/chromium
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[console,agent,trainer,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[console,agent,trainer,cli,dev]"
 	touch $@
 
 run: $(VENV)/.installed

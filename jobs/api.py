@@ -34,6 +34,7 @@ from jobs.schemas import (
     JobOut,
     LogCountsOut,
     LogPageOut,
+    MeOut,
     MetricPageOut,
     NodeListOut,
     NodeStateOut,
@@ -378,6 +379,16 @@ def catalog_for(user: User) -> dict[str, Any]:
         "max_instances": settings.TRAINYARD_MAX_INSTANCES,
         "quota": quota_summary(user),
     }
+
+
+# --- who ----------------------------------------------------------------------------------------
+
+
+@api.get("/me", response={200: MeOut, **ERRORS}, tags=["catalog"], url_name="api_me")
+def me(request: HttpRequest) -> dict[str, Any]:
+    """Who you are to the console, and the quota you have left: what `trainyard login` checks."""
+    user = _user(request)
+    return {"username": user.username, "is_staff": user.is_staff, "quota": quota_summary(user)}
 
 
 # --- catalog ------------------------------------------------------------------------------------

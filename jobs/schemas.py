@@ -283,6 +283,14 @@ class QuotaOut(_Out):
     scopes: list[QuotaScopeOut]
 
 
+class MeOut(_Out):
+    """Who the request's token or session belongs to."""
+
+    username: str
+    is_staff: bool = Field(description="Staff see every job and manage nodes.")
+    quota: QuotaOut | None
+
+
 class CatalogOut(_Out):
     images: list[ImageOut]
     packages: list[PackageOut]

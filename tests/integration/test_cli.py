@@ -1,0 +1,282 @@
+"""The `trainyard` command against the real stack: the installed console script, run as a user
+runs it, with its own config folder, talking HTTP and the job websocket to uvicorn."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import RunningStack, StackClient, wait_until
+
+pytestmark = pytest.mark.integration
+
+TRAINYARD = Path(sys.executable).with_name("trainyard")
+QUOTA = {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 4}
+
+
+def cli_env(config_dir: Path, **extra: str) -> dict[str, str]:
+    """This environment without any TRAINYARD_ variable of the test run's own, so that only
+    what the test gives the command counts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINYARD_")}
+    env.update(TRAINYARD_CONFIG_DIR=str(config_dir), NO_COLOR="1", **extra)
+    return env
+
+
+def run_cli(
+    *args: str, config_dir: Path, cwd: Path | None = None, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(TRAINYARD), *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(config_dir, **env),
+        cwd=cwd,
+        input=stdin,
+        check=False,
+        timeout=600,  # a hang guard only
+    )
+
+
+def logged_in(stack: RunningStack, username: str, config_dir: Path) -> StackClient:
+    client = stack.create_user(username, "a-long-password-1", quota=QUOTA)
+    result = run_cli(
+        "login", stack.url, "--with-token", config_dir=config_dir, stdin=client.token + "\n"
+    )
+    assert result.returncode == 0, result.stderr
+    return client
+
+
+@pytest.fixture(scope="module")
+def cli(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A user logged in with `trainyard login`, their config folder and API client."""
+    config_dir = tmp_path_factory.mktemp("cli-config")
+    client = logged_in(stack, "cli-user", config_dir)
+
+    class Cli:
+        config = config_dir
+        api = client
+
+        @staticmethod
+        def __call__(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            return run_cli(*args, config_dir=config_dir, cwd=cwd)
+
+    yield Cli()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's code folder: a trainer that imports a module beside it, and a data folder
+    that .gitignore leaves out of the upload."""
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "big.bin").write_bytes(b"\0" * 1000)
+    (folder / ".gitignore").write_text("data/\n")
+    (folder / "helper.py").write_text('GREETING = "hello from the uploaded helper"\n')
+    (folder / "train.py").write_text(
+        "import argparse, os\n"
+        "import trainyard_metrics\n"
+        "from helper import GREETING\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--fail', action='store_true')\n"
+        "args = parser.parse_args()\n"
+        "print(GREETING, 'rank', os.environ['RANK'], flush=True)\n"
+        "for step in range(3):\n"
+        "    trainyard_metrics.report(step=step, loss=1.0 / (step + 1), lr=0.1)\n"
+        "if args.fail:\n"
+        "    raise SystemExit('failing on purpose')\n"
+    )
+    (folder / "job.yaml").write_text(
+        "name: cli-job-file\n"
+        "image: pytorch:2.13-cpu\n"
+        "code: .\n"
+        "program:\n"
+        "  script: train.py\n"
+        "roles:\n"
+        "  master: {package: cpu-1, instances: 1}\n"
+        "  worker: {package: cpu-1, instances: 1}\n"
+        "restart: {policy: never}\n"
+    )
+    return folder
+
+
+def test_login_keeps_the_token_readable_by_its_owner_only(
+    stack: RunningStack, cli: Any, tmp_path: Path
+) -> None:
+    saved = cli.config / "credentials.json"
+    assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+    assert stat.S_IMODE(cli.config.stat().st_mode) == 0o700
+    assert json.loads(saved.read_text()) == {"url": stack.url, "token": cli.api.token}
+    me = json.loads(cli("whoami", "--json").stdout)
+    assert me["username"] == "cli-user" and me["url"] == stack.url
+
+    # A wrong token is refused at login, and nothing is saved.
+    elsewhere = tmp_path / "other-config"
+    refused = run_cli(
+        "login", stack.url, "--with-token", config_dir=elsewhere, stdin="not-a-token\n"
+    )
+    assert refused.returncode == 3
+    assert "refused the token" in refused.stderr
+    assert not (elsewhere / "credentials.json").exists()
+
+    # TRAINYARD_URL and TRAINYARD_TOKEN stand in for a login (a CI job's secrets).
+    admin = run_cli(
+        "whoami",
+        config_dir=elsewhere,
+        TRAINYARD_URL=stack.url,
+        TRAINYARD_TOKEN=stack.admin.token,
+    )
+    assert admin.returncode == 0 and admin.stdout.startswith("admin (staff)"), admin.stderr
+    nobody = run_cli("ls", config_dir=elsewhere)
+    assert nobody.returncode == 3 and "trainyard login URL" in nobody.stderr
+
+
+def test_a_job_file_with_its_code_folder_runs_to_success(cli: Any, project: Path) -> None:
+    result = cli("submit", "job.yaml", "--follow", "--wait", cwd=project)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[master] hello from the uploaded helper rank 0" in result.stdout
+    assert "[worker-1] hello from the uploaded helper rank 1" in result.stdout
+    assert "succeeded" in result.stderr
+    job_id = int(result.stdout.split()[1])
+    job = cli.api.job(job_id)
+    assert job["state"] == "succeeded"
+    # Exactly the folder's files ran: the upload left out what .gitignore names.
+    snapshot = cli.api.http.get(f"/api/v1/snapshots/{job['program']['snapshot']}").json()
+    assert snapshot["files"] == [".gitignore", "helper.py", "job.yaml", "train.py"]
+
+
+def test_a_failing_job_gives_a_non_zero_exit_code(cli: Any, project: Path) -> None:
+    result = cli("submit", "job.yaml", "--wait", "--name", "cli-fails", "--", "--fail", cwd=project)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "failed" in result.stderr and "failing on purpose" in result.stderr
+    jobs = cli.api.http.get("/api/v1/jobs").json()["jobs"]
+    newest = next(j for j in jobs if j["name"] == "cli-fails")
+    assert newest["state"] == "failed"
+    assert newest["program"]["args"] == ["--fail"]
+
+
+def test_a_bad_job_file_gives_the_apis_field_message_and_exit_2(cli: Any, project: Path) -> None:
+    before = cli.api.http.get("/api/v1/jobs").json()["count"]
+    (project / "bad.yaml").write_text(
+        "name: bad\nimage: pytorch:2.13-cpu\nprogram: {script: train.py}\n"
+        "roles:\n  master: {package: cpu-1, instances: 1}\n"
+        "  worker: {package: no-such-package, instances: 2}\n"
+    )
+    result = cli("submit", "bad.yaml", cwd=project)
+    assert result.returncode == 2
+    # The API's own message about the field, word for word.
+    direct = cli.api.http.post(
+        "/api/v1/jobs",
+        json={
+            "name": "bad",
+            "image": "pytorch:2.13-cpu",
+            "program": {"script": "train.py"},
+            "roles": {
+                "master": {"package": "cpu-1", "instances": 1},
+                "worker": {"package": "no-such-package", "instances": 2},
+            },
+        },
+    )
+    assert direct.status_code == 400
+    [message] = direct.json()["errors"]["roles.worker.package"]
+    assert f"roles.worker.package: {message}" in result.stderr
+    assert cli.api.http.get("/api/v1/jobs").json()["count"] == before
+
+    (project / "broken.yaml").write_text("name: [unclosed\n")
+    broken = cli("submit", "broken.yaml", cwd=project)
+    assert broken.returncode == 2 and "not valid YAML (line 2" in broken.stderr
+    unknown = cli("submit", "job.yaml", "--role", "worker", cwd=project)
+    assert unknown.returncode == 2 and "ROLE=PACKAGE" in unknown.stderr
+    assert cli.api.http.get("/api/v1/jobs").json()["count"] == before
+
+
+def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:
+    submitted = json.loads(cli("submit", "job.yaml", "--wait", "--json", cwd=project).stdout)
+    job_id = submitted["id"]
+    assert submitted["state"] == "succeeded"
+    assert json.loads(cli("show", str(job_id), "--json").stdout)["id"] == job_id
+    listed = json.loads(cli("ls", "--json").stdout)
+    assert job_id in [j["id"] for j in listed]
+    assert {n["name"] for n in json.loads(cli("nodes", "--json").stdout)} >= {"node-1"}
+    assert json.loads(cli("quota", "--json").stdout)["left"]["cpu"] <= QUOTA["cpu"]
+    assert "pytorch:2.13-cpu" in [i["name"] for i in json.loads(cli("images", "--json").stdout)]
+    assert "cpu-1" in [p["name"] for p in json.loads(cli("packages", "--json").stdout)]
+    points = json.loads(cli("metrics", str(job_id), "--json").stdout)
+    assert {(p["name"], p["step"]) for p in points if p["role"] == "master"} >= {
+        ("loss", 0),
+        ("loss", 2),
+        ("lr", 1),
+    }
+    lines = [json.loads(s) for s in cli("logs", str(job_id), "--json").stdout.splitlines()]
+    assert {"cursor", "tag", "text"} <= set(lines[0])
+    assert [line["cursor"] for line in lines] == sorted({line["cursor"] for line in lines})
+    # The readable forms carry the same facts.
+    table = cli("metrics", str(job_id)).stdout
+    assert "loss" in table and "0.3333" in table
+    assert cli("metrics", str(job_id), "--csv").stdout.startswith("cursor,role,index,node,name")
+    worker_only = cli("logs", str(job_id), "--role", "worker", "--index", "1").stdout
+    assert worker_only.startswith("[worker-1] ") and "[master]" not in worker_only
+    row = next(r for r in cli("ls").stdout.splitlines() if r.split()[0] == str(job_id))
+    assert row.split()[1:3] == ["cli-job-file", "succeeded"]
+    assert cli("show", "999999").returncode == 4
+    assert cli("cancel", str(job_id)).returncode == 2  # it has ended
+
+
+def test_logs_follow_resumes_across_a_web_server_restart(
+    fault_stack: RunningStack, tmp_path: Path
+) -> None:
+    """`logs -f` loses its websocket when the web server restarts mid-job; it reconnects
+    from its last cursor: every line once, in order."""
+    config_dir = tmp_path / "config"
+    client = logged_in(fault_stack, "cli-follower", config_dir)
+    release = tmp_path / "release"
+    lines = 400
+    job = client.submit(
+        {
+            "name": "cli-follow",
+            "image": "pytorch:2.13-cpu",
+            "program": {
+                "script": "numbered.py",
+                "args": ["--lines", str(lines), "--rate", "200", "--hold-at", "100",
+                         "--release", str(release)],
+            },
+            "roles": {"master": {"package": "cpu-1", "instances": 1}},
+        }
+    )  # fmt: skip
+    follower = subprocess.Popen(
+        [str(TRAINYARD), "logs", str(job["id"]), "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=cli_env(config_dir),
+    )
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(follower.stdout or []), daemon=True)
+    errors: list[str] = []
+    err_reader = threading.Thread(target=lambda: errors.extend(follower.stderr or []), daemon=True)
+    reader.start()
+    err_reader.start()
+    try:
+        wait_until("the first 100 lines followed", lambda: len(seen) >= 100)
+
+        def while_down() -> None:
+            release.touch()  # the job goes on printing while nobody can stream it
+            wait_until(
+                "the follower to notice", lambda: any("connection lost" in e for e in errors)
+            )
+
+        fault_stack.stack.restart("web", while_down=while_down)
+        assert follower.wait(timeout=300) == 0, "".join(errors)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    reader.join(timeout=30)
+    err_reader.join(timeout=30)
+    assert any("resuming after line" in e for e in errors)
+    assert seen == [f"[master] master-0 {i}\n" for i in range(lines)]

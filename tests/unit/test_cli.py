@@ -1,0 +1,216 @@
+"""The CLI's own pieces: credentials, job files and flags, what a code upload holds, the API's
+refusals as messages, and the follower's no-duplicate rule. tests/integration/test_cli.py runs
+the command itself against the real stack."""
+
+import stat
+import tarfile
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard_cli import config, jobfile, upload
+from trainyard_cli.client import refusal
+from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
+from trainyard_cli.follow import Follower, Line, _relay, websocket_url
+from trainyard_cli.main import script_args_as_options
+from trainyard_cli.render import duration, human_bytes, human_number
+
+
+@pytest.fixture
+def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "config"
+    monkeypatch.setenv(config.CONFIG_DIR_VARIABLE, str(folder))
+    monkeypatch.delenv(config.URL_VARIABLE, raising=False)
+    monkeypatch.delenv(config.TOKEN_VARIABLE, raising=False)
+    return folder
+
+
+def test_credentials_are_saved_for_their_owner_only_and_the_environment_wins(
+    config_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(CliError) as missing:
+        config.load()
+    assert missing.value.exit_code == NOT_LOGGED_IN
+    path = config.save(config.Credentials("https://ty.example.com", "secret-1"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(config_dir.stat().st_mode) == 0o700
+    assert config.load() == config.Credentials("https://ty.example.com", "secret-1")
+    monkeypatch.setenv(config.TOKEN_VARIABLE, "from-ci")
+    assert config.load().token == "from-ci"
+    monkeypatch.setenv(config.URL_VARIABLE, "http://other:8000/")
+    assert config.load().url == "http://other:8000"
+    assert config.forget() is True and config.forget() is False
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+        ("https://ty.example.com/api/v1", "https://ty.example.com"),
+        ("https://example.com/trainyard/", "https://example.com/trainyard"),
+    ],
+)
+def test_a_console_address_is_kept_without_its_trailing_parts(given: str, expected: str) -> None:
+    assert config.normalize_url(given) == expected
+
+
+@pytest.mark.parametrize("given", ["ty.example.com", "ftp://x", "", "https://"])
+def test_what_is_not_a_console_address_is_refused(given: str) -> None:
+    with pytest.raises(CliError) as refused:
+        config.normalize_url(given)
+    assert refused.value.exit_code == BAD_INPUT
+
+
+def test_flags_override_the_job_file_field_by_field(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: from-file\nimage: pytorch:2.13-cpu\ncode: src\n"
+        "program: {script: train.py, args: [--epochs, '1']}\n"
+        "roles: {master: {package: cpu-1, instances: 1}, worker: {package: cpu-1, instances: 1}}\n"
+        "env: {A: '1'}\n"
+    )
+    draft = jobfile.read(path)
+    assert draft.code == (tmp_path / "src").resolve()
+    assert "code" not in draft.body  # the CLI's own key never reaches the API
+    body = jobfile.apply_flags(
+        draft.body,
+        name=None,
+        image=None,
+        script=None,
+        args=["--epochs", "3"],
+        roles=["worker=cpu-2:3"],
+        kvstore=None,
+        env=["B=x=y"],
+        restart_policy="on-failure",
+        max_restarts=2,
+    )
+    assert body["name"] == "from-file"
+    assert body["program"] == {"script": "train.py", "args": ["--epochs", "3"]}
+    assert body["roles"] == {
+        "master": {"package": "cpu-1", "instances": 1},
+        "worker": {"package": "cpu-2", "instances": 3},
+    }
+    assert body["env"] == {"A": "1", "B": "x=y"}
+    assert body["restart"] == {"policy": "on-failure", "max_restarts": 2}
+    assert draft.body["roles"]["worker"]["package"] == "cpu-1"  # the file's body is unchanged
+
+
+def test_a_job_without_a_name_is_named_after_its_script() -> None:
+    body = jobfile.apply_flags(
+        {},
+        name=None,
+        image="pytorch:2.13-cpu",
+        script="models/resnet.py",
+        args=[],
+        roles=["master=cpu-1"],
+        kvstore=None,
+        env=[],
+        restart_policy=None,
+        max_restarts=None,
+    )
+    assert body["name"] == "resnet"
+    assert body["roles"] == {"master": {"package": "cpu-1", "instances": 1}}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- a list\n", "must be a mapping"),
+        ("name: [open\n", "not valid YAML (line 2"),
+        ("code: [1]\nname: x\n", "code: must be a folder"),
+    ],
+)
+def test_a_bad_job_file_is_refused_before_anything_is_sent(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(CliError) as refused:
+        jobfile.read(path)
+    assert refused.value.exit_code == BAD_INPUT
+    assert message in refused.value.message
+
+
+@pytest.mark.parametrize("role", ["worker", "worker=", "=cpu-1", "worker=cpu-1:two"])
+def test_a_role_flag_must_name_a_package(role: str) -> None:
+    with pytest.raises(CliError, match=r"ROLE=PACKAGE|whole number"):
+        jobfile.parse_role(role)
+
+
+def test_an_upload_leaves_out_tool_folders_ignored_files_and_links(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "model.py").write_text("x = 1\n")
+    (tmp_path / "train.py").write_text("print(1)\n")
+    for left_out in (".git/HEAD", "__pycache__/a.pyc", ".venv/bin/python", "data/set.bin"):
+        (tmp_path / left_out).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / left_out).write_text("x")
+    (tmp_path / "notes.log").write_text("x")
+    (tmp_path / ".gitignore").write_text("data/\n")
+    (tmp_path / ".trainyardignore").write_text("*.log\n")
+    (tmp_path / "outside").symlink_to("/etc/hostname")
+    packed = upload.pack(tmp_path)
+    assert packed.files == [".gitignore", ".trainyardignore", "pkg/model.py", "train.py"]
+    assert packed.skipped_links == ["outside"]
+    with tarfile.open(fileobj=BytesIO(packed.archive)) as archive:
+        assert sorted(archive.getnames()) == packed.files
+        member = archive.extractfile("pkg/model.py")
+        assert member is not None and member.read() == b"x = 1\n"
+
+
+def test_an_empty_folder_is_not_uploaded(tmp_path: Path) -> None:
+    with pytest.raises(CliError, match="no files"):
+        upload.pack(tmp_path)
+
+
+def test_what_follows_the_double_dash_belongs_to_the_script() -> None:
+    argv = ["submit", "job.yaml", "--wait", "--", "--epochs", "3", "--"]
+    assert script_args_as_options(argv) == [
+        "submit", "job.yaml", "--wait", "--arg=--epochs", "--arg=3", "--arg=--",
+    ]  # fmt: skip
+    assert script_args_as_options(["logs", "3", "--", "x"]) == ["logs", "3", "--", "x"]
+
+
+def _response(status: int, body: Any) -> httpx.Response:
+    return httpx.Response(status, json=body, request=httpx.Request("GET", "http://x/api/v1/jobs"))
+
+
+def test_the_apis_refusals_become_messages_and_exit_codes() -> None:
+    one = refusal(_response(400, {"errors": {"roles.worker.package": ["Unknown package 'x'."]}}))
+    assert (one.message, one.exit_code) == ("roles.worker.package: Unknown package 'x'.", 2)
+    several = refusal(_response(400, {"errors": {"name": ["Give a name."], "image": ["No."]}}))
+    assert several.details == ["name: Give a name.", "image: No."]
+    assert refusal(_response(401, {"errors": {"auth": ["x"]}})).exit_code == NOT_LOGGED_IN
+    assert refusal(_response(404, {"errors": {"job": ["No such job."]}})).exit_code == NOT_FOUND
+    assert refusal(_response(502, None)).exit_code == UNAVAILABLE
+
+
+def test_a_line_received_again_after_a_reconnection_is_not_shown_twice() -> None:
+    shown: list[int] = []
+    follower = Follower(lambda line: shown.append(line.cursor))
+    batch = {"first": 1, "role": "master", "index": 0, "node": "n", "stream": "stdout", "ts": 0.0}
+    _relay({**batch, "lines": ["a", "b", "c"]}, follower)
+    _relay({**batch, "first": 2, "lines": ["b", "c", "d"]}, follower)  # resent from 2
+    assert shown == [1, 2, 3, 4]
+    assert follower.cursor == 4
+    assert isinstance(Line(1, "master", 0, "n", "stdout", 0.0, "a"), Line)
+
+
+def test_the_websocket_address_follows_the_consoles_scheme_and_prefix() -> None:
+    assert websocket_url("https://ty.example.com/p", 7, 12) == (
+        "wss://ty.example.com/p/ws/jobs/7/?after=12"
+    )
+    assert websocket_url("http://127.0.0.1:8000", 7, 0) == "ws://127.0.0.1:8000/ws/jobs/7/?after=0"
+
+
+def test_numbers_and_durations_read_well() -> None:
+    assert human_number(350_000_000) == "350 M"
+    assert human_number(1234.5) == "1.23 k"
+    assert human_number(None) == "—"
+    assert human_bytes(778) == "778 B"
+    assert duration(9.4) == "9 s"
+    assert duration(252) == "4 min 12 s"
+    assert duration(3 * 3600 + 300) == "3 h 05 min"

@@ -1,0 +1,644 @@
+"""The `trainyard` command: log in, submit jobs, follow them, read their logs and metrics.
+
+Every command is a few calls to API v1 (trainyard_cli.client) and a rendering of the answer
+(trainyard_cli.render); `--json` prints the API's own answer instead, for scripts.
+"""
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from trainyard_cli import config, jobfile, render, upload
+from trainyard_cli.client import Api
+from trainyard_cli.errors import (
+    BAD_INPUT,
+    EXIT_CODES_HELP,
+    INTERRUPTED,
+    JOB_DID_NOT_SUCCEED,
+    NOT_FOUND,
+    CliError,
+)
+from trainyard_cli.follow import Follower, Line, follow
+
+app = typer.Typer(
+    name="trainyard",
+    help="Submit and watch distributed training jobs on a Trainyard console.",
+    epilog=EXIT_CODES_HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # help texts show [master] and [worker-1] as they are
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+Json = Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")]
+JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` shows it.")]
+
+WAIT_POLL_SECONDS = 1.0
+
+
+def _api() -> Api:
+    return Api(config.load())
+
+
+@contextmanager
+def _interruptible(job_id: int | None = None) -> Iterator[None]:
+    """Ctrl-C stops the command, never the job: say how to stop that."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if job_id is not None:
+            render.note(
+                f"Stopped watching. Job {job_id} goes on; `trainyard cancel {job_id}` stops it."
+            )
+        raise typer.Exit(INTERRUPTED) from None
+
+
+# --- account ------------------------------------------------------------------------------------
+
+
+@app.command()
+def login(
+    url: Annotated[str, typer.Argument(help="The console's address, e.g. https://ty.example.com")],
+    with_token: Annotated[
+        bool, typer.Option("--with-token", help="Read the token from stdin instead of asking.")
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """Save the console's address and your API token (made on the console's API tokens page).
+
+    The token is kept in your config folder, readable only by you.
+    """
+    url = config.normalize_url(url)
+    if with_token:
+        token = sys.stdin.readline().strip()
+    else:
+        render.note(f"Make a token on {url}/account/tokens/ and paste it here.", style="")
+        token = typer.prompt("API token", hide_input=True).strip()
+    if not token:
+        raise CliError("No token given.", BAD_INPUT)
+    credentials = config.Credentials(url, token)
+    me = Api(credentials, retry_seconds=10).get("/me")
+    path = config.save(credentials)
+    if json_output:
+        render.print_json(me)
+        return
+    render.out.print(f"Logged in to {url} as {me['username']}.")
+    render.note(f"Token saved in {path}.")
+
+
+@app.command()
+def logout() -> None:
+    """Forget the saved token (it stays valid: revoke it on your API tokens page)."""
+    if config.forget():
+        render.out.print("Logged out; the token is no longer saved here.")
+    else:
+        render.out.print("Not logged in.")
+
+
+@app.command()
+def whoami(json_output: Json = False) -> None:
+    """Who the saved token belongs to, on which console."""
+    api = _api()
+    me = api.get("/me")
+    if json_output:
+        render.print_json({**me, "url": api.url})
+        return
+    staff = " (staff)" if me["is_staff"] else ""
+    render.out.print(f"{me['username']}{staff} on {api.url}")
+
+
+# --- jobs ---------------------------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    job_file: Annotated[
+        Path | None, typer.Argument(help="A job file (YAML); flags override its fields.")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="The job's name.")] = None,
+    image: Annotated[
+        str | None, typer.Option(help="A framework image (`trainyard images`).")
+    ] = None,
+    script: Annotated[str | None, typer.Option(help="The training script to run.")] = None,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="ROLE=PACKAGE[:INSTANCES], e.g. worker=cpu-1:2; repeat per role."),
+    ] = None,
+    kvstore: Annotated[str | None, typer.Option(help="Parameter-server jobs: the mode.")] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="NAME=VALUE for the job's processes; repeatable.")
+    ] = None,
+    restart: Annotated[
+        str | None, typer.Option(help='Restart policy: "never" or "on-failure".')
+    ] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="Restarts allowed.")] = None,
+    arg: Annotated[
+        list[str] | None,
+        typer.Option(help="One argument for the script; repeatable. Or put them after --."),
+    ] = None,
+    code: Annotated[
+        Path | None,
+        typer.Option(help="The folder to upload as the job's code (default: this folder)."),
+    ] = None,
+    no_upload: Annotated[
+        bool,
+        typer.Option("--no-upload", help="Run a script the console has (built-in examples)."),
+    ] = False,
+    follow_log: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait for the job to end; exit 0 only if it succeeded."),
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """Submit a job: from a job file, from flags, or both. Arguments after `--` go to the
+    script: `trainyard submit --script train.py --role master=cpu-1 -- --epochs 3`.
+
+    The script's folder is uploaded as the job's code, so it runs exactly the files you have
+    here (what .gitignore or .trainyardignore names is left out)."""
+    draft = jobfile.read(job_file) if job_file else jobfile.Draft({}, None)
+    body = jobfile.apply_flags(
+        draft.body,
+        name=name,
+        image=image,
+        script=script,
+        args=arg or [],
+        roles=role or [],
+        kvstore=kvstore,
+        env=env or [],
+        restart_policy=restart,
+        max_restarts=max_restarts,
+    )
+    api = _api()
+    folder = code.resolve() if code else draft.code
+    snapshot = _upload_code(api, body, folder, no_upload, quiet=json_output)
+    if snapshot:
+        body["program"] = {**body["program"], "snapshot": snapshot}
+    job = api.post("/jobs", json=body)
+    job_id = job["id"]
+    if not json_output:
+        render.out.print(
+            f"Job {job_id} submitted: {job['name']} ({job['state']}) "
+            f"{api.page_url(f'/jobs/{job_id}/')}"
+        )
+    if not (follow_log or wait):
+        if json_output:
+            render.print_json(job)
+        return
+    with _interruptible(job_id):
+        if follow_log:
+            job = _follow_to_end(api, job_id, 0, quiet=json_output)
+        else:
+            job = _wait_for_end(api, job_id, quiet=json_output)
+    if json_output:
+        render.print_json(job)
+    else:
+        _say_outcome(job)
+    if wait and job["state"] != "succeeded":
+        raise typer.Exit(JOB_DID_NOT_SUCCEED)
+
+
+def _upload_code(
+    api: Api, body: dict[str, Any], folder: Path | None, no_upload: bool, quiet: bool
+) -> str | None:
+    """Upload the job's code folder when the script is in it; the snapshot's SHA-256.
+
+    With no folder named, the current one is uploaded if it holds the script; otherwise the
+    console runs a script of its own (a built-in example or its code root) by that name."""
+    script = jobfile.script_of(body)
+    program = body.get("program")
+    if no_upload or not script or (isinstance(program, dict) and program.get("snapshot")):
+        return None
+    explicit = folder is not None
+    folder = folder or Path.cwd()
+    if not (folder / script).is_file():
+        if explicit:
+            raise CliError(f"program.script: {script} is not a file in {folder}.", BAD_INPUT)
+        if not quiet:
+            render.note(f"{script} is not in this folder: the console runs its own {script}.")
+        return None
+    packed = upload.pack(folder)
+    for link in packed.skipped_links:
+        render.note(f"left out {link}: a symbolic link", style="yellow")
+    answer = api.post(
+        "/snapshots",
+        files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
+        data={"name": folder.name},
+    )
+    if not quiet:
+        held = "new" if answer["new"] else "the console already had these files"
+        render.note(
+            f"Uploaded {folder.name}/: {len(packed.files)} files, "
+            f"{render.human_bytes(packed.size)} as code {answer['sha256'][:12]} ({held})."
+        )
+    return str(answer["sha256"])
+
+
+def _say_outcome(job: dict[str, Any]) -> None:
+    line = Text(f"Job {job['id']} ").append(render.state_text(job["state"]))
+    seconds = render.job_seconds(job)
+    if seconds is not None:
+        line.append(f" after {render.duration(seconds)}")
+    if job.get("reason") and job["state"] != "succeeded":
+        line.append(f": {job['reason']}")
+    render.err.print(line)
+
+
+def _wait_for_end(api: Api, job_id: int, quiet: bool) -> dict[str, Any]:
+    """Poll the job until it ends, showing its state on a terminal."""
+    last = ""
+    status = render.err.status("", spinner="dots") if render.err.is_terminal and not quiet else None
+    if status:
+        status.start()
+    try:
+        while True:
+            job = api.get(f"/jobs/{job_id}")
+            if job["state"] in render.TERMINAL_STATES:
+                return job
+            if job["state"] != last and not quiet and not render.err.is_terminal:
+                render.note(f"job {job_id}: {job['state']}")
+            last = job["state"]
+            if status:
+                status.update(_progress_line(job))
+            time.sleep(WAIT_POLL_SECONDS)
+    finally:
+        if status:
+            status.stop()
+
+
+def _progress_line(job: dict[str, Any]) -> str:
+    state = job["state"]
+    if job.get("queue_position"):
+        return f"job {job['id']}: {state}, number {job['queue_position']} in the queue"
+    seconds = render.job_seconds(job)
+    running = f" for {render.duration(seconds)}" if seconds is not None else ""
+    return f"job {job['id']}: {state}{running}"
+
+
+def _follow_to_end(
+    api: Api,
+    job_id: int,
+    after: int,
+    quiet: bool = False,
+    keep: Callable[[Line], bool] = lambda line: True,
+    as_json: bool = False,
+) -> dict[str, Any]:
+    """Print the job's log from cursor `after` to its end; the job as it ended."""
+    job = api.get(f"/jobs/{job_id}")
+    tags = render.tags_of(job)
+    states: list[str] = [job["state"]]
+
+    def on_line(line: Line) -> None:
+        if not keep(line):
+            return
+        tag = render.tag_of(line.role, line.index, tags)
+        if as_json:
+            render.print_json_line({**asdict(line), "tag": tag})
+        else:
+            render.log_line(tag, line.text, line.stream)
+
+    def on_state(state: dict[str, Any]) -> None:
+        tags.update(render.tags_of(state))
+        if state["state"] != states[-1]:
+            states.append(state["state"])
+            if not quiet:
+                render.note(f"job {job_id}: {state['state']}")
+
+    follower = Follower(on_line, on_state, lambda text: render.note(f"trainyard: {text}"))
+
+    def why_refused() -> CliError:
+        api.get(f"/jobs/{job_id}")  # raises the API's own reason (token revoked, no such job)
+        return CliError(f"The console refused to stream job {job_id}'s log.", NOT_FOUND)
+
+    follow(api.url, api.token, job_id, after, follower, why_refused)
+    # The stream ends after the final state; the HTTP answer has every field of the job.
+    return dict(api.get(f"/jobs/{job_id}"))
+
+
+@app.command("ls")
+def list_jobs(
+    limit: Annotated[int, typer.Option(help="How many of the newest jobs.")] = 20,
+    state: Annotated[
+        str | None, typer.Option(help="Only jobs in this state (queued, running, failed...).")
+    ] = None,
+    json_output: Json = False,
+) -> None:
+    """Your jobs, newest first (staff see everyone's)."""
+    api = _api()
+    jobs: list[dict[str, Any]] = []
+    offset: int | None = 0
+    while offset is not None and len(jobs) < limit:
+        page = api.get("/jobs", limit=min(200, max(limit, 1)), offset=offset)
+        jobs += [j for j in page["jobs"] if state is None or j["state"] == state]
+        offset = page["next"]
+    jobs = jobs[:limit]
+    if json_output:
+        render.print_json(jobs)
+        return
+    if not jobs:
+        render.note("No jobs yet: `trainyard submit` starts one.")
+        return
+    owners = {j["owner"] for j in jobs}
+    columns = ["ID", "NAME", "STATE", "IMAGE", "INSTANCES", "CREATED", "DURATION"]
+    if len(owners) > 1:
+        columns.append("OWNER")
+    rows = []
+    for j in jobs:
+        row: list[Any] = [
+            j["id"],
+            j["name"],
+            render.state_text(j["state"]),
+            j["image"],
+            render.instances(j),
+            render.local_time(j["created"]),
+            render.duration(render.job_seconds(j)),
+        ]
+        if len(owners) > 1:
+            row.append(j["owner"])
+        rows.append(row)
+    render.table(columns, rows)
+
+
+@app.command()
+def show(job_id: JobId, json_output: Json = False) -> None:
+    """One job: state, resources, times and each instance."""
+    api = _api()
+    job = api.get(f"/jobs/{job_id}")
+    if json_output:
+        render.print_json(job)
+        return
+    totals = job["totals"]
+    roles = ", ".join(
+        f"{name} {r['instances']} × {r['package']}" for name, r in job["roles"].items()
+    )
+    program = job["program"]
+    code = f" (code {program['snapshot'][:12]})" if program.get("snapshot") else ""
+    fields = [
+        ("Job", f"{job['id']} {job['name']}"),
+        ("State", render.state_text(job["state"])),
+        ("Reason", job["reason"] or "—"),
+        ("Owner", job["owner"]),
+        ("Image", job["image"] + (f", kvstore {job['kvstore']}" if job["kvstore"] else "")),
+        ("Program", " ".join([program["script"], *program["args"]]) + code),
+        ("Roles", roles),
+        (
+            "Resources",
+            f"{totals['cpu']} CPU, {totals['gpus']} GPU, {totals['memory_gb']} GB, "
+            f"{totals['price_per_hour']} per hour",
+        ),
+        ("Created", render.local_time(job["created"])),
+        ("Started", render.local_time(job["started"])),
+        ("Ended", render.local_time(job["finished"])),
+        ("Duration", render.duration(render.job_seconds(job))),
+        ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
+        ("Page", api.page_url(f"/jobs/{job_id}/")),
+    ]
+    if job.get("queue_position"):
+        fields.insert(3, ("Queue", f"number {job['queue_position']}"))
+    render.table(["", ""], fields)
+    render.out.print()
+    render.table(
+        ["INSTANCE", "NODE", "STATE", "EXIT", "REASON"],
+        [
+            [
+                r["tag"],
+                r["node"] or "—",
+                render.state_text(r["state"]),
+                "" if r["exit_code"] is None else r["exit_code"],
+                r["reason"],
+            ]
+            for r in job["replicas"]
+        ],
+    )
+
+
+@app.command()
+def cancel(job_id: JobId, json_output: Json = False) -> None:
+    """Stop every process of the job."""
+    job = _api().post(f"/jobs/{job_id}/cancel")
+    if json_output:
+        render.print_json(job)
+        return
+    render.out.print(f"Job {job_id}: {job['state']}")
+
+
+@app.command()
+def logs(
+    job_id: JobId,
+    follow_log: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines until the job ends.")
+    ] = False,
+    role: Annotated[str | None, typer.Option(help="Only this role's lines.")] = None,
+    index: Annotated[int | None, typer.Option(help="Only this instance of the role.")] = None,
+    since: Annotated[
+        int, typer.Option(help="Only lines after this cursor (from an earlier --json).")
+    ] = 0,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line, with its cursor.")
+    ] = False,
+) -> None:
+    """The job's log, each line tagged with its instance ([master], [worker-1], ...)."""
+    if since < 0:
+        raise CliError("--since must be a cursor: a whole number from 0.", BAD_INPUT)
+    api = _api()
+
+    def keep(line: Line) -> bool:
+        return (role is None or line.role == role) and (index is None or line.index == index)
+
+    with _interruptible(job_id if follow_log else None):
+        if follow_log:
+            _follow_to_end(api, job_id, since, quiet=json_output, keep=keep, as_json=json_output)
+            return
+        tags = render.tags_of(api.get(f"/jobs/{job_id}"))
+        after = since
+        while True:
+            page = api.get(
+                f"/jobs/{job_id}/logs", after=after, role=role, index=index, limit=10_000
+            )
+            for line in page["lines"]:
+                tag = render.tag_of(line["role"], line["index"], tags)
+                if json_output:
+                    render.print_json_line({**line, "tag": tag})
+                else:
+                    render.log_line(tag, line["text"], line["stream"])
+            if page["complete"] or page["next"] == after:
+                return
+            after = page["next"]
+
+
+@app.command()
+def metrics(
+    job_id: JobId,
+    csv: Annotated[bool, typer.Option("--csv", help="Every point as CSV.")] = False,
+    name: Annotated[str | None, typer.Option(help="Only this metric.")] = None,
+    last: Annotated[int, typer.Option(help="Rows of the table: the latest steps.")] = 20,
+    json_output: Json = False,
+) -> None:
+    """The job's metrics: a table of the latest steps of its first instance, or every point
+    of every instance as CSV or JSON."""
+    api = _api()
+    if csv:
+        for chunk in api.stream_text(f"/jobs/{job_id}/metrics.csv"):
+            sys.stdout.write(chunk)
+        return
+    points: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = api.get(f"/jobs/{job_id}/metrics", after=after, name=name)
+        points += page["points"]
+        if not page["points"] or page["next"] == after:
+            break
+        after = page["next"]
+    if json_output:
+        render.print_json(points)
+        return
+    if not points:
+        render.note(f"Job {job_id} has reported no metrics yet.")
+        return
+    job = api.get(f"/jobs/{job_id}")
+    tags = render.tags_of(job)
+
+    def rank(p: dict[str, Any]) -> tuple[bool, str, int]:  # master first, then by role, index
+        return (p["role"] != "master", p["role"], p["index"])
+
+    first = min(rank(p) for p in points)
+    chosen = [p for p in points if rank(p) == first]
+    names = sorted({p["name"] for p in chosen})
+    rows: dict[Any, dict[str, str]] = {}
+    for p in chosen:
+        key = p["step"] if p["step"] is not None else p["epoch"]
+        value = p["nonfinite"] or render.human_number(p["value"])
+        rows.setdefault(key, {})[p["name"]] = value
+    keys = [k for k in rows if k is not None][-last:]
+    tag = render.tag_of(chosen[0]["role"], chosen[0]["index"], tags)
+    render.table(
+        ["STEP", *names],
+        [[k, *(rows[k].get(n, "") for n in names)] for k in keys],
+        title=f"Job {job_id}, [{tag}], the last {len(keys)} steps",
+    )
+
+
+# --- the cluster and the catalog ----------------------------------------------------------------
+
+
+@app.command()
+def nodes(json_output: Json = False) -> None:
+    """The nodes: status, what they hold and what is free, their jobs."""
+    answer = _api().get("/nodes")["nodes"]
+    if json_output:
+        render.print_json(answer)
+        return
+
+    def use(n: dict[str, Any], resource: str) -> str:
+        return f"{n['used'].get(resource, 0)} / {n['capacity'].get(resource, 0)}"
+
+    render.table(
+        ["NODE", "STATUS", "ADDRESS", "CPU", "GPUS", "MEMORY GB", "JOBS", "LAST HEARTBEAT"],
+        [
+            [
+                n["name"],
+                n["status"],
+                n["address"],
+                use(n, "cpu"),
+                use(n, "gpus"),
+                use(n, "memory_gb"),
+                ", ".join(str(j) for j in n["jobs"]) or "—",
+                render.local_time(n["last_heartbeat"]),
+            ]
+            for n in answer
+        ],
+    )
+
+
+@app.command()
+def quota(json_output: Json = False) -> None:
+    """What you may still start: every quota that binds you, used against its limit."""
+    summary = _api().get("/me")["quota"]
+    if json_output:
+        render.print_json(summary)
+        return
+    if summary is None:
+        render.out.print("No quota applies to you: ask an admin to set one before you submit.")
+        return
+    terms = ("cpu", "gpus", "memory_gb", "jobs")
+    rows = [
+        [
+            f"{s['kind']} {s['name']}" if s["kind"] == "group" else s["kind"],
+            *(f"{s['used'][t]} / {s['limit'][t]}" for t in terms),
+        ]
+        for s in summary["scopes"]
+    ]
+    rows.append(["left", *(str(summary["left"][t]) for t in terms)])
+    render.table(["QUOTA", "CPU", "GPUS", "MEMORY GB", "JOBS"], rows)
+
+
+@app.command()
+def images(json_output: Json = False) -> None:
+    """The framework images jobs can use, with their roles."""
+    answer = _api().get("/catalog")["images"]
+    if json_output:
+        render.print_json(answer)
+        return
+    render.table(
+        ["IMAGE", "FRAMEWORK", "ROLES", "DESCRIPTION"],
+        [[i["name"], i["framework"], ", ".join(i["roles"]), i["description"]] for i in answer],
+    )
+
+
+@app.command()
+def packages(json_output: Json = False) -> None:
+    """The resource packages an instance can take."""
+    answer = _api().get("/catalog")["packages"]
+    if json_output:
+        render.print_json(answer)
+        return
+    render.table(
+        ["PACKAGE", "CPU", "GPUS", "MEMORY GB", "PROCESSES", "PRICE / HOUR", "ROLES"],
+        [
+            [
+                p["name"],
+                p["cpu"],
+                f"{p['gpus']} {p['gpu_model']}".strip() if p["gpus"] else "0",
+                p["memory_gb"],
+                p["processes"],
+                p["price_per_hour"],
+                ", ".join(p["roles"]) or "any",
+            ]
+            for p in answer
+        ],
+    )
+
+
+def script_args_as_options(argv: list[str]) -> list[str]:
+    """`submit ... -- --epochs 3` → `submit ... --arg=--epochs --arg=3`: what follows `--`
+    belongs to the script, and click would otherwise give its first word to JOB_FILE."""
+    if "submit" not in argv or "--" not in argv[argv.index("submit") :]:
+        return argv
+    cut = argv.index("--", argv.index("submit"))
+    return argv[:cut] + [f"--arg={word}" for word in argv[cut + 1 :]]
+
+
+def main() -> None:
+    """The console script: a CliError becomes its message on stderr and its exit code; click
+    turns usage errors into exit code 2 itself."""
+    try:
+        app(args=script_args_as_options(sys.argv[1:]), prog_name="trainyard")
+    except CliError as exc:
+        render.err.print(Text(f"trainyard: {exc.message}", style="red"))
+        for line in exc.details:
+            render.err.print(Text(f"  {line}"))
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()
