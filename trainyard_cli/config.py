@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
+import typer
 
 from trainyard_cli.errors import BAD_INPUT, NOT_LOGGED_IN, CliError
 
@@ -27,7 +27,7 @@ class Credentials:
 
 
 def config_dir() -> Path:
-    return Path(os.environ.get(CONFIG_DIR_VARIABLE) or click.get_app_dir("trainyard"))
+    return Path(os.environ.get(CONFIG_DIR_VARIABLE) or typer.get_app_dir("trainyard"))
 
 
 def credentials_path() -> Path:

@@ -214,3 +214,20 @@ def test_numbers_and_durations_read_well() -> None:
     assert duration(9.4) == "9 s"
     assert duration(252) == "4 min 12 s"
     assert duration(3 * 3600 + 300) == "3 h 05 min"
+
+
+def test_the_cli_needs_nothing_of_the_console() -> None:
+    """`pip install '.[cli]'` on a laptop gets no Django, Celery or torch: the command must not
+    import them (nor the console's own packages)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, trainyard_cli.main; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'django', 'celery', 'kombu', 'redis', 'torch', 'jobs', 'workers', 'console', 'stack'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
