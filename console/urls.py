@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from jobs import api, views
+from jobs import account_views, api, user_views, views
 from jobs.login_throttle import AdminLoginForm, LoginForm
 
 # Both login pages say how long to wait when the login throttle refuses an attempt.
@@ -15,6 +15,11 @@ urlpatterns = [
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("nodes/", views.node_list, name="node_list"),
     path("quotas/", views.quota_list, name="quota_list"),
+    path("account/tokens/", account_views.token_list, name="token_list"),
+    path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke, name="token_revoke"),
+    path("users/", user_views.user_list, name="user_list"),
+    path("users/<int:user_id>/", user_views.user_edit, name="user_edit"),
+    path("users/groups/<int:group_id>/", user_views.group_edit, name="group_edit"),
     path(
         "accounts/login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"
     ),

@@ -7,6 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.models import (
+    ApiToken,
     FrameworkImage,
     HealthEvent,
     Job,
@@ -18,6 +19,12 @@ from jobs.models import (
     Replica,
 )
 from jobs.services import nodes, scheduling
+
+admin.site.site_header = "Trainyard administration"
+admin.site.site_title = "Trainyard admin"
+admin.site.index_title = "Images, packages, quotas, nodes, jobs and users"
+# "View site" leads back to the console.
+admin.site.site_url = "/"
 
 
 @admin.register(FrameworkImage)
@@ -46,6 +53,25 @@ class PackageAdmin(admin.ModelAdmin):
 class QuotaAdmin(admin.ModelAdmin):
     list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs")
     fields = ("is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Admins see and revoke (delete) tokens; they never see a token's digest, and make none
+    here: a key is shown once, to its owner, on their API tokens page."""
+
+    list_display = ("name", "key_prefix", "user", "created", "last_used")
+    list_filter = ("created", "last_used")
+    search_fields = ("name", "prefix", "user__username")
+    fields = ("name", "key_prefix", "user", "created", "last_used")
+    readonly_fields = ("key_prefix", "user", "created", "last_used")
+
+    @admin.display(description="key", ordering="prefix")
+    def key_prefix(self, token: ApiToken) -> str:
+        return f"{token.prefix}…" if token.prefix else "—"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 CAPACITY_FIELDS = ("cpu", "gpus", "memory_gb")

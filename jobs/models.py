@@ -664,21 +664,37 @@ class MetricPoint(models.Model):
 
 
 class ApiToken(models.Model):
-    """A key for `Authorization: Token KEY`. Only its SHA-256 is stored."""
+    """A key for `Authorization: Token KEY`. Only its SHA-256 is stored, with the key's first
+    characters (`prefix`), which tell a user's tokens apart but do not let anyone use one."""
+
+    PREFIX_LENGTH = 8
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    # What the user calls it ("laptop"); tokens issued before names existed have none.
+    name = models.CharField(max_length=100, blank=True)
+    prefix = models.CharField(max_length=PREFIX_LENGTH, blank=True, editable=False)
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
+    # Written by jobs.tokens at most once a minute per token, not on every request.
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        verbose_name = "API token"
 
     def __str__(self) -> str:
-        return f"token of {self.user} ({self.created:%Y-%m-%d})"
+        label = self.name or "token"
+        return f"{label} of {self.user} ({self.created:%Y-%m-%d})"
 
     @staticmethod
     def hash(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
 
     @classmethod
-    def issue(cls, user: models.Model) -> str:
+    def issue(cls, user: models.Model, name: str = "") -> str:
+        """A new key for the user; it exists only in what this returns."""
         key = secrets.token_urlsafe(32)
-        cls.objects.create(user=user, digest=cls.hash(key))
+        cls.objects.create(
+            user=user, name=name, prefix=key[: cls.PREFIX_LENGTH], digest=cls.hash(key)
+        )
         return key

@@ -408,6 +408,9 @@ class Stack:
     # Each agent on a "host" of its own: a network namespace with its own address on a bridge
     # (stack/netns.py, `make cluster`). Redis then listens on the bridge too.
     hosts_in_namespaces: bool = False
+    # The default quota from what the local nodes hold (`make run`), not the starter one that
+    # the tests' stacks count on: load_catalog refits it only while it has the starter values.
+    fit_default_quota: bool = False
     # How an agent is started, before its options: this Python's `-m workers.agent`, or the
     # `trainyard-agent` of an environment that holds only the agent (no Django).
     agent_command: list[str] = field(
@@ -471,8 +474,23 @@ class Stack:
         self.var_dir.mkdir(parents=True, exist_ok=True)
         (self.var_dir / "logs").mkdir(exist_ok=True)
         self.manage("migrate", "--noinput", quiet=True)
-        self.manage("load_catalog", quiet=True)
+        self.manage("load_catalog", *self.default_quota_options(), quiet=True)
         return self.manage("ensure_admin").strip()
+
+    def default_quota_options(self) -> list[str]:
+        """load_catalog's options for a default quota that fits the local nodes: all their
+        cores and memory, and the GPUs this machine has (each local agent advertises the same
+        GPUs, so the nodes' sum would count them more than once)."""
+        if not self.fit_default_quota:
+            return []
+        from workers.inventory import detect_gpus
+
+        gpus, _ = detect_gpus()
+        return [
+            "--quota-cpu", str(self.nodes * self.node_cpus),
+            "--quota-memory-gb", str(self.nodes * self.node_memory_gb),
+            "--quota-gpus", str(gpus),
+        ]  # fmt: skip
 
     def manage(self, *args: str, quiet: bool = False) -> str:
         result = subprocess.run(
@@ -655,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         # Redis listens on the bridge too: never without a password there.
         redis_password=secrets.token_urlsafe(24) if args.cluster else "",
         hosts_in_namespaces=args.cluster,
+        fit_default_quota=True,
     )
     pid_file = stack.var_dir / "stack.pid"
     if pid_file.exists():

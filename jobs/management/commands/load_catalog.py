@@ -1,10 +1,15 @@
 """Load the starter catalog (images, packages, default quota). Safe to run again: existing
-rows keep whatever an admin changed."""
+rows keep whatever an admin changed.
+
+The default quota is the starter one (DEFAULT_QUOTA) unless --quota-* options say otherwise:
+`make run` gives what its local nodes hold, so that a new user's default fits them. With
+options, a default quota that still has the starter values (no admin changed it) is refitted.
+"""
 
 from decimal import Decimal
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.models import Framework, FrameworkImage, Package, Quota
 
@@ -61,14 +66,61 @@ PACKAGES = [
 
 DEFAULT_QUOTA = {"cpu": 32, "gpus": 4, "memory_gb": 256, "running_jobs": 4}
 
+# --quota-NAME option → the Quota field it sets.
+QUOTA_OPTIONS = {"quota_cpu": "cpu", "quota_gpus": "gpus", "quota_memory_gb": "memory_gb",
+                 "quota_jobs": "running_jobs"}  # fmt: skip
+
 
 class Command(BaseCommand):
     help = "Create the starter framework images, packages and default quota if missing."
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        for option, field in QUOTA_OPTIONS.items():
+            parser.add_argument(
+                "--" + option.replace("_", "-"),
+                dest=option,
+                type=int,
+                default=None,
+                metavar="N",
+                help=f"the default quota's {field} (default {DEFAULT_QUOTA[field]})",
+            )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        wanted = _wanted_quota(options)  # checked before anything is written
         for image in IMAGES:
             FrameworkImage.objects.get_or_create(name=image["name"], defaults=image)
         for package in PACKAGES:
             Package.objects.get_or_create(name=package["name"], defaults=package)
-        Quota.objects.get_or_create(is_default=True, defaults=DEFAULT_QUOTA)
+        self.stdout.write(_load_default_quota(wanted))
         self.stdout.write("starter catalog loaded")
+
+
+def _wanted_quota(options: dict[str, Any]) -> dict[str, int]:
+    wanted = dict(DEFAULT_QUOTA)
+    for option, field in QUOTA_OPTIONS.items():
+        if options.get(option) is not None:
+            if options[option] < 0:
+                raise CommandError(f"--{option.replace('_', '-')} cannot be negative.")
+            wanted[field] = options[option]
+    return wanted
+
+
+def _load_default_quota(wanted: dict[str, int]) -> str:
+    quota, created = Quota.objects.get_or_create(is_default=True, defaults=wanted)
+    if created:
+        return f"default quota: {_describe(quota)}"
+    # Refit only the starter values: anything else is an admin's choice.
+    current = {field: getattr(quota, field) for field in DEFAULT_QUOTA}
+    if current == DEFAULT_QUOTA and wanted != DEFAULT_QUOTA:
+        for field, value in wanted.items():
+            setattr(quota, field, value)
+        quota.save(update_fields=list(wanted))
+        return f"default quota refitted: {_describe(quota)}"
+    return f"default quota kept: {_describe(quota)}"
+
+
+def _describe(quota: Quota) -> str:
+    return (
+        f"{quota.cpu} CPU cores, {quota.gpus} GPUs, {quota.memory_gb} GB, "
+        f"{quota.running_jobs} jobs at once"
+    )

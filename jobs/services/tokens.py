@@ -1,0 +1,47 @@
+"""A user's own API tokens: issue one by name, list them, revoke one.
+
+Keys are stored hashed (jobs.models.ApiToken), so a key exists only in what `issue` returns:
+whoever shows it must show it then, once. Authentication is jobs.tokens.
+"""
+
+from dataclasses import dataclass
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from jobs.models import ApiToken
+
+NAME_MAX_LENGTH = ApiToken._meta.get_field("name").max_length or 100
+
+
+class BadTokenName(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Issued:
+    token: ApiToken
+    key: str
+
+
+def issue(user: User, name: str) -> Issued:
+    name = name.strip()
+    if len(name) > NAME_MAX_LENGTH:
+        raise BadTokenName(f"A token's name has at most {NAME_MAX_LENGTH} characters.")
+    key = ApiToken.issue(user, name=name)
+    return Issued(ApiToken.objects.get(digest=ApiToken.hash(key)), key)
+
+
+def tokens_of(user: User) -> QuerySet[ApiToken]:
+    """The user's tokens, newest first."""
+    return ApiToken.objects.filter(user=user).order_by("-created", "-id")
+
+
+def revoke(user: User, token_id: int) -> ApiToken | None:
+    """Delete one of the user's own tokens; None when they have no token of that id (someone
+    else's included: nobody learns which ids exist)."""
+    token = ApiToken.objects.filter(user=user, pk=token_id).first()
+    if token is None:
+        return None
+    token.delete()
+    return token
