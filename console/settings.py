@@ -290,6 +290,15 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
 # Upper bound on instances of one role: a typo like 10000 must not create 10000 rows.
 TRAINYARD_MAX_INSTANCES = env_int("TRAINYARD_MAX_INSTANCES", 64)
+# The currency packages are priced in (an ISO 4217 code): pages show prices and "samples per
+# dollar" in it. Only the label changes; the amounts are the packages' own.
+TRAINYARD_CURRENCY = env_str("TRAINYARD_CURRENCY", "USD").strip().upper()
+if not (
+    len(TRAINYARD_CURRENCY) == 3 and TRAINYARD_CURRENCY.isascii() and TRAINYARD_CURRENCY.isalpha()
+):
+    raise ImproperlyConfiguredEnv(
+        f"TRAINYARD_CURRENCY={TRAINYARD_CURRENCY!r} is not a three-letter currency code (USD, EUR)"
+    )
 # A log websocket whose client has not taken one frame in this long is closed (code 4408) and
 # resumes from its cursor, rather than having the server buffer for it without bound.
 TRAINYARD_WS_SEND_TIMEOUT_SECONDS = env_int("TRAINYARD_WS_SEND_TIMEOUT_SECONDS", 20)

@@ -2,6 +2,7 @@
 services layer; the shapes live in jobs/schemas.py, and the OpenAPI document at
 /api/v1/openapi.json (a readable reference at /api/v1/docs) is generated from them."""
 
+import dataclasses
 import json
 from collections.abc import Callable
 from functools import wraps
@@ -47,6 +48,7 @@ from jobs.schemas import (
 from jobs.services import (
     baselines,
     cluster,
+    code_choices,
     metric_export,
     nodes,
     outcomes,
@@ -59,7 +61,6 @@ from jobs.services import (
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 from jobs.upload_limit import ArchiveTooBig
-from workers.programs import BUILTIN_DESCRIPTIONS, BUILTIN_EXAMPLES, BUILTIN_FRAMEWORKS
 from workers.snapshot import SnapshotError, is_sha256
 
 MAX_LOG_PAGE = 10_000
@@ -369,12 +370,14 @@ def catalog_for(user: User) -> dict[str, Any]:
         ],
         "examples": [
             {
-                "name": name,
-                "framework": BUILTIN_FRAMEWORKS[name],
-                "description": BUILTIN_DESCRIPTIONS.get(name, ""),
+                "name": e.name,
+                "framework": e.framework,
+                "description": e.description,
+                "arguments": [dataclasses.asdict(a) for a in e.arguments],
             }
-            for name in BUILTIN_EXAMPLES
+            for e in code_choices.examples()
         ],
+        "currency": settings.TRAINYARD_CURRENCY,
         "code_root": str(settings.TRAINYARD_CODE_ROOT),
         "max_instances": settings.TRAINYARD_MAX_INSTANCES,
         "quota": quota_summary(user),
@@ -396,7 +399,8 @@ def me(request: HttpRequest) -> dict[str, Any]:
 
 @api.get("/catalog", response={200: CatalogOut, **ERRORS}, tags=["catalog"], url_name="api_catalog")
 def catalog(request: HttpRequest) -> dict[str, Any]:
-    """Images, packages, built-in examples and the quota left."""
+    """Images, packages (priced in `currency`), the built-in examples with their arguments, and
+    the quota left."""
     return catalog_for(_user(request))
 
 

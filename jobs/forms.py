@@ -6,11 +6,17 @@ from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.contrib.auth.models import AnonymousUser, User
 
 from jobs.models import Framework, FrameworkImage, KVStoreMode, Package, RestartPolicy
-from workers.programs import BUILTIN_EXAMPLES
+from jobs.money import format_price
+from jobs.services import code_choices
 
+# The program menu's values besides the examples' names and the code root's paths: "type a
+# path" (script_path says which), and "snapshot:SHA256" for the user's uploaded code
+# (snapshot_script says which file in it).
 PATH_CHOICE = "__path__"
+SNAPSHOT_CHOICE = "snapshot:"
 
 # Which form field shows an error the services report for a request field.
 FIELD_FOR_ERROR = {
@@ -47,9 +53,25 @@ PS_FIELD_FOR_ERROR = {
 class NewJobForm(forms.Form):
     name = forms.CharField(max_length=200)
     image = forms.ChoiceField()
-    script = forms.ChoiceField(label="Training program")
+    script = forms.ChoiceField(
+        label="Training program",
+        help_text="A built-in example, a script under the code root, or code you uploaded.",
+    )
+    # Free text with suggestions (a datalist): a script the menu did not list still runs.
     script_path = forms.CharField(
-        required=False, label="Script path", help_text="Relative to the code root."
+        required=False,
+        label="Script path",
+        widget=forms.TextInput(
+            attrs={"list": "code-root-scripts", "autocomplete": "off", "spellcheck": "false"}
+        ),
+    )
+    snapshot_script = forms.CharField(
+        required=False,
+        label="Script in the uploaded code",
+        help_text="Its path inside the upload; the list shows its Python files.",
+        widget=forms.TextInput(
+            attrs={"list": "snapshot-scripts", "autocomplete": "off", "spellcheck": "false"}
+        ),
     )
     args = forms.CharField(
         required=False,
@@ -102,23 +124,25 @@ class NewJobForm(forms.Form):
         "SECRET, PASSWORD or KEY in them are masked for anyone but you.",
     )
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: User | AnonymousUser | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.examples = code_choices.examples()
+        self.root_scripts = code_choices.code_root_scripts(settings.TRAINYARD_CODE_ROOT)
+        self.snapshots = (
+            code_choices.snapshot_choices(user)
+            if isinstance(user, User) and user.is_authenticated
+            else []
+        )
         images = list(FrameworkImage.objects.filter(enabled=True))
         self._choices("image", [(i.name, i.name) for i in images])
         # PyTorch first: the most common kind of job, and the form's simplest shape.
         self.fields["image"].initial = next(
             (i.name for i in images if i.framework == Framework.PYTORCH), None
         )
-        self._choices(
-            "script",
-            [
-                *((name, f"example: {name}") for name in BUILTIN_EXAMPLES),
-                (PATH_CHOICE, "a script under the code root…"),
-            ],
-        )
+        self._program_menu()
         packages = [
-            (p.name, f"{p.name} — {p.summary}") for p in Package.objects.filter(enabled=True)
+            (p.name, f"{p.name} — {p.summary} · {format_price(p.price_per_hour)}/h")
+            for p in Package.objects.filter(enabled=True)
         ]
         for name in ("package", "server_package", "worker_package"):
             self._choices(name, packages)
@@ -129,10 +153,38 @@ class NewJobForm(forms.Form):
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
         instances.widget.attrs["max"] = settings.TRAINYARD_MAX_INSTANCES
 
-    def _choices(self, name: str, choices: list[tuple[str, str]]) -> None:
+    def _choices(self, name: str, choices: list[Any]) -> None:
         field = self.fields[name]
         assert isinstance(field, forms.ChoiceField)
         field.choices = choices
+
+    def _program_menu(self) -> None:
+        """The examples, the scripts under the code root and the user's uploads, in groups."""
+        groups: list[tuple[str, list[tuple[str, str]]]] = [
+            ("Built-in examples", [(e.name, e.name) for e in self.examples])
+        ]
+        if self.root_scripts.paths:
+            more = "" if self.root_scripts.complete else ", the first ones"
+            groups.append(
+                (f"Scripts under the code root{more}", [(p, p) for p in self.root_scripts.paths])
+            )
+        if self.snapshots:
+            groups.append(
+                (
+                    "Your uploaded code",
+                    [(SNAPSHOT_CHOICE + s.sha256, s.label) for s in self.snapshots],
+                )
+            )
+        groups.append(("Another script", [(PATH_CHOICE, "type a path under the code root…")]))
+        self._choices("script", groups)
+        root = settings.TRAINYARD_CODE_ROOT
+        self.fields["script_path"].help_text = f"Relative to the code root, {root}."
+
+    def snapshot_scripts(self) -> dict[str, dict[str, Any]]:
+        """For the page's script: each upload's Python files and the one to preselect."""
+        return {
+            s.sha256: {"scripts": s.scripts, "entry_point": s.entry_point} for s in self.snapshots
+        }
 
     def clean_args(self) -> list[str]:
         try:
@@ -178,11 +230,10 @@ class NewJobForm(forms.Form):
 
     def as_request(self) -> dict[str, Any]:
         data = self.cleaned_data
-        script = data["script_path"] if data["script"] == PATH_CHOICE else data["script"]
         request: dict[str, Any] = {
             "name": data["name"],
             "image": data["image"],
-            "program": {"script": script, "args": data["args"]},
+            "program": {**self._program(), "args": data["args"]},
         }
         if data.get("restart_policy"):
             request["restart"] = {
@@ -210,8 +261,28 @@ class NewJobForm(forms.Form):
         request["roles"] = roles
         return request
 
+    def _program(self) -> dict[str, str]:
+        choice = self.cleaned_data["script"]
+        if choice == PATH_CHOICE:
+            return {"script": self.cleaned_data["script_path"]}
+        if choice.startswith(SNAPSHOT_CHOICE):
+            return {
+                "script": self.cleaned_data["snapshot_script"],
+                "snapshot": choice.removeprefix(SNAPSHOT_CHOICE),
+            }
+        return {"script": choice}
+
     def add_service_errors(self, errors: dict[str, list[str]]) -> None:
-        where = PS_FIELD_FOR_ERROR if self.framework() == Framework.KVSTORE else FIELD_FOR_ERROR
+        where = dict(
+            PS_FIELD_FOR_ERROR if self.framework() == Framework.KVSTORE else FIELD_FOR_ERROR
+        )
+        # A script's error belongs beside the box it was typed in.
+        choice = self.cleaned_data.get("script", "")
+        if choice == PATH_CHOICE:
+            where["program.script"] = "script_path"
+        elif choice.startswith(SNAPSHOT_CHOICE):
+            where["program.script"] = "snapshot_script"
+            where["program.snapshot"] = "script"
         for field, messages in errors.items():
             for message in messages:
                 self.add_error(where.get(field), message)

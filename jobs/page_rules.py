@@ -12,6 +12,7 @@ from django.http import HttpRequest
 
 from jobs import models
 from jobs.models import Job
+from jobs.money import currency
 from jobs.services import totals
 from workers import contract
 
@@ -42,6 +43,8 @@ def page_rules() -> dict[str, Any]:
             ],
             "uncharged_roles": list(models.PLATFORM_ROLES),
         },
+        # What prices are in: {"code": "USD", "symbol": "$", "prefix": "$"}.
+        "money": currency().as_dict(),
     }
 
 

@@ -249,16 +249,24 @@ class PackageOut(_Out):
     gpus: int
     gpu_model: str
     memory_gb: int
-    price_per_hour: str
+    price_per_hour: str = Field(description="In the catalog's currency.")
     roles: list[str]
     processes: int = Field(description="PyTorch processes per instance (--nproc-per-node).")
     summary: str
+
+
+class ExampleArgumentOut(_Out):
+    flag: str = Field(description='"--epochs"')
+    value: str = Field(description='What it takes: "N", "RATE", "MODE".')
+    default: str
+    help: str
 
 
 class ExampleOut(_Out):
     name: str
     framework: str
     description: str
+    arguments: list[ExampleArgumentOut] = Field(description="Its command-line options.")
 
 
 class ResourcesOut(_Out):
@@ -295,6 +303,7 @@ class CatalogOut(_Out):
     images: list[ImageOut]
     packages: list[PackageOut]
     examples: list[ExampleOut]
+    currency: str = Field(description="The ISO 4217 code prices are in, e.g. USD.")
     code_root: str
     max_instances: int
     quota: QuotaOut | None
@@ -409,8 +418,8 @@ class ScalingOut(_Out):
 
 
 class TrainingReportOut(_Out):
-    """The training report (seed 000/001/003's figures): throughput, cost, progress, the
-    comparison with the baseline, and scaling over the user's runs of the same program."""
+    """The training report: throughput, cost, progress, the comparison with the baseline,
+    and scaling over the user's runs of the same program."""
 
     workers: int
     elapsed_seconds: float

@@ -39,7 +39,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def new_job(request: HttpRequest) -> HttpResponse:
-    form = NewJobForm(request.POST or None)
+    form = NewJobForm(request.POST or None, user=request.user)
     over: dict[str, dict[str, object]] = {}
     if request.method == "POST" and form.is_valid():
         try:
@@ -57,7 +57,14 @@ def new_job(request: HttpRequest) -> HttpResponse:
         if r in RESOURCE_FORMULA_NAMES
     ]
     return render(
-        request, "jobs/new_job.html", {"form": form, "catalog": catalog, "over": formulas}
+        request,
+        "jobs/new_job.html",
+        {
+            "form": form,
+            "catalog": catalog,
+            "over": formulas,
+            "snapshot_scripts": form.snapshot_scripts(),
+        },
     )
 
 

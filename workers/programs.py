@@ -4,6 +4,7 @@ The console checks a path when the job is submitted and the agent checks it agai
 host before running anything: the agent never trusts a path it was sent.
 """
 
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
@@ -18,6 +19,60 @@ BUILTIN_DESCRIPTIONS: dict[str, str] = {
     "digits-ddp": "PyTorch DDP: a small MLP on scikit-learn's digits, one data shard per rank",
     "digits-ps": "Parameter server: the same MLP, servers hold the weights, workers push grads",
     "synthetic-ddp": "Throughput benchmark with cached input: DDP on one random batch, reused",
+}
+
+
+@dataclass(frozen=True)
+class ExampleArgument:
+    """One command-line option of a built-in example, as the New-job page lists it."""
+
+    flag: str  # "--epochs"
+    value: str  # what it takes: "N", "RATE", "MODE"
+    default: str  # as given when the option is left out
+    help: str
+
+
+# Each example's options, in its --help order; tests/unit/test_programs.py checks them against
+# the example's own argument parser, so that the page never lists an option the script lacks.
+BUILTIN_ARGUMENTS: dict[str, tuple[ExampleArgument, ...]] = {
+    "digits-ddp": (
+        ExampleArgument("--epochs", "N", "20", "passes over the data"),
+        ExampleArgument("--batch-size", "N", "32", "mini-batch size per rank, not global"),
+        ExampleArgument(
+            "--lr",
+            "RATE",
+            "0.05",
+            "learning rate for one rank; scaled linearly by the world size after warm-up",
+        ),
+        ExampleArgument(
+            "--seed", "N", "0", "the same number gives the same initial weights and data order"
+        ),
+    ),
+    "digits-ps": (
+        ExampleArgument(
+            "--kvstore",
+            "MODE",
+            "the job's kvstore mode",
+            "how servers apply the workers' gradients",
+        ),
+        ExampleArgument("--epochs", "N", "20", "passes over the data"),
+        ExampleArgument("--batch-size", "N", "32", "mini-batch size per worker, not global"),
+        ExampleArgument(
+            "--lr",
+            "RATE",
+            "0.05",
+            "learning rate for one machine; sync modes scale it by the number of workers",
+        ),
+        ExampleArgument(
+            "--seed", "N", "0", "the same number gives the same initial weights and data order"
+        ),
+    ),
+    "synthetic-ddp": (
+        ExampleArgument("--steps", "N", "300", "training steps; the first 5 are not timed"),
+        ExampleArgument("--batch-size", "N", "128", "mini-batch size per rank"),
+        ExampleArgument("--width", "N", "512", "hidden units of the MLP"),
+        ExampleArgument("--lr", "RATE", "0.01", "learning rate"),
+    ),
 }
 # Which framework each example is written for; it only runs under an image of that framework.
 BUILTIN_FRAMEWORKS: dict[str, str] = {

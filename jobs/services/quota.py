@@ -5,6 +5,7 @@ groups, which all members share. Their effective room on each resource is the sm
 left in any of these scopes.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.contrib.auth.models import User
@@ -148,24 +149,36 @@ def excesses(scopes: list[Scope], totals: Totals) -> list[Excess]:
 
 
 def largest_fitting(
-    roles: list[RoleRequest], scopes: list[Scope], varying: str = "worker"
+    roles: list[RoleRequest],
+    scopes: list[Scope],
+    varying: str = "worker",
+    placeable: Callable[[list[RoleRequest]], bool] | None = None,
 ) -> int | None:
-    """The most instances of `varying` that fit every scope, the other roles as asked.
+    """The most instances of `varying` that fit every scope, the other roles as asked, and that
+    `placeable` accepts (whether the nodes could ever hold them: advice to use a count they
+    never could would only lead to the next refusal).
 
-    None when not even zero fit (the other roles alone are over, or no job may start).
+    None when not even zero fit (the other roles alone are over, or no job may start). Both
+    tests only fail more as the count grows, so a binary search finds the largest.
     """
     fixed = [r for r in roles if r.role != varying]
     varied = next((r for r in roles if r.role == varying), None)
     if varied is None or effective_left(scopes)["jobs"] < 1:
         return None
-    if excesses(scopes, compute_totals(fixed)):
+
+    def fits(n: int) -> bool:
+        trial = [*fixed, RoleRequest(varying, varied.package, n)] if n else fixed
+        if excesses(scopes, compute_totals(trial)):
+            return False
+        return placeable is None or placeable(trial)
+
+    if not fits(0):
         return None
     low, high = 0, varied.instances
-    while low < high:  # the largest n with no excess; totals grow with n
+    while low < high:  # the largest n that fits
         mid = (low + high + 1) // 2
-        trial = [*fixed, RoleRequest(varying, varied.package, mid)]
-        if excesses(scopes, compute_totals(trial)):
-            high = mid - 1
-        else:
+        if fits(mid):
             low = mid
+        else:
+            high = mid - 1
     return low

@@ -476,15 +476,31 @@ def _admission_failure(
         # The tightest scope per resource is the one to report in the machine-readable part.
         for e in sorted(over, key=lambda e: -e.over_by):
             detail["quota"].setdefault(e.resource, e.as_dict())
-        fits = quota.largest_fitting(request.roles, scopes)
-        asked = next((r.instances for r in request.roles if r.role == "worker"), 0)
-        if fits is not None and fits < asked:
-            errors["quota"].append(
-                f"It fits with {fits} worker{'s' if fits != 1 else ''} "
-                f"({fits + _other_instances(request)} instances in all)."
-            )
-            detail["fits_with"] = {"role": "worker", "instances": fits}
+    # Too much for the quota, or more instances than the nodes could ever hold together: the
+    # count of workers that neither refuses is the one change that gets the job in.
+    fits = _workers_that_fit(request, scopes) if over or "roles" in never else None
+    if fits is not None:
+        errors.setdefault("quota" if over else "roles", []).append(
+            f"It fits with {fits} worker{'s' if fits != 1 else ''} "
+            f"({fits + _other_instances(request)} instances in all)."
+        )
+        detail["fits_with"] = {"role": "worker", "instances": fits}
     return ValidationFailed(errors, detail)
+
+
+def _workers_that_fit(request: JobRequest, scopes: list[quota.Scope]) -> int | None:
+    """The most workers, fewer than asked, that the quota allows and the nodes could hold with
+    the other roles; None when no count the framework accepts does."""
+    fits = quota.largest_fitting(request.roles, scopes, placeable=_placeable)
+    asked = next((r.instances for r in request.roles if r.role == "worker"), 0)
+    least = MIN_INSTANCES[request.image.framework].get("worker", 0)
+    if fits is None or not least <= fits < asked:
+        return None
+    return fits
+
+
+def _placeable(roles: list[RoleRequest]) -> bool:
+    return not scheduling.why_never_placeable(roles)
 
 
 def _other_instances(request: JobRequest) -> int:

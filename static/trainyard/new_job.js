@@ -1,6 +1,11 @@
-// New job form: the fields of the chosen image's framework, and live totals by seed 004's
-// formula (total = Σ package × instances per role) against what the quota has left. The
-// formula's terms and the instance names are the server's (rules.js).
+// New job form: the fields of the chosen image's framework, the program picker, and live
+// totals by seed 004's formula (total = Σ package × instances per role) against what the quota
+// has left. The formula's terms and the instance names are the server's (rules.js).
+//
+// The program picker offers the built-in examples (with what each does and takes), the
+// scripts under the code root, the user's uploaded code (then a script in it) and a typed
+// path. It only helps choose: the server checks whatever is sent.
+import { formatPrice } from "./format.js";
 import { isCharged, quotaResources, tagOf } from "./rules.js";
 
 {
@@ -14,26 +19,67 @@ import { isCharged, quotaResources, tagOf } from "./rules.js";
   const value = (name) => form.elements[name].value;
   const count = (name) => parseInt(value(name), 10);
   const frameworkOf = Object.fromEntries(catalog.examples.map((e) => [e.name, e.framework]));
+  // The menu's values besides examples and paths under the code root (jobs/forms.py).
+  const PATH = "__path__";
+  const SNAPSHOT = "snapshot:";
+  // {sha256: {scripts: [...], entry_point}} for each upload of the user's.
+  const snapshotFiles = JSON.parse(document.getElementById("snapshot-files").textContent);
   let shownFramework = null;
+  let offeredSnapshot = null;
 
   function framework() {
     const image = images[value("image")];
     return image ? image.framework : "pytorch";
   }
 
+  function programKind(script) {
+    if (script === PATH) return "path";
+    if (script.startsWith(SNAPSHOT)) return "snapshot";
+    if (script in frameworkOf) return "example";
+    return "code-root";
+  }
+
   function showFields(fw) {
     for (const el of form.querySelectorAll("[data-framework]")) el.hidden = el.dataset.framework !== fw;
-    document.getElementById("field-script_path").hidden = value("script") !== "__path__";
-    // Switching image picks the built-in example written for it, unless a path is chosen; on
-    // the first showing, a script already chosen (a form sent back with an error, say) stays
-    // unless it is an example for another framework.
+    // Switching image picks the built-in example written for it, unless a script of the
+    // user's is chosen; on the first showing, a script already chosen (a form sent back with
+    // an error, say) stays unless it is an example for another framework.
     const script = value("script");
     const switched = shownFramework !== null && fw !== shownFramework;
     const misfit = script in frameworkOf && frameworkOf[script] !== fw;
-    if ((switched || misfit) && script !== "__path__" && exampleFor[fw]) {
+    if ((switched || misfit) && programKind(script) === "example" && exampleFor[fw]) {
       form.elements.script.value = exampleFor[fw];
     }
     shownFramework = fw;
+    showProgram(value("script"));
+  }
+
+  // The boxes the choice needs (a typed path, a script in the upload) and what it is.
+  function showProgram(script) {
+    const kind = programKind(script);
+    document.getElementById("field-script_path").hidden = kind !== "path";
+    document.getElementById("field-snapshot_script").hidden = kind !== "snapshot";
+    const about = kind === "example" ? script : kind;
+    for (const el of document.querySelectorAll("#program-info [data-program]")) {
+      el.hidden = el.dataset.program !== about;
+    }
+    if (kind === "snapshot") offerSnapshotScripts(script.slice(SNAPSHOT.length));
+  }
+
+  // The upload's Python files as suggestions, its likely entry point filled in unless the
+  // box names one of its files (or, on the first showing, whatever was sent back).
+  function offerSnapshotScripts(sha) {
+    if (offeredSnapshot === sha) return;
+    const first = offeredSnapshot === null;
+    offeredSnapshot = sha;
+    const files = snapshotFiles[sha] || { scripts: [], entry_point: "" };
+    document.getElementById("snapshot-scripts").replaceChildren(...files.scripts.map((path) => {
+      const option = document.createElement("option");
+      option.value = path;
+      return option;
+    }));
+    const input = form.elements.snapshot_script;
+    if (!input.value || (!first && !files.scripts.includes(input.value))) input.value = files.entry_point;
   }
 
   // "the image's default" says what that default is; the restart fields only matter on failure.
@@ -114,7 +160,7 @@ import { isCharged, quotaResources, tagOf } from "./rules.js";
       row.title = over && left !== null ? `over by ${need[res] - left}` : "";
     });
     const price = charged.reduce((acc, [, pkg, n]) => acc + parseFloat(pkg.price_per_hour) * n, 0);
-    document.getElementById("price").textContent = price.toFixed(2);
+    document.getElementById("price").textContent = formatPrice(price);
     const expr = (res) => charged.map(([role, pkg, n]) => `${role} ${pkg[res]}×${n}`).join(" + ") || "0";
     document.getElementById("formula").textContent = quotaResources
       .map((r) => `${r.formula_name} = ${expr(r.key)} = ${need[r.key]}${r.unit}`)

@@ -89,7 +89,7 @@ def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
     )
     expect(page.locator("#fig-efficiency .figure-value")).to_have_text(re.compile(r"^\d+ %$"))
     expect(page.locator("#fig-global-sps .figure-value")).to_have_text(re.compile(r"^[\d,]+$"))
-    expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^\d+\.\d+(e-\d+)?$"))
+    expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^(< )?\$\d+\.\d+$"))
     expect(page.locator("#fig-spd-ratio .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
     speedup = one_and_two_workers["summary"]["baseline"]["speedup"]
     expect(page.locator("#fig-efficiency .figure-value")).to_have_text(

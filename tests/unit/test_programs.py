@@ -1,9 +1,18 @@
+import argparse
+import importlib
 import os
 from pathlib import Path
 
 import pytest
 
-from workers.programs import EXAMPLES_DIR, ProgramError, resolve_program, resolve_under_root
+from workers.programs import (
+    BUILTIN_ARGUMENTS,
+    BUILTIN_EXAMPLES,
+    EXAMPLES_DIR,
+    ProgramError,
+    resolve_program,
+    resolve_under_root,
+)
 
 
 @pytest.fixture
@@ -55,3 +64,38 @@ def test_it_maps_builtin_examples_to_shipped_files(root: Path) -> None:
     assert path.parent == EXAMPLES_DIR and path.is_file()
     with pytest.raises(ProgramError):
         resolve_program({"example": "nope"}, root)
+
+
+class _Parsed(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def options_of(example: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, argparse.Action]:
+    """The example's own argument parser's options, caught as its parse_args runs."""
+
+    def catch(self: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        raise _Parsed(self)
+
+    module = importlib.import_module(f"workers.examples.{BUILTIN_EXAMPLES[example][:-3]}")
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", catch)
+    with pytest.raises(_Parsed) as caught:
+        module.parse_args([])
+    return {a.option_strings[-1]: a for a in caught.value.parser._actions if a.dest != "help"}
+
+
+@pytest.mark.parametrize("example", sorted(BUILTIN_EXAMPLES))
+def test_the_arguments_the_page_lists_are_the_examples_own(
+    example: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TRAINYARD_KVSTORE", raising=False)
+    options = options_of(example, monkeypatch)
+    listed = BUILTIN_ARGUMENTS[example]
+    assert [a.flag for a in listed] == list(options)
+    for argument in listed:
+        option = options[argument.flag]
+        assert argument.help == option.help
+        if option.dest == "kvstore":  # from TRAINYARD_KVSTORE: the mode picked for the job
+            assert argument.default == "the job's kvstore mode"
+        else:
+            assert argument.default == str(option.default)

@@ -176,6 +176,69 @@ def test_it_suggests_nothing_when_even_the_master_alone_is_over(alice: User) -> 
     assert len(caught.value.errors["quota"]) == 1
 
 
+def only_node(cpu: int, gpus: int = 0, memory_gb: int = 32) -> None:
+    """The cluster becomes one node of this size."""
+    from django.utils import timezone
+
+    from jobs.models import Node
+
+    Node.objects.all().delete()
+    Node.objects.create(
+        name="only", address="127.0.0.1", cpu=cpu, gpus=gpus, memory_gb=memory_gb,
+        last_heartbeat=timezone.now(),
+    )  # fmt: skip
+
+
+def test_it_suggests_no_more_workers_than_the_nodes_could_ever_hold(alice: User) -> None:
+    set_quota(alice, cpu=16)  # room for the master and 15 workers
+    only_node(cpu=7)  # room for the master and 6 workers, ever
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=20)))
+    assert "It fits with 6 workers (7 instances in all)." in caught.value.errors["quota"]
+    assert caught.value.detail["fits_with"] == {"role": "worker", "instances": 6}
+
+
+def test_it_suggests_the_quotas_count_when_that_is_the_smaller(alice: User) -> None:
+    set_quota(alice, cpu=4)
+    only_node(cpu=7)
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=20)))
+    assert "It fits with 3 workers (4 instances in all)." in caught.value.errors["quota"]
+
+
+def test_it_suggests_nothing_when_no_node_could_hold_even_the_master(alice: User) -> None:
+    set_quota(alice, cpu=100, gpus=4, memory_gb=1000)  # the quota alone would allow 1 worker
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(job_request(instances=3, package="worker-p100x2")))
+    errors = caught.value.errors
+    assert "could never start" in errors["roles.master.package"][0]
+    assert "fits_with" not in caught.value.detail
+    assert not any("fits with" in m for messages in errors.values() for m in messages)
+
+
+def test_within_quota_it_says_how_many_workers_the_nodes_could_hold(alice: User) -> None:
+    set_quota(alice, cpu=100, memory_gb=1000)
+    errors = admission_errors(alice, job_request(instances=9, package="cpu-2"))  # 18 > 16
+    assert "quota" not in errors
+    assert errors["roles"][1] == "It fits with 7 workers (8 instances in all)."
+
+
+def test_it_never_suggests_a_parameter_server_job_without_workers(alice: User) -> None:
+    set_quota(alice, cpu=2)  # the server alone takes both cores
+    request = job_request(
+        image="kvstore-ps:2.13",
+        program={"script": "digits-ps"},
+        roles={
+            "server": {"package": "cpu-2", "instances": 1},
+            "worker": {"package": "cpu-1", "instances": 2},
+        },
+    )
+    with pytest.raises(ValidationFailed) as caught:
+        submit_job(alice, check_job_request(request))
+    assert "Over quota on CPU cores" in caught.value.errors["quota"][0]
+    assert "fits_with" not in caught.value.detail
+
+
 def test_it_counts_what_active_jobs_hold(alice: User) -> None:
     set_quota(alice, cpu=4)
     submit_job(alice, check_job_request(job_request(instances=3)))

@@ -135,7 +135,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.05,
         help="learning rate for one rank; scaled linearly by the world size after warm-up",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seeds weights, shuffling")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the same number gives the same initial weights and data order",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--epochs and --batch-size must be at least 1 and --lr positive")

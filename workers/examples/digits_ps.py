@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=ps.MODES,
         # The mode picked in Trainyard's form arrives as TRAINYARD_KVSTORE.
         default=os.environ.get("TRAINYARD_KVSTORE") or "dist_sync",
-        help="how servers apply the workers' gradients (seed 004)",
+        help="how servers apply the workers' gradients",
     )
     parser.add_argument("--epochs", type=int, default=20, help="passes over the data")
     parser.add_argument(
@@ -74,7 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.05,
         help="learning rate for one machine; sync modes scale it by the number of workers",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seeds weights, shuffling")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the same number gives the same initial weights and data order",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--epochs and --batch-size must be at least 1 and --lr positive")

@@ -1,4 +1,4 @@
-"""Throughput benchmark with cached input (seed 003): DDP on one random batch reused every step.
+"""Throughput benchmark with cached input: DDP on one random batch reused every step.
 
 Reading and preparing data is out of the picture, so samples per second (and per dollar) show
 what the compute and the gradient exchange alone allow: the ceiling a real input pipeline can
@@ -34,10 +34,16 @@ WARMUP_STEPS = 5  # left out of the throughput: allocation and the first all-red
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch-size", type=int, default=128, help="per worker (seed 004)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=300,
+        help=f"training steps; the first {WARMUP_STEPS} are not timed",
+    )
+    # Per rank, as everywhere in Trainyard: the global batch is ranks × this.
+    parser.add_argument("--batch-size", type=int, default=128, help="mini-batch size per rank")
     parser.add_argument("--width", type=int, default=512, help="hidden units of the MLP")
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--lr", type=float, default=0.01, help="learning rate")
     args = parser.parse_args(argv)
     if args.steps <= WARMUP_STEPS or args.batch_size < 1 or args.width < 1:
         parser.error(f"--steps must exceed {WARMUP_STEPS}; --batch-size and --width positive")

@@ -11,6 +11,7 @@
 //
 // Everything shown is built with createElement / textContent: metric names and job names are
 // data, never markup.
+import { formatCompact, formatCount, formatDuration, formatMoney, formatPrice, perMoney } from "../format.js";
 import { isTerminal, tagOf as tagOfInstance } from "../rules.js";
 
 function startCharts() {
@@ -322,29 +323,22 @@ function startCharts() {
     $(id).classList.toggle("unknown", value === "–");
   }
 
-  function duration(seconds) {
-    const s = Math.max(0, Math.round(seconds));
-    if (s < 60) return `${s} s`;
-    if (s < 3600) return `${Math.floor(s / 60)} min ${String(s % 60).padStart(2, "0")} s`;
-    return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
-  }
-
   function renderSummary() {
     const s = summary;
     const tp = s.throughput;
     const b = s.baseline;
     const sp = b && b.speedup;
     const noSpeedup = b ? b.why_no_speedup || "" : "needs a 1-worker baseline";
-    setFigure("fig-global-sps", tp ? int.format(tp.global_sps) : "–");
-    setFigure("fig-per-worker-sps", tp ? int.format(tp.per_worker_sps) : "–", tp ? `${tp.workers_reporting} processes reporting` : "");
+    setFigure("fig-global-sps", tp ? formatCount(tp.global_sps) : "–");
+    setFigure("fig-per-worker-sps", tp ? formatCount(tp.per_worker_sps) : "–", tp ? `${tp.workers_reporting} processes reporting` : "");
     setFigure("fig-speedup", sp ? two.format(sp.speedup) : "–", sp ? "" : noSpeedup);
     setFigure("fig-global-speedup", sp ? `${two.format(sp.global_speedup)}×` : "–", sp ? "" : noSpeedup);
     setFigure("fig-efficiency", sp ? `${int.format(sp.efficiency * 100)} %` : "–", sp ? "" : noSpeedup);
-    // A short run on a cheap package costs fractions of a cent: show them rather than 0.00.
-    const cost = s.cost_so_far > 0 && s.cost_so_far < 0.01 ? s.cost_so_far.toPrecision(2) : two.format(s.cost_so_far);
-    setFigure("fig-cost", cost, `${duration(s.elapsed_seconds)} at ${two.format(s.price_per_hour)} per hour`);
+    // A short run on a cheap package costs fractions of a cent: formatMoney shows them.
+    setFigure("fig-cost", formatMoney(s.cost_so_far), `${formatDuration(s.elapsed_seconds)} at ${formatPrice(s.price_per_hour)} per hour`);
     const free = s.price_per_hour <= 0;
-    setFigure("fig-samples-per-dollar", s.samples_per_dollar != null ? int.format(s.samples_per_dollar) : free ? "free" : "–", free ? "the package costs nothing per hour" : "");
+    const spd = s.samples_per_dollar;
+    setFigure("fig-samples-per-dollar", spd != null ? formatCompact(spd) : free ? "free" : "–", free ? "the package costs nothing per hour" : spd != null ? `${formatCount(spd)} samples ${perMoney}` : "");
     const ratio = sp && sp.samples_per_dollar_ratio;
     setFigure("fig-spd-ratio", ratio != null ? `${two.format(ratio)}×` : "–", ratio != null ? "" : noSpeedup);
 
@@ -368,7 +362,7 @@ function startCharts() {
     fill.style.width = `${pct}%`;
     fill.parentElement.setAttribute("aria-valuenow", String(Math.round(pct)));
     let line = `${int.format(pct)} % of the ${p.by}s`;
-    if (p.eta_seconds != null) line += ` · ETA ${duration(p.eta_seconds)}`;
+    if (p.eta_seconds != null) line += ` · ETA ${formatDuration(p.eta_seconds)}`;
     else if (p.fraction >= 1) line += " · done";
     else if (isTerminal(state)) line += ` · stopped (${state})`;
     text.textContent = line;
@@ -398,7 +392,9 @@ function startCharts() {
     const warning = $("gpu-warning");
     const slow = summary ? summary.low_gpu_utilisation || [] : [];
     warning.hidden = slow.length === 0;
-    warning.textContent = slow.length ? `⚠ GPU utilisation under 80 % for a minute on ${slow.join(", ")}, a bottleneck (seed 003)` : "";
+    warning.textContent = slow.length
+      ? `⚠ GPU utilisation under 80 % for a minute on ${slow.join(", ")}: the GPUs wait on something else (input, the network, the CPU)`
+      : "";
   }
 
   function renderBaseline() {
@@ -487,11 +483,11 @@ function startCharts() {
     if (r.job_id === jobId) tr.className = "current";
     const cells = [
       String(r.workers),
-      int.format(r.global_sps),
+      formatCount(r.global_sps),
       r.speedup != null ? two.format(r.speedup) : "–",
       r.global_speedup != null ? `${two.format(r.global_speedup)}×` : "–",
       r.efficiency != null ? `${int.format(r.efficiency * 100)} %` : "–",
-      r.samples_per_dollar != null ? int.format(r.samples_per_dollar) : "–",
+      r.samples_per_dollar != null ? formatCompact(r.samples_per_dollar) : "–",
     ];
     for (const c of cells) {
       const td = document.createElement("td");

@@ -1,8 +1,9 @@
 // The job's state at the top of its page: the badge and reason, the place in the queue, the
-// Cancel button (gone once the job has ended), the Instances table, the runs of a restarted
-// job and the health rules that fired. Everything is built with textContent: reasons and rule
-// messages are data, never markup.
+// Cancel button (gone once the job has ended), when it started and ended, the Instances
+// table, the runs of a restarted job and the health rules that fired. Everything is built
+// with textContent: reasons and rule messages are data, never markup.
 import { isTerminal } from "../rules.js";
+import { setDuration, setTime } from "../times.js";
 
 const $ = (id) => document.getElementById(id);
 const number = new Intl.NumberFormat("en-US");
@@ -17,9 +18,17 @@ export function renderJobState(state) {
   position.querySelector("span").textContent = state.queue_position || "";
   const cancel = $("cancel-form");
   if (cancel && isTerminal(state.state)) cancel.remove();
+  renderTimes(state);
   renderReplicas(state);
   renderAttempts(state);
   renderHealthEvents(state);
+}
+
+// Started, ended and how long it ran (ticking while it runs, "—" while it waits).
+function renderTimes(state) {
+  setTime($("job-started"), state.started);
+  setTime($("job-finished"), state.finished);
+  setDuration($("job-duration"), state.started, state.finished);
 }
 
 // Whether the page still waits for the job to get room (its place in the queue is shown).
