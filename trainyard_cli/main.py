@@ -598,12 +598,14 @@ def images(json_output: Json = False) -> None:
 @app.command()
 def packages(json_output: Json = False) -> None:
     """The resource packages an instance can take."""
-    answer = _api().get("/catalog")["packages"]
+    catalog = _api().get("/catalog")
+    answer = catalog["packages"]
     if json_output:
         render.print_json(answer)
         return
+    currency = catalog.get("currency", "")
     render.table(
-        ["PACKAGE", "CPU", "GPUS", "MEMORY GB", "PROCESSES", "PRICE / HOUR", "ROLES"],
+        ["PACKAGE", "CPU", "GPUS", "MEMORY GB", "PROCESSES", f"{currency} / HOUR".strip(), "ROLES"],
         [
             [
                 p["name"],
