@@ -394,7 +394,7 @@ def show(job_id: JobId, json_output: Json = False) -> None:
         (
             "Resources",
             f"{totals['cpu']} CPU, {totals['gpus']} GPU, {totals['memory_gb']} GB, "
-            f"{totals['price_per_hour']} per hour",
+            f"{render.money(totals['price_per_hour'], _currency(api))} per hour",
         ),
         ("Created", render.local_time(job["created"])),
         ("Started", render.local_time(job["started"])),
@@ -405,7 +405,7 @@ def show(job_id: JobId, json_output: Json = False) -> None:
     ]
     if job.get("queue_position"):
         fields.insert(3, ("Queue", f"number {job['queue_position']}"))
-    render.table(["", ""], fields)
+    render.table(["", ""], fields, header=False)
     render.out.print()
     render.table(
         ["INSTANCE", "NODE", "STATE", "EXIT", "REASON"],
@@ -420,6 +420,11 @@ def show(job_id: JobId, json_output: Json = False) -> None:
             for r in job["replicas"]
         ],
     )
+
+
+def _currency(api: Api) -> str:
+    """The code prices are in (a console setting), as the catalog says."""
+    return str(api.get("/catalog").get("currency", ""))
 
 
 @app.command()
@@ -603,9 +608,8 @@ def packages(json_output: Json = False) -> None:
     if json_output:
         render.print_json(answer)
         return
-    currency = catalog.get("currency", "")
     render.table(
-        ["PACKAGE", "CPU", "GPUS", "MEMORY GB", "PROCESSES", f"{currency} / HOUR".strip(), "ROLES"],
+        ["PACKAGE", "CPU", "GPUS", "MEMORY GB", "PROCESSES", "PRICE / HOUR", "ROLES"],
         [
             [
                 p["name"],
@@ -613,7 +617,7 @@ def packages(json_output: Json = False) -> None:
                 f"{p['gpus']} {p['gpu_model']}".strip() if p["gpus"] else "0",
                 p["memory_gb"],
                 p["processes"],
-                p["price_per_hour"],
+                render.money(p["price_per_hour"], catalog.get("currency", "")),
                 ", ".join(p["roles"]) or "any",
             ]
             for p in answer

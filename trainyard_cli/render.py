@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)  # notes: one line each, never cut
 if not out.is_terminal:
     out.width = 200  # a file or a pipe: rows stay whole for grep and cut
 
@@ -91,10 +91,16 @@ def instances(job: dict[str, Any]) -> int:
     return sum(role["instances"] for role in job.get("roles", {}).values())
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+def table(
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    title: str | None = None,
+    header: bool = True,
+) -> None:
     grid = Table(
         title=Text(title) if title else None,  # a title is text, never markup ([master])
         box=None,
+        show_header=header,
         header_style="bold",
         pad_edge=False,
         title_justify="left",
@@ -125,6 +131,14 @@ def log_line(tag: str, text: str, stream: str) -> None:
     else:
         sys.stdout.write(f"[{tag}] {text}\n")
         sys.stdout.flush()
+
+
+def money(amount: str, currency: str = "") -> str:
+    """The API's decimal string as a price: "0.0500" → "0.05", "3.0000" → "3.00", "0.1234"
+    stays; with the currency's code before it when known ("USD 0.05")."""
+    whole, _, cents = amount.partition(".")
+    cents = cents.rstrip("0").ljust(2, "0")
+    return f"{currency} {whole}.{cents}".strip()
 
 
 def human_bytes(size: int) -> str:

@@ -16,7 +16,7 @@ from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
 from trainyard_cli.main import script_args_as_options
-from trainyard_cli.render import duration, human_bytes, human_number
+from trainyard_cli.render import duration, human_bytes, human_number, money
 
 
 @pytest.fixture
@@ -214,6 +214,9 @@ def test_numbers_and_durations_read_well() -> None:
     assert duration(9.4) == "9 s"
     assert duration(252) == "4 min 12 s"
     assert duration(3 * 3600 + 300) == "3 h 05 min"
+    assert money("0.0500", "USD") == "USD 0.05"
+    assert money("3.0000", "EUR") == "EUR 3.00"
+    assert money("0.1234") == "0.1234"
 
 
 def test_the_cli_needs_nothing_of_the_console() -> None:
