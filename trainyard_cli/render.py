@@ -68,7 +68,7 @@ def duration(seconds: float | None) -> str:
     """3 h 05 min, 4 min 12 s, 9 s."""
     if seconds is None:
         return "—"
-    whole = max(0, round(seconds))
+    whole = max(0, int(seconds))  # whole seconds elapsed, as the console's pages count them
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     if hours:

@@ -211,7 +211,7 @@ def test_numbers_and_durations_read_well() -> None:
     assert human_number(1234.5) == "1.23 k"
     assert human_number(None) == "—"
     assert human_bytes(778) == "778 B"
-    assert duration(9.4) == "9 s"
+    assert duration(9.9) == "9 s"  # as the pages count: whole seconds elapsed
     assert duration(252) == "4 min 12 s"
     assert duration(3 * 3600 + 300) == "3 h 05 min"
     assert money("0.0500", "USD") == "USD 0.05"
