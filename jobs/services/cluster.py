@@ -45,10 +45,17 @@ class QuotaRow:
 
     @property
     def cells(self) -> list[tuple[str, int, int, bool]]:
-        """(resource, used, limit, full) in display order; full: nothing more fits."""
+        """(resource, used, limit, full) in display order; full: what was given is used up. A
+        limit of 0 gives none of it (GPUs on a CPU cluster): nothing to use up, nothing to
+        flag, unless something holds some anyway (an admin lowered it)."""
         return [
-            (r, self.used[r], self.limit[r], self.used[r] >= self.limit[r]) for r in quotas.LIMITED
+            (r, self.used[r], self.limit[r], self._full(self.used[r], self.limit[r]))
+            for r in quotas.LIMITED
         ]
+
+    @staticmethod
+    def _full(used: int, limit: int) -> bool:
+        return used > limit or (limit > 0 and used >= limit)
 
 
 def quota_rows(viewer: User) -> list[QuotaRow]:

@@ -143,6 +143,7 @@ def test_the_quota_page_shows_use_against_limits(
     assert 'data-name="alice"' in html and 'data-name="ml-team"' in html
     assert 'data-name="bob"' not in html  # users see themselves and their groups
     assert '<td class="full" data-resource="cpu">3 / 3</td>' in html
+    assert '<td class="" data-resource="gpus">0 / 0</td>' in html  # none given: not "full"
     client.force_login(charlie_admin)
     html = client.get("/quotas/").content.decode()
     assert 'data-name="bob"' in html and 'data-name="charlie"' in html
