@@ -42,6 +42,8 @@ Json = Annotated[bool, typer.Option("--json", help="Print the API's answer as JS
 JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` shows it.")]
 
 WAIT_POLL_SECONDS = 1.0
+MAX_TAIL = 10_000  # the API's largest page of log lines
+END_OF_LOG = 2**63 - 1  # a cursor after every line: `before` it means "the last lines"
 
 
 def _api() -> Api:
@@ -448,6 +450,9 @@ def logs(
     since: Annotated[
         int, typer.Option(help="Only lines after this cursor (from an earlier --json).")
     ] = 0,
+    tail: Annotated[
+        int | None, typer.Option(help="Only the last N lines (then new ones, with -f).")
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object per line, with its cursor.")
     ] = False,
@@ -455,27 +460,43 @@ def logs(
     """The job's log, each line tagged with its instance ([master], [worker-1], ...)."""
     if since < 0:
         raise CliError("--since must be a cursor: a whole number from 0.", BAD_INPUT)
+    if tail is not None and not 1 <= tail <= MAX_TAIL:
+        raise CliError(f"--tail must be from 1 to {MAX_TAIL}.", BAD_INPUT)
     api = _api()
+    tags = render.tags_of(api.get(f"/jobs/{job_id}"))
+
+    def show(line: dict[str, Any]) -> None:
+        tag = render.tag_of(line["role"], line["index"], tags)
+        if json_output:
+            render.print_json_line({**line, "tag": tag})
+        else:
+            render.log_line(tag, line["text"], line["stream"])
 
     def keep(line: Line) -> bool:
         return (role is None or line.role == role) and (index is None or line.index == index)
 
     with _interruptible(job_id if follow_log else None):
-        if follow_log:
-            _follow_to_end(api, job_id, since, quiet=json_output, keep=keep, as_json=json_output)
-            return
-        tags = render.tags_of(api.get(f"/jobs/{job_id}"))
         after = since
+        if tail is not None:
+            # The last lines before the end of the stream, then (with -f) what follows them.
+            page = api.get(
+                f"/jobs/{job_id}/logs", before=END_OF_LOG, limit=tail, role=role, index=index
+            )
+            lines = [line for line in page["lines"] if line["cursor"] > since]
+            for line in lines:
+                show(line)
+            after = lines[-1]["cursor"] if lines else since
+            if not follow_log:
+                return
+        if follow_log:
+            _follow_to_end(api, job_id, after, quiet=json_output, keep=keep, as_json=json_output)
+            return
         while True:
             page = api.get(
                 f"/jobs/{job_id}/logs", after=after, role=role, index=index, limit=10_000
             )
             for line in page["lines"]:
-                tag = render.tag_of(line["role"], line["index"], tags)
-                if json_output:
-                    render.print_json_line({**line, "tag": tag})
-                else:
-                    render.log_line(tag, line["text"], line["stream"])
+                show(line)
             if page["complete"] or page["next"] == after:
                 return
             after = page["next"]

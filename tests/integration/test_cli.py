@@ -220,6 +220,11 @@ def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:
     table = cli("metrics", str(job_id)).stdout
     assert "loss" in table and "0.3333" in table
     assert cli("metrics", str(job_id), "--csv").stdout.startswith("cursor,role,index,node,name")
+    whole = cli("logs", str(job_id)).stdout.splitlines()
+    assert len(whole) == 2  # one greeting per instance
+    assert cli("logs", str(job_id), "--tail", "1").stdout.splitlines() == whole[-1:]
+    # With -f: the last lines, then whatever follows them until the end (nothing more here).
+    assert cli("logs", str(job_id), "--tail", "1", "-f").stdout.splitlines() == whole[-1:]
     worker_only = cli("logs", str(job_id), "--role", "worker", "--index", "1").stdout
     assert worker_only.startswith("[worker-1] ") and "[master]" not in worker_only
     row = next(r for r in cli("ls").stdout.splitlines() if r.split()[0] == str(job_id))
