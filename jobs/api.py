@@ -785,3 +785,17 @@ def snapshot_detail(request: HttpRequest, sha256: str) -> dict[str, Any]:
     if upload is None:
         raise ApiError(404, "snapshot", "No such code snapshot of yours.")
     return snapshot_as_dict(upload, files=upload.snapshot.files)
+
+
+@api.delete(
+    "/snapshots/{sha256}",
+    response={204: None, **ERRORS},
+    tags=["code"],
+    url_name="api_snapshot",
+)
+def snapshot_forget(request: HttpRequest, sha256: str) -> Status[None]:
+    """Remove one of your code snapshots from your list: new jobs can no longer name it. Jobs
+    that ran it keep their code."""
+    if not (is_sha256(sha256) and snapshots.forget_upload(_user(request), sha256)):
+        raise ApiError(404, "snapshot", "No such code snapshot of yours.")
+    return Status(204, None)

@@ -117,6 +117,11 @@ class Api:
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.call("POST", path, **kwargs)
 
+    def delete(self, path: str) -> None:
+        response = self._send("DELETE", path)
+        if response.status_code >= 400:
+            raise refusal(response)
+
     def stream_text(self, path: str) -> Iterator[str]:
         """A download (logs.txt, metrics.csv), chunk by chunk as the console sends it."""
         try:

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -183,10 +183,15 @@ def submit(
     )
     api = _api()
     folder = code.resolve() if code else draft.code
-    snapshot = _upload_code(api, body, folder, no_upload, quiet=json_output)
-    if snapshot:
-        body["program"] = {**body["program"], "snapshot": snapshot}
-    job = api.post("/jobs", json=body)
+    uploaded = _upload_code(api, body, folder, no_upload, quiet=json_output)
+    if uploaded:
+        body["program"] = {**body["program"], "snapshot": uploaded.sha256}
+    try:
+        job = api.post("/jobs", json=body)
+    except CliError:
+        if uploaded and uploaded.new:
+            _take_back(api, uploaded.sha256)
+        raise
     job_id = job["id"]
     if not json_output:
         render.out.print(
@@ -210,10 +215,16 @@ def submit(
         raise typer.Exit(JOB_DID_NOT_SUCCEED)
 
 
+@dataclass(frozen=True)
+class Uploaded:
+    sha256: str
+    new: bool  # the console had never seen these files: nobody else holds them
+
+
 def _upload_code(
     api: Api, body: dict[str, Any], folder: Path | None, no_upload: bool, quiet: bool
-) -> str | None:
-    """Upload the job's code folder when the script is in it; the snapshot's SHA-256.
+) -> Uploaded | None:
+    """Upload the job's code folder when the script is in it.
 
     With no folder named, the current one is uploaded if it holds the script; otherwise the
     console runs a script of its own (a built-in example or its code root) by that name."""
@@ -243,7 +254,16 @@ def _upload_code(
             f"Uploaded {folder.name}/: {len(packed.files)} files, "
             f"{render.human_bytes(packed.size)} as code {answer['sha256'][:12]} ({held})."
         )
-    return str(answer["sha256"])
+    return Uploaded(str(answer["sha256"]), bool(answer["new"]))
+
+
+def _take_back(api: Api, sha256: str) -> None:
+    """A refused job leaves nothing behind: not even the code uploaded for it (only when
+    these files were new to the console, so surely nobody else's, nor an earlier upload)."""
+    try:
+        api.delete(f"/snapshots/{sha256}")
+    except CliError as exc:
+        render.note(f"The code uploaded for it stays ({exc.message}).")
 
 
 def _say_outcome(job: dict[str, Any]) -> None:

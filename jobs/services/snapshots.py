@@ -12,6 +12,7 @@ from typing import IO
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 
 from jobs.models import CodeSnapshot, CodeUpload
@@ -46,16 +47,24 @@ def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
             f"packed, it is {len(packed.archive) / 2**20:,.1f} MB; at most "
             f"{settings.TRAINYARD_SNAPSHOT_MAX_BYTES / 2**20:,.0f} MB"
         )
-    stored, new = _snapshot_row(packed)
-    with transaction.atomic():
-        upload, _ = CodeUpload.objects.select_for_update().get_or_create(
-            owner=owner, snapshot=stored, defaults={"name": name}
-        )
-        upload.uploaded = timezone.now()
-        if name:
-            upload.name = name
-        upload.save(update_fields=["uploaded", "name"])
-    return Stored(upload, new)
+    for attempt in (1, 2):
+        stored, new = _snapshot_row(packed)
+        try:
+            with transaction.atomic():
+                upload, _ = CodeUpload.objects.select_for_update().get_or_create(
+                    owner=owner, snapshot=stored, defaults={"name": name}
+                )
+                upload.uploaded = timezone.now()
+                if name:
+                    upload.name = name
+                upload.save(update_fields=["uploaded", "name"])
+            return Stored(upload, new)
+        except IntegrityError:
+            # forget_upload removed the last upload of these files, and them, in between:
+            # store them again.
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _snapshot_row(packed: snapshot.Packed) -> tuple[CodeSnapshot, bool]:
@@ -91,6 +100,30 @@ def upload_of(owner: User, sha256: str) -> CodeUpload | None:
         .defer("snapshot__archive")
         .first()
     )
+
+
+def forget_upload(owner: User, sha256: str) -> bool:
+    """Remove the owner's upload of a snapshot: it leaves their list, and new jobs can no
+    longer name it. Jobs that ran it keep it; the stored files go with the last upload of
+    them that no job ran. False when the owner has no such upload."""
+    with transaction.atomic():
+        upload = (
+            CodeUpload.objects.select_for_update()
+            .filter(owner=owner, snapshot__sha256=sha256)
+            .first()
+        )
+        if upload is None:
+            return False
+        snapshot_id = upload.snapshot_id
+        upload.delete()
+    try:
+        with transaction.atomic():
+            CodeSnapshot.objects.filter(
+                pk=snapshot_id, uploads__isnull=True, jobs__isnull=True
+            ).delete()
+    except (IntegrityError, ProtectedError):
+        pass  # uploaded again, or named by a job, at this very moment: it stays
+    return True
 
 
 def publish(sha256: str) -> None:

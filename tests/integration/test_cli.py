@@ -168,8 +168,13 @@ def test_a_bad_job_file_gives_the_apis_field_message_and_exit_2(cli: Any, projec
         "roles:\n  master: {package: cpu-1, instances: 1}\n"
         "  worker: {package: no-such-package, instances: 2}\n"
     )
+    # Files the console has never seen: the upload made for the refused job is taken back.
+    (project / "unique.txt").write_text(str(project))
+    uploads = cli.api.http.get("/api/v1/snapshots").json()["snapshots"]
     result = cli("submit", "bad.yaml", cwd=project)
     assert result.returncode == 2
+    assert "(new)" in result.stderr
+    assert cli.api.http.get("/api/v1/snapshots").json()["snapshots"] == uploads
     # The API's own message about the field, word for word.
     direct = cli.api.http.post(
         "/api/v1/jobs",

@@ -178,3 +178,40 @@ def test_only_your_own_snapshots_and_their_files_can_be_run(
         f"No file 'eval.py' in code snapshot {sha[:12]} (its Python files: lib.py, train.py)."
     ]
     assert Job.objects.count() == 0
+
+
+def forget(client: Client, user: User, sha256: str) -> Any:
+    return client.delete(
+        f"/api/v1/snapshots/{sha256}", HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}"
+    )
+
+
+def test_forgetting_an_upload_removes_it_from_its_owner_only_and_jobs_keep_their_code(
+    client: Client, alice: User, bob: User, tmp_path: Path
+) -> None:
+    shared = upload(client, alice, packed(folder(tmp_path / "a"))).json()["sha256"]
+    upload(client, bob, packed(folder(tmp_path / "b")))  # the same files: one snapshot
+    assert forget(client, bob, "0" * 64).status_code == 404  # not his
+    assert forget(client, bob, "not-a-hash").status_code == 404
+    assert forget(client, bob, shared).status_code == 204
+    assert forget(client, bob, shared).status_code == 404  # already gone
+    assert CodeSnapshot.objects.filter(sha256=shared).exists()  # alice still has it
+    assert CodeUpload.objects.filter(owner=alice).count() == 1
+
+    ran = submit(client, alice, {"script": "train.py", "snapshot": shared})
+    assert ran.status_code == 201, ran.content
+    assert forget(client, alice, shared).status_code == 204
+    assert not CodeUpload.objects.exists()
+    assert Job.objects.get().snapshot.sha256 == shared  # a job that ran it keeps it
+    again = submit(client, alice, {"script": "train.py", "snapshot": shared})
+    assert again.status_code == 400  # no longer hers to name
+
+
+def test_the_last_upload_forgotten_takes_its_files_with_it(
+    client: Client, alice: User, tmp_path: Path
+) -> None:
+    sha = upload(client, alice, packed(folder(tmp_path / "a", version="2"))).json()["sha256"]
+    assert forget(client, alice, sha).status_code == 204
+    assert not CodeSnapshot.objects.filter(sha256=sha).exists()
+    # Uploaded again, the same files are stored again under the same name.
+    assert upload(client, alice, packed(folder(tmp_path / "a", version="2"))).status_code == 201
