@@ -202,7 +202,8 @@ def test_forgetting_an_upload_removes_it_from_its_owner_only_and_jobs_keep_their
     assert ran.status_code == 201, ran.content
     assert forget(client, alice, shared).status_code == 204
     assert not CodeUpload.objects.exists()
-    assert Job.objects.get().snapshot.sha256 == shared  # a job that ran it keeps it
+    kept = Job.objects.get().snapshot
+    assert kept is not None and kept.sha256 == shared  # a job that ran it keeps it
     again = submit(client, alice, {"script": "train.py", "snapshot": shared})
     assert again.status_code == 400  # no longer hers to name
 
