@@ -9,7 +9,7 @@ nothing is missed; a line at or before that cursor is never shown twice.
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -44,7 +44,6 @@ class Follower:
     on_line: Callable[[Line], None]
     on_state: Callable[[dict[str, Any]], None] = lambda job: None
     on_note: Callable[[str], None] = lambda text: None
-    last_state: dict[str, Any] = field(default_factory=dict)
     # The last line received: kept here, not in a connection's frame, so that a connection
     # that breaks mid-way leaves it where its last delivered line put it.
     cursor: int = 0
@@ -122,7 +121,6 @@ def _one_connection(console_url: str, token: str, job_id: int, follower: Followe
                     _relay(batch, follower)
                 follower.cursor = max(follower.cursor, frame["next"])
             elif kind == "state":
-                follower.last_state = frame["job"]
                 follower.on_state(frame["job"])
             elif kind == "gap":
                 follower.on_note(

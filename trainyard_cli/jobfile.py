@@ -88,45 +88,39 @@ def apply_flags(
     if image is not None:
         body["image"] = image
     if script is not None or args:
-        program = body.get("program")
-        program = dict(program) if isinstance(program, dict) else {}
+        program = _section(body, "program")
         if script is not None:
             program["script"] = script
         if args:
             program["args"] = list(args)
         body["program"] = program
     if roles:
-        merged = body.get("roles")
-        merged = dict(merged) if isinstance(merged, dict) else {}
-        merged.update(parse_role(r) for r in roles)
-        body["roles"] = merged
+        body["roles"] = {**_section(body, "roles"), **dict(parse_role(r) for r in roles)}
     if kvstore is not None:
         body["kvstore"] = kvstore
     if env:
-        variables = body.get("env")
-        variables = dict(variables) if isinstance(variables, dict) else {}
-        variables.update(parse_env(e) for e in env)
-        body["env"] = variables
+        body["env"] = {**_section(body, "env"), **dict(parse_env(e) for e in env)}
     if restart_policy is not None or max_restarts is not None:
-        restart = body.get("restart")
-        restart = dict(restart) if isinstance(restart, dict) else {}
+        restart = _section(body, "restart")
         if restart_policy is not None:
             restart["policy"] = restart_policy
         if max_restarts is not None:
             restart["max_restarts"] = max_restarts
         body["restart"] = restart
-    if "name" not in body:
-        script_name = (
-            (body.get("program") or {}).get("script")
-            if isinstance(body.get("program"), dict)
-            else None
-        )
-        if isinstance(script_name, str) and script_name:
-            body["name"] = Path(script_name).stem  # a name the list can show; the user may set one
+    script_name = script_of(body)
+    if "name" not in body and script_name:
+        body["name"] = Path(script_name).stem  # a name the list can show; the user may set one
     return body
 
 
+def _section(body: dict[str, Any], key: str) -> dict[str, Any]:
+    """A copy of the mapping at `key` ({} when there is none), to change without touching the
+    job file's own. Anything else there is dropped: the flag replaces it."""
+    value = body.get(key)
+    return dict(value) if isinstance(value, dict) else {}
+
+
 def script_of(body: dict[str, Any]) -> str | None:
-    program = body.get("program")
-    script = program.get("script") if isinstance(program, dict) else None
-    return script if isinstance(script, str) else None
+    """The program's script, when the body names one."""
+    script = _section(body, "program").get("script")
+    return script if isinstance(script, str) and script else None

@@ -204,7 +204,7 @@ def submit(
         return
     with _interruptible(job_id):
         if follow_log:
-            job = _follow_to_end(api, job_id, 0, quiet=json_output)
+            job = _follow_to_end(api, job, 0, quiet=json_output)
         else:
             job = _wait_for_end(api, job_id, quiet=json_output)
     if json_output:
@@ -307,27 +307,32 @@ def _progress_line(job: dict[str, Any]) -> str:
     return f"job {job['id']}: {state}{running}"
 
 
+def _print_line(line: dict[str, Any], tags: dict[tuple[str, int], str], as_json: bool) -> None:
+    """One log line, from the HTTP API or the websocket, as `[tag] text` or JSON."""
+    tag = render.tag_of(line["role"], line["index"], tags)
+    if as_json:
+        render.print_json_line({**line, "tag": tag})
+    else:
+        render.log_line(tag, line["text"], line["stream"])
+
+
 def _follow_to_end(
     api: Api,
-    job_id: int,
+    job: dict[str, Any],
     after: int,
     quiet: bool = False,
     keep: Callable[[Line], bool] = lambda line: True,
     as_json: bool = False,
 ) -> dict[str, Any]:
-    """Print the job's log from cursor `after` to its end; the job as it ended."""
-    job = api.get(f"/jobs/{job_id}")
+    """Print the log of `job` (the API's answer) from cursor `after` to its end; the job as it
+    ended."""
+    job_id = job["id"]
     tags = render.tags_of(job)
     states: list[str] = [job["state"]]
 
     def on_line(line: Line) -> None:
-        if not keep(line):
-            return
-        tag = render.tag_of(line.role, line.index, tags)
-        if as_json:
-            render.print_json_line({**asdict(line), "tag": tag})
-        else:
-            render.log_line(tag, line.text, line.stream)
+        if keep(line):
+            _print_line(asdict(line), tags, as_json)
 
     def on_state(state: dict[str, Any]) -> None:
         tags.update(render.tags_of(state))
@@ -483,14 +488,8 @@ def logs(
     if tail is not None and not 1 <= tail <= MAX_TAIL:
         raise CliError(f"--tail must be from 1 to {MAX_TAIL}.", BAD_INPUT)
     api = _api()
-    tags = render.tags_of(api.get(f"/jobs/{job_id}"))
-
-    def show(line: dict[str, Any]) -> None:
-        tag = render.tag_of(line["role"], line["index"], tags)
-        if json_output:
-            render.print_json_line({**line, "tag": tag})
-        else:
-            render.log_line(tag, line["text"], line["stream"])
+    job = api.get(f"/jobs/{job_id}")
+    tags = render.tags_of(job)
 
     def keep(line: Line) -> bool:
         return (role is None or line.role == role) and (index is None or line.index == index)
@@ -504,19 +503,19 @@ def logs(
             )
             lines = [line for line in page["lines"] if line["cursor"] > since]
             for line in lines:
-                show(line)
+                _print_line(line, tags, json_output)
             after = lines[-1]["cursor"] if lines else since
             if not follow_log:
                 return
         if follow_log:
-            _follow_to_end(api, job_id, after, quiet=json_output, keep=keep, as_json=json_output)
+            _follow_to_end(api, job, after, quiet=json_output, keep=keep, as_json=json_output)
             return
         while True:
             page = api.get(
                 f"/jobs/{job_id}/logs", after=after, role=role, index=index, limit=10_000
             )
             for line in page["lines"]:
-                show(line)
+                _print_line(line, tags, json_output)
             if page["complete"] or page["next"] == after:
                 return
             after = page["next"]
