@@ -47,24 +47,25 @@ def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
             f"packed, it is {len(packed.archive) / 2**20:,.1f} MB; at most "
             f"{settings.TRAINYARD_SNAPSHOT_MAX_BYTES / 2**20:,.0f} MB"
         )
-    for attempt in (1, 2):
-        stored, new = _snapshot_row(packed)
-        try:
-            with transaction.atomic():
-                upload, _ = CodeUpload.objects.select_for_update().get_or_create(
-                    owner=owner, snapshot=stored, defaults={"name": name}
-                )
-                upload.uploaded = timezone.now()
-                if name:
-                    upload.name = name
-                upload.save(update_fields=["uploaded", "name"])
-            return Stored(upload, new)
-        except IntegrityError:
-            # forget_upload removed the last upload of these files, and them, in between:
-            # store them again.
-            if attempt == 2:
-                raise
-    raise AssertionError("unreachable")
+    try:
+        return _record_upload(owner, packed, name)
+    except IntegrityError:
+        # forget_upload removed the last upload of these files, and them, in between: store
+        # them again.
+        return _record_upload(owner, packed, name)
+
+
+def _record_upload(owner: User, packed: snapshot.Packed, name: str) -> Stored:
+    stored, new = _snapshot_row(packed)
+    with transaction.atomic():
+        upload, _ = CodeUpload.objects.select_for_update().get_or_create(
+            owner=owner, snapshot=stored, defaults={"name": name}
+        )
+        upload.uploaded = timezone.now()
+        if name:
+            upload.name = name
+        upload.save(update_fields=["uploaded", "name"])
+    return Stored(upload, new)
 
 
 def _snapshot_row(packed: snapshot.Packed) -> tuple[CodeSnapshot, bool]:
