@@ -214,6 +214,22 @@ class StackClient:
         assert response.status_code == 200, response.text
         return response.json()
 
+    def upload(self, folder: Path, name: str) -> str:
+        """Upload a folder as a code snapshot; its SHA-256, which is the console's name for
+        exactly the files that workers.snapshot packs from it."""
+        from workers.snapshot import pack_folder
+
+        packed = pack_folder(folder)
+        response = self.http.post(
+            "/api/v1/snapshots",
+            files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
+            data={"name": name},
+        )
+        assert response.status_code in (200, 201), response.text
+        sha: str = response.json()["sha256"]
+        assert sha == packed.sha256
+        return sha
+
     def wait(
         self, job_id: int, until: Callable[[dict[str, Any]], bool], hang_guard: float = 300
     ) -> dict[str, Any]:

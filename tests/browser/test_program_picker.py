@@ -10,7 +10,6 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.conftest import user_page
 from tests.conftest import RunningStack, StackClient
-from workers.snapshot import pack_folder
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -28,18 +27,6 @@ def pia(stack: RunningStack) -> StackClient:
 def pia_page(browser: Browser, stack: RunningStack, pia: StackClient) -> Iterator[Page]:
     with user_page(browser, stack, "pia", PASSWORD) as page:
         yield page
-
-
-def upload(client: StackClient, folder: Path, name: str) -> str:
-    packed = pack_folder(folder)
-    response = client.http.post(
-        "/api/v1/snapshots",
-        files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
-        data={"name": name},
-    )
-    assert response.status_code in (200, 201), response.text
-    sha: str = response.json()["sha256"]
-    return sha
 
 
 def test_each_choice_shows_what_it_needs(pia_page: Page, stack: RunningStack) -> None:
@@ -72,7 +59,7 @@ def test_a_job_runs_a_script_from_uploaded_code(
     (code / "tools").mkdir(parents=True)
     (code / "train.py").write_text("print('hello from the upload')\n")
     (code / "tools" / "eval.py").write_text("print('evaluating')\n")
-    sha = upload(pia, code, "my project")
+    sha = pia.upload(code, "my project")
 
     page = pia_page
     page.goto(f"{stack.url}/jobs/new/")

@@ -144,19 +144,6 @@ def user(cluster: RunningStack) -> StackClient:
     )
 
 
-def upload(client: StackClient, folder: Path, name: str) -> str:
-    packed = pack_folder(folder)
-    response = client.http.post(
-        "/api/v1/snapshots",
-        files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
-        data={"name": name},
-    )
-    assert response.status_code in (200, 201), response.text
-    sha: str = response.json()["sha256"]
-    assert sha == packed.sha256
-    return sha
-
-
 def probe_request(
     name: str, sha: str, instances: int, args: list[str] | None = None
 ) -> dict[str, Any]:
@@ -202,7 +189,7 @@ def test_the_agents_run_from_an_environment_without_django(
 def test_a_ddp_job_spans_three_hosts_over_their_own_addresses(
     cluster: RunningStack, user: StackClient
 ) -> None:
-    sha = upload(user, CODE, "probe v1")
+    sha = user.upload(CODE, "probe v1")
     submitted = time.time()
     job = user.submit(probe_request("3 hosts", sha, 3))
     three_hosts = first_line_after(user, job["id"], submitted)
@@ -275,7 +262,7 @@ def test_a_parameter_server_job_spans_three_hosts(cluster: RunningStack, user: S
 def test_a_queued_job_runs_the_snapshot_it_was_submitted_with_and_agents_fetch_it_once(
     cluster: RunningStack, user: StackClient, tmp_path: Path
 ) -> None:
-    v1 = upload(user, CODE, "probe v1")
+    v1 = user.upload(CODE, "probe v1")
     hold = tmp_path / "release"
     holder = user.submit(probe_request("holds a host", v1, 1, args=["--hold", str(hold)]))
     user.wait(holder["id"], lambda j: j["state"] == "running")
@@ -287,7 +274,7 @@ def test_a_queued_job_runs_the_snapshot_it_was_submitted_with_and_agents_fetch_i
     shutil.copytree(CODE, changed)
     (changed / "version.py").write_text('VERSION = "2"\n')
     (changed / "data" / "marker.txt").write_text("v2\n")
-    v2 = upload(user, changed, "probe v2")
+    v2 = user.upload(changed, "probe v2")
     assert v2 != v1
     hold.touch()
     finished = user.wait_finished(waiting["id"])
