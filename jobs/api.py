@@ -669,6 +669,8 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]
 
 @api.get("/nodes", response={200: NodeListOut, **ERRORS}, tags=["nodes"], url_name="api_nodes")
 def node_list(request: HttpRequest) -> dict[str, Any]:
+    """Every node: capacity, what all jobs use and leave free, and which of your jobs run
+    there (administrators see every job's id)."""
     return {
         "nodes": [
             {
@@ -687,7 +689,7 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 if row.node.last_heartbeat
                 else None,
             }
-            for row in cluster.node_rows()
+            for row in cluster.node_rows(request.user)
         ]
     }
 

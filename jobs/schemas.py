@@ -439,9 +439,11 @@ class NodeOut(_Out):
     address: str
     status: str
     capacity: dict[str, int]
-    used: dict[str, int]
+    used: dict[str, int] = Field(description="What every job here holds, whoever's it is.")
     free: dict[str, int]
-    jobs: list[int]
+    jobs: list[int] = Field(
+        description="Ids of the jobs here that you may see: your own (administrators: all)."
+    )
     last_heartbeat: str | None
 
 

@@ -65,8 +65,9 @@ def held_cpu(stack: RunningStack) -> dict[str, int]:
     out = stack.stack.manage(
         "shell",
         "-c",
-        "import json; from jobs.services.cluster import node_rows; "
-        "print(json.dumps({r.node.name: r.used['cpu'] for r in node_rows()}))",
+        "import json; from django.contrib.auth.models import AnonymousUser; "
+        "from jobs.services.cluster import node_rows; "
+        "print(json.dumps({r.node.name: r.used['cpu'] for r in node_rows(AnonymousUser())}))",
     )
     held: dict[str, int] = json.loads(out.strip().splitlines()[-1])
     return held
