@@ -759,7 +759,8 @@ def snapshot_upload(
     """Upload a project folder as a .tar.gz (multipart field `archive`; `name` is yours to
     choose). Every member must be a plain file or folder inside the archive: absolute paths,
     `..`, links and devices are refused. The files are stored once, named by their SHA-256:
-    201 for files the console had not seen, 200 (`new`: false) for ones it had. Run it with
+    201 for files you had not uploaded before, 200 (`new`: false) for ones you had (whether
+    anyone else uploaded the same files is never told). Run it with
     `"program": {"script": "train.py", "snapshot": SHA256}`."""
     try:
         with archive.open("rb") as data:

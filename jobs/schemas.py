@@ -459,7 +459,9 @@ class SnapshotOut(_Out):
 
 
 class SnapshotUploadOut(SnapshotOut):
-    new: bool = Field(description="False: the console already held exactly these files.")
+    new: bool = Field(
+        description="False: you had uploaded exactly these files before (and still have them)."
+    )
 
 
 class SnapshotDetailOut(SnapshotOut):
