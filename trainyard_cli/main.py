@@ -579,7 +579,7 @@ def metrics(
 
 @app.command()
 def nodes(json_output: Json = False) -> None:
-    """The nodes: status, what they hold and what is free, their jobs."""
+    """The nodes: status, what they hold and what is free, and your jobs there (an admin's: all)."""
     answer = _api().get("/nodes")["nodes"]
     if json_output:
         render.print_json(answer)
