@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningStack, StackClient, wait_until
+from tests.conftest import RunningStack, StackClient, signal_file, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -245,7 +245,7 @@ def test_logs_follow_resumes_across_a_web_server_restart(
     from its last cursor: every line once, in order."""
     config_dir = tmp_path / "config"
     client = logged_in(fault_stack, "cli-follower", config_dir)
-    release = tmp_path / "release"
+    release = signal_file()
     lines = 400
     job = client.submit(
         {

@@ -33,11 +33,6 @@ def faulty(fault_stack: RunningStack) -> RunningStack:
     return fault_stack
 
 
-@pytest.fixture
-def release(tmp_path: Path) -> Path:
-    return tmp_path / "release"
-
-
 def hold_request(name: str, instances: int, release: Path) -> dict[str, Any]:
     return pytorch_request(name, "hold.py", instances, args=["--release", str(release)])
 
