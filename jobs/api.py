@@ -685,6 +685,8 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "used": row.used,
                 "free": row.free,
                 "jobs": row.jobs,
+                "isolated": row.node.isolated,
+                "isolation": row.node.isolation or "unknown",
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
                 if row.node.last_heartbeat
                 else None,

@@ -444,6 +444,15 @@ class NodeOut(_Out):
     jobs: list[int] = Field(
         description="Ids of the jobs here that you may see: your own (administrators: all)."
     )
+    isolated: bool = Field(
+        description="Whether its trainers run sandboxed, each seeing nothing of the host but "
+        "its own job (docs/security.md). Where this console runs jobs only on isolated nodes, "
+        'a node that is not has the status "not isolated" and gets no work.'
+    )
+    isolation: str = Field(
+        description="How, as its agent says: sandbox (a uid per user), sandbox-shared-uid (the "
+        "agent's uid), none, or unknown (an agent older than the sandbox)."
+    )
     last_heartbeat: str | None
 
 

@@ -231,6 +231,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "rows": cluster.node_rows(request.user),
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
+            "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
         },
     )
 

@@ -115,7 +115,7 @@ def _attempt_fields(job: Job) -> dict[str, Any]:
         "checkpoint_key": job.checkpoint_key,
         "container_image": job.image.container_image,
         "extra_env": dict(job.env),
-        "owner": job.user_id,
+        "owner": job.owner_id,
     }
 
 

@@ -35,9 +35,9 @@ def _send_schedule_task() -> None:
 
 
 def ready_nodes(nodes: list[Node]) -> list[Node]:
-    """Nodes that take new work: not drained, and heard from recently."""
-    now = timezone.now()
-    return [n for n in nodes if n.state == Node.State.READY and not n.is_lost(now)]
+    """Nodes that take new work: not drained, heard from recently, and isolated where the
+    console asks for it (Node.status says which)."""
+    return [n for n in nodes if n.status == Node.State.READY]
 
 
 def holdings(nodes: list[Node]) -> list[Holding]:
