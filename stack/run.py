@@ -828,7 +828,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if left:
         print(
-            f"An earlier stack from {stack.var_dir} did not stop everything; stopped what it "
+            f"An earlier stack from {stack.var_dir} was not stopped cleanly; stopped what it "
             f"left: {'; '.join(left)}",
             flush=True,
         )
