@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from jobs.services.durations import format_duration
 from tests.browser.conftest import keep_screenshot, user_page, wait_in_page
-from tests.conftest import RunningStack, StackClient, pytorch_request
+from tests.conftest import RunningStack, StackClient, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -57,7 +57,7 @@ def test_a_running_jobs_duration_ticks_and_settles_when_it_ends(
     hana_page: Page, stack: RunningStack, hana: StackClient, tmp_path: Path
 ) -> None:
     page = hana_page
-    stop = tmp_path / "stop"
+    stop = signal_file("stop")
     job = hana.submit(
         pytorch_request("ticks", "ticker.py", 1, args=["--stop", str(stop), "--every", "1"])
     )

@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Locator, Page, expect
 
 from jobs.logstream import RawEntry, parse_entry
 from tests.browser.conftest import admin_page, wait_in_page
-from tests.conftest import RunningStack, pytorch_request, wait_until
+from tests.conftest import RunningStack, pytorch_request, signal_file, wait_until
 from workers.contract import log_stream_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -248,7 +248,7 @@ def test_jump_to_first_error_scrolls_to_the_traceback(
 def test_pause_holds_lines_back_and_reconnecting_loses_none(
     page: Page, stack: RunningStack, tmp_path: Path
 ) -> None:
-    stop = tmp_path / "stop"
+    stop = signal_file("stop")
     job = stack.admin.submit(pytorch_request("ticker", "ticker.py", 1, args=["--stop", str(stop)]))
     page.add_init_script(RECORD_SOCKETS)
     log = open_job(page, stack, job["id"])
@@ -340,7 +340,7 @@ def trimmed(
     archived the rest of the log."""
     stack = fault_stack
     admin = stack.admin
-    gate = tmp_path_factory.mktemp("phases") / "gate-"
+    gate = signal_file("gate-")
     counts = ",".join(map(str, PHASES))
     job_id = admin.submit(
         pytorch_request("trimmed", "phases.py", 1, args=["--counts", counts, "--gate", str(gate)])
@@ -457,7 +457,7 @@ def test_a_page_opened_after_the_hole_was_archived_shows_the_gap_too(
 def test_a_flood_of_lines_keeps_the_window_bounded_and_loads_older_lines(
     page: Page, stack: RunningStack, tmp_path: Path
 ) -> None:
-    go = tmp_path / "go"
+    go = signal_file("go")
     job = stack.admin.submit(
         pytorch_request("spew", "spew.py", 1, args=["--lines", str(SPEW_LINES), "--go", str(go)])
     )

@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import wait_in_page
-from tests.conftest import RunningStack, pytorch_request
+from tests.conftest import RunningStack, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -187,7 +187,7 @@ def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack, tmp_pat
     agent's memory samples (every 2 s) and a regex-defined metric (a tick every 0.25 s). The
     test holds the job open until it has seen both charts grow, however slow the machine."""
     admin = stack.admin
-    stop = tmp_path / "stop"
+    stop = signal_file("stop")
     request = pytorch_request(
         "ticks slowly", "ticker.py", 1, args=["--stop", str(stop), "--every", "0.25"]
     )

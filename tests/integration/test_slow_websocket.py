@@ -24,6 +24,7 @@ from tests.conftest import (
     pytorch_request,
     run_async,
     running_stack,
+    signal_file,
     wait_until,
 )
 
@@ -82,7 +83,7 @@ def test_a_client_that_stops_reading_is_closed_with_4408_and_resumes_without_gap
     slow_stack: RunningStack, tmp_path: Path
 ) -> None:
     admin = slow_stack.admin
-    go = tmp_path / "go"
+    go = signal_file("go")
     job = admin.submit(
         pytorch_request("flood", "spew.py", 1, args=["--lines", str(FLOOD_LINES), "--go", str(go)])
     )

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningStack, StackClient, pytorch_request, wait_until
+from tests.conftest import RunningStack, StackClient, pytorch_request, signal_file, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +110,7 @@ def test_the_agent_samples_cpu_and_memory_of_a_running_instance(
     stack: RunningStack, tmp_path: Path
 ) -> None:
     admin = stack.admin
-    stop = tmp_path / "stop"
+    stop = signal_file("stop")
     job = admin.submit(pytorch_request("sampled", "ticker.py", 1, args=["--stop", str(stop)]))
 
     def sampled() -> list[dict[str, Any]] | None:
