@@ -17,6 +17,7 @@ for the nodes it is about to send starts to.
 
 import hashlib
 import logging
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import timedelta
@@ -62,6 +63,22 @@ def issue(node: str) -> str:
     except redis.RedisError as exc:
         log.warning("Redis did not take %s's ACL user now (%s); reconciliation will", node, exc)
     return secret
+
+
+def issue_url(node: str, host: str | None = None, port: int | None = None) -> str:
+    """issue(), as the agent's REDIS_URL: the console's own Redis address unless told
+    otherwise (the host and port as the agent reaches them)."""
+    ours = urllib.parse.urlsplit(settings.REDIS_URL or "redis://127.0.0.1:6379/0")
+    db = int((ours.path or "/0").lstrip("/") or 0)
+    secret = issue(node)
+    return credentials.agent_url(
+        node,
+        secret,
+        host or ours.hostname or "127.0.0.1",
+        port or ours.port or 6379,
+        db,
+        ours.scheme,
+    )
 
 
 def granted_jobs(node_names: Iterable[str], now: Any = None) -> dict[str, set[int]]:

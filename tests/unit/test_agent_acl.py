@@ -2,6 +2,7 @@
 agent may do (its queue, reports, its jobs' keys, snapshots) and what it may not (anything of
 node-2, of another job, of the console, or of the whole server)."""
 
+import io
 import secrets
 import signal
 import subprocess
@@ -14,9 +15,11 @@ import kombu
 import pytest
 import redis
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
-from jobs.models import Job, Node, Replica
+from jobs.models import AgentCredential, Job, Node, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access, reports
 from jobs.services.submission import check_job_request, submit_job
@@ -305,3 +308,47 @@ def test_users_come_back_after_redis_restarts_and_rotation_locks_out_the_old_sec
             again.terminate()
             again.wait(10)
             get_redis.cache_clear()
+
+
+# --- making credentials ---
+
+
+def test_agent_credentials_prints_a_working_url_once_and_keeps_no_secret(
+    console_on: redis.Redis, db: None
+) -> None:
+    out = io.StringIO()
+    call_command("agent_credentials", "node-1", "node-2", stdout=out)
+    urls = out.getvalue().split()
+    assert [credentials.secret_from_url(u)[0] for u in urls] == ["node-1", "node-2"]  # type: ignore[index]
+    for url in urls:
+        client = redis.Redis.from_url(url)
+        assert client.ping()  # as the agent's own user, which may not even ask who it is
+        assert refused(lambda: client.acl_whoami())  # noqa: B023
+        assert refused(lambda: client.keys("*"))  # noqa: B023
+        client.close()
+    secret = credentials.secret_from_url(urls[0])[1]  # type: ignore[index]
+    row = AgentCredential.objects.get(node_name="node-1")
+    assert row.password_sha256 == credentials.password_hash(secret)
+    assert row.signing_key == credentials.signing_key(secret)
+    assert secret not in {row.password_sha256, row.signing_key}
+
+    with pytest.raises(CommandError, match="a node with credentials needs a name"):
+        call_command("agent_credentials", "node-*", stdout=io.StringIO())
+    assert not AgentCredential.objects.filter(node_name="node-*").exists()
+
+
+def test_the_nodes_admin_action_rotates_and_shows_the_url_once(
+    console_on: redis.Redis, client: Client, charlie_admin: User, nodes: list[Node]
+) -> None:
+    client.force_login(charlie_admin)
+    r = client.post(
+        "/admin/jobs/node/",
+        {"action": "make_agent_credentials", "_selected_action": [nodes[0].pk]},
+        follow=True,
+    )
+    assert r.status_code == 200
+    shown = [str(m) for m in r.context["messages"]]
+    assert len(shown) == 1 and "node-1: REDIS_URL=redis://agent-node-1:" in shown[0]
+    url = shown[0].split("REDIS_URL=", 1)[1].split(" ", 1)[0]
+    assert redis.Redis.from_url(url).ping()
+    assert client.get("/admin/jobs/agentcredential/").status_code == 200

@@ -7,10 +7,8 @@ the report-signing key derived from it (jobs.models.AgentCredential); the URL is
 again: run the command again to rotate (the old secret stops working at once).
 """
 
-import urllib.parse
 from typing import Any
 
-from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from jobs.services import agent_access
@@ -28,15 +26,10 @@ class Command(BaseCommand):
         parser.add_argument("--port", type=int, help="the Redis port (default: REDIS_URL's)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        ours = urllib.parse.urlsplit(settings.REDIS_URL or "redis://127.0.0.1:6379/0")
-        host = options["host"] or ours.hostname or "127.0.0.1"
-        port = options["port"] or ours.port or 6379
-        db = int((ours.path or "/0").lstrip("/") or 0)
-        for node in options["nodes"]:
+        for node in options["nodes"]:  # all checked before any is made
             try:
                 credentials.check_node_name(node)
             except credentials.CredentialError as exc:
                 raise CommandError(str(exc)) from None
         for node in options["nodes"]:
-            secret = agent_access.issue(node)
-            self.stdout.write(credentials.agent_url(node, secret, host, port, db, ours.scheme))
+            self.stdout.write(agent_access.issue_url(node, options["host"], options["port"]))
