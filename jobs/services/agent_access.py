@@ -110,6 +110,11 @@ def sync(node_names: Iterable[str] | None = None, now: Any = None) -> int:
     client = get_redis()
     run_id = str(client.info("server")["run_id"])
     applied = client.hgetall(APPLIED_KEY)
+    existing: set[str] | None = None
+    if node_names is None:
+        # A user deleted by hand (or by ACL LOAD) is written again too.
+        existing = set(client.execute_command("ACL", "USERS"))
+        applied = {user: mark for user, mark in applied.items() if user in existing}
     jobs = granted_jobs([c.node_name for c in creds], now)
     written = 0
     for cred in creds:
@@ -125,9 +130,9 @@ def sync(node_names: Iterable[str] | None = None, now: Any = None) -> int:
         pipe.hset(APPLIED_KEY, user, mark)
         pipe.execute()
         written += 1
-    if node_names is None:
+    if existing is not None:
         keep = {credentials.user_of(c.node_name) for c in creds}
-        for user in client.execute_command("ACL", "USERS"):
+        for user in existing:
             if user.startswith(credentials.USER_PREFIX) and user not in keep:
                 client.execute_command("ACL", "DELUSER", user)  # closes its connections
                 client.hdel(APPLIED_KEY, user)

@@ -22,12 +22,14 @@ from django.utils import timezone
 from jobs.models import AgentCredential, Job, Node, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access, reports
+from jobs.services.reconcile import ReconcileLoop
 from jobs.services.submission import check_job_request, submit_job
 from stack.redis_server import wait_for_redis
 from tests.conftest import private_redis
 from tests.unit.helpers import SentTasks, job_request, stream_entries
-from workers import contract, credentials
+from workers import contract, credentials, logship
 from workers.agent import make_celery
+from workers.logship import LogShipper, ReplicaKey
 from workers.logsink import LogBatch, LogSink
 
 JOB = 5  # granted to node-1
@@ -352,3 +354,32 @@ def test_the_nodes_admin_action_rotates_and_shows_the_url_once(
     url = shown[0].split("REDIS_URL=", 1)[1].split(" ", 1)[0]
     assert redis.Redis.from_url(url).ping()
     assert client.get("/admin/jobs/agentcredential/").status_code == 200
+
+
+def test_lines_of_a_job_it_may_no_longer_write_wait_then_are_dropped_without_blocking_others(
+    node_1: redis.Redis, admin: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grant can lag a start for a moment, so refused lines wait in the spool; lines of a job
+    refused for long (ended long ago) are dropped, and the lines behind them get through."""
+    shipper = LogShipper(node_1, tmp_path / "spool", retry_seconds=0.05)
+    try:
+        shipper.put(ReplicaKey(OTHER_JOB, "master", 0, "node-1"), "o", 1.0, ["refused"])
+        shipper.put(ReplicaKey(JOB, "master", 0, "node-1"), "o", 1.0, ["allowed"])
+        assert not shipper.flush(0.5)  # held: the refused batch waits in the spool
+        monkeypatch.setattr(logship, "REFUSED_GIVE_UP_SECONDS", 0.0)
+        assert shipper.flush(10)
+    finally:
+        shipper.close()
+    assert [e[1]["l"] for e in stream_entries(admin, JOB)] == ["allowed"]  # once
+    assert len(stream_entries(admin, OTHER_JOB)) == 1  # the admin's own entry only
+
+
+@pytest.mark.django_db
+def test_each_reconciliation_pass_rewrites_a_user_that_went_missing(
+    console_on: redis.Redis, admin_url: str
+) -> None:
+    url = agent_url_for(admin_url, "node-1", agent_access.issue("node-1"))
+    assert ReconcileLoop(60).run_once() is not None
+    console_on.execute_command("ACL", "DELUSER", "agent-node-1")
+    assert ReconcileLoop(60).run_once() is not None
+    assert redis.Redis.from_url(url).ping()
