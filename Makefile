@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test bench lint format chromium clean mxnet-env
+.PHONY: run cluster test bench lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -15,15 +15,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[console,agent,trainer,cli,dev]"
 	touch $@
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed sandbox
 	$(PY) -m stack.run --port $(PORT)
 
 # The multi-host demo on one machine: every node agent in a network namespace of its own, with
 # its own address (needs root; docs/deploy.md).
-cluster: $(VENV)/.installed
+cluster: $(VENV)/.installed sandbox
 	$(PY) -m stack.run --cluster --port $(PORT)
 
-test: $(VENV)/.installed chromium
+test: $(VENV)/.installed chromium sandbox
 	$(PY) -m pytest
 
 # Apache MXNet 1.9.1 for the kvstore images that name it (stack/runtimes.py); prints its python.
@@ -56,6 +56,17 @@ chromium:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 		else \
 			echo "Chromium is missing: run 'sudo apt-get install chromium' (the browser tests need it)"; exit 1; \
+		fi; \
+	fi
+
+# Trainers run in a bubblewrap sandbox (workers/sandbox.py, docs/security.md). Without it they
+# run, but can read whatever the agent can, and the Nodes page says so.
+sandbox:
+	@if ! command -v bwrap >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
+		else \
+			echo "bubblewrap is missing: trainers will run without a sandbox ('sudo apt-get install bubblewrap')"; \
 		fi; \
 	fi
 

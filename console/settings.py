@@ -299,6 +299,10 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
+# Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
+# user namespaces and not root): there a training script can read what the agent can, other
+# users' jobs included (docs/security.md). Off in production unless an admin turns it on.
+TRAINYARD_ALLOW_UNISOLATED_NODES = env_bool("TRAINYARD_ALLOW_UNISOLATED_NODES", not PRODUCTION)
 # Upper bound on instances of one role: a typo like 10000 must not create 10000 rows.
 TRAINYARD_MAX_INSTANCES = env_int("TRAINYARD_MAX_INSTANCES", 64)
 # The currency packages are priced in (an ISO 4217 code): pages show prices and "samples per

@@ -669,6 +669,8 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]
 
 @api.get("/nodes", response={200: NodeListOut, **ERRORS}, tags=["nodes"], url_name="api_nodes")
 def node_list(request: HttpRequest) -> dict[str, Any]:
+    """Every node: capacity, what all jobs use and leave free, and which of your jobs run
+    there (administrators see every job's id)."""
     return {
         "nodes": [
             {
@@ -683,11 +685,13 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "used": row.used,
                 "free": row.free,
                 "jobs": row.jobs,
+                "isolated": row.node.isolated,
+                "isolation": row.node.isolation or "unknown",
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
                 if row.node.last_heartbeat
                 else None,
             }
-            for row in cluster.node_rows()
+            for row in cluster.node_rows(request.user)
         ]
     }
 
@@ -757,7 +761,8 @@ def snapshot_upload(
     """Upload a project folder as a .tar.gz (multipart field `archive`; `name` is yours to
     choose). Every member must be a plain file or folder inside the archive: absolute paths,
     `..`, links and devices are refused. The files are stored once, named by their SHA-256:
-    201 for files the console had not seen, 200 (`new`: false) for ones it had. Run it with
+    201 for files you had not uploaded before, 200 (`new`: false) for ones you had (whether
+    anyone else uploaded the same files is never told). Run it with
     `"program": {"script": "train.py", "snapshot": SHA256}`."""
     try:
         with archive.open("rb") as data:

@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from workers.contract import masked_env, tag_of
+from workers.sandbox import Isolation
 
 
 class Framework(models.TextChoices):
@@ -215,6 +216,11 @@ class Quota(models.Model):
         return f"quota of group {self.group}" if self.group_id else f"quota of {self.user}"
 
 
+# What the Nodes page and the waiting reasons call a node that does not sandbox its trainers,
+# where the console runs jobs only on nodes that do (TRAINYARD_ALLOW_UNISOLATED_NODES).
+NOT_ISOLATED = "not isolated"
+
+
 class Node(models.Model):
     """A machine with a node agent.
 
@@ -250,6 +256,10 @@ class Node(models.Model):
         help_text="How replicas ended there lately, as the agent said at its last heartbeat.",
     )
     last_heartbeat = models.DateTimeField(null=True, blank=True)
+    # How the node's trainers are held apart (workers/sandbox.py), as its agent says: sandbox,
+    # sandbox-shared-uid, none; empty from an agent older than the sandbox (not isolated).
+    isolation = models.CharField(max_length=30, blank=True, default="")
+    isolation_reason = models.CharField(max_length=300, blank=True, default="")
     # Which run of the agent process is talking: a new value means the agent started again and
     # knows nothing of what its previous incarnation ran.
     incarnation = models.CharField(max_length=64, blank=True)
@@ -275,9 +285,22 @@ class Node(models.Model):
         return (now - self.last_heartbeat).total_seconds() > settings.TRAINYARD_NODE_STALE_SECONDS
 
     @property
+    def isolated(self) -> bool:
+        """Whether its trainers run sandboxed, each seeing nothing but its own job."""
+        try:
+            return Isolation(self.isolation).isolated
+        except ValueError:  # empty (an agent older than the sandbox) or unknown
+            return False
+
+    @property
     def status(self) -> str:
-        """ready, draining or lost: what the node page shows."""
-        return "lost" if self.is_lost() else self.state
+        """ready, draining, lost, or "not isolated" where this console runs jobs only on nodes
+        that sandbox their trainers: what the node page shows."""
+        if self.is_lost():
+            return "lost"
+        if not self.isolated and not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
+            return NOT_ISOLATED
+        return self.state
 
 
 class AgentCredential(models.Model):

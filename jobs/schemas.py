@@ -439,9 +439,20 @@ class NodeOut(_Out):
     address: str
     status: str
     capacity: dict[str, int]
-    used: dict[str, int]
+    used: dict[str, int] = Field(description="What every job here holds, whoever's it is.")
     free: dict[str, int]
-    jobs: list[int]
+    jobs: list[int] = Field(
+        description="Ids of the jobs here that you may see: your own (administrators: all)."
+    )
+    isolated: bool = Field(
+        description="Whether its trainers run sandboxed, each seeing nothing of the host but "
+        "its own job (docs/security.md). Where this console runs jobs only on isolated nodes, "
+        'a node that is not has the status "not isolated" and gets no work.'
+    )
+    isolation: str = Field(
+        description="How, as its agent says: sandbox (a uid per user), sandbox-shared-uid (the "
+        "agent's uid), none, or unknown (an agent older than the sandbox)."
+    )
     last_heartbeat: str | None
 
 
@@ -457,7 +468,9 @@ class SnapshotOut(_Out):
 
 
 class SnapshotUploadOut(SnapshotOut):
-    new: bool = Field(description="False: the console already held exactly these files.")
+    new: bool = Field(
+        description="False: you had uploaded exactly these files before (and still have them)."
+    )
 
 
 class SnapshotDetailOut(SnapshotOut):

@@ -228,7 +228,11 @@ def node_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "jobs/node_list.html",
-        {"rows": cluster.node_rows(), "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS},
+        {
+            "rows": cluster.node_rows(request.user),
+            "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
+            "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
+        },
     )
 
 

@@ -5,9 +5,12 @@ import concurrent.futures
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +33,27 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 FIXTURE_CODE_ROOT = Path(__file__).parent / "fixtures" / "code"
+
+# Trainers run sandboxed (workers/sandbox.py) and see nothing of the host but their own job, so
+# the files a test makes for them to notice (hold.py's --release) go in one folder that every
+# agent the tests start shares with its trainers, read-only (the agent's --sandbox-share, read
+# from the environment every stack inherits). pytest's own tmp_path folders are 0700: a
+# trainer, which runs as a user of its own, could not look inside them anyway.
+SIGNALS_DIR = Path(tempfile.mkdtemp(prefix="trainyard-test-signals-"))
+SIGNALS_DIR.chmod(0o755)
+os.environ["TRAINYARD_SANDBOX_SHARED"] = str(SIGNALS_DIR)
+
+
+def signal_file(name: str = "release") -> Path:
+    """A path no test has used, in the folder trainers can see; the test creates the file."""
+    return SIGNALS_DIR / f"{name}-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def release() -> Path:
+    """Where a test's hold.py looks for its release file (the test touches it to end the job)."""
+    return signal_file()
+
 
 # Lines the API fuzz (tests/integration/test_api_fuzz.py) leaves for the end of the output.
 FUZZ_SUMMARY = pytest.StashKey[list[str]]()
@@ -357,3 +381,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
     """A stack of its own for tests that break its processes, with FAST_FAULTS timings."""
     with running_stack(tmp_path_factory.mktemp("faults"), extra_env=FAST_FAULTS) as running:
         yield running
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    shutil.rmtree(SIGNALS_DIR, ignore_errors=True)

@@ -218,7 +218,7 @@ def submit(
 @dataclass(frozen=True)
 class Uploaded:
     sha256: str
-    new: bool  # the console had never seen these files: nobody else holds them
+    new: bool  # you had not uploaded these files before (whoever else may have)
 
 
 def _upload_code(
@@ -249,7 +249,7 @@ def _upload_code(
         data={"name": folder.name},
     )
     if not quiet:
-        held = "new" if answer["new"] else "the console already had these files"
+        held = "new" if answer["new"] else "you had uploaded these files before"
         render.note(
             f"Uploaded {folder.name}/: {len(packed.files)} files, "
             f"{render.human_bytes(packed.size)} as code {answer['sha256'][:12]} ({held})."
@@ -259,7 +259,8 @@ def _upload_code(
 
 def _take_back(api: Api, sha256: str) -> None:
     """A refused job leaves nothing behind: not even the code uploaded for it (only when
-    these files were new to the console, so surely nobody else's, nor an earlier upload)."""
+    these files were new from you: an earlier upload of yours stays in your list). The
+    console keeps the files themselves while anyone else's upload or job still needs them."""
     try:
         api.delete(f"/snapshots/{sha256}")
     except CliError as exc:
@@ -578,7 +579,7 @@ def metrics(
 
 @app.command()
 def nodes(json_output: Json = False) -> None:
-    """The nodes: status, what they hold and what is free, their jobs."""
+    """The nodes: status, what they hold and what is free, and your jobs there (an admin's: all)."""
     answer = _api().get("/nodes")["nodes"]
     if json_output:
         render.print_json(answer)

@@ -29,7 +29,7 @@ import redis
 from celery import Celery
 from kombu import Queue
 
-from workers import containers, contract, credentials, guardian, inventory
+from workers import containers, contract, credentials, guardian, inventory, sandbox
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
@@ -42,6 +42,7 @@ log = logging.getLogger("trainyard.agent")
 HEARTBEAT_SECONDS_ENV = "TRAINYARD_HEARTBEAT_SECONDS"
 DEFAULT_HEARTBEAT_SECONDS = 5.0
 CHECKPOINT_ROOT_ENV = "TRAINYARD_CHECKPOINT_ROOT"
+SANDBOX_SHARED_ENV = "TRAINYARD_SANDBOX_SHARED"
 # A heartbeat older than this many intervals is worthless: the broker drops it.
 HEARTBEAT_EXPIRES_INTERVALS = 6
 # The local stack (like systemd's default) SIGKILLs an agent 30 s after SIGTERM; end well before.
@@ -253,6 +254,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "shared file system) for a job to resume on another node after a restart "
         f"(default: ${CHECKPOINT_ROOT_ENV}, else checkpoints/ in --workdir)",
     )
+    parser.add_argument(
+        "--no-sandbox",
+        dest="sandbox",
+        action="store_false",
+        help="run trainers outside the bubblewrap sandbox: they can then read what the agent "
+        "can, and the node is shown as not isolated (docs/security.md)",
+    )
+    parser.add_argument(
+        "--sandbox-uid-base",
+        type=int,
+        default=int(os.environ.get("TRAINYARD_SANDBOX_UID_BASE", sandbox.DEFAULT_UID_BASE)),
+        help="a root agent runs each console user's trainers as this uid + the user's id; the "
+        "same on every node (default: $TRAINYARD_SANDBOX_UID_BASE or "
+        f"{sandbox.DEFAULT_UID_BASE})",
+    )
+    parser.add_argument(
+        "--sandbox-share",
+        type=Path,
+        action="append",
+        default=[Path(p) for p in os.environ.get(SANDBOX_SHARED_ENV, "").split(os.pathsep) if p],
+        help="a folder every trainer on this node may read (a shared data set); repeat for "
+        f"more (default: ${SANDBOX_SHARED_ENV}, folders separated by '{os.pathsep}')",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -276,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.gpus < 0:
         parser.error("--gpus must not be negative")
+    if not 0 < args.sandbox_uid_base < 2**31 - 2**24:
+        parser.error("--sandbox-uid-base must leave room for 2^24 users below 2^31")
     if args.heartbeat_seconds <= 0:
         parser.error("--heartbeat-seconds must be positive")
     if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
@@ -316,6 +342,9 @@ def hold_workdir(workdir: Path) -> IO[str]:
     a dead agent, and kill them.
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    # Jobs' folders, the log spool and the code cache are the agent's: no other user's
+    # process, a trainer's included, may walk in.
+    workdir.chmod(0o700)
     lock = open(workdir / "agent.lock", "w")  # held, open, until this process ends
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -340,6 +369,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"REDIS_URL holds the credentials of {owner[0]}, not of {args.node}")
     workdir = args.workdir.resolve() / args.node
     workdir_lock = hold_workdir(workdir)
+    trainer_sandbox = sandbox.probe(
+        args.sandbox_uid_base, wanted=args.sandbox, shared=args.sandbox_share
+    )
+    if trainer_sandbox.isolation.isolated:
+        log.info("trainers are isolated: %s", trainer_sandbox.reason)
+    else:
+        log.warning(
+            "NOT ISOLATED: trainers can read what this agent can: %s", trainer_sandbox.reason
+        )
     # Lines wait here while Redis is unreachable, and survive a restart of this agent.
     shipper = LogShipper(client, spool_dir=workdir / "log-spool")
     supervisor = Supervisor(
@@ -354,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         network=node_network(args.address, args.interface),
         trainer_python=args.trainer_python,
         container_runtime=containers.find_runtime(args.container_runtime),
+        trainer_sandbox=trainer_sandbox,
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.
@@ -371,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_model": args.gpu_model,
         "hostname": platform.node(),
         "pid": os.getpid(),
+        "isolation": trainer_sandbox.isolation.value,
+        "isolation_reason": trainer_sandbox.reason,
     }
     heartbeat = Heartbeat(app, inventory, supervisor, interval=args.heartbeat_seconds, sign=sign)
     heartbeat.start()

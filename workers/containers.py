@@ -21,7 +21,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.launcher import INHERITED_ENV, LocalProcess
+from workers.launcher import INHERITED_ENV, WORKERS_PACKAGE, LocalProcess
 
 RUNTIMES = ("docker", "podman")
 NODE_LABEL = "trainyard.node"
@@ -45,7 +45,6 @@ def find_runtime(preferred: str | None = None) -> str | None:
 # (the examples import it); only that package, so nothing else of the agent's environment
 # shadows the image's own libraries.
 LIBRARY_INSIDE = Path("/opt/trainyard/lib")
-WORKERS_PACKAGE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)

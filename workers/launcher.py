@@ -24,7 +24,9 @@ from workers.spec import FRAMEWORK_KVSTORE, ReplicaSpec
 # Redis URL, credentials, Django settings) stays out of the trainer's reach.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
 INHERITED_PREFIXES = ("CUDA_", "NCCL_", "GLOO_", "TORCH_NCCL_")
-TRAINER_LIB = Path(__file__).resolve().parent / "trainer_lib"
+# The agent's own package: the built-in examples import it, and it holds the trainer library.
+WORKERS_PACKAGE = Path(__file__).resolve().parent
+TRAINER_LIB = WORKERS_PACKAGE / "trainer_lib"
 
 
 def metrics_file(instance_dir: Path, local_rank: int) -> Path:

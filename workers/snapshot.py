@@ -238,6 +238,8 @@ class SnapshotCache:
                 staging = Path(tempfile.mkdtemp(prefix=".code-", dir=destination.parent))
                 staging.rmdir()
                 unpack(archive, staging)
+                # mkdtemp's 0700 would keep out the trainers, which run as the job's user.
+                staging.chmod(0o755)
                 os.replace(staging, destination)
         return destination
 

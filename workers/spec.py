@@ -58,11 +58,13 @@ class ReplicaSpec:
     container_image: str = ""
     # The interpreter the image's trainers run with on this node; empty: the agent's own choice.
     python: str = ""
+    # The console user who owns the job: a sandboxed trainer runs as a uid made from it.
+    owner: int = 0
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:
             raise SpecError(f"unknown framework {self.framework!r}")
-        if self.index < 0 or self.job_id < 1 or self.attempt < 0:
+        if self.index < 0 or self.job_id < 1 or self.attempt < 0 or self.owner < 0:
             raise SpecError("job id, index and attempt must be positive")
         if not all(c.isalnum() for c in self.checkpoint_key):
             raise SpecError("the checkpoint key must be letters and digits")

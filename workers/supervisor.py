@@ -38,8 +38,15 @@ from typing import Any, Protocol
 
 import redis
 
-from workers import containers, contract, deathsig, inventory
-from workers.launcher import TRAINER_LIB, LocalProcess, NodeNetwork, build_processes, error_file
+from workers import containers, contract, deathsig, inventory, sandbox
+from workers.launcher import (
+    TRAINER_LIB,
+    WORKERS_PACKAGE,
+    LocalProcess,
+    NodeNetwork,
+    build_processes,
+    error_file,
+)
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
@@ -245,8 +252,14 @@ class Supervisor:
         network: NodeNetwork | None = None,
         trainer_python: str = sys.executable,
         container_runtime: str | None = None,
+        trainer_sandbox: sandbox.Sandbox | None = None,
     ) -> None:
         self.node = node
+        # How trainers are held apart (workers/sandbox.py); None: not at all, as in unit tests
+        # of the supervisor's other concerns.
+        self.sandbox = trainer_sandbox or sandbox.Sandbox(
+            sandbox.Isolation.NONE, reason="no sandbox was asked for"
+        )
         # Names this agent process in every report, so the console can tell a restarted agent
         # (which knows nothing of its predecessor's replicas) from the same one repeating itself.
         self.incarnation = incarnation or f"{os.getpid()}-{time.time_ns()}"
@@ -451,7 +464,11 @@ class Supervisor:
             self._stop(run)
             if run.state == ReplicaState.STOPPED and run.procs:
                 # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
-                codes = [p.returncode for p in run.procs if p.returncode is not None]
+                codes = [
+                    sandbox.exit_code(p.returncode, self.sandbox)
+                    for p in run.procs
+                    if p.returncode is not None
+                ]
                 exit_code = next((c for c in codes if c != 0), 0 if codes else None)
             if run.ended_at is None:
                 run.ended_at = time.time()
@@ -494,6 +511,10 @@ class Supervisor:
         except (ProgramError, SnapshotError) as exc:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
         checkpoint_dir = self._checkpoint_dir(spec)
+        # The two folders the trainer writes to become its own; nobody else's trainers enter.
+        sandbox.prepare_scratch(job_dir)
+        for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir):
+            self.sandbox.hand_over(folder, spec.owner)
         try:
             run.regex_metrics = compile_definitions(spec.metric_definitions)
         except BadMetric as exc:
@@ -508,9 +529,23 @@ class Supervisor:
             python=self._python_for(spec),
             network=self._network,
         ):
-            argv = local.argv
+            argv, env = local.argv, local.env
             if spec.container_image:
                 argv = self._in_container(run, local, cwd, script, job_dir, checkpoint_dir)
+            else:
+                argv, env = self.sandbox.wrap(
+                    argv,
+                    sandbox.Folders(
+                        cwd=cwd,
+                        # The trainer library and the built-in examples; the user's script.
+                        read_only=[WORKERS_PACKAGE, TRAINER_LIB, script.parent],
+                        writable=[job_dir, checkpoint_dir],
+                        gpu_ids=run.gpu_ids,
+                        scratch=job_dir,
+                    ),
+                    env,
+                    spec.owner,
+                )
             with self._lock:
                 # A stop that arrived while we were starting must not miss this process.
                 if run.stop_requested.is_set():
@@ -519,7 +554,7 @@ class Supervisor:
                 # when this thread ends: it must (and does) outlive the processes it starts.
                 proc = subprocess.Popen(
                     deathsig.command(argv),
-                    env=local.env,
+                    env=env,
                     cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
@@ -710,7 +745,7 @@ class Supervisor:
         """Wait for the replica's processes: the exit code (0 when all succeeded, else the first
         failure's), or None when a stop was requested. A failure takes the others down."""
         while not run.stop_requested.is_set():
-            codes = [_exit_code(p) for p in run.procs]
+            codes = [sandbox.exit_code(_exit_code(p), self.sandbox) for p in run.procs]
             failed = next((c for c in codes if c not in (None, 0)), None)
             if failed is not None:
                 if run.stop_requested.is_set():

@@ -2,9 +2,10 @@
 
 from dataclasses import dataclass
 
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import AnonymousUser, Group, User
 from django.db.models import Q
 
+from jobs.access import visible_jobs
 from jobs.models import Node, Quota
 from jobs.services import quota as quotas
 from jobs.services.scheduling import holdings
@@ -16,12 +17,18 @@ class NodeRow:
     status: str
     used: dict[str, int]
     free: dict[str, int]
-    jobs: list[int]
+    jobs: list[int]  # the ids of the jobs here that the viewer may see
 
 
-def node_rows() -> list[NodeRow]:
+def node_rows(viewer: User | AnonymousUser) -> list[NodeRow]:
+    """Every node with what it holds. What is used and free counts every job (a fact about the
+    cluster); the job ids are only those `viewer` may see (staff: all; others: their own), so
+    that a shared page names no one else's job."""
     nodes = list(Node.objects.order_by("name"))
     held = holdings(nodes)
+    shown = set(
+        visible_jobs(viewer).filter(pk__in={h.job_id for h in held}).values_list("pk", flat=True)
+    )
     rows = []
     for node in nodes:
         mine = [h for h in held if h.node == node.name]
@@ -32,7 +39,9 @@ def node_rows() -> list[NodeRow]:
         }
         capacity = {"cpu": node.cpu, "gpus": node.gpus, "memory_gb": node.memory_gb}
         free = {k: capacity[k] - used[k] for k in capacity}
-        rows.append(NodeRow(node, node.status, used, free, sorted({h.job_id for h in mine})))
+        rows.append(
+            NodeRow(node, node.status, used, free, sorted({h.job_id for h in mine} & shown))
+        )
     return rows
 
 

@@ -107,13 +107,15 @@ def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str
 
 def _attempt_fields(job: Job) -> dict[str, Any]:
     """What every instance of an attempt shares: which attempt, how many may follow, the key
-    that names the job's checkpoint folder on every attempt, and the container to run in."""
+    that names the job's checkpoint folder on every attempt, the container to run in, and whose
+    job it is (a sandboxed trainer runs as a uid of that user's)."""
     return {
         "attempt": job.attempt,
         "max_restarts": job.max_restarts,
         "checkpoint_key": job.checkpoint_key,
         "container_image": job.image.container_image,
         "extra_env": dict(job.env),
+        "owner": job.owner_id,
     }
 
 

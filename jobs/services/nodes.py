@@ -41,6 +41,8 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
             node.incarnation_since = now
         node.address = str(payload["address"])
         node.gpu_model = str(payload.get("gpu_model", ""))
+        node.isolation = str(payload.get("isolation", ""))[:30]
+        node.isolation_reason = str(payload.get("isolation_reason", ""))[:300]
         for field, value in reported.items():
             setattr(node, field, value)
         if not node.capacity_set_by_admin:

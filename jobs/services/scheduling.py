@@ -6,6 +6,7 @@ lock) for as long as placement takes, and a submission should not wait for that.
 """
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.conf import settings
@@ -13,11 +14,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.celery import app
+from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
 from jobs.services import dispatch, transitions
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.totals import RoleRequest
-from jobs.services.waiting import Holding, NodeView, why_waiting
+from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
 from workers import contract
 
 log = logging.getLogger(__name__)
@@ -33,9 +35,9 @@ def _send_schedule_task() -> None:
 
 
 def ready_nodes(nodes: list[Node]) -> list[Node]:
-    """Nodes that take new work: not drained, and heard from recently."""
-    now = timezone.now()
-    return [n for n in nodes if n.state == Node.State.READY and not n.is_lost(now)]
+    """Nodes that take new work: not drained, heard from recently, and isolated where the
+    console asks for it (Node.status says which)."""
+    return [n for n in nodes if n.status == Node.State.READY]
 
 
 def holdings(nodes: list[Node]) -> list[Holding]:
@@ -121,15 +123,16 @@ def schedule() -> list[int]:
             replicas = unplaced[job.pk]
             demands = demands_of(replicas)
             if blocker is not None and timezone.now() - blocker.created > grace:
+                behind = jobs_in_words([blocker.pk], _visible_to(job))
                 transitions.set_job_reason(
-                    job, f"waiting behind job {blocker.pk}, which has waited longest"
+                    job, f"waiting behind {behind}, which has waited longest"
                 )
                 continue
             # A restarted job may stay away from the nodes its earlier attempts failed on.
             allowed = [room for room in rooms if room.node not in job.excluded_nodes]
             assignment = place(demands, allowed)
             if assignment is None:
-                why = why_waiting(demands, allowed, views, held)
+                why = why_waiting(demands, allowed, views, held, _visible_to(job))
                 if job.excluded_nodes:
                     why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
                 transitions.set_job_reason(job, why)
@@ -159,6 +162,15 @@ def schedule() -> list[int]:
             )
             dispatched.append(job_id)
     return dispatched
+
+
+def _visible_to(job: Job) -> Callable[[list[int]], set[int]]:
+    """Which of some job ids the owner of `job` may see: a reason names no one else's job."""
+
+    def pick(job_ids: list[int]) -> set[int]:
+        return set(visible_jobs(job.owner).filter(pk__in=job_ids).values_list("pk", flat=True))
+
+    return pick
 
 
 def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:

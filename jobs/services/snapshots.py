@@ -30,7 +30,9 @@ PUBLISHED_SECONDS = 7 * 24 * 3600
 @dataclass(frozen=True)
 class Stored:
     upload: CodeUpload
-    new: bool  # the console had no snapshot with these files before
+    # The owner had not uploaded these files before (or had forgotten them). Whether anyone
+    # else holds them is no business of theirs: the answer must not depend on it.
+    new: bool
 
 
 def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
@@ -56,9 +58,9 @@ def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
 
 
 def _record_upload(owner: User, packed: snapshot.Packed, name: str) -> Stored:
-    stored, new = _snapshot_row(packed)
+    stored = _snapshot_row(packed)
     with transaction.atomic():
-        upload, _ = CodeUpload.objects.select_for_update().get_or_create(
+        upload, new = CodeUpload.objects.select_for_update().get_or_create(
             owner=owner, snapshot=stored, defaults={"name": name}
         )
         upload.uploaded = timezone.now()
@@ -68,10 +70,12 @@ def _record_upload(owner: User, packed: snapshot.Packed, name: str) -> Stored:
     return Stored(upload, new)
 
 
-def _snapshot_row(packed: snapshot.Packed) -> tuple[CodeSnapshot, bool]:
+def _snapshot_row(packed: snapshot.Packed) -> CodeSnapshot:
+    """The stored snapshot of these files, stored now if it was not. Whether it was is never
+    told to the uploader: it would say that someone else had uploaded the same files."""
     existing = CodeSnapshot.objects.defer("archive").filter(sha256=packed.sha256).first()
     if existing is not None:
-        return existing, False
+        return existing
     try:
         with transaction.atomic():
             row = CodeSnapshot.objects.create(
@@ -81,9 +85,9 @@ def _snapshot_row(packed: snapshot.Packed) -> tuple[CodeSnapshot, bool]:
                 unpacked_size=packed.unpacked_size,
                 files=[m.path for m in packed.files],
             )
-        return row, True
+        return row
     except IntegrityError:  # the same files, uploaded at the same moment by someone else
-        return CodeSnapshot.objects.defer("archive").get(sha256=packed.sha256), False
+        return CodeSnapshot.objects.defer("archive").get(sha256=packed.sha256)
 
 
 def uploads_of(owner: User) -> list[CodeUpload]:

@@ -1,9 +1,12 @@
 """Why a queued job waits, in words a user can act on.
 
 "waiting: needs a node with 2 GPUs free; node-2 frees 2 GPUs when job 41 ends"
+
+The reader is the waiting job's owner: a job of theirs is named by its id, anyone else's only
+counted ("when a job of another user ends"), as everywhere the owner reads (issue 22).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from jobs.services.placement import Demand, Room, describe, first_unplaceable
@@ -34,7 +37,10 @@ def why_waiting(
     rooms: Sequence[Room],
     nodes: Sequence[NodeView],
     holdings: Sequence[Holding],
+    may_name: Callable[[list[int]], Collection[int]],
 ) -> str:
+    """Why the job whose `demands` these are cannot start. `may_name` picks, from some job
+    ids, those the job's owner may see (jobs.access.visible_jobs): the others go unnamed."""
     if not nodes:
         return "waiting for a node agent to register"
     ready = [n for n in nodes if n.status == "ready"]
@@ -65,9 +71,21 @@ def why_waiting(
         max(0, demand.gpus - room.gpus),
         max(0, demand.memory_gb - room.memory_gb),
     )
-    jobs = " and ".join(f"job {j}" for j in ending)
     verb = "ends" if len(ending) == 1 else "end"
-    return f"{head}; {node_name} frees {freed} when {jobs} {verb}"
+    return f"{head}; {node_name} frees {freed} when {jobs_in_words(ending, may_name)} {verb}"
+
+
+def jobs_in_words(job_ids: list[int], may_name: Callable[[list[int]], Collection[int]]) -> str:
+    """Jobs as a reason names them: "job 7 and job 9"; those the reader may not see are
+    counted, never named: "job 7 and a job of another user", "2 jobs of other users"."""
+    named = set(may_name(job_ids)) if job_ids else set()
+    parts = [f"job {j}" for j in job_ids if j in named]
+    others = sum(1 for j in job_ids if j not in named)
+    if others == 1:
+        parts.append("a job of another user")
+    elif others > 1:
+        parts.append(f"{others} jobs of other users")
+    return " and ".join(parts)
 
 
 def _jobs_to_end(demand: Demand, room: Room, holdings: list[Holding]) -> list[int]:

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.conftest import admin_page
-from tests.conftest import RunningStack, pytorch_request, running_stack, wait_until
+from tests.conftest import RunningStack, pytorch_request, running_stack, signal_file, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -146,7 +146,7 @@ def test_every_node_action_from_the_node_listing(
     admin: Page, admin_stack: RunningStack, tmp_path: Path
 ) -> None:
     stack = admin_stack
-    release = tmp_path / "release"
+    release = signal_file()
     try:
         # Drain: no new work goes there.
         run_node_action(admin, stack, "node-2", "drain")

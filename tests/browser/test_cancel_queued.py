@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import Browser, Dialog, expect
 
 from tests.browser.conftest import user_page
-from tests.conftest import TERMINAL, RunningStack, StackClient, pytorch_request
+from tests.conftest import TERMINAL, RunningStack, StackClient, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -39,7 +39,7 @@ def never_started(job: dict[str, Any]) -> bool:
 def test_a_queued_job_cancelled_from_its_page_never_starts(
     browser: Browser, stack: RunningStack, cass: StackClient, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
+    release = signal_file()
     try:
         # 2 x 2 cores held open on nodes of 4 and 4: 4 cores are left at most, and the second
         # job needs 3 x 2 at once (all of its instances or none), so it waits.

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.browser.conftest import admin_page
-from tests.conftest import RunningStack, pytorch_request
+from tests.conftest import RunningStack, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 def test_a_lost_node_fails_the_job_on_its_page_with_the_reason(
     browser: Browser, fault_stack: RunningStack, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
+    release = signal_file()
     job = fault_stack.admin.submit(
         pytorch_request("watched node", "hold.py", 2, args=["--release", str(release)])
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningStack, StackClient, wait_until
+from tests.conftest import RunningStack, StackClient, signal_file, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -168,7 +168,7 @@ def test_a_bad_job_file_gives_the_apis_field_message_and_exit_2(cli: Any, projec
         "roles:\n  master: {package: cpu-1, instances: 1}\n"
         "  worker: {package: no-such-package, instances: 2}\n"
     )
-    # Files the console has never seen: the upload made for the refused job is taken back.
+    # Files new from this user: the upload made for the refused job is taken back.
     (project / "unique.txt").write_text(str(project))
     uploads = cli.api.http.get("/api/v1/snapshots").json()["snapshots"]
     result = cli("submit", "bad.yaml", cwd=project)
@@ -245,7 +245,7 @@ def test_logs_follow_resumes_across_a_web_server_restart(
     from its last cursor: every line once, in order."""
     config_dir = tmp_path / "config"
     client = logged_in(fault_stack, "cli-follower", config_dir)
-    release = tmp_path / "release"
+    release = signal_file()
     lines = 400
     job = client.submit(
         {

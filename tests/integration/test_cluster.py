@@ -39,6 +39,7 @@ from tests.conftest import (
     process_alive,
     pytorch_request,
     require_postgres,
+    signal_file,
     wait_until,
 )
 from workers.snapshot import pack_folder
@@ -263,7 +264,7 @@ def test_a_queued_job_runs_the_snapshot_it_was_submitted_with_and_agents_fetch_i
     cluster: RunningStack, user: StackClient, tmp_path: Path
 ) -> None:
     v1 = user.upload(CODE, "probe v1")
-    hold = tmp_path / "release"
+    hold = signal_file()
     holder = user.submit(probe_request("holds a host", v1, 1, args=["--hold", str(hold)]))
     user.wait(holder["id"], lambda j: j["state"] == "running")
     # Three hosts' worth: it waits for the held one.
@@ -297,7 +298,7 @@ def test_a_host_cut_off_the_network_is_a_lost_node(
 ) -> None:
     network = cluster.stack.network
     assert network is not None
-    release = tmp_path / "release"
+    release = signal_file()
     job = user.submit(
         pytorch_request("cut", "hold.py", 2, package="cpu-2", args=["--release", str(release)])
     )

@@ -33,11 +33,6 @@ def faulty(fault_stack: RunningStack) -> RunningStack:
     return fault_stack
 
 
-@pytest.fixture
-def release(tmp_path: Path) -> Path:
-    return tmp_path / "release"
-
-
 def hold_request(name: str, instances: int, release: Path) -> dict[str, Any]:
     return pytorch_request(name, "hold.py", instances, args=["--release", str(release)])
 
@@ -65,8 +60,9 @@ def held_cpu(stack: RunningStack) -> dict[str, int]:
     out = stack.stack.manage(
         "shell",
         "-c",
-        "import json; from jobs.services.cluster import node_rows; "
-        "print(json.dumps({r.node.name: r.used['cpu'] for r in node_rows()}))",
+        "import json; from django.contrib.auth.models import AnonymousUser; "
+        "from jobs.services.cluster import node_rows; "
+        "print(json.dumps({r.node.name: r.used['cpu'] for r in node_rows(AnonymousUser())}))",
     )
     held: dict[str, int] = json.loads(out.strip().splitlines()[-1])
     return held

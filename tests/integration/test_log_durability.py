@@ -19,6 +19,7 @@ from tests.conftest import (
     pytorch_request,
     run_async,
     running_stack,
+    signal_file,
     wait_until,
 )
 
@@ -84,7 +85,7 @@ def test_a_redis_restart_mid_job_loses_no_line_and_keeps_order(
     own_stack: RunningStack, tmp_path: Path
 ) -> None:
     admin = own_stack.admin
-    release = tmp_path / "release"
+    release = signal_file()
     job = admin.submit(numbered("through a restart", 2, 4000, rate=400, hold=(500, release)))
     # Both processes printed their first 500 lines and wait: the job is certainly still running.
     wait_until("the 1,000 lines before the hold", lambda: len(admin.logs(job["id"])) == 1000)

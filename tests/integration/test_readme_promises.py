@@ -24,6 +24,7 @@ from tests.conftest import (
     StackClient,
     pytorch_request,
     running_stack,
+    signal_file,
     wait_until,
 )
 
@@ -71,10 +72,10 @@ def idle_nodes(client: StackClient) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def release(tmp_path: Path) -> Iterator[Path]:
+def release() -> Iterator[Path]:
     """The file that ends every hold.py job of the test; created on the way out whatever
     happened, so that no held job outlives its test (a queued one ends as soon as it starts)."""
-    path = tmp_path / "release"
+    path = signal_file()
     try:
         yield path
     finally:

@@ -140,11 +140,16 @@ def test_heartbeats_report_capacity_unless_an_admin_set_it(nodes: list[Node]) ->
     assert (node.cpu, node.reported_cpu) == (16, 128)
 
 
+def every_job(job_ids: list[int]) -> set[int]:
+    """A reader who may see every job (staff)."""
+    return set(job_ids)
+
+
 def test_it_explains_which_node_frees_what_when_which_job_ends() -> None:
     nodes = [NodeView("node-1", 16, 0, 64, "ready"), NodeView("node-2", 24, 2, 240, "ready")]
     rooms = [Room("node-1", 16, 0, 64), Room("node-2", 12, 0, 120)]
     held = [Holding(41, "node-2", 12, 2, 120)]
-    reason = why_waiting([Demand(("worker", 1), 12, 2, 120)], rooms, nodes, held)
+    reason = why_waiting([Demand(("worker", 1), 12, 2, 120)], rooms, nodes, held, every_job)
     assert reason == (
         "waiting: needs a node with 2 GPUs, 12 CPU cores and 120 GB free; "
         "node-2 frees 2 GPUs when job 41 ends"
@@ -155,11 +160,65 @@ def test_it_names_every_job_that_must_end() -> None:
     nodes = [NodeView("node-1", 8, 0, 32, "ready")]
     rooms = [Room("node-1", 0, 0, 8)]
     held = [Holding(7, "node-1", 4, 0, 12), Holding(9, "node-1", 4, 0, 12)]
-    reason = why_waiting([Demand(("master", 0), 8, 0, 8)], rooms, nodes, held)
+    reason = why_waiting([Demand(("master", 0), 8, 0, 8)], rooms, nodes, held, every_job)
     assert reason.endswith("node-1 frees 8 CPU cores when job 7 and job 9 end")
 
 
+def test_it_counts_but_never_names_jobs_the_owner_may_not_see() -> None:
+    nodes = [NodeView("node-1", 8, 0, 32, "ready")]
+    rooms = [Room("node-1", 0, 0, 8)]
+    held = [Holding(7, "node-1", 4, 0, 12), Holding(9, "node-1", 2, 0, 6)]
+    held += [Holding(11, "node-1", 2, 0, 6)]
+    demand = [Demand(("master", 0), 8, 0, 8)]
+    reason = why_waiting(demand, rooms, nodes, held, lambda ids: {9})
+    assert reason.endswith("node-1 frees 8 CPU cores when job 9 and 2 jobs of other users end")
+    reason = why_waiting(demand, rooms, nodes, held, lambda ids: set())
+    assert reason.endswith("frees 8 CPU cores when 3 jobs of other users end")
+    reason = why_waiting([Demand(("master", 0), 6, 0, 8)], rooms, nodes, held, lambda ids: {9})
+    assert reason.endswith("frees 6 CPU cores when job 9 and a job of another user end")
+
+
+def test_a_waiting_jobs_reason_names_only_its_owners_jobs(
+    nodes: list[Node],
+    submit: Callable[..., Job],
+    bob: User,
+    charlie_admin: User,
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    alices = submit(8)  # all 16 cores
+    mine = submit(1)
+    with django_capture_on_commit_callbacks(execute=True):
+        bobs = submit_job(bob, check_job_request(job_request(1, "cpu-2")))
+        staffs = submit_job(charlie_admin, check_job_request(job_request(1, "cpu-2")))
+    for job in (mine, bobs, staffs):
+        job.refresh_from_db()
+    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 2 CPU cores"
+    assert mine.reason == f"{need} when job {alices.pk} ends"
+    assert bobs.reason == f"{need} when a job of another user ends"
+    assert staffs.reason == f"{need} when job {alices.pk} ends"  # staff see every job
+
+
+def test_the_job_a_strict_queue_waits_behind_is_named_to_its_owner_only(
+    nodes: list[Node],
+    submit: Callable[..., Job],
+    bob: User,
+    settings: Any,
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    submit(6)
+    big = submit(4)
+    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(minutes=10))
+    settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
+    with django_capture_on_commit_callbacks(execute=True):
+        bobs = submit_job(bob, check_job_request(job_request(2, "cpu-2")))
+    bobs.refresh_from_db()
+    assert bobs.reason == "waiting behind a job of another user, which has waited longest"
+    assert str(big.pk) not in bobs.reason
+
+
 def test_it_says_when_no_node_agent_has_registered() -> None:
-    assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], []) == (
+    assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], [], every_job) == (
         "waiting for a node agent to register"
     )

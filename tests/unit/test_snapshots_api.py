@@ -74,7 +74,7 @@ def test_it_stores_an_upload_once_by_its_files_hash(
     assert (again.status_code, again.json()["sha256"], again.json()["new"]) == (200, sha, False)
     assert again.json()["name"] == "mlp"  # an upload without a name keeps the one it had
     by_bob = upload(client, bob, packed(root), name="bob's copy")
-    assert (by_bob.status_code, by_bob.json()["new"]) == (200, False)
+    assert (by_bob.status_code, by_bob.json()["new"]) == (201, True)  # new to him
     assert CodeSnapshot.objects.count() == 1
     assert sorted(CodeUpload.objects.values_list("owner__username", "name")) == [
         ("alice", "mlp"),
@@ -88,6 +88,47 @@ def test_it_stores_an_upload_once_by_its_files_hash(
         f"/api/v1/snapshots/{sha}", HTTP_AUTHORIZATION=f"Token {ApiToken.issue(alice)}"
     ).json()
     assert detail["files"] == ["lib.py", "train.py"]
+
+
+def test_it_does_not_tell_that_someone_else_uploaded_the_same_files(
+    client: Client, alice: User, bob: User, tmp_path: Path
+) -> None:
+    root = folder(tmp_path / "proj")
+    # What alice's first upload answers on a console that holds nothing...
+    first_ever = upload(client, alice, packed(root), name="proj")
+    assert first_ever.status_code == 201, first_ever.content
+    CodeUpload.objects.all().delete()
+    CodeSnapshot.objects.all().delete()
+    # ...is what it answers when bob has uploaded the same files.
+    by_bob = upload(client, bob, packed(root), name="bobs")
+    assert by_bob.status_code == 201, by_bob.content
+    by_alice = upload(client, alice, packed(root), name="proj")
+    assert by_alice.status_code == 201
+    assert by_alice.json() | {"uploaded": "-"} == first_ever.json() | {"uploaded": "-"}
+    assert by_alice.json()["new"] is True
+    assert CodeSnapshot.objects.count() == 1  # still stored once
+
+
+def test_it_tells_the_user_they_had_uploaded_the_files_before(
+    client: Client, alice: User, bob: User, tmp_path: Path
+) -> None:
+    root = folder(tmp_path / "proj")
+    upload(client, alice, packed(root))
+    assert upload(client, bob, packed(root)).status_code == 201
+    again = upload(client, bob, packed(root))
+    assert again.status_code == 200
+    assert again.json()["new"] is False
+
+
+def test_a_forgotten_upload_is_new_again(client: Client, bob: User, tmp_path: Path) -> None:
+    root = folder(tmp_path / "proj")
+    sha = upload(client, bob, packed(root)).json()["sha256"]
+    forgot = client.delete(
+        f"/api/v1/snapshots/{sha}", HTTP_AUTHORIZATION=f"Token {ApiToken.issue(bob)}"
+    )
+    assert forgot.status_code == 204
+    again = upload(client, bob, packed(root))
+    assert (again.status_code, again.json()["new"]) == (201, True)
 
 
 @pytest.mark.parametrize(

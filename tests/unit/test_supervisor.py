@@ -252,7 +252,7 @@ def test_a_trainer_reports_metrics_and_the_agent_samples_it(
 ) -> None:
     assert supervisor.start(spec("report_metrics.py"))
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
-    assert exited["state"] == "succeeded", exited
+    assert exited["state"] == "succeeded", (exited["reason"], exited["stderr_tail"])
     batches = [parse_entry(i, f) for i, f in stream_entries(client, 11)]
     points = [json.loads(t) for b in batches if b.stream == "metric" for t in b.lines]
     names = [p["name"] for p in points]

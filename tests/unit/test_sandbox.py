@@ -1,0 +1,258 @@
+"""Trainers in a sandbox (workers/sandbox.py): the argv it builds, and real trainers under a real
+supervisor and a real bubblewrap, two users' jobs side by side on one node."""
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import redis
+
+from tests.conftest import FIXTURE_CODE_ROOT, signal_file
+from tests.unit.test_supervisor import Reports, spec, texts, wait_until
+from workers import contract, sandbox
+from workers.logship import LogShipper
+from workers.sandbox import Folders, Isolation, Sandbox
+from workers.supervisor import Supervisor
+
+ROOTED = Sandbox(Isolation.SANDBOX, "/usr/bin/bwrap", "/usr/bin/setpriv", "/usr/bin/env")
+
+
+def option_pairs(argv: list[str], option: str) -> list[tuple[str, str]]:
+    return [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == option]
+
+
+def test_it_gives_a_process_only_the_device_nodes_of_its_own_gpus(tmp_path: Path) -> None:
+    """A launch plan on a fake 4-GPU node: the instance given GPUs 1 and 2 sees those two
+    device nodes, numbered 0 and 1 by CUDA, and no other GPU."""
+    folders = Folders(cwd=tmp_path, writable=[tmp_path], gpu_ids=[1, 2], scratch=tmp_path)
+    argv, env = ROOTED.wrap(["/usr/bin/python3", "train.py"], folders, {}, owner=7)
+    gpus = [d for d, _ in option_pairs(argv, "--dev-bind-try") if d[len("/dev/nvidia") :].isdigit()]
+    assert gpus == ["/dev/nvidia1", "/dev/nvidia2"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def test_it_runs_a_users_trainers_as_that_users_own_uid_without_capabilities(
+    tmp_path: Path,
+) -> None:
+    argv, _ = ROOTED.wrap(["/usr/bin/python3", "train.py"], Folders(cwd=tmp_path), {}, owner=7)
+    inside = argv[argv.index("--") + 1 :]
+    uid = sandbox.DEFAULT_UID_BASE + 7
+    assert inside[:8] == [
+        "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "/usr/bin/env",
+    ]  # fmt: skip
+    assert inside[-2:] == ["/usr/bin/python3", "train.py"]
+    # bwrap ignores SIGTERM, the trainer gets it back: a stop reaches the trainer alone.
+    assert argv[:2] == ["/usr/bin/env", "--ignore-signal=TERM"]
+    assert "--default-signal=TERM" in inside
+
+
+def test_a_node_without_a_sandbox_runs_the_argv_as_it_is(tmp_path: Path) -> None:
+    bare = Sandbox(Isolation.NONE, reason="bwrap not found")
+    assert bare.wrap(["python", "x.py"], Folders(cwd=tmp_path), {"A": "1"}, owner=3) == (
+        ["python", "x.py"],
+        {"A": "1"},
+    )
+
+
+def test_exit_codes_of_signals_read_as_signals() -> None:
+    assert sandbox.exit_code(137, ROOTED) == -signal.SIGKILL
+    assert sandbox.exit_code(143, ROOTED) == -signal.SIGTERM
+    assert sandbox.exit_code(3, ROOTED) == 3
+    assert sandbox.exit_code(None, ROOTED) is None
+    assert sandbox.exit_code(137, Sandbox(Isolation.NONE)) == 137
+
+
+# --- real trainers in real sandboxes ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host_sandbox() -> Sandbox:
+    """What this host can do; CI must be able to sandbox (make test installs bubblewrap)."""
+    found = sandbox.probe(shared=[signal_file().parent])
+    if not found.isolation.isolated:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the sandbox tests, but {found.reason}")
+        pytest.skip(f"SKIPPED, not run: no sandbox here: {found.reason}")
+    return found
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    c.flushdb()
+    yield c
+
+
+@pytest.fixture
+def reports() -> Reports:
+    return Reports()
+
+
+@pytest.fixture
+def node(
+    client: redis.Redis, reports: Reports, tmp_path: Path, host_sandbox: Sandbox
+) -> Iterator[Supervisor]:
+    shipper = LogShipper(client, tmp_path / "spool")
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    sup = Supervisor(
+        "n1", client, shipper, reports, work, FIXTURE_CODE_ROOT, trainer_sandbox=host_sandbox
+    )
+    yield sup
+    sup.shutdown()
+    shipper.close()
+
+
+def escape_lines(client: redis.Redis, job_id: int) -> dict[str, str]:
+    """escape.py's verdicts, by attempt: {"path:/x": "BLOCKED ...", ...}."""
+    verdicts = {}
+    for line in texts(client, job_id):
+        kind, _, rest = line.partition(" ")
+        if kind in ("ESCAPE", "CONTROL") and rest != "done":
+            name, _, verdict = rest.partition(" ")
+            verdicts[name] = verdict
+    return verdicts
+
+
+def test_a_job_reaches_nothing_of_another_users_job_on_the_same_node(
+    node: Supervisor, reports: Reports, client: redis.Redis, tmp_path: Path
+) -> None:
+    """Bob's job holds its checkpoint and instance folder; alice's job, on the same node, tries
+    them, the agent's folders, a secret the console keeps, and every other process."""
+    hold = signal_file()
+    bobs = spec("checkpointer.py", job_id=21, owner=2, args=["--hold", str(hold)])
+    try:
+        node.start(bobs)
+        wait_until(lambda: "ready" in texts(client, 21), 60, "bob's job to be ready")
+        bob_checkpoint = node.checkpoint_root / "job-21"
+        bob_instance = node._workdir / "jobs" / "21" / "attempt-0" / "master"
+        secret = tmp_path / "admin-password"  # world-readable, as var/ files once were
+        secret.write_text("hunter2")
+        secret.chmod(0o644)
+        targets = [
+            bob_checkpoint,
+            bob_checkpoint / "state.txt",
+            bob_instance,
+            node._workdir / "log-spool",
+            node._workdir / "procs",
+            secret,
+            Path("/var"),
+        ]
+        node.start(
+            spec(
+                "escape.py",
+                job_id=22,
+                owner=1,
+                args=["--paths", *map(str, targets)],
+            )
+        )
+        reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=22)
+        verdicts = escape_lines(client, 22)
+        for target in targets:
+            assert verdicts[f"path:{target}"].startswith("BLOCKED"), (target, verdicts)
+        assert verdicts["process-command-lines"].startswith("BLOCKED"), verdicts[
+            "process-command-lines"
+        ]
+        assert verdicts["process-environments"].startswith("BLOCKED"), verdicts
+        assert verdicts["write:/usr/trainyard-escape"].startswith("BLOCKED"), verdicts
+        assert verdicts["write:/etc/trainyard-escape"].startswith("BLOCKED"), verdicts
+        assert verdicts["uid-root"].startswith("BLOCKED"), verdicts
+        # It is no vacuous pass: the job could do what it should.
+        assert verdicts["write:TRAINYARD_CHECKPOINT_DIR"].startswith("OK"), verdicts
+        assert verdicts["write:TRAINYARD_SCRATCH_DIR"].startswith("OK"), verdicts
+        assert verdicts["read:own-script"].startswith("OK"), verdicts
+        # Bob's checkpoint is his: another uid, mode 0700, unchanged.
+        assert bob_checkpoint.stat().st_mode & 0o777 == 0o700
+        if node.sandbox.switches_uid:
+            assert bob_checkpoint.stat().st_uid == node.sandbox.uid_of(2)
+        assert (bob_checkpoint / "state.txt").read_text() == "attempt 0"
+    finally:
+        hold.touch()
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=21)["state"] == "succeeded"
+
+
+def test_a_restarted_job_resumes_from_its_own_checkpoint(
+    node: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    node.start(spec("checkpointer.py", job_id=23, owner=4, checkpoint_key="k23"))
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=23)["state"] == "succeeded"
+    node.start(spec("checkpointer.py", job_id=23, owner=4, checkpoint_key="k23", attempt=1))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=23, attempt=1)
+    assert exited["state"] == "succeeded", exited["reason"]
+    assert "resumed from: attempt 0" in texts(client, 23)
+
+
+def test_a_stop_gives_the_trainer_its_grace_to_checkpoint(
+    node: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    """SIGTERM reaches the trainer, not only bubblewrap, which would kill it at once."""
+    node.start(spec("checkpointer.py", job_id=24, owner=4, args=["--hold", str(signal_file())]))
+    wait_until(lambda: "ready" in texts(client, 24), 60, "the trainer to be ready")
+    assert node.stop_job(24, "cancelled by alice") == 1
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=24)
+    assert (exited["state"], exited["reason"]) == ("stopped", "cancelled by alice")
+    assert "saved on SIGTERM" in texts(client, 24)
+    assert (node.checkpoint_root / "job-24" / "state.txt").read_text() == "saved on SIGTERM"
+
+
+def trainer_processes(job_id: int) -> list[psutil.Process]:
+    """Every process on this host whose environment says it belongs to the job."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(contract.TRAINYARD_JOB_ID) == str(job_id):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def script(name: str) -> str:
+    return str(FIXTURE_CODE_ROOT / f"{name}.py")
+
+
+def test_a_trainer_killed_by_a_signal_is_reported_so(
+    node: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    node.start(spec("checkpointer.py", job_id=25, owner=4, args=["--hold", str(signal_file())]))
+    wait_until(lambda: "ready" in texts(client, 25), 60, "the trainer to be ready")
+    (trainer,) = [p for p in trainer_processes(25) if p.cmdline()[1:2] == [script("checkpointer")]]
+    trainer.kill()
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=25)
+    assert (exited["state"], exited["exit_code"], exited["reason"]) == (
+        "failed",
+        -9,
+        "killed by signal SIGKILL",
+    )
+
+
+def test_what_a_trainer_leaves_behind_ends_with_it(
+    node: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    """A child that left the trainer's process group (setsid) is out of reach of a group
+    signal, but not of the sandbox's PID namespace, which ends with the trainer."""
+    node.start(spec("checkpointer.py", job_id=26, owner=4, args=["--orphan"]))
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=26)["state"] == "succeeded"
+    assert "left an orphan" in texts(client, 26)
+    wait_until(lambda: not trainer_processes(26), 10, "the orphan to end with its trainer")
+
+
+def test_the_trainer_runs_as_its_owners_uid(
+    node: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    node.start(spec("checkpointer.py", job_id=27, owner=9, args=["--hold", str(signal_file())]))
+    wait_until(lambda: "ready" in texts(client, 27), 60, "the trainer to be ready")
+    try:
+        trainers = [
+            p for p in trainer_processes(27) if p.cmdline()[1:2] == [script("checkpointer")]
+        ]
+        uids = {p.uids().real for p in trainers}
+        expected = node.sandbox.uid_of(9) if node.sandbox.switches_uid else os.getuid()
+        assert uids == {expected}
+    finally:
+        node.stop_job(27, "done")
+    reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=27)

@@ -1,0 +1,312 @@
+"""Trainers in a sandbox: each process sees only its own job.
+
+A trainer runs under bubblewrap (`bwrap`, Flatpak's sandbox, in every distribution's packages):
+- its own PID namespace: no other process of the host is visible, so no other process's
+  environment or command line (the agent's Redis credentials among them) can be read;
+- a new root holding, read-only, only the system (/usr, /etc, /sys and the /bin, /lib links),
+  the trainer's Python environment, the trainer library and the job's code; writable, only
+  the instance's own folder (also its HOME, TMPDIR and /dev/shm) and the job's checkpoint
+  folder. The console's and the agent's folders, other jobs' folders and every other path of
+  the host do not exist in there;
+- a minimal /dev, plus the device nodes of the GPUs the agent gave the instance (CUDA numbers
+  them 0..k-1 inside, as in a container);
+- the host's network (gloo and NCCL need it); no Redis credential is in reach, so the bus
+  refuses it.
+
+Where the agent runs as root (as slurmd does), bwrap builds the sandbox with its privileges and
+the trainer then runs under `setpriv` as a uid of its own: `uid_base + the console user's id`,
+the same on every node, so a user's checkpoints are theirs on a shared file system and another
+user's jobs cannot read them (their folders are mode 0700). Where the agent is not root, bwrap
+uses an unprivileged user namespace instead and the trainer keeps the agent's uid: the
+namespaces still hide everything above, but files the agent's user owns outside them are
+protected by the namespaces alone. Where neither works, the node is not isolated and says so.
+
+Signals: the supervisor stops a replica by signalling its process group, which holds bwrap's
+own processes as well as the trainer. bwrap forwards no signal, and it kills the trainer when
+it dies (--die-with-parent), so bwrap runs with SIGTERM ignored (coreutils `env
+--ignore-signal`) and the trainer gets the default back (`env --default-signal`) just before it
+starts: SIGTERM reaches the trainer alone, which keeps its grace to checkpoint. bwrap reports a
+trainer killed by signal N as exit code 128 + N, as shells do (exit_code() undoes that).
+
+No namespace code is written here: bwrap, setpriv (util-linux) and env (coreutils) do it all.
+"""
+
+import enum
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Above systemd's range for containers' users (524288-1879048191) and below 2^31, so that no
+# tool that keeps a uid in a signed 32-bit integer is surprised.
+DEFAULT_UID_BASE = 1_900_000_000
+# What the sandbox shows of the host, read-only, when it exists there. /etc holds nothing a
+# trainer may not read: files with secrets in it are readable by root alone, and the trainer
+# is not root.
+SYSTEM_PATHS = ("/usr", "/etc", "/sys", "/opt/conda")
+# On a merged-/usr system these are links into /usr; elsewhere, folders.
+SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Device nodes a process with GPUs also needs, besides its own /dev/nvidiaN.
+GPU_CONTROL_DEVICES = (
+    "/dev/nvidiactl",
+    "/dev/nvidia-uvm",
+    "/dev/nvidia-uvm-tools",
+    "/dev/nvidia-modeset",
+)
+# Inside the sandbox, /tmp is a tmpfs of its own and /dev/shm a folder of the instance's, not
+# the host's shared ones.
+PRIVATE_TMP = "/tmp"  # noqa: S108
+PRIVATE_SHM = "/dev/shm"  # noqa: S108
+# How bwrap says a process died of a signal (bash's convention), and the signals it may mean.
+SIGNAL_EXIT_BASE = 128
+MAX_SIGNAL = 64
+
+
+class Isolation(enum.StrEnum):
+    """How a node's trainers are held apart, as its heartbeat says and the Nodes page shows."""
+
+    SANDBOX = "sandbox"  # own namespaces and a uid of their own (agent is root)
+    SANDBOX_SHARED_UID = "sandbox-shared-uid"  # own namespaces, the agent's uid
+    NONE = "none"  # not isolated: a trainer can read what the agent can
+
+    @property
+    def isolated(self) -> bool:
+        return self is not Isolation.NONE
+
+
+@dataclass(frozen=True)
+class Folders:
+    """What one process of an instance may reach on the host, besides the system."""
+
+    cwd: Path
+    read_only: list[Path] = field(default_factory=list)
+    writable: list[Path] = field(default_factory=list)
+    gpu_ids: list[int] = field(default_factory=list)
+    # Bound at /tmp, /dev/shm, and the process's HOME: the instance's own.
+    scratch: Path | None = None
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    isolation: Isolation
+    bwrap: str = ""
+    setpriv: str = ""
+    env: str = ""
+    uid_base: int = DEFAULT_UID_BASE
+    reason: str = ""  # why the node is not isolated, or how it is
+    # Folders every trainer of this node may read (a shared data set), as the admin chose.
+    shared: tuple[Path, ...] = ()
+
+    @property
+    def switches_uid(self) -> bool:
+        return self.isolation is Isolation.SANDBOX
+
+    def uid_of(self, owner: int) -> int:
+        """The uid a console user's trainers run as on every node."""
+        return self.uid_base + owner
+
+    def hand_over(self, path: Path, owner: int) -> None:
+        """Make a folder the trainer writes to its own, and nobody else's (0700)."""
+        if self.switches_uid:
+            uid = self.uid_of(owner)
+            os.chown(path, uid, uid)
+        path.chmod(0o700)
+
+    def wrap(
+        self, argv: list[str], folders: Folders, env: dict[str, str], owner: int
+    ) -> tuple[list[str], dict[str, str]]:
+        """The argv (and environment) that runs `argv` in this sandbox, starting in `cwd`."""
+        if not self.isolation.isolated:
+            return argv, env
+        env = dict(env)
+        inside: list[str] = []
+        if folders.scratch is not None:
+            env["HOME"] = str(folders.scratch)
+            # On disk, and the instance's own: /tmp in here is a small tmpfs.
+            env["TMPDIR"] = str(folders.scratch / "tmp")
+        if folders.gpu_ids:
+            # Only the instance's own GPUs exist in here, and CUDA numbers them from 0.
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(folders.gpu_ids)))
+        if self.switches_uid:
+            uid = str(self.uid_of(owner))
+            inside += [
+                self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
+            ]  # fmt: skip
+        inside += [self.env, f"--chdir={folders.cwd}", "--default-signal=TERM", *argv]
+        return [
+            self.env,
+            "--ignore-signal=TERM",
+            self.bwrap,
+            *self._namespaces(),
+            *mounts(folders, [*python_paths(argv[0]), *self.shared]),
+            "--",
+            *inside,
+        ], env
+
+    def _namespaces(self) -> list[str]:
+        shared = ["--unshare-pid", "--unshare-ipc", "--unshare-cgroup-try", "--die-with-parent"]
+        if self.switches_uid:
+            # setpriv needs these two to become the job's uid; it drops every capability after.
+            return [*shared, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        return ["--unshare-user", *shared]
+
+
+def exit_code(code: int | None, sandbox: Sandbox) -> int | None:
+    """A trainer's exit code as the supervisor reports it: negative for a signal, as Popen's."""
+    if code is None or not sandbox.isolation.isolated:
+        return code
+    if SIGNAL_EXIT_BASE < code <= SIGNAL_EXIT_BASE + MAX_SIGNAL:
+        return SIGNAL_EXIT_BASE - code
+    return code
+
+
+def mounts(folders: Folders, python: Iterable[Path]) -> list[str]:
+    """bwrap's options for the new root: system and Python read-only, the instance's folders
+    writable, /proc of its own PID namespace, a minimal /dev with its GPUs."""
+    read_only: list[Path] = []
+    # First, so that folders bound under /tmp (a test's, say) show through it.
+    options: list[str] = ["--perms", "1777", "--tmpfs", PRIVATE_TMP]
+    for link in SYSTEM_LINKS:
+        path = Path(link)
+        if path.is_symlink():
+            options += ["--symlink", os.readlink(path), link]
+        elif path.is_dir():
+            read_only.append(path)
+    read_only += [Path(p) for p in SYSTEM_PATHS if Path(p).exists()]
+    read_only += [*python, *folders.read_only, folders.cwd]
+    writable = list(folders.writable)
+    binds: list[tuple[str, Path, Path]] = []
+    for path in _outermost(read_only, exclude=writable):
+        binds.append(("--ro-bind", path, path))
+    for path in _outermost(writable):
+        binds.append(("--bind", path, path))
+    created: set[Path] = set()
+    for _, _, dest in sorted(binds, key=lambda b: len(b[2].parts)):
+        for parent in reversed(dest.parents):
+            covered = any(parent == d or parent.is_relative_to(d) for _, _, d in binds)
+            if parent != Path("/") and parent not in created and not covered:
+                # bwrap would copy the host's mode (/root is 0700); the trainer must pass.
+                options += ["--perms", "0755", "--dir", str(parent)]
+                created.add(parent)
+    for kind, source, dest in sorted(binds, key=lambda b: len(b[2].parts)):
+        options += [kind, str(source), str(dest)]
+    options += ["--proc", "/proc", "--dev", "/dev"]
+    for gpu in folders.gpu_ids:
+        options += ["--dev-bind-try", f"/dev/nvidia{gpu}", f"/dev/nvidia{gpu}"]
+    if folders.gpu_ids:
+        for device in GPU_CONTROL_DEVICES:
+            options += ["--dev-bind-try", device, device]
+    if folders.scratch is not None:
+        # Shared by the processes of one instance (NCCL and DataLoader workers use it).
+        options += ["--bind", str(folders.scratch / "shm"), PRIVATE_SHM]
+    return options
+
+
+def prepare_scratch(scratch: Path) -> None:
+    """The folders a scratch folder lends the sandbox as /tmp and /dev/shm."""
+    for name in ("tmp", "shm"):
+        (scratch / name).mkdir(exist_ok=True)
+
+
+def _outermost(paths: list[Path], exclude: Iterable[Path] = ()) -> list[Path]:
+    """The paths without those inside another (a bind of the outer one shows them already),
+    without duplicates, and without any path that is one of `exclude` (bound another way)."""
+    unique = sorted({Path(os.path.abspath(p)) for p in paths} - set(exclude))
+    kept: list[Path] = []
+    for path in unique:
+        if not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
+@functools.lru_cache(maxsize=16)
+def _interpreter_paths(python: str) -> tuple[Path, ...]:
+    """Where an interpreter's own files are: its prefixes and the folders on its path, asked of
+    the interpreter itself once (a virtualenv's base Python may live anywhere, /root included)."""
+    probe = (
+        "import sys, json; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
+        "sys.base_exec_prefix, *sys.path]))"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-I", "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+        found = [Path(p) for p in json.loads(out) if p and os.path.isabs(p)]
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning("could not ask %s where its files are: %s", python, exc)
+        found = []
+    real = Path(os.path.realpath(python))
+    paths = [Path(python).parent.parent, real.parent.parent, *found]
+    return tuple(p for p in paths if p.exists() and p != Path("/"))
+
+
+def python_paths(program: str) -> tuple[Path, ...]:
+    """The folders an interpreter needs read-only; nothing for a program that is no Python."""
+    name = Path(program).name
+    if not name.startswith("python"):
+        return ()
+    return _interpreter_paths(program)
+
+
+def probe(
+    uid_base: int = DEFAULT_UID_BASE, wanted: bool = True, shared: Iterable[Path] = ()
+) -> Sandbox:
+    """What this host can do: a sandbox with a uid of its own (root), one with the agent's uid
+    (unprivileged user namespaces), or none, and why."""
+    if not wanted:
+        return Sandbox(Isolation.NONE, reason="the sandbox was turned off (--no-sandbox)")
+    tools = {name: shutil.which(name) for name in ("bwrap", "setpriv", "env")}
+    missing = sorted(name for name, path in tools.items() if path is None)
+    if missing:
+        hint = "install bubblewrap (apt-get install bubblewrap)" if "bwrap" in missing else ""
+        return Sandbox(
+            Isolation.NONE, reason=f"{', '.join(missing)} not found; {hint}".rstrip("; ")
+        )
+    bwrap, setpriv, env = (str(tools[n]) for n in ("bwrap", "setpriv", "env"))
+    root = os.geteuid() == 0
+    candidates = [Isolation.SANDBOX] if root else []
+    candidates.append(Isolation.SANDBOX_SHARED_UID)
+    problems = []
+    shared = tuple(Path(os.path.abspath(p)) for p in shared)
+    for isolation in candidates:
+        sandbox = Sandbox(isolation, bwrap, setpriv, env, uid_base, shared=shared)
+        problem = _try(sandbox)
+        if problem is None:
+            how = (
+                f"trainers run as uid {uid_base}+user"
+                if sandbox.switches_uid
+                else "trainers keep the agent's uid (run the agent as root for a uid per user)"
+            )
+            return Sandbox(
+                isolation, bwrap, setpriv, env, uid_base, f"bubblewrap sandbox; {how}", shared
+            )
+        problems.append(f"{isolation.value}: {problem}")
+    return Sandbox(Isolation.NONE, reason="bubblewrap cannot run here: " + "; ".join(problems))
+
+
+def _try(sandbox: Sandbox) -> str | None:
+    """Run `true` in the sandbox; None when it works, else what bwrap said."""
+    folders = Folders(cwd=Path("/usr"))
+    argv, env = sandbox.wrap(["true"], folders, {"PATH": os.environ.get("PATH", "")}, owner=0)
+    try:
+        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return str(exc)
+    if result.returncode != 0:
+        return (result.stderr.strip() or f"exit code {result.returncode}").splitlines()[-1]
+    return None
+
+
+if __name__ == "__main__":  # python -m workers.sandbox: what this host can do
+    found = probe()
+    print(f"{found.isolation.value}: {found.reason}")
+    sys.exit(0 if found.isolation.isolated else 1)
