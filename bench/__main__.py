@@ -16,6 +16,9 @@ and steps again, and the epochs done twice, next to the same job without a fault
 Logs: lines/s, latency and CPU from trainer through node agent and Redis to a websocket client,
 next to a bare pipe reader, and a training loop's speed with logging on vs /dev/null
 (bench/logs.py).
+
+Sandbox: time to a trainer's first line and its training throughput under bubblewrap, next to
+the same programs started bare by the same supervisor (bench/sandbox.py).
 """
 
 import subprocess
@@ -32,6 +35,7 @@ from bench.ps import ps_vs_ddp
 from bench.reconcile import measure_in_subprocess
 from bench.reconcile import summary as reconcile_summary
 from bench.recovery import recovery
+from bench.sandbox import sandbox_cost
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
 
 
@@ -99,6 +103,8 @@ def main() -> int:
     ok = recovery() and ok
     print("== logs: trainer -> agent -> Redis -> websocket ==")
     ok = log_path() and ok
+    print("== sandbox: trainers under bubblewrap vs bare, same supervisor ==")
+    ok = sandbox_cost() and ok
     return 0 if ok else 1
 
 

@@ -19,6 +19,7 @@ runs on one machine never touch each other's; destroy() removes exactly what cre
 
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ NETNS_ETC = Path("/etc/netns")
 # The /24s tried, in order, for the bridge: 10.231.N.0/24 for N in this range, the first one
 # no interface of this machine overlaps.
 SUBNET_PREFIX = "10.231"
+_SAFE_TAG = re.compile(r"[0-9a-f]{1,12}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class HostNetwork:
         reason = unavailable_reason()
         if reason:
             raise RuntimeError(reason)
-        tag = tag or secrets.token_hex(3)
+        tag = tag or new_tag()
         network = cls(tag=tag, bridge=f"tyb{tag}", subnet=_free_subnet())
         try:
             network._make_bridge()
@@ -134,6 +136,35 @@ class HostNetwork:
             shutil.rmtree(NETNS_ETC / host.namespace, ignore_errors=True)
         _run("link", "delete", self.bridge, check=False)
         self.hosts.clear()
+
+
+def new_tag() -> str:
+    """A tag for the names of one run's network (a record can name it before it exists)."""
+    return secrets.token_hex(3)
+
+
+def remove_leftovers(tag: str) -> list[str]:
+    """Remove what a run tagged `tag` made and did not remove (it was killed with SIGKILL):
+    its namespaces, their /etc/netns folders and its bridge. One line per thing removed."""
+    if not _SAFE_TAG.fullmatch(tag):
+        return []  # not a tag create() makes: nothing of ours
+    if unavailable_reason() is not None:
+        return [f"not removed (needs root): network namespaces trainyard-{tag}-*, bridge tyb{tag}"]
+    removed = []
+    listed = subprocess.run(
+        [_ip(), "netns", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    for line in listed.splitlines():
+        name = line.split(" ", 1)[0]
+        if name.startswith(f"trainyard-{tag}-"):
+            _run("netns", "delete", name, check=False)
+            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+            removed.append(f"network namespace {name}")
+    bridge = f"tyb{tag}"
+    if Path("/sys/class/net", bridge).exists():
+        _run("link", "delete", bridge, check=False)
+        removed.append(f"bridge {bridge}")
+    return removed
 
 
 def unavailable_reason() -> str | None:

@@ -3,16 +3,25 @@
     python -m stack.run [--port 8000] [--nodes 2]
 
 Every process is started by us, in its own session, and stopped by its PID (never by name).
+Each one dies with us however we end, SIGKILL included: it is started through the death-signal
+shim (workers/deathsig.py), from one thread that lives until every child has stopped, and its
+pid is recorded in var/stack.pids, so that the next start stops what the signal missed
+(stack/leftovers.py).
 A process that exits while the stack runs is started again with the same argv, after a delay
 that doubles while it keeps dying (1 s, 2 s, 4 s … 30 s) — the local stand-in for systemd's
 Restart= (docs/operations.md). Ctrl-C stops the node agents first, so they stop their trainers
-and report, then the console worker and the log keeper, the web server and Redis.
+and report, then the console worker and the log keeper, the web server and Redis; SIGTERM
+and SIGHUP (the terminal closed) do the same. A process still running its stop timeout after
+SIGTERM is killed, and a line names it: a node agent gets 45 s, every other process 15 s, so a
+stop takes at most 90 s.
 """
 
 import argparse
+import concurrent.futures
 import enum
 import json
 import os
+import queue
 import secrets
 import signal
 import subprocess
@@ -25,9 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-from stack.netns import HostNetwork, unavailable_reason
+from stack.leftovers import AlreadyRunning, StackPids
+from stack.netns import HostNetwork, new_tag, unavailable_reason
 from stack.redis_server import (
     free_port,
     redis_answers,
@@ -35,10 +45,13 @@ from stack.redis_server import (
     redis_server_binary,
     wait_for_redis,
 )
+from workers import deathsig
 
 ROOT = Path(__file__).resolve().parent.parent
 # Longer than a node agent's own stop (up to 30 s to stop its trainers and report them).
-STOP_TIMEOUT_SECONDS = 45.0
+AGENT_STOP_TIMEOUT_SECONDS = 45.0
+# Every other process: longer than the web server's graceful shutdown (10 s, stack/web.py).
+STOP_TIMEOUT_SECONDS = 15.0
 
 
 # --- supervision: one owner for the child processes -----------------------------------------
@@ -82,6 +95,8 @@ class Child:
     log_file: IO[bytes]
     # Up only once this answers (Redis: a PING); None: up as soon as it is spawned.
     ready: Callable[[], bool] | None = None
+    # SIGTERM, then SIGKILL this long after; None: the policy's stop_timeout.
+    stop_timeout: float | None = None
     # On top of the stack's environment, for this process only (an agent's REDIS_URL as its
     # host reaches Redis).
     env: dict[str, str] = field(default_factory=dict)
@@ -93,11 +108,61 @@ class Child:
     quick_exits: int = 0  # exits in a row, each before stable_after: sets the next delay
 
 
+class _Spawner:
+    """Forks every child from one thread of its own, which ends only once they have all stopped.
+
+    The death signal (PR_SET_PDEATHSIG, set by workers/deathsig.py) fires when the *thread* that
+    forked the child exits, not the process. Children are started from the caller's thread, the
+    watcher thread (restarts) and test threads; the watcher ends at the start of stop(), so a
+    child it had restarted would be SIGKILLed there, out of order. Forking them all here ties
+    each child to the supervisor's process alone.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.SimpleQueue[
+            tuple[Callable[[], subprocess.Popen[bytes]], concurrent.futures.Future[Any]] | None
+        ] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def run(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        with self._start_lock:
+            if self._thread is None:
+                # A daemon: if the interpreter ends without stop(), every thread ends with the
+                # process, and the children with it.
+                self._thread = threading.Thread(
+                    target=self._serve, name="stack-spawner", daemon=True
+                )
+                self._thread.start()
+        if threading.current_thread() is self._thread:
+            return start()
+        done: concurrent.futures.Future[subprocess.Popen[bytes]] = concurrent.futures.Future()
+        self._requests.put((start, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while (request := self._requests.get()) is not None:
+            start, done = request
+            try:
+                done.set_result(start())
+            except BaseException as exc:  # the caller raises it
+                done.set_exception(exc)
+
+    def close(self) -> None:
+        """Only once every child has stopped: its death signal fires when this thread ends."""
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._requests.put(None)
+            thread.join()
+
+
 class ChildSupervisor:
     """Starts processes, starts again whatever exits (with back-off) and stops them in stages.
 
     Each process runs in its own session (so Ctrl-C reaches only stack.run, which stops them in
-    order) with stdout and stderr appended to its own log file. `watch()` starts a thread that
+    order) with stdout and stderr appended to its own log file, and dies with the supervisor's
+    process however that ends (SIGKILL included: see _Spawner). `watch()` starts a thread that
     heals; without it, call `supervise_once()`. Every lifecycle line goes to `announce` (the
     terminal) and into the child's log file, so the log shows where one incarnation ends.
     """
@@ -109,8 +174,12 @@ class ChildSupervisor:
         cwd: Path = ROOT,
         policy: RestartPolicy | None = None,
         announce: Callable[[str], None] | None = None,
+        on_spawn: Callable[[str, int], None] | None = None,
     ) -> None:
         self.log_dir = log_dir
+        # Told each child's name and new pid while it is still our unreaped child.
+        self._on_spawn = on_spawn or (lambda name, pid: None)
+        self._spawner = _Spawner()
         self.policy = policy or RestartPolicy()
         self._env = env
         self._cwd = cwd
@@ -134,6 +203,7 @@ class ChildSupervisor:
         argv: list[str],
         ready: Callable[[], bool] | None = None,
         env: dict[str, str] | None = None,
+        stop_timeout: float | None = None,
     ) -> Child:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # kept across restarts, closed in stop()
@@ -142,8 +212,8 @@ class ChildSupervisor:
             if self._stopping:
                 log_file.close()
                 raise RuntimeError(f"not starting {name}: the stack is stopping")
-            proc = self._popen(argv, log_file, env)
-            child = Child(name, argv, proc, log_path, log_file, ready, env=env)
+            proc = self._popen(name, argv, log_file, env)
+            child = Child(name, argv, proc, log_path, log_file, ready, stop_timeout, env=env)
             child.started_at = time.monotonic()
             child.state = ChildState.STARTING if ready else ChildState.UP
             self._children.append(child)
@@ -151,17 +221,38 @@ class ChildSupervisor:
         return child
 
     def _popen(
-        self, argv: list[str], log_file: IO[bytes], env: dict[str, str]
+        self, name: str, argv: list[str], log_file: IO[bytes], env: dict[str, str]
     ) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            argv,
-            env=self._env() | env,
-            cwd=self._cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
-        )
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                # The shim execs argv under the same pid, set to get SIGKILL when we die.
+                deathsig.command(argv),
+                env=self._env() | env,
+                cwd=self._cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches us only; we stop children in order
+            )
+
+        proc = self._spawner.run(start)
+        self._on_spawn(name, proc.pid)
+        return proc
+
+    def _stop_timeout(self, child: Child) -> float:
+        return self.policy.stop_timeout if child.stop_timeout is None else child.stop_timeout
+
+    def _terminate(self, child: Child, deadline: float, signalled: bool = False) -> None:
+        """SIGTERM (unless `signalled`), SIGKILL at `deadline` with a line naming it."""
+
+        def late() -> None:
+            self._say(
+                child,
+                f"{child.name} did not stop within {self._stop_timeout(child):g} s of SIGTERM; "
+                f"killing it (SIGKILL, pid {child.proc.pid})",
+            )
+
+        _terminate(child.proc, deadline, signalled, late)
 
     def child(self, name: str) -> Child:
         with self._lock:
@@ -238,7 +329,7 @@ class ChildSupervisor:
 
     def _respawn(self, child: Child, now: float) -> None:
         try:
-            child.proc = self._popen(child.argv, child.log_file, child.env)
+            child.proc = self._popen(child.name, child.argv, child.log_file, child.env)
         except OSError as exc:
             child.started_at = now  # a failed start is a quick exit: the back-off grows
             self._schedule_restart(child, now, f"could not be started ({exc})")
@@ -306,13 +397,13 @@ class ChildSupervisor:
             child.state = ChildState.HELD
             child.down_since = time.monotonic()
         self._say(child, f"{name} is being restarted on request")
-        _terminate(child.proc, time.monotonic() + self.policy.stop_timeout)
+        self._terminate(child, time.monotonic() + self._stop_timeout(child))
         if while_down is not None:
             while_down()
         with self._lock:
             if self._stopping:
                 return child.proc.pid
-            child.proc = self._popen(child.argv, child.log_file, child.env)
+            child.proc = self._popen(child.name, child.argv, child.log_file, child.env)
             child.started_at = time.monotonic()
             child.quick_exits = 0
             child.state = ChildState.STARTING
@@ -325,7 +416,7 @@ class ChildSupervisor:
 
     def stop(self, stage_of: Callable[[str], int] = lambda name: 0) -> None:
         """Stop every process, stage by stage (lowest first), none restarted meanwhile: SIGTERM
-        to a stage's process groups, then SIGKILL to what still runs after the stop timeout."""
+        to a stage's process groups, then SIGKILL to what still runs after its stop timeout."""
         with self._lock:
             self._stopping = True
             self._changed.notify_all()
@@ -336,14 +427,19 @@ class ChildSupervisor:
             self._watcher.join()
         for stage in sorted({stage_of(c.name) for c in children}):
             group = [c for c in children if stage_of(c.name) == stage]
+            running = [c for c in group if c.proc.poll() is None]
+            for child in running:
+                _signal_group(child.proc, signal.SIGTERM)
+                # A frozen (SIGSTOPped) process must run to act on its SIGTERM.
+                _signal_group(child.proc, signal.SIGCONT)
+            signalled_at = time.monotonic()
             for child in group:
-                if child.proc.poll() is None:
-                    _signal_group(child.proc, signal.SIGTERM)
-                    # A frozen (SIGSTOPped) process must run to act on its SIGTERM.
-                    _signal_group(child.proc, signal.SIGCONT)
-            deadline = time.monotonic() + self.policy.stop_timeout
-            for child in group:
-                _terminate(child.proc, deadline, signalled=True)
+                self._terminate(child, signalled_at + self._stop_timeout(child), signalled=True)
+            for child in running:
+                ended = describe_exit(child.proc.wait()).removeprefix("exited ")
+                self._say(child, f"{child.name} stopped {ended}")
+        # Only now: its end fires the death signal of every child it started.
+        self._spawner.close()
         for child in children:
             child.state = ChildState.STOPPED
             child.log_file.close()
@@ -358,13 +454,19 @@ def describe_exit(returncode: int) -> str:
     return f"exited (code {returncode})"
 
 
-def _terminate(proc: subprocess.Popen[bytes], deadline: float, signalled: bool = False) -> None:
+def _terminate(
+    proc: subprocess.Popen[bytes],
+    deadline: float,
+    signalled: bool = False,
+    late: Callable[[], None] = lambda: None,
+) -> None:
     if not signalled and proc.poll() is None:
         _signal_group(proc, signal.SIGTERM)
         _signal_group(proc, signal.SIGCONT)
     try:
         proc.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        late()
         _signal_group(proc, signal.SIGKILL)
         proc.wait()
     # Helpers that outlived the leader in its group go too.
@@ -378,8 +480,13 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
-def _print_line(line: str) -> None:
-    print(line, flush=True)
+def _print_line(line: str, file: IO[str] | None = None) -> None:
+    """Print, unless the terminal is gone (closed: SIGHUP, then EIO on every write; a pipe
+    whose reader died): a stop must go on whether or not anyone reads about it."""
+    try:
+        print(line, file=file or sys.stdout, flush=True)
+    except OSError:
+        pass
 
 
 # --- the Trainyard stack --------------------------------------------------------------------
@@ -422,6 +529,8 @@ class Stack:
     code_root: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for every child
     restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    # The agents' stop timeout; every other process has the restart policy's.
+    agent_stop_timeout: float = AGENT_STOP_TIMEOUT_SECONDS
     announce: Callable[[str], None] | None = None  # restart lines; None: print them
     # Lets wait_ready read /healthz's details (the count of live nodes), which anonymous
     # callers do not get; the environment's own token if it sets one.
@@ -440,8 +549,14 @@ class Stack:
         if not self.redis_url:
             self.redis_url = f"redis://{self._redis_auth}127.0.0.1:{self._redis_port}/0"
         self.healthz_token = self.extra_env.get("TRAINYARD_HEALTHZ_TOKEN", self.healthz_token)
+        self._pids = StackPids(self.var_dir / "stack.pids")
         self._supervisor = ChildSupervisor(
-            self.var_dir / "logs", self.env, ROOT, self.restart_policy, self.announce
+            self.var_dir / "logs",
+            self.env,
+            ROOT,
+            self.restart_policy,
+            self.announce,
+            on_spawn=self._pids.child_started,
         )
 
     @property
@@ -502,7 +617,8 @@ class Stack:
 
     def manage(self, *args: str, quiet: bool = False) -> str:
         result = subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *args],
+            # Dies with us too (this thread waits for it, so it outlives it).
+            deathsig.command([sys.executable, str(ROOT / "manage.py"), *args]),
             env=self.env(),
             cwd=ROOT,
             capture_output=True,
@@ -513,13 +629,23 @@ class Stack:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
         return "" if quiet else result.stdout
 
+    def claim(self) -> list[str]:
+        """Make var/ this stack's (AlreadyRunning if another stack runs from it) and stop what
+        an earlier one left there; one line per thing stopped. start() claims it if need be."""
+        return self._pids.claim()
+
     def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         if _port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is in use; pick another with PORT=...")
         self.keep_var_private()
+        if not self._pids.claimed:
+            for line in self.claim():
+                _print_line(f"stopped what an earlier stack left running: {line}")
         (self.var_dir / "logs").mkdir(parents=True, exist_ok=True)
         if self.hosts_in_namespaces:
-            self.network = HostNetwork.create(self.nodes)
+            tag = new_tag()
+            self._pids.network_tag(tag)  # first, so that a SIGKILL meanwhile leaves its name
+            self.network = HostNetwork.create(self.nodes, tag=tag)
         spawn = self._supervisor.spawn
         agents_redis_host: list[str] = []  # agent_credentials' --host: REDIS_URL's by default
         if self._redis_port:
@@ -573,7 +699,12 @@ class Stack:
             if self.network is not None:
                 argv = self.network.hosts[i - 1].run_argv(argv)
             # The URL in the environment, not on the command line, where `ps` shows it.
-            spawn(node, argv, env={"REDIS_URL": agent_url})
+            spawn(
+                node,
+                argv,
+                env={"REDIS_URL": agent_url},
+                stop_timeout=self.agent_stop_timeout,
+            )
         self._supervisor.watch()
         self.wait_ready(should_stop=should_stop)
 
@@ -647,6 +778,7 @@ class Stack:
         if self.network is not None:
             self.network.destroy()
             self.network = None
+        self._pids.release()
 
 
 def _port_in_use(port: int) -> bool:
@@ -686,17 +818,6 @@ def main(argv: list[str] | None = None) -> int:
         hosts_in_namespaces=args.cluster,
         fit_default_quota=True,
     )
-    pid_file = stack.var_dir / "stack.pid"
-    if pid_file.exists():
-        try:
-            other = int(pid_file.read_text())
-            os.kill(other, 0)
-        except (ValueError, ProcessLookupError, PermissionError):
-            pass
-        else:
-            print(f"Trainyard already runs from this folder (pid {other}).", file=sys.stderr)
-            return 1
-
     # A plain flag: a signal handler must not take locks (Event.set does), the main thread
     # might hold them when the signal arrives.
     stopping = False
@@ -707,10 +828,23 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    # The terminal closed: stop in order, as on Ctrl-C (the default would end us at once, and
+    # our children with us, by their death signal, out of order).
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        # Before anything touches var/: refuse to run beside a live stack of this checkout.
+        left = stack.claim()
+    except AlreadyRunning as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if left:
+        print(
+            f"An earlier stack from {stack.var_dir} was not stopped cleanly; stopped what it "
+            f"left: {'; '.join(left)}",
+            flush=True,
+        )
     try:
         login = stack.prepare()
-        stack.var_dir.mkdir(parents=True, exist_ok=True)
-        pid_file.write_text(str(os.getpid()))
         where = " on hosts of their own (network namespaces)" if args.cluster else ""
         print(
             "Starting Redis, the web server, the console worker, the log keeper and "
@@ -741,10 +875,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        print("\nStopping…", flush=True)
+        _print_line("\nStopping…")
         stack.stop()
-        pid_file.unlink(missing_ok=True)
-        print("Stopped.", flush=True)
+        _print_line("Stopped.")
 
 
 if __name__ == "__main__":

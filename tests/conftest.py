@@ -26,6 +26,7 @@ from console.settings import channel_layers
 from jobs.models import Node, Quota
 from jobs.redis_client import get_redis
 from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from workers.contract import tag_of
 
 if TYPE_CHECKING:
     from stack.run import Stack
@@ -155,6 +156,41 @@ def process_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def job_processes(job_id: int) -> list[psutil.Process]:
+    """Every live process on this host whose environment says it belongs to the job: its
+    trainers, what they started, and the sandbox's own processes around them. (Trainers run in
+    PID namespaces of their own: the pids they print of themselves mean nothing out here.)"""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if (
+                proc.environ().get("TRAINYARD_JOB_ID") == str(job_id)
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def trainer_pids(job_id: int) -> dict[str, int]:
+    """The host pid of each trainer process of the job, by its instance's tag ("master",
+    "worker-1"; "worker-1/1" for local rank 1): the processes that run the job's script, not
+    the sandbox's processes around them nor what the trainers started."""
+    found = {}
+    for proc in job_processes(job_id):
+        try:
+            argv, env = proc.cmdline(), proc.environ()
+        except psutil.Error:
+            continue
+        if len(argv) < 2 or not argv[1].endswith(".py") or "bwrap" in argv[0]:
+            continue
+        tag = tag_of(env["TRAINYARD_ROLE"], int(env["TRAINYARD_INDEX"]))
+        local = env.get("LOCAL_RANK", "0")
+        found[tag if local == "0" else f"{tag}/{local}"] = proc.pid
+    return found
 
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:

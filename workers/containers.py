@@ -103,14 +103,26 @@ def run_argv(
     env_file: Path,
     gpu_ids: list[int],
     script: Path | None = None,
+    user: str | None = None,
+    shared_ipc: bool = False,
 ) -> list[str]:
     """The argv that runs `process` (its script, or `script` inside the image, and its
-    arguments) in `image`."""
+    arguments) in `image`.
+
+    As in the bubblewrap sandbox (workers/sandbox.py): a uid of the job's owner (`user`,
+    "UID:GID", where the agent may give one), no capability, no privilege gained by exec, a
+    read-only image with a private /tmp, and its own PID namespace (docker's default). The
+    host's IPC namespace only for an instance of several processes (`shared_ipc`), whose NCCL
+    talks through shared memory; a lone process gets a private one."""
     argv = [
         runtime, "run", "--rm", "--name", name, "--label", f"{NODE_LABEL}={node}",
-        "--network", "host", "--ipc", "host", "--init",
+        "--network", "host", "--ipc", "host" if shared_ipc else "private", "--init",
+        "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        "--read-only", "--tmpfs", "/tmp",  # noqa: S108 (the container's own /tmp)
         "--env-file", str(env_file), "--workdir", str(workdir),
     ]  # fmt: skip
+    if user is not None:
+        argv += ["--user", user]
     for mount in mounts:
         argv += ["--volume", mount.option()]
     if gpu_ids:

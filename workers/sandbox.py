@@ -113,9 +113,18 @@ class Sandbox:
         """The uid a console user's trainers run as on every node."""
         return self.uid_base + owner
 
+    def container_user(self, owner: int) -> str | None:
+        """docker's --user for a job's containers: the owner's uid where this agent gives
+        uids (root), else None (the image's own user)."""
+        if os.geteuid() != 0:
+            return None
+        uid = self.uid_of(owner)
+        return f"{uid}:{uid}"
+
     def hand_over(self, path: Path, owner: int) -> None:
-        """Make a folder the trainer writes to its own, and nobody else's (0700)."""
-        if self.switches_uid:
+        """Make a folder the trainer writes to its own, and nobody else's (0700). A root agent
+        gives it to the owner's uid even unsandboxed: its containers run as that uid."""
+        if self.switches_uid or os.geteuid() == 0:
             uid = self.uid_of(owner)
             os.chown(path, uid, uid)
         path.chmod(0o700)

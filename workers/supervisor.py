@@ -663,6 +663,8 @@ class Supervisor:
             env_file,
             run.gpu_ids,
             script=script_inside,
+            user=self.sandbox.container_user(spec.owner),
+            shared_ipc=spec.local_world_size > 1,
         )
 
     def _remove_containers(self, names: list[str]) -> None:

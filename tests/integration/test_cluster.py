@@ -40,6 +40,7 @@ from tests.conftest import (
     pytorch_request,
     require_postgres,
     signal_file,
+    trainer_pids,
     wait_until,
 )
 from workers.snapshot import pack_folder
@@ -306,11 +307,7 @@ def test_a_host_cut_off_the_network_is_a_lost_node(
     pids = wait_until(
         "both ranks' pids",
         lambda: (
-            [
-                int(m.group(1))
-                for x in user.logs(job["id"])
-                if (m := re.search(r" pid=(\d+)$", x["text"]))
-            ][:2]
+            list(trainer_pids(job["id"]).values())
             if sum(" pid=" in x["text"] for x in user.logs(job["id"])) == 2
             else None
         ),

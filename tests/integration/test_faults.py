@@ -20,7 +20,14 @@ import psutil
 import pytest
 import redis
 
-from tests.conftest import RunningStack, StackClient, process_alive, pytorch_request, wait_until
+from tests.conftest import (
+    RunningStack,
+    StackClient,
+    process_alive,
+    pytorch_request,
+    trainer_pids,
+    wait_until,
+)
 from workers import contract
 
 pytestmark = pytest.mark.integration
@@ -37,7 +44,9 @@ def hold_request(name: str, instances: int, release: Path) -> dict[str, Any]:
     return pytorch_request(name, "hold.py", instances, args=["--release", str(release)])
 
 
-def pids_of(client: StackClient, job_id: int) -> list[int]:
+def printed_pids(client: StackClient, job_id: int) -> list[int]:
+    """The pids hold.py printed: their count says how many trainers started (their values are
+    of the trainers' own PID namespaces)."""
     return [
         int(m.group(1)) for x in client.logs(job_id) if (m := re.search(r" pid=(\d+)$", x["text"]))
     ]
@@ -50,7 +59,10 @@ def started(client: StackClient, job_id: int, instances: int) -> list[int]:
     def every_rank_stepped() -> list[int] | None:
         lines = client.logs(job_id)
         stepped = {x["text"].split(" ")[0] for x in lines if re.search(r" \d+$", x["text"])}
-        return pids_of(client, job_id) if len(stepped) == instances else None
+        if len(stepped) < instances:
+            return None
+        pids = trainer_pids(job_id)
+        return list(pids.values()) if len(pids) == instances else None
 
     return wait_until("every rank's first step", every_rank_stepped)
 
@@ -271,5 +283,5 @@ def test_a_cancel_for_replicas_their_agent_never_heard_of_frees_them(
     report("cancel of replicas their agents never started (all released)", time.monotonic() - fault)
     assert final["state"] == "cancelled" and final["reason"] == "cancelled by admin"
     assert {r["state"] for r in final["replicas"]} == {"stopped"}
-    assert pids_of(admin, job_id) == [], "nothing of it ever ran"
+    assert printed_pids(admin, job_id) == [], "nothing of it ever ran"
     assert held_cpu(faulty) == {"node-1": 0, "node-2": 0}

@@ -7,6 +7,7 @@ import re
 import time
 from typing import Any
 
+import psutil
 import pytest
 import websockets
 
@@ -14,7 +15,7 @@ from tests.conftest import (
     RunningStack,
     StackClient,
     frame_lines,
-    process_alive,
+    job_processes,
     pytorch_request,
     run_async,
     wait_until,
@@ -98,21 +99,19 @@ def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
     job = admin.submit(pytorch_request("sleeps", "sleep_tree.py", 3))
     admin.wait(job["id"], lambda j: j["state"] == "running")
 
-    def printed_pids() -> list[int] | None:
-        found = [
-            int(p)
-            for x in admin.logs(job["id"])
-            for p in re.findall(r"(?:pid|child)=(\d+)", x["text"])
-        ]
-        return found if len(found) == 6 else None
+    def sleepers() -> list[psutil.Process] | None:
+        printed = [x for x in admin.logs(job["id"]) if "child=" in x["text"]]
+        found = [p for p in job_processes(job["id"]) if "time.sleep" in " ".join(p.cmdline())]
+        return found if len(printed) == 3 and len(found) == 3 else None
 
-    pids = wait_until("the 3 processes and their 3 children to print their PIDs", printed_pids)
-    assert all(process_alive(p) for p in pids)
+    children = wait_until("the 3 processes to start their 3 children", sleepers)
+    trainers = [p for p in job_processes(job["id"]) if "sleep_tree.py" in " ".join(p.cmdline())]
+    assert trainers and all(p.is_running() for p in children)
     response = admin.http.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 200 and response.json()["state"] == "cancelled"
     job = admin.wait_finished(job["id"])
     assert {r["state"] for r in job["replicas"]} == {"stopped"}
-    assert not [p for p in pids if process_alive(p)]
+    assert not job_processes(job["id"])
 
 
 def test_lines_written_in_pieces_by_several_ranks_never_glue(stack: RunningStack) -> None:

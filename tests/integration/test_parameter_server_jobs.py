@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TERMINAL, RunningStack, process_alive
+from tests.conftest import TERMINAL, RunningStack, process_alive, trainer_pids
 
 pytestmark = pytest.mark.integration
 
@@ -106,17 +106,18 @@ def test_a_killed_server_fails_the_job_naming_it_and_leaves_nothing(
 ) -> None:
     admin = stack.admin
     job = admin.submit(ps_request("dist_sync", epochs=200))
-    pids: dict[str, int] = {}
+    joined: set[str] = set()
     deadline = time.monotonic() + 180
-    while len(pids) < 4 or not any(
+    while len(joined) < 4 or not any(
         x["role"] == "worker" and x["text"].startswith("epoch=") for x in admin.logs(job["id"])
     ):
         for line in admin.logs(job["id"], role="scheduler"):
             match = JOINED.search(line["text"])
             if match:
-                pids[f"{match.group(1)}-{match.group(2)}"] = int(match.group(3))
+                joined.add(f"{match.group(1)}-{match.group(2)}")
         assert time.monotonic() < deadline, "the job never got going"
         time.sleep(0.2)
+    pids = trainer_pids(job["id"])
     os.kill(pids["server-0"], signal.SIGKILL)
     killed = time.monotonic()
     finished = admin.wait(job["id"], lambda j: j["state"] in TERMINAL)

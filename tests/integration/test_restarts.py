@@ -32,15 +32,18 @@ def restart_policy(max_restarts: int, backoff: int = 1, **more: Any) -> dict[str
 
 
 def trainer_pid(stack: RunningStack, job_id: int, role: str, index: int, attempt: int) -> int:
-    """The pid of one trainer process, found among the node agents' own descendants."""
+    """The pid of one trainer process (the one running the script, not the sandbox around it),
+    found among the node agents' own descendants."""
     for node in ("node-1", "node-2"):
         for proc in psutil.Process(stack.stack.pid(node)).children(recursive=True):
             try:
-                env = proc.environ()
+                env, argv = proc.environ(), proc.cmdline()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if (
-                env.get("TRAINYARD_JOB_ID") == str(job_id)
+                argv[1:2]
+                and argv[1].endswith(".py")
+                and env.get("TRAINYARD_JOB_ID") == str(job_id)
                 and env.get("TRAINYARD_ROLE") == role
                 and env.get("TRAINYARD_INDEX") == str(index)
                 and env.get("TRAINYARD_RESTART_COUNT") == str(attempt)

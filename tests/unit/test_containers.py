@@ -40,11 +40,15 @@ def test_docker_runs_the_script_on_the_host_network_with_the_instances_gpus(
         [Mount(Path("/code")), Mount(Path("/ck")), Mount(TRAINER_LIB, read_only=True)],
         tmp_path / "env-1",
         [2, 5],
+        user="1900000007:1900000007",
+        shared_ipc=True,
     )
     assert argv == [
         "/usr/bin/docker", "run", "--rm", "--name", "trainyard-7-a0-worker-1-1",
         "--label", "trainyard.node=gpu-7", "--network", "host", "--ipc", "host", "--init",
-        "--env-file", str(tmp_path / "env-1"), "--workdir", "/code",
+        "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
+        "--tmpfs", "/tmp", "--env-file", str(tmp_path / "env-1"), "--workdir", "/code",
+        "--user", "1900000007:1900000007",
         "--volume", "/code:/code", "--volume", "/ck:/ck",
         "--volume", f"{TRAINER_LIB}:{TRAINER_LIB}:ro",
         "--gpus", '"device=2,5"',

@@ -195,6 +195,70 @@ def test_a_child_that_ignores_sigterm_is_killed_after_the_stop_timeout(
 
     assert stubborn.proc.returncode == -signal.SIGKILL
     assert not process_alive(stubborn.proc.pid)
+    pid = stubborn.proc.pid
+    assert (
+        f"stubborn did not stop within 0.5 s of SIGTERM; killing it (SIGKILL, pid {pid})" in s.lines
+    )
+    assert "stubborn stopped (killed by SIGKILL)" in s.lines
+
+
+def test_a_child_outlives_the_thread_that_asked_for_it_and_stops_in_order(
+    supervised: Callable[..., Supervised],
+) -> None:
+    """The death signal follows the thread that forked the child: children asked for from a
+    thread that ends (the watcher ends when stop() begins; restarts come from it) must live on
+    and be stopped in order like the others."""
+    s = supervised(stop_timeout=60)
+
+    def ask() -> None:
+        pid = s.supervisor.spawn("sleeper", SLEEPER).proc.pid
+        # Until the shim has set the death signal and become the sleeper: only then can the
+        # end of this thread fire it.
+        wait_until(lambda: "deathsig.py" not in " ".join(psutil.Process(pid).cmdline()), "exec")
+
+    asker = threading.Thread(target=ask)
+    asker.start()
+    asker.join(20)
+    task = Path(f"/proc/self/task/{asker.native_id}")
+    wait_until(lambda: not task.exists(), "the asking thread to be gone from the kernel too")
+    child = s.supervisor.child("sleeper")
+
+    assert process_alive(child.proc.pid)
+    s.supervisor.stop()
+    assert child.proc.returncode == -signal.SIGTERM
+
+
+# Starts a supervisor with one sleeper, prints the sleeper's pid, then waits to be killed.
+SUPERVISOR_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from stack.run import ChildSupervisor
+supervisor = ChildSupervisor(Path(sys.argv[1]), env=lambda: dict(os.environ))
+supervisor.spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+supervisor.watch()
+print(supervisor.pid("sleeper"), flush=True)
+time.sleep(600)
+"""
+
+
+def test_children_die_with_a_supervisor_killed_by_sigkill(tmp_path: Path) -> None:
+    import subprocess
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR_SCRIPT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert owner.stdout is not None
+        sleeper = int(owner.stdout.readline())
+        assert process_alive(sleeper)
+        owner.kill()
+        owner.wait(20)
+        wait_until(lambda: not process_alive(sleeper), "the sleeper to die with its supervisor")
+    finally:
+        owner.kill()
+        owner.wait(20)
 
 
 def test_a_frozen_child_is_thawed_to_take_its_sigterm(
