@@ -280,6 +280,17 @@ TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
 # A node silent this long (while the console could hear it) is lost: its replicas fail.
 TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
+# Node agents (docs/deploy.md): each has its own Redis ACL user and signs what it reports
+# (`manage.py agent_credentials NODE`). Off, a node without credentials is believed unsigned:
+# only for a development set-up whose agents use the console's own Redis URL. A node that has
+# credentials must sign either way.
+TRAINYARD_REQUIRE_AGENT_CREDENTIALS = env_bool("TRAINYARD_REQUIRE_AGENT_CREDENTIALS", True)
+# A signed report older than this is refused (a bound on replaying a captured one); reports wait
+# in the queue while the console worker is down, so it is generous.
+TRAINYARD_REPORT_MAX_AGE_SECONDS = env_int("TRAINYARD_REPORT_MAX_AGE_SECONDS", 3600)
+# How long after a node's last replica of a job ended its agent may still write the job's keys
+# (its last log lines, from its disk spool after an outage).
+TRAINYARD_AGENT_GRANT_LINGER_SECONDS = env_int("TRAINYARD_AGENT_GRANT_LINGER_SECONDS", 600)
 # How long a start or stop message may go unacknowledged by heartbeats before it is sent again
 # (or the replica is judged gone): covers a message in flight and one heartbeat interval.
 TRAINYARD_ACK_GRACE_SECONDS = env_int("TRAINYARD_ACK_GRACE_SECONDS", 30)

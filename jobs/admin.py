@@ -2,11 +2,12 @@
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from jobs.models import (
+    AgentCredential,
     ApiToken,
     FrameworkImage,
     HealthEvent,
@@ -18,7 +19,7 @@ from jobs.models import (
     Quota,
     Replica,
 )
-from jobs.services import nodes, scheduling
+from jobs.services import agent_access, nodes, scheduling
 
 admin.site.site_header = "Trainyard administration"
 admin.site.site_title = "Trainyard admin"
@@ -119,7 +120,13 @@ class NodeAdmin(admin.ModelAdmin):
         "last_heartbeat",
         "registered",
     )
-    actions = ("drain", "drain_and_evict", "return_to_service", "use_reported_capacity")
+    actions = (
+        "drain",
+        "drain_and_evict",
+        "return_to_service",
+        "use_reported_capacity",
+        "make_agent_credentials",
+    )
 
     @admin.display(description="status")
     def status(self, node: Node) -> str:
@@ -164,6 +171,36 @@ class NodeAdmin(admin.ModelAdmin):
             node.capacity_set_by_admin = False
             node.save()
         scheduling.request_schedule()
+
+    @admin.action(description="Make or rotate agent credentials (shows each REDIS_URL once)")
+    def make_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        for node in queryset:
+            try:
+                url = agent_access.issue_url(node.name)
+            except ValueError as exc:
+                self.message_user(request, str(exc), level=messages.ERROR)
+                continue
+            self.message_user(
+                request,
+                f"{node.name}: REDIS_URL={url} (shown once; its agent's old secret no longer "
+                "works)",
+                level=messages.WARNING,
+            )
+
+
+@admin.register(AgentCredential)
+class AgentCredentialAdmin(admin.ModelAdmin):
+    """Which nodes have credentials, and since when; never a secret (none is kept here)."""
+
+    list_display = ("node_name", "created", "rotated")
+    fields = ("node_name", "created", "rotated")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # made by `manage.py agent_credentials` or the nodes' action
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class JobRoleInline(admin.TabularInline):

@@ -303,6 +303,26 @@ class Node(models.Model):
         return self.state
 
 
+class AgentCredential(models.Model):
+    """A node agent's credentials (workers/credentials.py), by node name: the node may not have
+    registered yet. Only what the console needs is kept: the SHA-256 of the agent's secret (the
+    `#<hash>` form of its Redis ACL user's password, so the user can be re-created after Redis
+    restarts) and the key that checks its reports' signatures. The secret itself is printed
+    once, inside the agent's REDIS_URL, and kept nowhere here."""
+
+    node_name = models.CharField(max_length=63, unique=True)
+    password_sha256 = models.CharField(max_length=64)
+    signing_key = models.CharField(max_length=64)
+    created = models.DateTimeField(auto_now_add=True)
+    rotated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["node_name"]
+
+    def __str__(self) -> str:
+        return f"credentials of {self.node_name}"
+
+
 class CodeSnapshot(models.Model):
     """A project folder as a canonical .tar.gz, named by its SHA-256 (workers/snapshot.py).
     Stored once however many users upload it; a job keeps the one it was submitted with."""

@@ -2,8 +2,9 @@
 to a service.
 
 Every task is safe to receive twice (Celery redelivers after a crash); the services ignore a
-report that no longer applies. The console worker also runs the reconciliation loop
-(jobs.services.reconcile), started once the worker is ready.
+report that no longer applies. A report, or heartbeat, that is not signed by the node it names
+is refused (jobs.services.agent_access.authentic). The console worker also runs the
+reconciliation loop (jobs.services.reconcile), started once the worker is ready.
 """
 
 from typing import Any
@@ -12,17 +13,20 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
-from jobs.services import nodes, reconcile, reports, restarts, scheduling
+from jobs.services import agent_access, nodes, reconcile, reports, restarts, scheduling
 from workers import contract
 
 
 @shared_task(name=contract.TASK_NODE_HEARTBEAT)
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    nodes.node_heartbeat(payload)
+    if agent_access.authentic(contract.TASK_NODE_HEARTBEAT, payload):
+        nodes.node_heartbeat(payload)
 
 
 @shared_task(name=contract.TASK_REPLICA_STARTED)
 def replica_started(payload: dict[str, Any]) -> None:
+    if not agent_access.authentic(contract.TASK_REPLICA_STARTED, payload):
+        return
     reports.replica_started(
         payload["job_id"],
         payload["role"],
@@ -35,6 +39,8 @@ def replica_started(payload: dict[str, Any]) -> None:
 
 @shared_task(name=contract.TASK_REPLICA_EXITED)
 def replica_exited(payload: dict[str, Any]) -> None:
+    if not agent_access.authentic(contract.TASK_REPLICA_EXITED, payload):
+        return
     reports.replica_exited(
         payload["job_id"],
         payload["role"],

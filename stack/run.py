@@ -510,8 +510,10 @@ class Stack:
     node_cpus: int = 4
     node_memory_gb: int = 16
     redis_url: str = ""  # empty: start our own
-    # Our own Redis asks for this password (docs/deploy.md: a shared Redis always does).
-    redis_password: str = ""
+    # Our own Redis asks for this password, always (docs/deploy.md: a shared Redis does too): it
+    # is the console's, which may do anything there. Each agent gets credentials of its own
+    # (workers/credentials.py), allowed only its own queue, reports and jobs.
+    redis_password: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     # Each agent on a "host" of its own: a network namespace with its own address on a bridge
     # (stack/netns.py, `make cluster`). Redis then listens on the bridge too.
     hosts_in_namespaces: bool = False
@@ -586,11 +588,17 @@ class Stack:
 
     def prepare(self) -> str:
         """Migrate, load the starter catalog, make the admin; returns 'user password'."""
-        self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.keep_var_private()
         (self.var_dir / "logs").mkdir(exist_ok=True)
         self.manage("migrate", "--noinput", quiet=True)
         self.manage("load_catalog", *self.default_quota_options(), quiet=True)
         return self.manage("ensure_admin").strip()
+
+    def keep_var_private(self) -> None:
+        """var/ holds the database, the admin's password, Redis's config (its password) and
+        data: the owner's alone."""
+        self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.var_dir.chmod(0o700)
 
     def default_quota_options(self) -> list[str]:
         """load_catalog's options for a default quota that fits the local nodes: all their
@@ -629,6 +637,7 @@ class Stack:
     def start(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         if _port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is in use; pick another with PORT=...")
+        self.keep_var_private()
         if not self._pids.claimed:
             for line in self.claim():
                 _print_line(f"stopped what an earlier stack left running: {line}")
@@ -638,7 +647,7 @@ class Stack:
             self._pids.network_tag(tag)  # first, so that a SIGKILL meanwhile leaves its name
             self.network = HostNetwork.create(self.nodes, tag=tag)
         spawn = self._supervisor.spawn
-        agents_redis_url = self.redis_url
+        agents_redis_host: list[str] = []  # agent_credentials' --host: REDIS_URL's by default
         if self._redis_port:
             data_dir = self.var_dir / "redis"
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -647,9 +656,7 @@ class Stack:
             if self.network is not None:
                 # The hosts reach this machine only across the bridge.
                 bind = (*bind, self.network.gateway)
-                agents_redis_url = (
-                    f"redis://{self._redis_auth}{self.network.gateway}:{self._redis_port}/0"
-                )
+                agents_redis_host = ["--host", self.network.gateway]
             # The same argv on every restart: the same port and the same append-only file.
             child = spawn(
                 "redis",
@@ -671,11 +678,17 @@ class Stack:
              "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
         )  # fmt: skip
         spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
-        for i in range(1, self.nodes + 1):
-            node, address = f"node-{i}", "127.0.0.1"
+        names = (
+            [host.node for host in self.network.hosts]
+            if self.network is not None
+            else [f"node-{i}" for i in range(1, self.nodes + 1)]
+        )
+        # Fresh credentials for every agent, each a Redis user of its own (made now, Redis is up).
+        agent_urls = self.manage("agent_credentials", *names, *agents_redis_host).split()
+        for i, (node, agent_url) in enumerate(zip(names, agent_urls, strict=True), start=1):
+            address = "127.0.0.1"
             if self.network is not None:
-                host = self.network.hosts[i - 1]
-                node, address = host.node, host.address
+                address = self.network.hosts[i - 1].address
             argv = [
                 *self.agent_command, "--node", node, "--address", address,
                 "--cpus", str(self.node_cpus), "--memory-gb", str(self.node_memory_gb),
@@ -689,7 +702,7 @@ class Stack:
             spawn(
                 node,
                 argv,
-                env={"REDIS_URL": agents_redis_url},
+                env={"REDIS_URL": agent_url},
                 stop_timeout=self.agent_stop_timeout,
             )
         self._supervisor.watch()
@@ -802,8 +815,6 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         nodes=nodes,
         redis_url=os.environ.get("REDIS_URL", ""),
-        # Redis listens on the bridge too: never without a password there.
-        redis_password=secrets.token_urlsafe(24) if args.cluster else "",
         hosts_in_namespaces=args.cluster,
         fit_default_quota=True,
     )

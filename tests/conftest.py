@@ -69,17 +69,20 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 @contextlib.contextmanager
-def private_redis(data_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def private_redis(
+    data_dir: Path, password: str = ""
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real redis-server of our own on a free port (never the machine's shared one), which
-    the caller may stop or freeze; its URL and process."""
+    the caller may stop or freeze; its URL (with the password, if given) and process."""
     data_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     proc = subprocess.Popen(
-        redis_argv(redis_server_binary(), port, data_dir),
+        redis_argv(redis_server_binary(), port, data_dir, password=password),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    url = f"redis://127.0.0.1:{port}/0"
+    auth = f":{password}@" if password else ""
+    url = f"redis://{auth}127.0.0.1:{port}/0"
     try:
         wait_for_redis(url, proc)
         yield url, proc

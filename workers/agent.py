@@ -21,13 +21,15 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import redis
 from celery import Celery
+from kombu import Queue
 
-from workers import containers, contract, guardian, inventory, sandbox
+from workers import containers, contract, credentials, guardian, inventory, sandbox
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
@@ -60,10 +62,25 @@ PATIENT_RETRY_POLICY = {
     "interval_max": 5,
 }
 HURRIED_RETRY_INTERVAL_SECONDS = 0.25
+# (task name, payload) -> the payload as sent: signed for the console (workers/credentials.py).
+Signer = Callable[[str, dict[str, Any]], dict[str, Any]]
 
 
-def make_celery(broker_url: str) -> Celery:
+def make_celery(broker_url: str, node: str | None = None) -> Celery:
+    """The agent's Celery app; with `node`, set up for the node's own Redis ACL user
+    (workers/credentials.py): its own unacked keys, queues that are only used, never declared
+    (a declaration writes the exchange's binding table, which the console owns), and no remote
+    control (its broadcast queues and pub/sub channels are shared by every worker)."""
     app = Celery("trainyard-agent", broker=broker_url)
+    if node is not None:
+        app.conf.update(
+            broker_transport_options=credentials.transport_options(node),
+            task_queues=[
+                Queue(contract.node_queue(node), no_declare=True),
+                Queue(contract.CONSOLE_QUEUE, no_declare=True),
+            ],
+            worker_enable_remote_control=False,
+        )
     app.conf.update(
         task_serializer="json",
         accept_content=["json"],
@@ -108,8 +125,21 @@ def retry_policy(deadline: float | None) -> dict[str, Any]:
     }
 
 
-def make_reporter(app: Celery) -> Report:
+def signer(broker_url: str) -> Signer:
+    """Signs a report for the console with the key derived from the agent's secret (in its
+    Redis URL); an agent without credentials (a development set-up on the console's own Redis
+    URL) sends reports as they are."""
+    found = credentials.secret_from_url(broker_url)
+    if found is None:
+        return lambda task, payload: payload
+    key = credentials.signing_key(found[1])
+    return lambda task, payload: credentials.sign(payload, key, task)
+
+
+def make_reporter(app: Celery, sign: Signer | None = None) -> Report:
     def report(task_name: str, payload: dict[str, Any], deadline: float | None = None) -> None:
+        if sign is not None:
+            payload = sign(task_name, payload)
         app.send_task(
             task_name,
             kwargs={"payload": payload},
@@ -141,8 +171,10 @@ class Heartbeat(threading.Thread):
         inventory: dict[str, Any],
         supervisor: Supervisor,
         interval: float = DEFAULT_HEARTBEAT_SECONDS,
+        sign: Signer | None = None,
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
+        self._sign = sign or (lambda task, payload: payload)
         self._app = app
         self._inventory = inventory
         self._supervisor = supervisor
@@ -155,7 +187,12 @@ class Heartbeat(threading.Thread):
             try:
                 self._app.send_task(
                     contract.TASK_NODE_HEARTBEAT,
-                    kwargs={"payload": heartbeat_payload(self._inventory, self._supervisor)},
+                    kwargs={
+                        "payload": self._sign(
+                            contract.TASK_NODE_HEARTBEAT,
+                            heartbeat_payload(self._inventory, self._supervisor),
+                        )
+                    },
                     queue=contract.CONSOLE_QUEUE,
                     expires=self._interval * HEARTBEAT_EXPIRES_INTERVALS,
                 )
@@ -325,7 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     # Time-outs on connecting: a Redis host that does not answer at all must not hang a thread
     # for the minutes the kernel would give a connection attempt.
     client = redis.Redis.from_url(args.redis_url, socket_connect_timeout=5, socket_timeout=30)
-    app = make_celery(args.redis_url)
+    app = make_celery(args.redis_url, args.node)
+    sign = signer(args.redis_url)
+    owner = credentials.secret_from_url(args.redis_url)
+    if owner is not None and owner[0] != args.node:
+        raise SystemExit(f"REDIS_URL holds the credentials of {owner[0]}, not of {args.node}")
     workdir = args.workdir.resolve() / args.node
     workdir_lock = hold_workdir(workdir)
     trainer_sandbox = sandbox.probe(
@@ -343,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         node=args.node,
         client=client,
         shipper=shipper,
-        report=make_reporter(app),
+        report=make_reporter(app, sign),
         workdir=workdir,
         code_root=args.code_root.resolve(),
         gpus=args.gpus,
@@ -372,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "isolation": trainer_sandbox.isolation.value,
         "isolation_reason": trainer_sandbox.reason,
     }
-    heartbeat = Heartbeat(app, inventory, supervisor, interval=args.heartbeat_seconds)
+    heartbeat = Heartbeat(app, inventory, supervisor, interval=args.heartbeat_seconds, sign=sign)
     heartbeat.start()
     worker = app.Worker(
         hostname=f"agent@{args.node}",
@@ -382,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         loglevel="INFO",
         without_mingle=True,
         without_gossip=True,
+        without_heartbeat=True,
     )
     log.info(
         "agent %s (incarnation %s) serving queue %s",

@@ -50,6 +50,12 @@ MAX_DRAIN_ITEMS = 2000
 LINGER_SECONDS = 0.02
 SPOOL_RETRY_SECONDS = 0.5
 SPOOL_REPLAY_BATCHES = 200
+# Redis refusing a job's lines (NOPERM) is no outage: the agent's ACL user may touch a job's keys
+# only while the console grants it (workers/credentials.py). A grant may lag a moment behind a
+# start (reconciliation re-asserts it), so refused lines wait in the spool like any others; once
+# a job's lines have been refused this long, the job is no business of this node any more
+# (it ended long ago) and they are dropped, so they cannot hold up every later line.
+REFUSED_GIVE_UP_SECONDS = 120.0
 
 # Escape sequences other than colour are kept as they are: the viewer strips what it does not
 # render. Only NUL is removed, which no database text column takes.
@@ -198,6 +204,7 @@ class LogShipper:
         self._queue: queue.SimpleQueue[_Chunk | _Barrier | None] = queue.SimpleQueue()
         self._retry_seconds = retry_seconds
         self._next_try = 0.0
+        self._refused_since: dict[int, float] = {}  # job id -> when Redis first refused it
         self._held_barriers: list[_Barrier] = []
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
@@ -321,13 +328,37 @@ class LogShipper:
         try:
             while not self._spool.empty():
                 batches = self._spool.peek(SPOOL_REPLAY_BATCHES)
-                self._sink.append(batches)
+                try:
+                    self._sink.append(batches)
+                except redis.exceptions.NoPermissionError:
+                    self._send_one_by_one(batches)
+                    continue
                 self._spool.consume(len(batches))
+                self._refused_since.clear()
         except redis.RedisError:
             self._next_try = time.monotonic() + self._retry_seconds
             return
         log.warning("Redis is back: spooled log lines sent")
         self._release_barriers()
+
+    def _send_one_by_one(self, batches: list[LogBatch]) -> None:
+        """Send the spool's first batches singly, dropping those of a job that Redis has
+        refused for REFUSED_GIVE_UP_SECONDS; raises NoPermissionError at one it refuses less
+        long (it stays first in the spool)."""
+        for batch in batches:
+            try:
+                self._sink.append([batch])
+            except redis.exceptions.NoPermissionError:
+                now = time.monotonic()
+                since = self._refused_since.setdefault(batch.job_id, now)
+                if now - since < REFUSED_GIVE_UP_SECONDS:
+                    raise
+                log.warning(
+                    "Redis has refused lines of job %s for %.0f s (this node may no longer "
+                    "write its log): dropping %s of them", batch.job_id, now - since,
+                    len(batch.lines),
+                )  # fmt: skip
+            self._spool.consume(1)
 
     def _release_barriers(self) -> None:
         if self.spooling:

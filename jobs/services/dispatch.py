@@ -10,7 +10,7 @@ from django.utils import timezone
 from console.celery import app
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
-from jobs.services import snapshots
+from jobs.services import agent_access, snapshots
 from workers import contract
 from workers.spec import FRAMEWORK_KVSTORE, FRAMEWORK_PYTORCH, ReplicaSpec
 
@@ -140,6 +140,9 @@ def _send_specs(specs: list[tuple[str, ReplicaSpec]]) -> None:
     # Before any agent looks for it: the code snapshot the job runs, in Redis (again).
     for sha256 in sorted({s.program["snapshot"] for _, s in specs if "snapshot" in s.program}):
         snapshots.publish(sha256)
+    # Before any agent gets its start: its Redis user may touch the job's keys (its log, the
+    # rendezvous). Should that fail, no start is sent: reconciliation sends it again later.
+    agent_access.sync(sorted({node for node, _ in specs}))
     for node, spec in specs:
         app.send_task(
             contract.TASK_START_REPLICA,

@@ -12,6 +12,8 @@ each pass repairs the difference, one replica at a time.
     for.
 - A replica the agent runs although its job has ended: the stop is sent again.
 - A process the agent runs that the database does not want running: told to stop.
+- Every agent's Redis ACL user is as the database says (jobs.services.agent_access): re-made
+  after Redis restarts, a job's keys taken away once it ended there.
 
 Whatever a pass decides, it decides against the rows as they are when it writes (each repair
 re-reads its replica under the job's row lock, and every state write is a guarded transition),
@@ -40,7 +42,7 @@ from redis import RedisError
 
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import dispatch, outcomes, reports, restarts, scheduling
+from jobs.services import agent_access, dispatch, outcomes, reports, restarts, scheduling
 
 log = logging.getLogger(__name__)
 
@@ -361,6 +363,9 @@ class ReconcileLoop(threading.Thread):
         try:
             if not self._broker_answers():
                 return None
+            # Redis may have restarted, and lost the agents' ACL users with it; and a job that
+            # ended a while ago is no business of its nodes' agents any more.
+            agent_access.sync_quietly()
             report = run_pass(self._listening_since)
             if report.repaired or report.lost_nodes:
                 log.warning("%s", report.summary())

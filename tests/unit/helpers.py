@@ -77,3 +77,20 @@ def append_lines(
     """Append one batch as an agent would; returns the cursor of its last line."""
     batch = LogBatch(job_id, role, index, node, stream, ts, lines, "test-writer", next(_seq))
     return sink.append([batch])[0]
+
+
+def give_credentials(node: str) -> str:
+    """Credentials for `node`, as `manage.py agent_credentials` makes them but without touching
+    Redis; returns the key its agent signs reports with."""
+    from jobs.models import AgentCredential
+    from workers import credentials
+
+    secret = credentials.new_secret()
+    AgentCredential.objects.update_or_create(
+        node_name=node,
+        defaults={
+            "password_sha256": credentials.password_hash(secret),
+            "signing_key": credentials.signing_key(secret),
+        },
+    )
+    return credentials.signing_key(secret)
