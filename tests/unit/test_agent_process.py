@@ -16,16 +16,24 @@ import psutil
 import pytest
 import redis
 
-from tests.conftest import FIXTURE_CODE_ROOT, private_redis, process_alive
+from tests.conftest import FIXTURE_CODE_ROOT, job_processes, private_redis, process_alive
 from tests.unit.test_supervisor import spec, texts, tree_pids, wait_until
-from workers import agent, contract
+from workers import agent, contract, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "t1"
 
 
 class AgentProcess:
+    """An agent; its trainers run outside the sandbox unless `--sandbox` is among `extra`: the
+    death signal and the guardian, which these tests are about, are what holds them then (a
+    node without bubblewrap). tests/unit/test_sandbox.py has the sandbox's own tests."""
+
     def __init__(self, redis_url: str, workdir: Path, log_path: Path, *extra: str) -> None:
+        if "--sandbox" in extra:
+            extra = tuple(e for e in extra if e != "--sandbox")
+        else:
+            extra = ("--no-sandbox", *extra)
         self.redis_url = redis_url
         self.workdir = workdir
         self.log_path = log_path
@@ -146,6 +154,29 @@ def test_no_trainer_outlives_an_agent_killed_with_sigkill(
     )
     wait_until(lambda: not process_alive(guardian), 5, "the guardian to finish")
     assert list(node.procs_dir.iterdir()) == []
+
+
+def test_a_sandboxed_trainer_and_all_it_started_die_with_an_agent_killed_with_sigkill(
+    redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
+) -> None:
+    """bubblewrap dies with the agent, and its PID namespace with it: the trainer and its
+    child, group or no group."""
+    if not sandbox.probe().isolation.isolated:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the sandbox tests, but this host cannot sandbox")
+        pytest.skip("SKIPPED, not run: this host cannot sandbox")
+    node = agents.start(redis_server, tmp_path / "work", "--sandbox")
+    node.start_replica("sleep_tree.py", job_id=44)
+    wait_until(lambda: texts(client, 44), 60, "the trainer to print")
+    # bubblewrap's two processes, the trainer, and the child it started.
+    wait_until(lambda: len(job_processes(44)) == 4, 30, "the sandbox, trainer and child")
+    agents.pids += [p.pid for p in job_processes(44)]
+    wait_until(lambda: heartbeats(client), 30, "a heartbeat")
+    assert heartbeats(client)[-1][1]["isolation"] in ("sandbox", "sandbox-shared-uid")
+
+    os.kill(node.pid, signal.SIGKILL)
+
+    wait_until(lambda: not job_processes(44), 10, "everything of job 44 to die with its agent")
 
 
 def test_a_new_agent_kills_what_a_dead_agent_and_its_guardian_left(
