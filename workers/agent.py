@@ -300,6 +300,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.gpus < 0:
         parser.error("--gpus must not be negative")
+    for shared in args.sandbox_share:
+        if not shared.is_dir():
+            parser.error(f"--sandbox-share {shared}: no such folder")
     if not 0 < args.sandbox_uid_base < 2**31 - 2**24:
         parser.error("--sandbox-uid-base must leave room for 2^24 users below 2^31")
     if args.heartbeat_seconds <= 0:

@@ -43,6 +43,7 @@ from tests.conftest import (
     trainer_pids,
     wait_until,
 )
+from tests.integration.test_escape import assert_reaches_nothing, run_probe
 from workers.snapshot import pack_folder
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -328,3 +329,12 @@ def test_a_host_cut_off_the_network_is_a_lost_node(
         "the cut-off host's trainer to be stopped", lambda: not any(map(process_alive, pids)), 120
     )
     assert user.wait_finished(job["id"])["state"] == "failed"
+
+
+def test_a_job_reaches_nothing_beyond_itself_on_hosts_of_their_own(
+    cluster: RunningStack, tmp_path: Path
+) -> None:
+    """The escape probe of tests/integration/test_escape.py, on agents in network namespaces
+    run from an agent-only virtualenv, with PostgreSQL and a production console."""
+    with run_probe(cluster, tmp_path, "cluster") as probe:
+        assert_reaches_nothing(probe)
