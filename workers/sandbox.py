@@ -51,7 +51,7 @@ DEFAULT_UID_BASE = 1_900_000_000
 # What the sandbox shows of the host, read-only, when it exists there. /etc holds nothing a
 # trainer may not read: files with secrets in it are readable by root alone, and the trainer
 # is not root.
-SYSTEM_PATHS = ("/usr", "/etc", "/sys", "/opt/conda")
+SYSTEM_PATHS = ("/usr", "/etc", "/sys")
 # On a merged-/usr system these are links into /usr; elsewhere, folders.
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Device nodes a process with GPUs also needs, besides its own /dev/nvidiaN.

@@ -533,6 +533,10 @@ class Supervisor:
             if spec.container_image:
                 argv = self._in_container(run, local, cwd, script, job_dir, checkpoint_dir)
             else:
+                if "example" in spec.program and self.sandbox.isolation.isolated:
+                    # A built-in example imports the agent's own `workers` package, whatever
+                    # the trainer's Python holds; in the sandbox its folder shows nothing else.
+                    env = dict(env, PYTHONPATH=f"{env['PYTHONPATH']}:{WORKERS_PACKAGE.parent}")
                 argv, env = self.sandbox.wrap(
                     argv,
                     sandbox.Folders(

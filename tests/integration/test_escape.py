@@ -18,6 +18,7 @@ from tests.conftest import FIXTURE_CODE_ROOT, RunningStack, StackClient, signal_
 pytestmark = pytest.mark.integration
 
 BOB_SECRET = "bob-secret-123"
+QUOTA = {"cpu": 4, "gpus": 0, "memory_gb": 16, "running_jobs": 4}
 
 
 @dataclass
@@ -40,8 +41,8 @@ def escape_verdicts(client: StackClient, job_id: int) -> dict[str, str]:
 @contextlib.contextmanager
 def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe]:
     """Bob's job runs; alice's escape job tries everything; bob's job is released after."""
-    alice = running.create_user(f"alice-{tag}", "alice-pw", quota={"cpu": 4, "memory_gb": 16})
-    bob = running.create_user(f"bob-{tag}", "bob-pw", quota={"cpu": 4, "memory_gb": 16})
+    alice = running.create_user(f"alice-{tag}", "alice-pw", quota=QUOTA)
+    bob = running.create_user(f"bob-{tag}", "bob-pw", quota=QUOTA)
     code = tmp_path / "bob-code"
     code.mkdir()
     shutil.copy(FIXTURE_CODE_ROOT / "checkpointer.py", code / "secret_model.py")
