@@ -68,7 +68,20 @@ def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe
         var = running.stack.var_dir
         agents = var / "agents"
         targets = {
-            "console var": [var, var / "trainyard.sqlite3", var / "secret_key"],
+            # (var/ itself holds the agents' folders, so the sandbox shows the way to the job's
+            # own; what the console keeps there must not show.)
+            "console var": [
+                p
+                for p in (
+                    var / "trainyard.sqlite3",
+                    var / "secret_key",
+                    var / "admin-password",
+                    var / "redis",
+                    var / "redis" / "redis.conf",
+                    var / "logs",
+                )
+                if p.exists()
+            ],
             "bob's instance": sorted(agents.glob(f"*/jobs/{bobs['id']}/attempt-0/master")),
             "bob's code": sorted(agents.glob(f"*/jobs/{bobs['id']}/code")),
             "bob's checkpoint": sorted(agents.glob(f"checkpoints/job-{bobs['id']}-*")),
