@@ -225,13 +225,15 @@ def _live_node_names() -> list[str]:
 
 @login_required
 def node_list(request: HttpRequest) -> HttpResponse:
+    rows = cluster.node_rows(request.user)
     return render(
         request,
         "jobs/node_list.html",
         {
-            "rows": cluster.node_rows(request.user),
+            "rows": rows,
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
             "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
+            "any_unisolated": any(not row.node.isolated for row in rows),
         },
     )
 
