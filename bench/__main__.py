@@ -21,7 +21,6 @@ Sandbox: time to a trainer's first line and its training throughput under bubble
 the same programs started bare by the same supervisor (bench/sandbox.py).
 """
 
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from bench.reconcile import measure_in_subprocess
 from bench.reconcile import summary as reconcile_summary
 from bench.recovery import recovery
 from bench.sandbox import sandbox_cost
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from stack.redis_server import private_server
 
 
 def admission(redis_url: str, tmp: Path) -> bool:
@@ -83,20 +82,11 @@ def _ratios(alone: RaceResult, race: RaceResult) -> str:
 def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        port = free_port()
-        redis = subprocess.Popen(
-            redis_argv(redis_server_binary(), port, tmp), stdout=subprocess.DEVNULL
-        )
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            wait_for_redis(url, redis)
+        with private_server(tmp / "redis") as (url, _):
             print("== admission: 8 processes x 20 submissions, quota admits 50 ==")
             ok = admission(url, tmp)
             print("== reconciliation: 200 nodes, 2,000 replicas ==")
             reconciliation(url, tmp)
-        finally:
-            redis.terminate()
-            redis.wait(10)
     print("== parameter server vs DDP: 2 workers, same batch and seed ==")
     ok = ps_vs_ddp() and ok
     print("== recovery: kill -9 of one instance, restart and resume ==")

@@ -11,7 +11,6 @@ Target: within 5 % of the bare run on each. No asserts: figures and ratios.
 
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import redis
 
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from stack.redis_server import private_server
 from workers import contract, sandbox
 from workers.logship import LogShipper
 from workers.spec import ReplicaSpec
@@ -97,13 +96,7 @@ def sandbox_cost() -> bool:
     print(f"sandbox: {found.reason}")
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
-        port = free_port()
-        server = subprocess.Popen(
-            redis_argv(redis_server_binary(), port, tmp), stdout=subprocess.DEVNULL
-        )
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            wait_for_redis(url, server)
+        with private_server(tmp / "redis") as (url, _):
             client = redis.Redis.from_url(url)
             nodes = {
                 "bare": Node(client, tmp / "bare", sandbox.Sandbox(sandbox.Isolation.NONE)),
@@ -114,9 +107,6 @@ def sandbox_cost() -> bool:
             finally:
                 for node in nodes.values():
                     node.close()
-        finally:
-            server.terminate()
-            server.wait(10)
     return True
 
 

