@@ -198,15 +198,17 @@ def mounts(folders: Folders, python: Iterable[Path]) -> list[str]:
         binds.append(("--ro-bind", path, path))
     for path in _outermost(writable):
         binds.append(("--bind", path, path))
+    # Outer folders first: a writable folder inside a read-only one is bound over it.
+    binds.sort(key=lambda b: len(b[2].parts))
     created: set[Path] = set()
-    for _, _, dest in sorted(binds, key=lambda b: len(b[2].parts)):
+    for _, _, dest in binds:
         for parent in reversed(dest.parents):
             covered = any(parent == d or parent.is_relative_to(d) for _, _, d in binds)
             if parent != Path("/") and parent not in created and not covered:
                 # bwrap would copy the host's mode (/root is 0700); the trainer must pass.
                 options += ["--perms", "0755", "--dir", str(parent)]
                 created.add(parent)
-    for kind, source, dest in sorted(binds, key=lambda b: len(b[2].parts)):
+    for kind, source, dest in binds:
         options += [kind, str(source), str(dest)]
     options += ["--proc", "/proc", "--dev", "/dev"]
     for gpu in folders.gpu_ids:
