@@ -175,6 +175,7 @@ def test_a_sandboxed_trainer_and_all_it_started_die_with_an_agent_killed_with_si
     assert heartbeats(client)[-1][1]["isolation"] in ("sandbox", "sandbox-shared-uid")
 
     os.kill(node.pid, signal.SIGKILL)
+    node.proc.wait()  # dead and reaped: the clean-up at the end must not take it for living
 
     wait_until(lambda: not job_processes(44), 10, "everything of job 44 to die with its agent")
 
