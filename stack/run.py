@@ -544,7 +544,7 @@ class Stack:
         self.network: HostNetwork | None = None
         # Our own Redis gets its port now, so that its URL is known before it starts (a
         # production console refuses to run even manage.py without REDIS_URL).
-        self._redis_port = 0 if self.redis_url else free_port()
+        self._redis_port = 0 if self.redis_url else free_port(avoid=self.port)
         self._redis_auth = f":{self.redis_password}@" if self.redis_password else ""
         if not self.redis_url:
             self.redis_url = f"redis://{self._redis_auth}127.0.0.1:{self._redis_port}/0"

@@ -65,7 +65,8 @@ def test_launch_from_the_form_and_see_worker_lines_live(
 
     page.reload()  # lines stay after a reload: replayed from the start
     expect(page.locator("#log-status")).to_contain_text("log complete")
-    assert log.locator(".line").count() == count
+    # The status may say so a moment before the replayed lines are drawn: wait for them all.
+    expect(log.locator(".line")).to_have_count(count)
     expect(page.locator("#replicas tbody tr")).to_have_count(3)
 
 
