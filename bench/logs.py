@@ -540,8 +540,10 @@ def training(console: Console, tmp: Path) -> bool:
     for round_ in range(TRAIN_ROUNDS):
         # Alternating, so that a slow spell of this shared machine hits every mode alike.
         for mode in modes:
-            result = tmp / f"train-{mode}-{round_}.json"
-            args = (str(TRAIN_STEPS), str(result))
+            # Under the agent, a name in the job's checkpoint folder (the one place besides its
+            # scratch folder a sandboxed trainer writes); bare, a path here.
+            name = f"train-{mode}-{round_}.json"
+            args = (str(TRAIN_STEPS), name if mode != "devnull" else str(tmp / name))
             settle(console.stack)
             if mode == "followed":
                 meter = CpuMeter(console.stack)
@@ -553,6 +555,11 @@ def training(console: Console, tmp: Path) -> bool:
                 console.unwatched(f"bench-logs-train-{round_}-unwatched", "train.py", *args)
             else:
                 devnull_run("train.py", *args)
+            (result,) = (
+                [tmp / name]
+                if mode == "devnull"
+                else list((tmp / "var" / "agents" / "checkpoints").glob(f"job-*/{name}"))
+            )
             rates[mode].append(json.loads(result.read_text())["steps_per_second"])
     best = {mode: max(values) for mode, values in rates.items()}
     print(

@@ -114,10 +114,16 @@ def worker_pid(stack: Stack, job_id: int) -> int:
     for node in ("node-1", "node-2"):
         for proc in psutil.Process(stack.pid(node)).children(recursive=True):
             try:
-                env = proc.environ()
+                env, argv = proc.environ(), proc.cmdline()
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            if env.get("TRAINYARD_JOB_ID") == str(job_id) and env.get("TRAINYARD_ROLE") == "worker":
+            # The trainer itself (argv[1] its script), not the sandbox's processes around it.
+            if (
+                env.get("TRAINYARD_JOB_ID") == str(job_id)
+                and env.get("TRAINYARD_ROLE") == "worker"
+                and argv[1:2]
+                and argv[1].endswith(".py")
+            ):
                 return proc.pid
     return 0
 

@@ -4,10 +4,12 @@
 
 An MLP on synthetic data, CPU only, one torch thread. It prints `step/loss/lr` each step and,
 at the end, writes its own throughput (steps/s, timed inside the loop after a warm-up) to
-RESULT_PATH as JSON, so the figure is the same whether stdout goes to a pipe or to /dev/null.
+RESULT_PATH as JSON (a relative path: in TRAINYARD_CHECKPOINT_DIR, where a sandboxed trainer
+may write), so the figure is the same whether stdout goes to a pipe or to /dev/null.
 """
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +22,9 @@ BATCH = 64
 
 def main() -> None:
     steps = int(sys.argv[1])
-    result = Path(sys.argv[2])
+    # A relative path is in the job's checkpoint folder: under an agent, the trainer's sandbox
+    # lets it write there (and in its scratch folder) only.
+    result = Path(os.environ.get("TRAINYARD_CHECKPOINT_DIR", ".")) / sys.argv[2]
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
