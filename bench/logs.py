@@ -532,6 +532,17 @@ def latency(console: Console) -> bool:
     return e2e.lines.ok(expected) and pipe.ok(expected)
 
 
+def _result(tmp: Path, name: str, mode: str) -> Path:
+    """Where train.py wrote its rate: here, or in its job's checkpoint folder (found by its
+    name, unique in the run)."""
+    if mode == "devnull":
+        return tmp / name
+    found = list((tmp / "var" / "agents" / "checkpoints").glob(f"job-*/{name}"))
+    if len(found) != 1:
+        raise RunFailed(f"train.py's {name}: {len(found)} found in the checkpoint folders")
+    return found[0]
+
+
 def training(console: Console, tmp: Path) -> bool:
     modes = ("followed", "unwatched", "devnull")
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -542,8 +553,8 @@ def training(console: Console, tmp: Path) -> bool:
         for mode in modes:
             # Under the agent, a name in the job's checkpoint folder (the one place besides its
             # scratch folder a sandboxed trainer writes); bare, a path here.
-            name = f"train-{mode}-{round_}.json"
-            args = (str(TRAIN_STEPS), name if mode != "devnull" else str(tmp / name))
+            written = f"train-{mode}-{round_}.json"
+            args = (str(TRAIN_STEPS), written if mode != "devnull" else str(tmp / written))
             settle(console.stack)
             if mode == "followed":
                 meter = CpuMeter(console.stack)
@@ -555,12 +566,9 @@ def training(console: Console, tmp: Path) -> bool:
                 console.unwatched(f"bench-logs-train-{round_}-unwatched", "train.py", *args)
             else:
                 devnull_run("train.py", *args)
-            (result,) = (
-                [tmp / name]
-                if mode == "devnull"
-                else list((tmp / "var" / "agents" / "checkpoints").glob(f"job-*/{name}"))
+            rates[mode].append(
+                json.loads(_result(tmp, written, mode).read_text())["steps_per_second"]
             )
-            rates[mode].append(json.loads(result.read_text())["steps_per_second"])
     best = {mode: max(values) for mode, values in rates.items()}
     print(
         f"training: an MLP on 1 CPU thread printing a step/loss/lr line per step, {TRAIN_STEPS} "
