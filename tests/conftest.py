@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -147,6 +147,17 @@ def job_processes(job_id: int) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def escape_verdicts(texts: Iterable[str]) -> dict[str, str]:
+    """What tests/fixtures/code/escape.py printed, by attempt: {"path:/x": "BLOCKED ...", ...}."""
+    verdicts = {}
+    for text in texts:
+        kind, _, rest = text.partition(" ")
+        if kind in ("ESCAPE", "CONTROL") and rest != "done":
+            name, _, verdict = rest.partition(" ")
+            verdicts[name] = verdict
+    return verdicts
 
 
 def trainer_pids(job_id: int) -> dict[str, int]:

@@ -13,7 +13,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.conftest import FIXTURE_CODE_ROOT, RunningStack, StackClient, signal_file, wait_until
+from tests.conftest import (
+    FIXTURE_CODE_ROOT,
+    RunningStack,
+    escape_verdicts,
+    signal_file,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,16 +32,6 @@ class Probe:
     verdicts: dict[str, str]
     targets: dict[str, list[Path]]
     bob_job: int
-
-
-def escape_verdicts(client: StackClient, job_id: int) -> dict[str, str]:
-    verdicts = {}
-    for line in client.logs(job_id):
-        kind, _, rest = line["text"].partition(" ")
-        if kind in ("ESCAPE", "CONTROL") and rest != "done":
-            name, _, verdict = rest.partition(" ")
-            verdicts[name] = verdict
-    return verdicts
 
 
 @contextlib.contextmanager
@@ -116,7 +112,7 @@ def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe
         )
         finished = alice.wait_finished(job["id"])
         assert finished["state"] == "succeeded", finished["reason"]
-        yield Probe(escape_verdicts(alice, job["id"]), targets, bobs["id"])
+        yield Probe(escape_verdicts(x["text"] for x in alice.logs(job["id"])), targets, bobs["id"])
     finally:
         hold.touch()
     assert bob.wait_finished(bobs["id"])["state"] == "succeeded"

@@ -6,11 +6,10 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 import redis
 
-from tests.conftest import FIXTURE_CODE_ROOT, signal_file
+from tests.conftest import FIXTURE_CODE_ROOT, escape_verdicts, job_processes, signal_file
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
 from workers import contract, sandbox
 from workers.logship import LogShipper
@@ -107,17 +106,6 @@ def node(
     shipper.close()
 
 
-def escape_lines(client: redis.Redis, job_id: int) -> dict[str, str]:
-    """escape.py's verdicts, by attempt: {"path:/x": "BLOCKED ...", ...}."""
-    verdicts = {}
-    for line in texts(client, job_id):
-        kind, _, rest = line.partition(" ")
-        if kind in ("ESCAPE", "CONTROL") and rest != "done":
-            name, _, verdict = rest.partition(" ")
-            verdicts[name] = verdict
-    return verdicts
-
-
 def test_a_job_reaches_nothing_of_another_users_job_on_the_same_node(
     node: Supervisor, reports: Reports, client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -151,7 +139,7 @@ def test_a_job_reaches_nothing_of_another_users_job_on_the_same_node(
             )
         )
         reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=22)
-        verdicts = escape_lines(client, 22)
+        verdicts = escape_verdicts(texts(client, 22))
         for target in targets:
             assert verdicts[f"path:{target}"].startswith("BLOCKED"), (target, verdicts)
         assert verdicts["process-command-lines"].startswith("BLOCKED"), verdicts[
@@ -199,18 +187,6 @@ def test_a_stop_gives_the_trainer_its_grace_to_checkpoint(
     assert (node.checkpoint_root / "job-24" / "state.txt").read_text() == "saved on SIGTERM"
 
 
-def trainer_processes(job_id: int) -> list[psutil.Process]:
-    """Every process on this host whose environment says it belongs to the job."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get(contract.TRAINYARD_JOB_ID) == str(job_id):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
 def script(name: str) -> str:
     return str(FIXTURE_CODE_ROOT / f"{name}.py")
 
@@ -220,7 +196,7 @@ def test_a_trainer_killed_by_a_signal_is_reported_so(
 ) -> None:
     node.start(spec("checkpointer.py", job_id=25, owner=4, args=["--hold", str(signal_file())]))
     wait_until(lambda: "ready" in texts(client, 25), 60, "the trainer to be ready")
-    (trainer,) = [p for p in trainer_processes(25) if p.cmdline()[1:2] == [script("checkpointer")]]
+    (trainer,) = [p for p in job_processes(25) if p.cmdline()[1:2] == [script("checkpointer")]]
     trainer.kill()
     exited = reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=25)
     assert (exited["state"], exited["exit_code"], exited["reason"]) == (
@@ -238,7 +214,7 @@ def test_what_a_trainer_leaves_behind_ends_with_it(
     node.start(spec("checkpointer.py", job_id=26, owner=4, args=["--orphan"]))
     assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=26)["state"] == "succeeded"
     assert "left an orphan" in texts(client, 26)
-    wait_until(lambda: not trainer_processes(26), 10, "the orphan to end with its trainer")
+    wait_until(lambda: not job_processes(26), 10, "the orphan to end with its trainer")
 
 
 def test_the_trainer_runs_as_its_owners_uid(
@@ -247,9 +223,7 @@ def test_the_trainer_runs_as_its_owners_uid(
     node.start(spec("checkpointer.py", job_id=27, owner=9, args=["--hold", str(signal_file())]))
     wait_until(lambda: "ready" in texts(client, 27), 60, "the trainer to be ready")
     try:
-        trainers = [
-            p for p in trainer_processes(27) if p.cmdline()[1:2] == [script("checkpointer")]
-        ]
+        trainers = [p for p in job_processes(27) if p.cmdline()[1:2] == [script("checkpointer")]]
         uids = {p.uids().real for p in trainers}
         expected = node.sandbox.uid_of(9) if node.sandbox.switches_uid else os.getuid()
         assert uids == {expected}
