@@ -13,11 +13,13 @@ from django.core.exceptions import ValidationError
 from jobs.models import Quota
 from jobs.services.tokens import NAME_MAX_LENGTH
 from jobs.services.users import Limits
+from jobs.text import validate_name
 
 
 class NewTokenForm(forms.Form):
     name = forms.CharField(
         max_length=NAME_MAX_LENGTH,
+        validators=[validate_name],
         help_text="Where you will use it, e.g. laptop or nightly-eval, so that you know "
         "which one to revoke.",
         widget=forms.TextInput(attrs={"placeholder": "laptop", "autocomplete": "off"}),
@@ -72,6 +74,7 @@ class GroupsFields(forms.Form):
     new_group = forms.CharField(
         required=False,
         max_length=Group._meta.get_field("name").max_length,
+        validators=[validate_name],
         label="New group",
         help_text="Created, and the user put in it; an existing name is that group.",
     )

@@ -22,7 +22,7 @@ from ninja.files import UploadedFile
 from ninja.parser import Parser
 from ninja.security import APIKeyCookie, APIKeyHeader
 
-from jobs import logstream
+from jobs import logstream, text
 from jobs.access import get_job_for, visible_jobs
 from jobs.models import FrameworkImage, Job, JobRole, KVStoreMode, Node, Package, Replica
 from jobs.schemas import (
@@ -138,11 +138,17 @@ class GuardedParser(Parser):
         if brackets > MAX_JSON_DEPTH and _bracket_depth(raw) > MAX_JSON_DEPTH:
             raise too_deep
         try:
-            return json.loads(raw)
+            data = json.loads(raw)
         except RecursionError:
             raise too_deep from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
+        problems: dict[str, list[str]] = {}
+        for field, problem in text.find_text_problems(data):
+            problems.setdefault(field, []).append(problem)
+        if problems:
+            raise ValidationFailed(problems)
+        return data
 
 
 def _docs_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -764,6 +770,8 @@ def snapshot_upload(
     201 for files you had not uploaded before, 200 (`new`: false) for ones you had (whether
     anyone else uploaded the same files is never told). Run it with
     `"program": {"script": "train.py", "snapshot": SHA256}`."""
+    if problem := text.name_problem(name):
+        raise ApiError(400, "name", problem)
     try:
         with archive.open("rb") as data:
             stored = snapshots.store_upload(_user(request), data, name)

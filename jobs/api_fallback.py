@@ -37,5 +37,10 @@ class ApiFallbackErrorsMiddleware:
 
 
 def _errors(status: int, message: str) -> HttpResponse:
-    body = json.dumps({"errors": {"request": [message]}})
+    return errors_response(status, {"request": [message]})
+
+
+def errors_response(status: int, errors: dict[str, list[str]]) -> HttpResponse:
+    """The API's form of a refusal, for answers made outside any API view."""
+    body = json.dumps({"errors": errors})
     return HttpResponse(body, status=status, content_type="application/json")

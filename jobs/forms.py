@@ -285,4 +285,15 @@ class NewJobForm(forms.Form):
             where["program.snapshot"] = "script"
         for field, messages in errors.items():
             for message in messages:
-                self.add_error(where.get(field), message)
+                self.add_error(_form_field(where, field), message)
+
+
+def _form_field(where: dict[str, str], field: str) -> str | None:
+    """The form field of a request field, or of the nearest one above it ("env.NAME" is
+    `env`'s, "program.args.2" is `args`'); None: the form's own errors, at its top."""
+    parts = field.split(".")
+    while parts:
+        if ".".join(parts) in where:
+            return where[".".join(parts)]
+        parts.pop()
+    return None

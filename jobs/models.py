@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.text import validate_name
 from workers.contract import masked_env, tag_of
 from workers.sandbox import Isolation
 
@@ -58,7 +59,7 @@ def new_checkpoint_key() -> str:
 class FrameworkImage(models.Model):
     """A named runtime for trainers: its framework decides the roles and how they launch."""
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100, unique=True, validators=[validate_name])
     framework = models.CharField(max_length=20, choices=Framework.choices)
     description = models.CharField(max_length=300, blank=True)
     container_image = models.CharField(
@@ -141,7 +142,7 @@ class FrameworkImage(models.Model):
 class Package(models.Model):
     """A resource bundle (套餐) one instance runs with, and what it costs per hour."""
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100, unique=True, validators=[validate_name])
     cpu = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     gpus = models.PositiveIntegerField(default=0)
     gpu_model = models.CharField(max_length=50, blank=True)
@@ -233,7 +234,7 @@ class Node(models.Model):
         READY = "ready"
         DRAINING = "draining", "draining (no new work)"
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100, unique=True, validators=[validate_name])
     address = models.CharField(max_length=255)
     cpu = models.PositiveIntegerField(help_text="Advertised CPU cores.")
     gpus = models.PositiveIntegerField(default=0, help_text="Advertised GPUs.")
@@ -343,7 +344,7 @@ class CodeUpload(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     snapshot = models.ForeignKey(CodeSnapshot, on_delete=models.PROTECT, related_name="uploads")
-    name = models.CharField(max_length=200, blank=True)
+    name = models.CharField(max_length=200, blank=True, validators=[validate_name])
     uploaded = models.DateTimeField(default=timezone.now, help_text="The latest upload of it.")
 
     class Meta:
@@ -402,7 +403,7 @@ class Job(models.Model):
     }
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
-    name = models.CharField(max_length=200)
+    name = models.CharField(max_length=200, validators=[validate_name])
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
     program = models.JSONField(
         help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or '
@@ -714,7 +715,7 @@ class ApiToken(models.Model):
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     # What the user calls it ("laptop"); tokens issued before names existed have none.
-    name = models.CharField(max_length=100, blank=True)
+    name = models.CharField(max_length=100, blank=True, validators=[validate_name])
     prefix = models.CharField(max_length=PREFIX_LENGTH, blank=True, editable=False)
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)

@@ -9,7 +9,6 @@ Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from pydantic import ValidationError as PydanticValidationError
 
+from jobs import text
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
     PLATFORM_ROLES,
@@ -102,8 +102,8 @@ def _check_name(raw: str, errors: _Errors) -> str:
         errors.add("name", "Give the job a name.")
     elif len(name) > MAX_NAME_LENGTH:
         errors.add("name", f"The name is {len(name)} characters; at most {MAX_NAME_LENGTH}.")
-    elif any(unicodedata.category(c) == "Cc" for c in name):
-        errors.add("name", "The name may not contain control characters.")
+    elif problem := text.name_problem(name):
+        errors.add("name", problem)
     return name
 
 
@@ -177,11 +177,10 @@ def _check_env(raw: dict[str, str] | None, errors: _Errors) -> dict[str, str]:
                 f"{name} is set by the platform (see the README's \"What a trainer process "
                 'gets"); pick another name.',
             )
-        if len(value) > MAX_ENV_VALUE_LENGTH or "\x00" in value:
+        if len(value) > MAX_ENV_VALUE_LENGTH:
             errors.add(
                 "env",
-                f"The value of {name[:60]} must be at most {MAX_ENV_VALUE_LENGTH} characters, "
-                "without NUL bytes.",
+                f"The value of {name[:60]} must be at most {MAX_ENV_VALUE_LENGTH} characters.",
             )
     return env
 
@@ -326,6 +325,11 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     problem found. Types are the schema's; here is what they mean. A program in a code
     snapshot needs the `owner` who submits it: only their own uploads are theirs to run."""
     body = parse_job_request(data)
+    # Text no process, variable or database can hold is refused first: nothing below then
+    # looks it up, stores it, or hands it to an agent that would fail the job with it later.
+    bad_text = list(text.find_text_problems(body.model_dump(mode="python")))
+    if bad_text:
+        raise ValidationFailed({field: [problem] for field, problem in bad_text})
     errors = _Errors()
     name = _check_name(body.name, errors)
     image = FrameworkImage.objects.filter(name=body.image, enabled=True).first()

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
+from jobs import text
 from jobs.models import ApiToken
 
 NAME_MAX_LENGTH = ApiToken._meta.get_field("name").max_length or 100
@@ -28,6 +29,8 @@ def issue(user: User, name: str) -> Issued:
     name = name.strip()
     if len(name) > NAME_MAX_LENGTH:
         raise BadTokenName(f"A token's name has at most {NAME_MAX_LENGTH} characters.")
+    if problem := text.name_problem(name):
+        raise BadTokenName(problem)
     key = ApiToken.issue(user, name=name)
     return Issued(ApiToken.objects.get(digest=ApiToken.hash(key)), key)
 

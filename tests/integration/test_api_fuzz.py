@@ -19,6 +19,7 @@ are cancelled at once. Every path is then sent each method it does not take, whi
 """
 
 import collections
+import copy
 import dataclasses
 import functools
 import json
@@ -40,10 +41,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from jobs import healthrules
+from jobs import healthrules, text
 from tests.conftest import FUZZ_SUMMARY, RunningStack, StackClient, pytorch_request
 
 EXAMPLES_PER_MODE = 20  # per operation; derandomized, so every run sends the same requests
+# Requests that fit the document but for one string that is not text (jobs/text.py): a lone
+# surrogate (sent as the JSON escape "\ud800"), NUL, a bidi override, a newline. Schemathesis
+# never draws lone surrogates itself (it cannot put them on the wire as UTF-8).
+TAINTED_EXAMPLES = 10
 # Bodies for POST /jobs built from the catalog's own names: random strings never name a real
 # image or package, so without these no request would get past the first check of meaning.
 SUBMISSIONS = 40
@@ -96,7 +101,7 @@ def submissions(catalog: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     fit the quota, some are over it), half wild (any name, role or number). Options, metric
     definitions and health rules at random in both, non-finite numbers included (Python's
     JSON sends NaN and Infinity)."""
-    text = st.text(max_size=12)
+    text = st.text(WIDE_ALPHABET, max_size=12)
     numbers = st.integers(-2, 5) | st.integers() | st.floats()
     json_values = st.recursive(
         st.none() | st.booleans() | numbers | text,
@@ -201,6 +206,75 @@ def submissions(catalog: dict[str, Any]) -> st.SearchStrategy[dict[str, Any]]:
     return plausible() | wild
 
 
+# Every character, lone surrogates included, and the ones names refuse made likely.
+WIDE_ALPHABET = (
+    st.characters(codec=None)
+    | st.characters(categories=["Cs"])
+    | st.sampled_from("\x00\n\t\u202e\u2066\u200b\ufeff\x1b")
+)
+BAD_TEXT = st.sampled_from(["\ud800", "a\udfffb", "a\x00b", "job\u202etxt.exe", "two\nlines"]) | (
+    st.text(WIDE_ALPHABET, min_size=1, max_size=8).filter(lambda t: text.text_problem(t))
+)
+# A URL carries UTF-8: a lone surrogate cannot be sent in one (a client fails to encode it).
+BAD_QUERY_TEXT = BAD_TEXT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside a JSON document, the document itself included."""
+    found = [prefix]
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            found += _paths(inner, (*prefix, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            found += _paths(inner, (*prefix, index))
+    return found
+
+
+def _replaced(document: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    changed = copy.deepcopy(document)
+    target = changed
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return changed
+
+
+def tainted(operation: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    """Valid requests with one value, key or query parameter made of text that is not."""
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Any:
+        case = draw(strategy)
+        places = [("query", name) for name in case.query]
+        if operation.body:  # an operation that takes a body
+            body = case.body if isinstance(case.body, (dict, list)) else {}
+            places += [("body", path) for path in _paths(body)]
+            places += [
+                ("key", path) for path in _paths(body) if isinstance(body, dict) and not path
+            ]
+        if not places:
+            return case
+        where, what = draw(st.sampled_from(places))
+        query, body = dict(case.query), case.body
+        if where == "query":
+            query[what] = draw(BAD_QUERY_TEXT)
+        elif where == "key":
+            body = {**body, draw(BAD_TEXT): "x"}
+        else:
+            body = _replaced(case.body, what, draw(BAD_TEXT))
+        return operation.Case(
+            path_parameters=case.path_parameters,
+            query=query,
+            body=body,
+            media_type=case.media_type,
+        )
+
+    return draw_case()
+
+
 def json_case(operation: Any, body: Any) -> Any:
     return operation.Case(body=body, media_type="application/json")
 
@@ -213,6 +287,7 @@ class Tally:
     refused_unchanged: int = 0
     accepted_jobs: int = 0
     wrong_methods: int = 0
+    bad_text: int = 0  # requests with a string that is not text
     nothing_to_break: list[str] = dataclasses.field(default_factory=list)
 
 
@@ -270,7 +345,7 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
         tally.refused_unchanged += 1
         known = after
 
-    def check(case: Any, label: str, raw_json: bool = False) -> None:
+    def check(case: Any, label: str, raw_json: bool = False, bad_text: bool = False) -> None:
         before = state_before() if case.method.upper() in CHANGING else None
         if raw_json:  # as Python writes it, NaN and Infinity included (the client refuses them)
             response = fuzzer.http.request(
@@ -283,6 +358,7 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
             response = case.call(base_url=stack.url, headers=auth, timeout=30)
         tally.sent[label] += 1
         tally.server_errors += response.status_code >= 500
+        tally.bad_text += bad_text
         if response.status_code == 201 and label in LAUNCHING:
             # A real job on the shared stack: ended at once, so that it costs the other tests
             # next to nothing and changes nothing on its own while later requests are checked.
@@ -333,6 +409,8 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
                     # request in the document's terms (wrong methods are tested elsewhere).
                     assert mode == GenerationMode.NEGATIVE, f"{label}: no valid request to send"
                     tally.nothing_to_break.append(label)
+            positive = operation.as_strategy(generation_mode=GenerationMode.POSITIVE)
+            fuzz(label, tainted(operation, positive), TAINTED_EXAMPLES, bad_text=True)
             if label == "POST /api/v1/jobs":
                 bodies = submissions(catalog).map(functools.partial(json_case, operation))
                 fuzz(label, bodies, SUBMISSIONS, raw_json=True)
@@ -363,9 +441,11 @@ def summary(tally: Tally, operations: int) -> list[str]:
         per_operation.append(f"  {count:4d}  {label}{note}")
     return [
         f"{operations} operations, {total} requests (up to {EXAMPLES_PER_MODE} positive and "
-        f"{EXAMPLES_PER_MODE} negative examples each) and {tally.wrong_methods} with a method "
-        f"the path does not take: {tally.server_errors} server errors, {tally.outside_schema} "
-        f"answers outside the schema; {tally.refused_unchanged} refused requests, each of which "
-        f"changed nothing; {tally.accepted_jobs} jobs accepted, each cancelled at once",
+        f"{EXAMPLES_PER_MODE} negative examples each, {tally.bad_text} in all with one string "
+        f"that is not text: a lone surrogate, NUL, a bidi override...) and "
+        f"{tally.wrong_methods} with a method the path does not take: {tally.server_errors} "
+        f"server errors, {tally.outside_schema} answers outside the schema; "
+        f"{tally.refused_unchanged} refused requests, each of which changed nothing; "
+        f"{tally.accepted_jobs} jobs accepted, each cancelled at once",
         *per_operation,
     ]
