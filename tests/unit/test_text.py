@@ -164,3 +164,29 @@ def test_a_job_stored_before_the_rules_still_renders(client: Client, alice: User
     answer = client.get(f"/api/v1/jobs/{job.pk}")
     assert answer.status_code == 200
     assert CodeUpload.objects.count() == 0
+
+
+def test_the_new_job_form_refuses_nul_in_any_field(client: Client, alice: User) -> None:
+    client.force_login(alice)
+    page = client.post(
+        "/jobs/new/",
+        {"name": "ok", "image": "pytorch:2.13-cpu", "script": "digits-ddp", "package": "cpu-1",
+         "instances": 1, "args": "--tag a\x00b", "env": "GREETING=a\x00b"},
+    )  # fmt: skip
+    assert page.status_code == 200
+    assert page.content.decode().count("Null characters are not allowed.") == 2
+    assert Job.objects.count() == 0
+
+
+def test_an_admin_cannot_name_an_image_or_package_with_hidden_characters() -> None:
+    from django.core.exceptions import ValidationError
+
+    from jobs.models import FrameworkImage, Package
+
+    image = FrameworkImage.objects.first()
+    package = Package.objects.first()
+    assert image is not None and package is not None
+    for item in (image, package):
+        item.name = f"cpu{RLO}-1"
+        with pytest.raises(ValidationError, match="invisible or control"):
+            item.full_clean()
