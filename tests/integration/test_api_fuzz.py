@@ -215,8 +215,9 @@ WIDE_ALPHABET = (
 BAD_TEXT = st.sampled_from(["\ud800", "a\udfffb", "a\x00b", "job\u202etxt.exe", "two\nlines"]) | (
     st.text(WIDE_ALPHABET, min_size=1, max_size=8).filter(lambda t: text.text_problem(t))
 )
-# A URL carries UTF-8: a lone surrogate cannot be sent in one (a client fails to encode it).
-BAD_QUERY_TEXT = BAD_TEXT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))
+# A URL and a multipart form carry UTF-8: a lone surrogate cannot be sent in one (the client
+# fails to encode it); only JSON has an escape for it.
+BAD_WIRE_TEXT = BAD_TEXT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))
 
 
 def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -249,22 +250,23 @@ def tainted(operation: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrate
     def draw_case(draw: st.DrawFn) -> Any:
         case = draw(strategy)
         places = [("query", name) for name in case.query]
+        body = case.body if isinstance(case.body, (dict, list)) else {}
         if operation.body:  # an operation that takes a body
-            body = case.body if isinstance(case.body, (dict, list)) else {}
             places += [("body", path) for path in _paths(body)]
-            places += [
-                ("key", path) for path in _paths(body) if isinstance(body, dict) and not path
-            ]
+            if isinstance(body, dict):
+                places.append(("key", ()))
         if not places:
             return case
         where, what = draw(st.sampled_from(places))
-        query, body = dict(case.query), case.body
+        query = dict(case.query)
+        bad = BAD_TEXT if case.media_type == "application/json" else BAD_WIRE_TEXT
         if where == "query":
-            query[what] = draw(BAD_QUERY_TEXT)
-        elif where == "key":
-            body = {**body, draw(BAD_TEXT): "x"}
+            query[what] = draw(BAD_WIRE_TEXT)
+            body = case.body
+        elif where == "key" and isinstance(body, dict):
+            body = {**body, draw(bad): "x"}
         else:
-            body = _replaced(case.body, what, draw(BAD_TEXT))
+            body = _replaced(body, what, draw(bad))
         return operation.Case(
             path_parameters=case.path_parameters,
             query=query,
