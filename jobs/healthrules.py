@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from workers.contract import tag_of
-from workers.userregex import MatchBudget, Pattern, UnsafeRegex, compile_pattern
+from workers.userregex import MatchBudget, Pattern, UnsafeRegex, compile_pattern, search
 
 ACTIONS: tuple[str, ...] = ("warn", "stop", "restart", "restart-exclude-node")
 KINDS: tuple[str, ...] = ("non-finite", "no-progress", "log-pattern", "throughput-drop", "gpu-idle")
@@ -709,9 +709,9 @@ class Watch:
         """Whether `regex` finds a match in `text`, charged to the job's budget when metered;
         the rule that goes over the budget is switched off (even if this line matched)."""
         if self.budget is None:
-            return regex.search(text) is not None
+            return search(regex, text) is not None
         started = self.budget.cpu_clock()
-        found = regex.search(text) is not None
+        found = search(regex, text) is not None
         overrun = self.budget.charge(rule, self.budget.cpu_clock() - started)
         if overrun is not None and overrun.key not in self._switched_off:
             self._switched_off.add(overrun.key)

@@ -20,7 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.userregex import MAX_PATTERN_CHARS, MatchBudget, Pattern, UnsafeRegex, compile_pattern
+from workers.userregex import (
+    MAX_PATTERN_CHARS,
+    MatchBudget,
+    Pattern,
+    UnsafeRegex,
+    compile_pattern,
+    search,
+)
 
 # Names the console draws in their own charts and uses in its figures.
 TRAINING_METRICS = ("loss", "lr", "eval_accuracy", "eval_loss", "samples_per_sec")
@@ -175,7 +182,7 @@ class RegexMetric:
 
     def point(self, line: str, ts: float) -> Point | None:
         """The point in `line`, if the regex matches it and captures a number."""
-        match = self.pattern.search(line)
+        match = search(self.pattern, line)
         if match is None:
             return None
         groups = self.pattern.groupindex

@@ -77,6 +77,15 @@ def compile_pattern(pattern: object) -> Pattern:
         raise UnsafeRegex(f"is not a valid regular expression: {exc}") from None
 
 
+def search(pattern: Pattern, text: str) -> Any:
+    """`pattern.search(text)`; RE2 matches UTF-8, and a lone surrogate (which `re` took) has
+    none: such a line is searched with the surrogate replaced, never raised on."""
+    try:
+        return pattern.search(text)
+    except UnicodeEncodeError:
+        return pattern.search(text.encode("utf-8", "replace").decode("utf-8"))
+
+
 def _explain(exc: Exception) -> str:
     detail = exc.args[0] if exc.args else exc
     text = detail.decode("utf-8", "replace") if isinstance(detail, bytes) else str(detail)

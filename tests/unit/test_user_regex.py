@@ -73,6 +73,12 @@ def test_what_re2_cannot_run_in_linear_time_is_refused_in_words(pattern: object,
     assert says in str(raised.value)
 
 
+def test_a_line_with_a_lone_surrogate_is_searched_not_raised_on() -> None:
+    (rule,) = parse_rules([{"kind": "log-pattern", "pattern": "FATAL", "action": "warn"}])
+    assert Watch([rule], 0.0).line("master", 0, "\ud800 FATAL", "stdout", 1.0)
+    assert RegexMetric.compile("loss", r"loss=([0-9.]+)").point("\ud800 loss=1", 1.0)
+
+
 def test_named_groups_and_flags_users_write_still_work() -> None:
     metric = RegexMetric.compile("acc", r"(?i)step (?P<step>\d+) ACC=(?P<value>[0-9.]+)")
     point = metric.point("Step 20 acc=0.91", 1.0)
@@ -180,9 +186,11 @@ pytestmark_db = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_
 
 
 def post_job(client: Client, user: User, body: dict[str, Any]) -> Any:
-    headers = {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(user)}"}
     return client.post(
-        "/api/v1/jobs", data=json.dumps(body), content_type="application/json", **headers
+        "/api/v1/jobs",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}",
     )
 
 
@@ -217,7 +225,7 @@ def test_the_api_refuses_a_pattern_re2_will_not_run_and_stores_nothing(
 def test_the_api_accepts_the_hostile_pattern_because_re2_runs_it_in_linear_time(
     client: Client, alice: User
 ) -> None:
-    extra = {
+    extra: dict[str, Any] = {
         "metrics": [{"name": "a", "regex": HOSTILE}],
         "health_rules": [{"kind": "log-pattern", "pattern": HOSTILE, "action": "warn"}],
     }
