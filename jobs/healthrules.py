@@ -1,5 +1,6 @@
 """Health rules: what a job's owner asks the console to watch for while an attempt runs, and
-the engine that watches. Pure Python: no Django, no I/O, no clock (time is always passed in).
+the engine that watches. Pure Python: no Django, no I/O, no clock (time is always passed in;
+the one exception is the CPU clock of a MatchBudget, when the caller gives the Watch one).
 
 A rule is a JSON object such as {"kind": "non-finite", "metric": "loss", "action": "stop"};
 `parse_rules` checks a list of them and says exactly what is wrong. A `Watch` covers one
