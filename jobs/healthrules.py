@@ -1,5 +1,6 @@
 """Health rules: what a job's owner asks the console to watch for while an attempt runs, and
-the engine that watches. Pure Python: no Django, no I/O, no clock (time is always passed in).
+the engine that watches. Pure Python: no Django, no I/O, no clock (time is always passed in;
+the one exception is the CPU clock of a MatchBudget, when the caller gives the Watch one).
 
 A rule is a JSON object such as {"kind": "non-finite", "metric": "loss", "action": "stop"};
 `parse_rules` checks a list of them and says exactly what is wrong. A `Watch` covers one
@@ -17,7 +18,10 @@ Kinds (parameters in brackets have defaults):
   known; the time before the first step is not an interval (start-up is not a step). Each
   instance's clock starts at the Watch's `started_at`, so `minutes` catches a job that never
   steps. Judged in `tick` only.
-- log-pattern (pattern, [stream "any"]): a log line matches the regex (re.search).
+- log-pattern (pattern, [stream "any"]): a log line matches the regex (a search, on RE2: see
+  workers/userregex.py; backreferences and lookaround are refused). Matching is metered: a
+  Watch given a MatchBudget switches off the log-pattern rule that spends most of the job's
+  budget, and `take_switched_off` says which, once.
 - throughput-drop ([metric "samples_per_sec"], [fraction 0.5]): a value is below fraction ×
   the mean of that instance's previous RECENT_VALUES values, once MIN_VALUES are known.
 - gpu-idle ([metric "gpu_util_percent"], [below 80], [minutes 1]): an instance's samples of
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from workers.contract import tag_of
+from workers.userregex import MatchBudget, Pattern, UnsafeRegex, compile_pattern, search
 
 ACTIONS: tuple[str, ...] = ("warn", "stop", "restart", "restart-exclude-node")
 KINDS: tuple[str, ...] = ("non-finite", "no-progress", "log-pattern", "throughput-drop", "gpu-idle")
@@ -58,7 +63,6 @@ REARMING_KINDS = frozenset(("throughput-drop", "gpu-idle"))
 
 MAX_RULES = 20
 MAX_NAME_CHARS = 100
-MAX_PATTERN_CHARS = 500
 ANY_METRIC = "*"
 # The names the metrics protocol accepts (workers/metricparse.py); repeated here so this module
 # stays free of imports from the agent side.
@@ -117,12 +121,13 @@ class Rule:
     stream: str | None = None
     fraction: float | None = None
     below: float | None = None
-    # Compiled once per rule, not per log line.
-    regex: re.Pattern[str] | None = field(init=False, default=None, compare=False, repr=False)
+    # Compiled once per rule, not per log line, by RE2; raises UnsafeRegex for a pattern RE2
+    # refuses (parse_rules says so as a RuleError first).
+    regex: Pattern | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.pattern is not None:
-            object.__setattr__(self, "regex", re.compile(self.pattern))
+            object.__setattr__(self, "regex", compile_pattern(self.pattern))
 
     def default_name(self) -> str:
         return _DEFAULT_NAMES[self.kind](self)
@@ -230,6 +235,28 @@ def parse_rules(data: object) -> list[Rule]:
     return rules
 
 
+def parse_stored_rules(data: object) -> tuple[list[Rule], list[str]]:
+    """The rules of a job stored earlier, which checks made since may refuse (a pattern that RE2
+    does not run, say): every rule that parses, and why each other one is switched off. Never
+    raises: a rule refused now costs its own job that rule, not the keeper its loop."""
+    try:
+        return parse_rules(data), []
+    except RuleError as whole:
+        if not isinstance(data, list):
+            return [], [str(whole)]
+    rules: list[Rule] = []
+    problems: list[str] = []
+    for position, item in enumerate(data[:MAX_RULES], start=1):
+        try:
+            rule = _parse_rule(item, f"rule {position}")
+        except RuleError as exc:
+            problems.append(f"switched off: {exc}")
+            continue
+        if rule not in rules:
+            rules.append(rule)
+    return rules, problems
+
+
 def _parse_rule(item: object, where: str) -> Rule:
     if not isinstance(item, dict):
         raise RuleError(
@@ -306,16 +333,10 @@ def _pattern(item: dict[Any, Any], where: str) -> str:
         raise RuleError(f"{where}: 'pattern' is missing (the regular expression to look for)")
     if not isinstance(value, str):
         raise RuleError(f"{where}: 'pattern' must be a string, not {_shown(value)}")
-    if len(value) > MAX_PATTERN_CHARS:
-        raise RuleError(
-            f"{where}: 'pattern' is {len(value)} characters long; at most {MAX_PATTERN_CHARS}"
-        )
     try:
-        compiled = re.compile(value)
-    except (re.error, OverflowError) as exc:  # OverflowError: a repeat like {4294967296}
-        raise RuleError(f"{where}: 'pattern' is not a valid regular expression: {exc}") from None
-    except (RecursionError, ValueError):
-        raise RuleError(f"{where}: 'pattern' is too complex a regular expression") from None
+        compiled = compile_pattern(value)
+    except UnsafeRegex as exc:
+        raise RuleError(f"{where}: 'pattern' {exc}") from None
     # "error|" or "x*" match the empty string, so every line: a mistake, never a health rule.
     if compiled.search("") is not None:
         raise RuleError(f"{where}: 'pattern' matches an empty line, so it would match every line")
@@ -488,6 +509,17 @@ class Firing:
     message: str
 
 
+@dataclass(frozen=True)
+class SwitchedOff:
+    """A rule that spent more than its job's matching budget and is off for the attempt; the
+    instance is the one whose line it was matching then."""
+
+    rule: Rule
+    role: str
+    index: int
+    message: str
+
+
 @dataclass
 class _Progress:
     """The steps one instance made (of one metric, or of any)."""
@@ -603,14 +635,20 @@ class Watch:
         *,
         instances: Iterable[tuple[str, int]] = (),
         progress_roles: frozenset[str] | None = None,
+        budget: "MatchBudget[Rule] | None" = None,
     ) -> None:
         """`started_at` starts every instance's no-progress clock. None (or a non-finite
         number) starts it at the first event or tick seen, which is what a Watch restored from
         a lost state does: a guess of "long ago" would declare every running job hung.
         `instances`, when known, lets `tick` catch an instance that never says a word.
         `progress_roles`, when given, are the only roles judged by no-progress rules: a
-        parameter server's scheduler and servers take no steps of their own."""
+        parameter server's scheduler and servers take no steps of their own.
+        `budget`, when given, meters the CPU time the log-pattern rules spend matching (the
+        Watch then reads the budget's clocks); without it nothing is measured."""
         self.progress_roles = progress_roles
+        self.budget = budget
+        self._switched_off: set[Rule] = set()
+        self._switched_off_news: list[SwitchedOff] = []
         self.rules = list(rules)
         self.started_at = _known_time(started_at)
         self._keys = {rule: rule_key(rule) for rule in self.rules}
@@ -659,12 +697,36 @@ class Watch:
         for rule in self.rules:
             if rule.kind != "log-pattern" or rule.regex is None or self._silenced(rule, instance):
                 continue
-            if rule.stream not in ("any", stream) or rule.regex.search(searched) is None:
+            if rule.stream not in ("any", stream) or rule in self._switched_off:
+                continue
+            if not self._search(rule, rule.regex, searched, instance):
                 continue
             quoted = _clip(_one_line(text[: QUOTED_LINE_CHARS * 2]), QUOTED_LINE_CHARS)
             message = f"{instance.label} printed '{quoted}' ({_rule_ref(rule)})"
             firings.append(self._fire(rule, instance, None, message))
         return firings
+
+    def _search(self, rule: Rule, regex: Pattern, text: str, instance: "_Instance") -> bool:
+        """Whether `regex` finds a match in `text`, charged to the job's budget when metered;
+        the rule that goes over the budget is switched off (even if this line matched)."""
+        if self.budget is None:
+            return search(regex, text) is not None
+        started = self.budget.cpu_clock()
+        found = search(regex, text) is not None
+        overrun = self.budget.charge(rule, self.budget.cpu_clock() - started)
+        if overrun is not None and overrun.key not in self._switched_off:
+            self._switched_off.add(overrun.key)
+            message = overrun.message(f"health rule '{overrun.key.name}'")
+            self._switched_off_news.append(
+                SwitchedOff(overrun.key, instance.role, instance.index, message)
+            )
+        return found
+
+    def take_switched_off(self) -> list["SwitchedOff"]:
+        """The rules switched off since the last call (each said once), for the console to
+        record on the job."""
+        news, self._switched_off_news = self._switched_off_news, []
+        return news
 
     def tick(self, now: float) -> list[Firing]:
         """The rules that fire on silence (no-progress), judged at `now`."""

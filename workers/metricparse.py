@@ -14,10 +14,20 @@ beside it, so that the line stays strict JSON and no chart or database mistakes 
 import json
 import math
 import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from workers.userregex import (
+    MAX_PATTERN_CHARS,
+    MatchBudget,
+    Pattern,
+    UnsafeRegex,
+    compile_pattern,
+    search,
+)
 
 # Names the console draws in their own charts and uses in its figures.
 TRAINING_METRICS = ("loss", "lr", "eval_accuracy", "eval_loss", "samples_per_sec")
@@ -154,42 +164,84 @@ def parse_line(text: str, now: float | None = None) -> list[Point]:
 @dataclass(frozen=True)
 class RegexMetric:
     """A metric read off log lines: `regex`'s group "value" (or its first group) is the value,
-    its group "step", if it has one, the step."""
+    its group "step", if it has one, the step. The regex runs on RE2 (workers/userregex.py)."""
 
     name: str
-    pattern: re.Pattern[str]
+    pattern: Pattern
 
     @classmethod
     def compile(cls, name: str, regex: str) -> "RegexMetric":
         _name(name)
         try:
-            pattern = re.compile(regex)
-        except re.error as exc:
-            raise BadMetric(f"regex of {name!r} does not compile: {exc}") from None
+            pattern = compile_pattern(regex)
+        except UnsafeRegex as exc:
+            raise BadMetric(f"regex of {name!r} {exc}") from None
         if pattern.groups < 1:
             raise BadMetric(f"regex of {name!r} needs a group around the value, e.g. ([0-9.]+)")
         return cls(name, pattern)
+
+    def point(self, line: str, ts: float) -> Point | None:
+        """The point in `line`, if the regex matches it and captures a number."""
+        match = search(self.pattern, line)
+        if match is None:
+            return None
+        groups = self.pattern.groupindex
+        try:
+            raw = match.group("value") if "value" in groups else match.group(1)
+            value = _regex_value(raw, self.name)
+            step = _step(int(match.group("step"))) if "step" in groups else None
+        except (BadMetric, TypeError, ValueError):
+            return None
+        return Point(self.name, value, step, None, ts)
 
 
 def scan_lines(definitions: Sequence[RegexMetric], lines: Sequence[str], ts: float) -> list[Point]:
     """Points from log lines that match regex definitions (values that aren't numbers are
     skipped: a definition is a best effort over free text). A value captured as nan, inf, -inf
     or Infinity (any case) is a point that is not finite."""
-    points = []
-    for line in lines:
-        for definition in definitions:
-            match = definition.pattern.search(line)
-            if match is None:
-                continue
-            groups = definition.pattern.groupindex
-            try:
-                raw = match.group("value") if "value" in groups else match.group(1)
-                value = _regex_value(raw, definition.name)
-                step = _step(int(match.group("step"))) if "step" in groups else None
-            except (BadMetric, TypeError, ValueError):
-                continue
-            points.append(Point(definition.name, value, step, None, ts))
-    return points
+    return [
+        point
+        for line in lines
+        for definition in definitions
+        if (point := definition.point(line, ts)) is not None
+    ]
+
+
+class RegexScanner:
+    """One replica's regex metrics, matched under its job's MatchBudget on this agent.
+
+    A definition whose regex goes over the budget is switched off for the rest of the replica's
+    run, and `scan` returns a note saying so (the supervisor puts it in the instance's log), so
+    an expensive pattern costs its own job its metric, and nobody else anything. The stdout and
+    stderr readers of a replica both scan: the lock keeps the budget's books, not the matching
+    (RE2 releases the GIL while it matches)."""
+
+    def __init__(
+        self, definitions: Sequence[RegexMetric], budget: MatchBudget[int] | None = None
+    ) -> None:
+        # By position: two definitions may share a name.
+        self.active = dict(enumerate(definitions))
+        self.budget: MatchBudget[int] = budget if budget is not None else MatchBudget()
+        self._lock = threading.Lock()
+
+    def scan(self, lines: Sequence[str], ts: float) -> tuple[list[Point], list[str]]:
+        """The points in `lines`, and the notes of definitions switched off meanwhile."""
+        found: list[tuple[int, int, Point]] = []
+        notes: list[str] = []
+        clock = self.budget.cpu_clock
+        for order, definition in list(self.active.items()):
+            started = clock()
+            for number, line in enumerate(lines):
+                point = definition.point(line, ts)
+                if point is not None:
+                    found.append((number, order, point))
+            with self._lock:
+                overrun = self.budget.charge(order, clock() - started)
+                off = self.active.pop(overrun.key, None) if overrun is not None else None
+            if overrun is not None and off is not None:
+                notes.append(overrun.message(f"metric {off.name!r}"))
+        found.sort(key=lambda entry: entry[:2])  # in the order of the lines, as scan_lines
+        return [point for _, _, point in found], notes
 
 
 def _regex_value(raw: str, name: str) -> float:
@@ -204,7 +256,7 @@ def _regex_value(raw: str, name: str) -> float:
 
 
 MAX_DEFINITIONS = 20
-MAX_REGEX_CHARS = 500
+MAX_REGEX_CHARS = MAX_PATTERN_CHARS
 
 
 def check_definitions(raw: Any) -> list[dict[str, str]]:
@@ -226,5 +278,18 @@ def check_definitions(raw: Any) -> list[dict[str, str]]:
     return definitions
 
 
-def compile_definitions(raw: Sequence[dict[str, str]]) -> list[RegexMetric]:
-    return [RegexMetric.compile(d["name"], d["regex"]) for d in raw]
+def compile_definitions(raw: Sequence[dict[str, str]]) -> tuple[list[RegexMetric], list[str]]:
+    """The definitions that compile, and why each other one is left out: a definition stored
+    before the console checked regexes with RE2 (a backreference, say) switches off alone."""
+    definitions, problems = [], []
+    for item in raw:
+        try:
+            definitions.append(RegexMetric.compile(item["name"], item["regex"]))
+        except (BadMetric, KeyError, TypeError) as exc:
+            problems.append(f"metric definition {_shown(item)} switched off: {exc}")
+    return definitions, problems
+
+
+def _shown(item: object) -> str:
+    name = item.get("name") if isinstance(item, dict) else None
+    return repr(name) if isinstance(name, str) else json.dumps(item, default=str)[:60]

@@ -49,7 +49,7 @@ from workers.launcher import (
 )
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
-from workers.metricparse import BadMetric, Point, RegexMetric, compile_definitions, scan_lines
+from workers.metricparse import Point, RegexScanner, compile_definitions
 from workers.procrecords import (
     ProcRecord,
     ProcRecords,
@@ -142,7 +142,9 @@ class _ReplicaRun:
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
     tails: list[MetricTail] = field(default_factory=list)
-    regex_metrics: list[RegexMetric] = field(default_factory=list)
+    # Its regex metrics, matched on the pipe readers' threads (never the heartbeat's), under
+    # a CPU budget of their own.
+    regex_metrics: RegexScanner | None = None
     watched: Watched | None = None
     started_report: dict[str, Any] | None = None
     ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
@@ -515,10 +517,10 @@ class Supervisor:
         sandbox.prepare_scratch(job_dir)
         for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir):
             self.sandbox.hand_over(folder, spec.owner)
-        try:
-            run.regex_metrics = compile_definitions(spec.metric_definitions)
-        except BadMetric as exc:
-            self._note(run, f"metric definitions ignored: {exc}")
+        definitions, problems = compile_definitions(spec.metric_definitions)
+        run.regex_metrics = RegexScanner(definitions) if definitions else None
+        for problem in problems:
+            self._note(run, problem)
         for local in build_processes(
             spec,
             script,
@@ -716,14 +718,12 @@ class Supervisor:
 
         def out(ts: float, lines: list[str]) -> None:
             self._shipper.put(key, contract.STREAM_STDOUT, ts, lines)
-            if run.regex_metrics:
-                self._ship_points(run, ts, scan_lines(run.regex_metrics, lines, ts))
+            self._scan(run, ts, lines)
 
         def err(ts: float, lines: list[str]) -> None:
             run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
             self._shipper.put(key, contract.STREAM_STDERR, ts, lines)
-            if run.regex_metrics:
-                self._ship_points(run, ts, scan_lines(run.regex_metrics, lines, ts))
+            self._scan(run, ts, lines)
 
         for pipe, emit, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err")):
             reader = threading.Thread(
@@ -731,6 +731,16 @@ class Supervisor:
             )
             reader.start()
             run.readers.append(reader)
+
+    def _scan(self, run: _ReplicaRun, ts: float, lines: list[str]) -> None:
+        """Regex metrics from the lines; a definition over its budget is switched off, and the
+        instance's log says so."""
+        if run.regex_metrics is None:
+            return
+        points, notes = run.regex_metrics.scan(lines, ts)
+        self._ship_points(run, ts, points)
+        for note in notes:
+            self._note(run, note)
 
     def _ship_points(self, run: _ReplicaRun, ts: float, points: list[Point]) -> None:
         if points:

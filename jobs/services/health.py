@@ -7,6 +7,11 @@ recorded (HealthEvent), said in the instance's own log, and acted on:
 - restart: the whole job restarts, using up a restart (it fails when none is left);
 - restart-exclude-node: the same, and later attempts avoid the instance's node.
 
+One keeper watches every job, so no job's rules may hold it up: log patterns run on RE2 (linear
+time) and under a CPU budget per job (workers/userregex.py); a rule that goes over it, or a
+stored rule that today's checks refuse, is switched off for that job alone, and the job's
+health events and log say so (action "switched-off").
+
 A watch covers one attempt of one job and lives in the keeper's memory: after the keeper
 restarts, the clocks of the no-progress rules start again from then (a rule never fires on a
 guess), which can only make a hang be noticed later, never wrongly.
@@ -22,15 +27,17 @@ import redis
 from django.db import transaction
 
 from jobs import logstream
-from jobs.healthrules import Firing, RuleError, Watch, parse_rules
+from jobs.healthrules import Firing, SwitchedOff, Watch, parse_stored_rules
 from jobs.models import Framework, HealthEvent, Job, JobAttempt, Replica
 from jobs.services import events, outcomes, presenters, restarts
 from workers import contract
 from workers.logsink import LogBatch, LogSink
+from workers.userregex import MatchBudget
 
 log = logging.getLogger(__name__)
 
 WATCHED_STATES = (Job.State.QUEUED, Job.State.RUNNING)
+SWITCHED_OFF = "switched-off"  # a HealthEvent's action for a rule the console stopped running
 # Roles whose steps are progress: a parameter server's scheduler and servers take no steps.
 PROGRESS_ROLES: dict[str, frozenset[str] | None] = {
     Framework.PYTORCH: None,
@@ -61,9 +68,7 @@ class HealthMonitor:
             seen.add(job.pk)
             current = self._watched.get(job.pk)
             if current is None or current.attempt != job.attempt:
-                watch = _watch_for(job)
-                if watch is not None:
-                    self._watched[job.pk] = _Watched(job.attempt, watch)
+                self._watched[job.pk] = _Watched(job.attempt, _watch_for(job))
         for job_id in set(self._watched) - seen:
             del self._watched[job_id]
 
@@ -93,6 +98,11 @@ class HealthMonitor:
                         batch.role, batch.index, text, batch.stream, batch.ts
                     )
         self._act(job_id, watched.attempt, firings)
+        for off in watched.watch.take_switched_off():
+            try:
+                switched_off(job_id, watched.attempt, off.rule.name, off.message, off, self._client)
+            except Exception:  # as for a firing: the keeper goes on archiving
+                log.exception("recording switched-off rule %r of job %s failed", off.rule, job_id)
 
     def tick(self, now: float | None = None) -> None:
         """Judge the rules that fire on silence, for every watched job."""
@@ -108,19 +118,56 @@ class HealthMonitor:
                 log.exception("acting on health rule %r of job %s failed", firing.rule, job_id)
 
 
-def _watch_for(job: Job) -> Watch | None:
-    try:
-        rules = parse_rules(job.health_rules)
-    except RuleError as exc:  # checked at submission; an admin may have edited the row since
-        log.warning("job %s: health rules ignored: %s", job.pk, exc)
-        return None
+def _watch_for(job: Job) -> Watch:
+    # Checked at submission; but a rule stored before a check existed (a pattern RE2 refuses)
+    # or a row an admin edited is switched off alone, and the job says so.
+    rules, problems = parse_stored_rules(job.health_rules)
+    for problem in problems:
+        switched_off(job.pk, job.attempt, "stored rule", problem)
     attempt = JobAttempt.objects.filter(job=job, number=job.attempt).first()
     started = attempt.started if attempt and attempt.started else None
     return Watch(
         rules,
         started.timestamp() if started else None,
         progress_roles=PROGRESS_ROLES.get(job.image.framework),
+        budget=MatchBudget(),
     )
+
+
+def switched_off(
+    job_id: int,
+    attempt: int,
+    rule: str,
+    message: str,
+    where: SwitchedOff | None = None,
+    client: redis.Redis | None = None,
+) -> None:
+    """Record, once per attempt, that a rule of the job no longer runs and why: a health event
+    on the job's page and in the API, and (when the instance is known) a line in its log."""
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        if job is None or job.attempt != attempt:
+            return
+        said = HealthEvent.objects.filter(
+            job=job, attempt=attempt, action=SWITCHED_OFF, message=message
+        ).exists()
+        if said:  # the keeper restarted and looked at the same stored rule again
+            return
+        role, index = (where.role, where.index) if where is not None else ("", 0)
+        HealthEvent.objects.create(
+            job=job,
+            attempt=attempt,
+            rule=rule,
+            action=SWITCHED_OFF,
+            role=role,
+            index=index,
+            message=message,
+            outcome="the rule was switched off for this attempt",
+        )
+        events.state_changed_on_commit(job.pk, presenters.state_of)
+    if client is not None and where is not None:
+        node = _node_of(job_id, attempt, where.role, where.index)
+        _write_note(client, job_id, attempt, where.role, where.index, node, message)
 
 
 def fired(job_id: int, attempt: int, firing: Firing, client: redis.Redis | None = None) -> str:
@@ -131,7 +178,16 @@ def fired(job_id: int, attempt: int, firing: Firing, client: redis.Redis | None 
         and Job.objects.filter(pk=job_id, attempt=attempt, state__in=WATCHED_STATES).exists()
     ):
         # Said first, so that it comes before the lines of the stop or restart it causes.
-        _say_in_log(client, job_id, attempt, firing, _node_of(job_id, attempt, firing))
+        node = _node_of(job_id, attempt, firing.role, firing.index)
+        _write_note(
+            client,
+            job_id,
+            attempt,
+            firing.role,
+            firing.index,
+            node,
+            f"health rule fired: {firing.message}",
+        )
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
         if job is None or job.attempt != attempt or job.state not in WATCHED_STATES:
@@ -183,26 +239,28 @@ def _apply(job: Job, firing: Firing, node: str) -> str:
     return "stopped the job: no restart left"
 
 
-def _node_of(job_id: int, attempt: int, firing: Firing) -> str:
+def _node_of(job_id: int, attempt: int, role: str, index: int) -> str:
     node = (
-        Replica.objects.filter(job_id=job_id, attempt=attempt, role=firing.role, index=firing.index)
+        Replica.objects.filter(job_id=job_id, attempt=attempt, role=role, index=index)
         .values_list("node__name", flat=True)
         .first()
     )
     return node or ""
 
 
-def _say_in_log(client: redis.Redis, job_id: int, attempt: int, firing: Firing, node: str) -> None:
-    """The firing, in the instance's own log (as from its node), where whoever reads the log
-    will see it."""
+def _write_note(
+    client: redis.Redis, job_id: int, attempt: int, role: str, index: int, node: str, note: str
+) -> None:
+    """A note in the instance's own log (as from its node), where whoever reads the log will
+    see it."""
     batch = LogBatch(
         job_id=job_id,
-        role=firing.role,
-        index=firing.index,
+        role=role,
+        index=index,
         node=node,
         stream=contract.STREAM_STDERR,
         ts=time.time(),
-        lines=[f"[trainyard] health rule fired: {firing.message}"],
+        lines=[f"[trainyard] {note}"],
         writer=f"health-{time.time_ns()}",
         seq=1,
         attempt=attempt,

@@ -71,7 +71,8 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "attempt": e.attempt + 1,
                 "rule": e.rule,
                 "action": e.action,
-                "instance": Replica(role=e.role, index=e.index).tag,
+                # A rule switched off before any line (refused when read): the whole job.
+                "instance": Replica(role=e.role, index=e.index).tag if e.role else "",
                 "node": e.node,
                 "value": e.value,
                 "message": e.message,
