@@ -37,10 +37,13 @@ class KeptBytes:
         if kept is None:
             kept = _archived_bytes(job_id)
         size = len(chunk.text) + 1
-        if kept + size <= max_bytes + SLACK_BYTES + int(max_bytes * SLACK_FRACTION):
+        ceiling = max_bytes + SLACK_BYTES + int(max_bytes * SLACK_FRACTION)
+        if kept + size <= ceiling:
             self._kept[job_id] = kept + size
             return chunk
-        self._kept[job_id] = kept
+        # Spent: a smaller entry after this one is not kept either, so the archive does not
+        # go on with holes in it.
+        self._kept[job_id] = max(kept, ceiling + 1)
         count = chunk.last_cursor - chunk.first_cursor + 1
         is_metric = chunk.stream == "metric"
         what = "metric points" if is_metric else "lines"

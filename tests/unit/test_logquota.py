@@ -1,7 +1,19 @@
 """A replica's log budget (workers/logquota.py): what passes, what is dropped, and the markers
 that count the drops. The clock is passed in: no test here waits."""
 
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.conftest import wait_until
+from tests.unit.helpers import stream_entries
+from workers import contract
 from workers.logquota import MARKER_SECONDS, LogBudget, LogLimits, human_bytes
+from workers.logship import LogShipper, ReplicaKey
+from workers.logsink import LogBatch
 
 
 def lines(n: int, width: int = 9) -> list[str]:
@@ -95,3 +107,70 @@ def test_sizes_read_as_people_write_them() -> None:
     assert human_bytes(250 * 10**6) == "250 MB"
     assert human_bytes(1_500_000) == "1.5 MB"
     assert human_bytes(12) == "12 bytes"
+
+
+# --- at the shipper, against a real Redis -------------------------------------------------------
+
+
+@pytest.fixture
+def client(redis_server: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_server, decode_responses=True)
+    c.flushdb()
+    yield c
+
+
+def shipped(client: redis.Redis, job_id: int) -> list[tuple[str, int, list[str]]]:
+    """(stream, lines dropped the entry accounts for, lines) of every entry."""
+    return [
+        (f[contract.FIELD_STREAM], int(f.get(contract.FIELD_DROPPED_LINES, 0)),
+         f[contract.FIELD_LINES].split("\n"))
+        for _, f in stream_entries(client, job_id)
+    ]  # fmt: skip
+
+
+def test_the_shipper_drops_over_the_budget_and_ships_a_counted_marker(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    key = ReplicaKey(3, "master", 0, "n1")
+    shipper.limit(key, LogLimits(lines_per_second=10))
+    for i in range(100):
+        shipper.put(key, contract.STREAM_STDOUT, time.time(), [f"line {i}"] * 10)
+    shipper.put_system(key, time.time(), ["[trainyard] the agent's own note"])
+    shipper.release(key)
+    assert shipper.flush(10)
+    shipper.close()
+    entries = shipped(client, 3)
+    kept = sum(len(lines) for stream, _, lines in entries if stream == contract.STREAM_STDOUT)
+    dropped = sum(d for _, d, _ in entries)
+    assert 50 <= kept < 1000 and kept + dropped == 1000
+    markers = [lines[0] for _, d, lines in entries if d]
+    assert markers[0].endswith("lines dropped: over the job's log limit of 10 lines/s")
+    assert any(lines == ["[trainyard] the agent's own note"] for _, _, lines in entries)
+
+
+def test_a_marker_survives_the_spool() -> None:
+    batch = LogBatch(1, "master", 0, "n1", "e", 1.0, ["[trainyard] 5 lines dropped"], "w", 1, 0, 5, 2)
+    assert LogBatch.from_json(batch.to_json()) == batch
+    plain = LogBatch(1, "master", 0, "n1", "o", 1.0, ["x"], "w", 2)
+    assert LogBatch.from_json(plain.to_json()) == plain
+
+
+def test_lines_wait_in_the_spool_while_redis_is_full_and_none_is_lost(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool", retry_seconds=0.05)
+    key = ReplicaKey(4, "master", 0, "n1")
+    shipper.put(key, contract.STREAM_STDOUT, time.time(), ["before"])
+    assert shipper.flush(10)
+    old = client.config_get("maxmemory")["maxmemory"]
+    client.config_set("maxmemory", 1)  # full: every write is refused (noeviction)
+    try:
+        client.config_set("maxmemory-policy", "noeviction")
+        shipper.put(key, contract.STREAM_STDOUT, time.time(), ["while full"])
+        wait_until("the line to be spooled", lambda: shipper.spooling)
+    finally:
+        client.config_set("maxmemory", old)
+    assert shipper.flush(30)
+    shipper.close()
+    assert [lines for _, _, lines in shipped(client, 4)] == [["before"], ["while full"]]
