@@ -491,9 +491,7 @@ class Job(models.Model):
     # The job's log limits: its image's, or lower ones the user asked for (see FrameworkImage).
     log_lines_per_second = models.PositiveIntegerField(default=DEFAULT_LOG_LINES_PER_SECOND)
     log_max_mb = models.PositiveIntegerField(default=DEFAULT_LOG_MAX_MB)
-    metric_points_per_second = models.PositiveIntegerField(
-        default=DEFAULT_METRIC_POINTS_PER_SECOND
-    )
+    metric_points_per_second = models.PositiveIntegerField(default=DEFAULT_METRIC_POINTS_PER_SECOND)
     # Lines and metric points dropped so far for going over those limits: the log keeper adds
     # up the agents' markers (and its own drops) as it archives them, once each.
     log_dropped_lines = models.PositiveBigIntegerField(default=0)

@@ -192,5 +192,9 @@ def human_bytes(count: int) -> str:
     for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if count >= size:
             value = count / size
-            return f"{value:,.0f} {unit}" if value >= 10 or value == int(value) else f"{value:.1f} {unit}"
+            return (
+                f"{value:,.0f} {unit}"
+                if value >= 10 or value == int(value)
+                else f"{value:.1f} {unit}"
+            )
     return f"{count} bytes"

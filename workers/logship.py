@@ -361,7 +361,9 @@ class LogShipper:
         try:
             self._sink.append(batches)
         except redis.RedisError as exc:
-            log.warning("Redis unreachable or full (%s): spooling log lines to %s", exc, self._spool.dir)
+            log.warning(
+                "Redis unreachable or full (%s): spooling log lines to %s", exc, self._spool.dir
+            )
             # Some of them may have been appended; the sink drops those when they come again.
             self._spool.append(batches)
             self._next_try = time.monotonic() + self._retry_seconds

@@ -46,14 +46,9 @@ def test_a_flooding_job_is_held_to_its_limit_and_its_neighbour_keeps_every_line(
     )
     flood_request["log_limits"] = {"lines_per_second": LIMIT, "max_mb": 5}
     flood = bob.submit(flood_request)
+    quiet_args = ["--lines", str(QUIET_LINES), "--rate", "500", "--hold-at", "0"]
     quiet = alice.submit(
-        pytorch_request(
-            "quiet",
-            "numbered.py",
-            2,
-            args=["--lines", str(QUIET_LINES), "--rate", "500", "--hold-at", "0"]
-            + ["--release", str(go)],
-        )
+        pytorch_request("quiet", "numbered.py", 2, args=[*quiet_args, "--release", str(go)])
     )
     for client, job in ((bob, flood), (alice, quiet)):
         client.wait(job["id"], lambda j: j["state"] == "running")
@@ -66,7 +61,7 @@ def test_a_flooding_job_is_held_to_its_limit_and_its_neighbour_keeps_every_line(
 
     # While it floods, read how big Redis and the flooding job's stream are.
     server = redis.Redis.from_url(stack.stack.redis_url, decode_responses=True)
-    cap = int(server.config_get("maxmemory")["maxmemory"])
+    cap = int(str(server.config_get("maxmemory")["maxmemory"]))
     assert cap > 0 and server.config_get("maxmemory-policy")["maxmemory-policy"] == "noeviction"
     stream = f"trainyard:{{job:{flood['id']}}}:log"
     samples: list[tuple[int, int]] = []
@@ -106,11 +101,19 @@ def test_a_flooding_job_is_held_to_its_limit_and_its_neighbour_keeps_every_line(
     assert sum(int(m.group(1).replace(",", "")) for m in told if m) == dropped
     assert {line["role"] for line in lines if line["text"] in markers} == {"master", "worker"}
 
-    # The neighbour's job got every line, in order, from both of its instances.
+    # The neighbour's job got every line from both of its instances, in order within each
+    # stream (numbered.py prints every tenth line on stderr).
     got = alice.logs(quiet["id"])
     for tag in ("master-0", "worker-1"):
-        mine = [line["text"] for line in got if line["text"].startswith(f"{tag} ")]
-        assert mine == [f"{tag} {i}" for i in range(QUIET_LINES)]
+        for stream in ("stdout", "stderr"):
+            on_stderr = stream == "stderr"
+            wanted = [f"{tag} {i}" for i in range(QUIET_LINES) if (i % 10 == 9) == on_stderr]
+            mine = [
+                line["text"]
+                for line in got
+                if line["text"].startswith(f"{tag} ") and line["stream"] == stream
+            ]
+            assert mine == wanted
     assert alice.job(quiet["id"])["log_dropped"] == {"lines": 0, "metric_points": 0}
 
     # The job page shows the counter too.

@@ -98,9 +98,7 @@ def archive_all(kept: KeptBytes | None = None) -> None:
 
 def marker(job: Job, seq: int, lines: int, points: int = 0) -> LogBatch:
     text = f"[trainyard] {lines} lines dropped: over the job's log limit of 5 lines/s"
-    return LogBatch(
-        job.pk, "master", 0, "node-1", "e", 1.0, [text], "agent", seq, 0, lines, points
-    )
+    return LogBatch(job.pk, "master", 0, "node-1", "e", 1.0, [text], "agent", seq, 0, lines, points)
 
 
 def test_the_keeper_adds_up_the_markers_once_each(job: Job) -> None:
@@ -130,7 +128,9 @@ def test_the_keeper_holds_the_jobs_total_when_an_agent_does_not(job: Job) -> Non
     line = "x" * 999
     for _ in range(30):  # 3 MB from an agent that ignores its budget
         append_lines(sink, job.pk, "master", 0, "node-1", [line] * 100)
-    append_lines(sink, job.pk, "master", 0, "node-1", ['{"name": "loss", "value": 1, "ts": 1}'], "m")
+    append_lines(
+        sink, job.pk, "master", 0, "node-1", ['{"name": "loss", "value": 1, "ts": 1}'], "m"
+    )
     archive_all()
     kept = LogChunk.objects.filter(job=job, kind=LogChunk.Kind.LINES).exclude(stream="metric")
     assert sum(len(c.text) for c in kept) <= 10**6 + logarchive_slack()
@@ -159,13 +159,11 @@ def test_redis_keeps_only_what_is_not_archived_and_readers_still_see_everything(
     # Approximate trimming frees whole nodes of the stream (100 entries each) only.
     assert len(stream_entries(get_redis(), job.pk)) < 100
     append_lines(sink, job.pk, "master", 0, "node-1", ["not archived yet"])
-    texts = []
+    texts: list[str] = []
     after = 0
     while page := logstream.read_page(job.pk, after, 500):
         texts.extend(line["text"] for line in page.lines)
         if page.next == after:
             break
         after = page.next
-    assert texts == [f"line {b}-{i}" for b in range(300) for i in range(10)] + [
-        "not archived yet"
-    ]
+    assert texts == [f"line {b}-{i}" for b in range(300) for i in range(10)] + ["not archived yet"]

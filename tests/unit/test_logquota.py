@@ -150,7 +150,9 @@ def test_the_shipper_drops_over_the_budget_and_ships_a_counted_marker(
 
 
 def test_a_marker_survives_the_spool() -> None:
-    batch = LogBatch(1, "master", 0, "n1", "e", 1.0, ["[trainyard] 5 lines dropped"], "w", 1, 0, 5, 2)
+    batch = LogBatch(
+        1, "master", 0, "n1", "e", 1.0, ["[trainyard] 5 lines dropped"], "w", 1, 0, 5, 2
+    )
     assert LogBatch.from_json(batch.to_json()) == batch
     plain = LogBatch(1, "master", 0, "n1", "o", 1.0, ["x"], "w", 2)
     assert LogBatch.from_json(plain.to_json()) == plain
@@ -163,7 +165,7 @@ def test_lines_wait_in_the_spool_while_redis_is_full_and_none_is_lost(
     key = ReplicaKey(4, "master", 0, "n1")
     shipper.put(key, contract.STREAM_STDOUT, time.time(), ["before"])
     assert shipper.flush(10)
-    old = client.config_get("maxmemory")["maxmemory"]
+    old = str(client.config_get("maxmemory")["maxmemory"])
     client.config_set("maxmemory", 1)  # full: every write is refused (noeviction)
     try:
         client.config_set("maxmemory-policy", "noeviction")
