@@ -48,8 +48,12 @@ def archive_once(
     given, sees every entry saved (the health rules read the log as it is archived); `kept`
     carries what was archived per job from one pass to the next (a fresh count when absent)."""
     kept = kept or KeptBytes()
-    rows = Job.objects.filter(log_archived=False).values_list("pk", "log_complete", "log_max_mb")
-    pending = {pk: complete for pk, complete, _ in rows.order_by("pk")}
+    rows = list(
+        Job.objects.filter(log_archived=False)
+        .values_list("pk", "log_complete", "log_max_mb")
+        .order_by("pk")
+    )
+    pending = {pk: complete for pk, complete, _ in rows}
     max_bytes = {pk: mb * 10**6 for pk, _, mb in rows}
     if not pending:
         threading.Event().wait(block_ms / 1000)
