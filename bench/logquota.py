@@ -89,7 +89,7 @@ def measure(seconds: float, unlimited: bool) -> None:
             elapsed = time.monotonic() - started
             var_after = folder_bytes(var)
             redis_after = int(server.info("memory")["used_memory"])
-            cap = server.config_get("maxmemory")["maxmemory"]
+            cap = str(server.config_get("maxmemory")["maxmemory"])
             print(f"firehose for {seconds:.0f} s, limits {'lifted' if unlimited else 'default'}:")
             print(f"  job {job_id} {job['state']}, log archived after {elapsed:.0f} s")
             print(f"  log limits {job['log_limits']}; dropped {job['log_dropped']}")
