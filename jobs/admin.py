@@ -30,7 +30,15 @@ admin.site.site_url = "/"
 
 @admin.register(FrameworkImage)
 class FrameworkImageAdmin(admin.ModelAdmin):
-    list_display = ("name", "framework", "enabled", "description")
+    list_display = (
+        "name",
+        "framework",
+        "enabled",
+        "log_lines_per_second",
+        "log_max_mb",
+        "metric_points_per_second",
+        "description",
+    )
     list_filter = ("framework", "enabled")
 
 

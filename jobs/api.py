@@ -306,6 +306,12 @@ def job_as_dict(
         "created": job.created.isoformat(),
         "log_complete": job.log_complete,
         "log_archived": job.log_archived,
+        "log_limits": {
+            "lines_per_second": job.log_lines_per_second,
+            "max_mb": job.log_max_mb,
+            "metric_points_per_second": job.metric_points_per_second,
+        },
+        "log_dropped": {"lines": job.log_dropped_lines, "metric_points": job.log_dropped_points},
         "baseline": job.baseline_id,
         "metrics": job.metric_definitions,
         "restart": {

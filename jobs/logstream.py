@@ -194,7 +194,15 @@ def chunk_from_entry(job_id: int, entry_id: str, fields: dict[str, str]) -> LogC
         index=int(fields[contract.FIELD_INDEX]), node=fields[contract.FIELD_NODE],
         stream=STREAM_NAMES.get(code, code), ts=float(fields[contract.FIELD_TS]), text=text,
         attempt=_attempt_of(fields),
+        dropped_lines=_count_of(fields, contract.FIELD_DROPPED_LINES),
+        dropped_points=_count_of(fields, contract.FIELD_DROPPED_POINTS),
     )  # fmt: skip
+
+
+def _count_of(fields: dict[str, str], name: str) -> int:
+    """A marker's count; anything but a whole number >= 0 (a broken or hostile writer) is 0."""
+    text = fields.get(name, "0")
+    return int(text) if text.isdigit() and len(text) < 19 else 0
 
 
 def from_chunk(chunk: LogChunk) -> Batch:

@@ -56,6 +56,12 @@ def new_checkpoint_key() -> str:
     return secrets.token_hex(8)
 
 
+# What a job may log unless its image says otherwise (docs/operations.md sizes Redis for them).
+DEFAULT_LOG_LINES_PER_SECOND = 2000
+DEFAULT_LOG_MAX_MB = 1000
+DEFAULT_METRIC_POINTS_PER_SECOND = 500
+
+
 class FrameworkImage(models.Model):
     """A named runtime for trainers: its framework decides the roles and how they launch."""
 
@@ -96,6 +102,25 @@ class FrameworkImage(models.Model):
         blank=True,
         help_text="Rules every job on this image starts with (see docs/health-rules.md): "
         '[{"kind": "non-finite", "metric": "loss", "action": "stop"}]',
+    )
+    # Ceilings of what a job on this image may log (workers/logquota.py): a job takes these,
+    # or lower values of its own. Lines over them are dropped and counted, never silently.
+    log_lines_per_second = models.PositiveIntegerField(
+        default=DEFAULT_LOG_LINES_PER_SECOND,
+        validators=[MinValueValidator(1)],
+        help_text="Lines per second each instance of a job may print (a few seconds' burst "
+        "more); lines over it are dropped and counted.",
+    )
+    log_max_mb = models.PositiveIntegerField(
+        default=DEFAULT_LOG_MAX_MB,
+        validators=[MinValueValidator(1)],
+        help_text="Megabytes of log a job may keep in all (shared among its instances); "
+        "lines beyond are dropped and counted.",
+    )
+    metric_points_per_second = models.PositiveIntegerField(
+        default=DEFAULT_METRIC_POINTS_PER_SECOND,
+        validators=[MinValueValidator(1)],
+        help_text="Metric points per second each instance of a job may report.",
     )
 
     class Meta:
@@ -464,6 +489,14 @@ class Job(models.Model):
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)
+    # The job's log limits: its image's, or lower ones the user asked for (see FrameworkImage).
+    log_lines_per_second = models.PositiveIntegerField(default=DEFAULT_LOG_LINES_PER_SECOND)
+    log_max_mb = models.PositiveIntegerField(default=DEFAULT_LOG_MAX_MB)
+    metric_points_per_second = models.PositiveIntegerField(default=DEFAULT_METRIC_POINTS_PER_SECOND)
+    # Lines and metric points dropped so far for going over those limits: the log keeper adds
+    # up the agents' markers (and its own drops) as it archives them, once each.
+    log_dropped_lines = models.PositiveBigIntegerField(default=0)
+    log_dropped_points = models.PositiveBigIntegerField(default=0)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
@@ -671,6 +704,10 @@ class LogChunk(models.Model):
     text = models.TextField(
         blank=True, help_text="The lines joined by newlines; for END, why the log ended."
     )
+    # A marker's chunk (workers/logquota.py), or the log keeper's own drops: lines and metric
+    # points over the job's limits that this chunk accounts for (Job.log_dropped_* add them up).
+    dropped_lines = models.PositiveBigIntegerField(default=0)
+    dropped_points = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -45,6 +45,18 @@ class RestartIn(_In):
     exclude_failed_node: StrictBool | None = None
 
 
+class LogLimitsIn(_In):
+    lines_per_second: StrictInt | None = Field(
+        default=None, ge=1, description="Per instance; at most the image's."
+    )
+    max_mb: StrictInt | None = Field(
+        default=None, ge=1, description="Megabytes of log in all; at most the image's."
+    )
+    metric_points_per_second: StrictInt | None = Field(
+        default=None, ge=1, description="Per instance; at most the image's."
+    )
+
+
 class JobIn(_In):
     """The body of POST /api/v1/jobs."""
 
@@ -58,6 +70,11 @@ class JobIn(_In):
     metrics: Any = None
     restart: RestartIn | None = None
     health_rules: Any = None
+    log_limits: LogLimitsIn | None = Field(
+        default=None,
+        description="Lower log limits than the image's (lines over them are dropped and "
+        "counted); absent: the image's.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -125,6 +142,17 @@ class RestartOut(RestartDefaultsOut):
 
 def _unless_none(value: object) -> bool:
     return value is None
+
+
+class LogLimitsOut(_Out):
+    lines_per_second: int = Field(description="Per instance.")
+    max_mb: int = Field(description="Megabytes of log in all, shared by the instances.")
+    metric_points_per_second: int = Field(description="Per instance.")
+
+
+class LogDroppedOut(_Out):
+    lines: int
+    metric_points: int
 
 
 def _param(description: str) -> Any:
@@ -204,6 +232,12 @@ class JobOut(_Out):
     created: str
     log_complete: bool
     log_archived: bool
+    log_limits: LogLimitsOut
+    log_dropped: LogDroppedOut = Field(
+        description="Lines and metric points dropped so far for going over the job's log "
+        "limits (each drop also has a [trainyard] line in the log); archived a moment after "
+        "they happen."
+    )
     baseline: int | None
     metrics: list[MetricDefinitionOut]
     restart: RestartOut
@@ -515,6 +549,10 @@ MESSAGES: dict[str, str] = {
     "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=100),
     "restart.backoff_seconds": WHOLE_NUMBER.format(low=0, high=3600),
     "restart.exclude_failed_node": "Give true or false.",
+    "log_limits": 'Give {"lines_per_second": N, "max_mb": N, "metric_points_per_second": N}.',
+    "log_limits.lines_per_second": "Give a whole number of lines per second, at least 1.",
+    "log_limits.max_mb": "Give a whole number of megabytes, at least 1.",
+    "log_limits.metric_points_per_second": "Give a whole number of points per second, at least 1.",
     "baseline": 'Send {"baseline": JOB_ID} or {"baseline": null}.',
     "evict": "Give true or false.",
     "grace_seconds": "Give seconds from 0 to 3600.",

@@ -35,6 +35,18 @@ def free_port(host: str = "127.0.0.1", avoid: int = 0) -> int:
             return port
 
 
+# The most memory our own Redis may take (TRAINYARD_REDIS_MAXMEMORY; docs/operations.md says
+# how to size it). Beyond it Redis refuses writes instead of evicting keys: an evicted stream
+# entry would be a log line lost before it was archived, and an evicted broker key a lost task.
+# Agents keep refused lines in their disk spool and send them once there is room again.
+DEFAULT_MAXMEMORY = "1gb"
+MAXMEMORY_POLICY = "noeviction"
+
+
+def redis_maxmemory() -> str:
+    return os.environ.get("TRAINYARD_REDIS_MAXMEMORY", "") or DEFAULT_MAXMEMORY
+
+
 def redis_argv(
     binary: str,
     port: int,
@@ -65,6 +77,8 @@ def redis_argv(
         "--appendonly", "yes",
         "--appendfsync", "always",
         "--save", "",
+        "--maxmemory", redis_maxmemory(),
+        "--maxmemory-policy", MAXMEMORY_POLICY,
         "--daemonize", "no",
         "--protected-mode", "yes",
     ]  # fmt: skip

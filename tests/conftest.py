@@ -338,6 +338,25 @@ def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -
         time.sleep(0.1)
 
 
+UNLIMITED_IMAGE = "pytorch:2.13-cpu-no-log-limits"
+
+
+def unlimited_image(stack: RunningStack) -> str:
+    """The name of a copy of pytorch:2.13-cpu without (practical) log limits, made once per
+    stack: for tests of what the log path carries, whose floods the default limits would cut."""
+    stack.stack.manage(
+        "shell",
+        "-c",
+        "from jobs.models import FrameworkImage\n"
+        f"if not FrameworkImage.objects.filter(name={UNLIMITED_IMAGE!r}).exists():\n"
+        "    image = FrameworkImage.objects.get(name='pytorch:2.13-cpu')\n"
+        f"    image.pk, image.name = None, {UNLIMITED_IMAGE!r}\n"
+        "    image.log_lines_per_second, image.log_max_mb = 10**8, 10**7\n"
+        "    image.save()",
+    )
+    return UNLIMITED_IMAGE
+
+
 def pytorch_request(
     name: str, script: str, instances: int, package: str = "cpu-1", args: list[str] | None = None
 ) -> dict[str, Any]:

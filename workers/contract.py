@@ -170,6 +170,10 @@ FIELD_LINES = "l"  # the lines joined by "\n" (a line never holds one: the reade
 # Present only when the attempt is > 0, so entries of a first attempt are byte-for-byte what
 # they were before restarts existed; a reader takes an entry without it as attempt 0.
 FIELD_ATTEMPT = "a"
+# Present only on a marker's entry (workers.logquota): how many lines, and metric points, over
+# the replica's log budget were dropped since the previous marker.
+FIELD_DROPPED_LINES = "d"
+FIELD_DROPPED_POINTS = "dp"
 FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"

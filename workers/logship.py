@@ -25,6 +25,8 @@ from typing import IO
 
 import redis
 
+from workers import contract
+from workers.logquota import LogBudget, LogLimits, Marker
 from workers.logsink import LogBatch, LogSink
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,10 @@ class _Chunk:
     stream: str
     ts: float
     lines: list[str]
+    # A marker's chunk: the lines and points over the replica's budget that it accounts for.
+    # Such a chunk is a stream entry of its own, so its counts reach the console exactly once.
+    dropped_lines: int = 0
+    dropped_points: int = 0
 
 
 class _Barrier:
@@ -206,12 +212,48 @@ class LogShipper:
         self._next_try = 0.0
         self._refused_since: dict[int, float] = {}  # job id -> when Redis first refused it
         self._held_barriers: list[_Barrier] = []
+        self._budgets: dict[ReplicaKey, LogBudget] = {}
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
+    def limit(self, key: ReplicaKey, limits: LogLimits) -> None:
+        """From now on, the replica's lines and metric points are held to `limits`."""
+        self._budgets[key] = LogBudget(limits, time.monotonic())
+
+    def release(self, key: ReplicaKey) -> None:
+        """The replica ended: ship the marker for drops not yet told, and forget its budget."""
+        budget = self._budgets.pop(key, None)
+        if budget is not None:
+            self._put_marker(key, time.time(), budget.final_marker())
+
     def put(self, key: ReplicaKey, stream: str, ts: float, lines: list[str]) -> None:
-        """Never blocks: the trainer's pipe must keep draining whatever Redis does."""
-        self._queue.put(_Chunk(key, stream, ts, lines))
+        """Never blocks: the trainer's pipe must keep draining whatever Redis does. Lines (or
+        metric points) over the replica's budget are dropped here, before they take memory,
+        spool or Redis, and counted in a marker line."""
+        budget = self._budgets.get(key)
+        marker = None
+        if budget is not None:
+            now = time.monotonic()
+            if stream == contract.STREAM_METRIC:
+                allowed, marker = budget.admit_points(len(lines), now)
+                lines = lines[:allowed]
+            else:
+                lines, marker = budget.admit_lines(lines, now)
+        if lines:
+            self._queue.put(_Chunk(key, stream, ts, lines))
+        self._put_marker(key, ts, marker)
+
+    def put_system(self, key: ReplicaKey, ts: float, lines: list[str]) -> None:
+        """The agent's own lines about a replica (stderr): never held to the trainer's budget."""
+        self._queue.put(_Chunk(key, contract.STREAM_STDERR, ts, lines))
+
+    def _put_marker(self, key: ReplicaKey, ts: float, marker: Marker | None) -> None:
+        if marker is not None:
+            chunk = _Chunk(
+                key, contract.STREAM_STDERR, ts, [marker.text],
+                marker.dropped_lines, marker.dropped_points,
+            )  # fmt: skip
+            self._queue.put(chunk)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Block until everything put so far is in Redis (or timeout); True when it is."""
@@ -281,6 +323,8 @@ class LogShipper:
                     current is not None
                     and current.key == chunk.key
                     and current.stream == chunk.stream
+                    and not (current.dropped_lines or current.dropped_points)
+                    and not (chunk.dropped_lines or chunk.dropped_points)
                 )
                 if (
                     not same_pipe
@@ -303,7 +347,7 @@ class LogShipper:
         key = chunk.key
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
-            self._writer, self._seq, key.attempt,
+            self._writer, self._seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:
@@ -317,7 +361,9 @@ class LogShipper:
         try:
             self._sink.append(batches)
         except redis.RedisError as exc:
-            log.warning("Redis unreachable (%s): spooling log lines to %s", exc, self._spool.dir)
+            log.warning(
+                "Redis unreachable or full (%s): spooling log lines to %s", exc, self._spool.dir
+            )
             # Some of them may have been appended; the sink drops those when they come again.
             self._spool.append(batches)
             self._next_try = time.monotonic() + self._retry_seconds

@@ -55,6 +55,10 @@ class LogBatch:
     writer: str
     seq: int
     attempt: int = 0  # the job attempt the process belongs to (0: the first run)
+    # A marker's batch (workers.logquota): how many lines and metric points over the budget
+    # it accounts for.
+    dropped_lines: int = 0
+    dropped_points: int = 0
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -67,10 +71,15 @@ class LogBatch:
         }
         if self.attempt > 0:
             fields[contract.FIELD_ATTEMPT] = str(self.attempt)
+        if self.dropped_lines:
+            fields[contract.FIELD_DROPPED_LINES] = str(self.dropped_lines)
+        if self.dropped_points:
+            fields[contract.FIELD_DROPPED_POINTS] = str(self.dropped_points)
         return fields
 
     def to_json(self) -> str:
-        """One line of the agent's disk spool (the attempt only when > 0, as in the stream)."""
+        """One line of the agent's disk spool (the attempt only when > 0 or drops follow it,
+        the drops only when there are some)."""
         values = [
             self.job_id,
             self.role,
@@ -82,16 +91,21 @@ class LogBatch:
             self.writer,
             self.seq,
         ]
-        if self.attempt > 0:
+        if self.attempt > 0 or self.dropped_lines or self.dropped_points:
             values.append(self.attempt)
+        if self.dropped_lines or self.dropped_points:
+            values.extend((self.dropped_lines, self.dropped_points))
         return json.dumps(values, ensure_ascii=False)
 
     @classmethod
     def from_json(cls, text: str) -> "LogBatch":
         """Parse a spool line; one written before batches had attempts is attempt 0."""
         job_id, role, index, node, stream, ts, lines, writer, seq, *rest = json.loads(text)
-        attempt = int(rest[0]) if rest else 0
-        return cls(job_id, role, index, node, stream, ts, lines, writer, seq, attempt)
+        attempt, dropped_lines, dropped_points = [*map(int, rest), 0, 0, 0][:3]
+        return cls(
+            job_id, role, index, node, stream, ts, lines, writer, seq, attempt,
+            dropped_lines, dropped_points,
+        )  # fmt: skip
 
 
 class LogSink:

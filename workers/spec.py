@@ -60,6 +60,9 @@ class ReplicaSpec:
     python: str = ""
     # The console user who owns the job: a sandboxed trainer runs as a uid made from it.
     owner: int = 0
+    # The instance's log budget (workers.logquota.LogLimits as a dict); empty: none (a console
+    # older than log limits).
+    log_limits: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.framework not in FRAMEWORKS:

@@ -47,6 +47,7 @@ from workers.launcher import (
     build_processes,
     error_file,
 )
+from workers.logquota import LogLimits
 from workers.logship import LogShipper, ReplicaKey, pump_pipe
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import Point, RegexScanner, compile_definitions
@@ -320,6 +321,8 @@ class Supervisor:
         """Call with the lock held."""
         key = ReplicaKey(spec.job_id, spec.role, spec.index, self.node, attempt=spec.attempt)
         run = _ReplicaRun(spec, key)
+        if spec.log_limits:
+            self._shipper.limit(key, LogLimits.from_dict(spec.log_limits))
         if spec.gpus:
             run.gpu_ids = sorted(self._free_gpus)[: spec.gpus]
             self._free_gpus -= set(run.gpu_ids)
@@ -576,7 +579,7 @@ class Supervisor:
             tail = MetricTail(
                 Path(local.env[contract.TRAINYARD_METRICS_FILE]),
                 lambda ts, points: self._ship_points(run, ts, points),
-                lambda ts, notes: self._shipper.put(run.key, contract.STREAM_STDERR, ts, notes),
+                lambda ts, notes: self._shipper.put_system(run.key, ts, notes),
             )
             tail.start()
             run.tails.append(tail)
@@ -748,7 +751,7 @@ class Supervisor:
 
     def _note(self, run: _ReplicaRun, message: str) -> None:
         """A message from the agent about this instance, in the instance's own log."""
-        self._shipper.put(run.key, contract.STREAM_STDERR, time.time(), [f"[trainyard] {message}"])
+        self._shipper.put_system(run.key, time.time(), [f"[trainyard] {message}"])
 
     def _watched(self) -> list[Watched]:
         with self._lock:
@@ -854,6 +857,8 @@ class Supervisor:
 
     def _finish(self, run: _ReplicaRun, exit_code: int | None, reason: str) -> None:
         spec = run.spec
+        # Drops not yet told go in before the flush, so the console sees them with the rest.
+        self._shipper.release(run.key)
         # The exit is reported only once every line is in Redis, so the console can close the
         # job's log knowing nothing more will come. While Redis is away the lines wait in the
         # spool, and the report could not reach the console through Redis anyway. Only a

@@ -12,6 +12,7 @@ from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access, snapshots
 from workers import contract
+from workers.logquota import LogLimits
 from workers.spec import FRAMEWORK_KVSTORE, FRAMEWORK_PYTORCH, ReplicaSpec
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, Replica
             gpus=replica.package.gpus,
             metric_definitions=_metric_definitions(job),
             python=job.image.python_on(replica.node.name),
-            **_attempt_fields(job),
+            **_attempt_fields(job, len(replicas)),
         )
         specs.append((replica.node.name, spec))
         rank += local_size
@@ -99,13 +100,13 @@ def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str
             kvstore=job.kvstore,
             metric_definitions=_metric_definitions(job),
             python=job.image.python_on(replica.node.name),
-            **_attempt_fields(job),
+            **_attempt_fields(job, len(replicas)),
         )
         specs.append((replica.node.name, spec))
     return specs
 
 
-def _attempt_fields(job: Job) -> dict[str, Any]:
+def _attempt_fields(job: Job, instances: int) -> dict[str, Any]:
     """What every instance of an attempt shares: which attempt, how many may follow, the key
     that names the job's checkpoint folder on every attempt, the container to run in, and whose
     job it is (a sandboxed trainer runs as a uid of that user's)."""
@@ -116,7 +117,21 @@ def _attempt_fields(job: Job) -> dict[str, Any]:
         "container_image": job.image.container_image,
         "extra_env": dict(job.env),
         "owner": job.owner_id,
+        "log_limits": _log_limits(job, instances).to_dict(),
     }
+
+
+def _log_limits(job: Job, instances: int) -> LogLimits:
+    """Each instance gets the job's rates and an equal share of its bytes: the agents enforce
+    them without asking one another, and so the job's total holds (the log keeper checks the
+    total again, in case an agent does not)."""
+    job_max_bytes = job.log_max_mb * 10**6
+    return LogLimits(
+        lines_per_second=job.log_lines_per_second,
+        max_bytes=max(1, job_max_bytes // max(1, instances)),
+        job_max_bytes=job_max_bytes,
+        metric_points_per_second=job.metric_points_per_second,
+    )
 
 
 def _metric_definitions(job: Job) -> list[dict[str, str]]:

@@ -20,6 +20,9 @@ from pydantic import ValidationError as PydanticValidationError
 from jobs import text
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
+    DEFAULT_LOG_LINES_PER_SECOND,
+    DEFAULT_LOG_MAX_MB,
+    DEFAULT_METRIC_POINTS_PER_SECOND,
     PLATFORM_ROLES,
     CodeSnapshot,
     Framework,
@@ -32,7 +35,7 @@ from jobs.models import (
     Replica,
     RestartPolicy,
 )
-from jobs.schemas import JobIn, ProgramIn, RestartIn, RoleIn, field_errors
+from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, snapshots, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.contract import is_reserved_env_name
@@ -66,6 +69,19 @@ class RestartSettings:
         return cls(image.restart_policy, image.max_restarts, image.restart_backoff_seconds)
 
 
+@dataclass(frozen=True)
+class LogLimitSettings:
+    """A job's log limits (see FrameworkImage): its image's, or lower ones of its own."""
+
+    lines_per_second: int = DEFAULT_LOG_LINES_PER_SECOND
+    max_mb: int = DEFAULT_LOG_MAX_MB
+    metric_points_per_second: int = DEFAULT_METRIC_POINTS_PER_SECOND
+
+    @classmethod
+    def of_image(cls, image: FrameworkImage) -> "LogLimitSettings":
+        return cls(image.log_lines_per_second, image.log_max_mb, image.metric_points_per_second)
+
+
 class ValidationFailed(Exception):
     def __init__(self, errors: dict[str, list[str]], detail: dict[str, Any] | None = None):
         super().__init__(errors)
@@ -86,6 +102,7 @@ class JobRequest:
     restart: RestartSettings = RestartSettings()
     health_rules: list[dict[str, object]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    log_limits: LogLimitSettings = LogLimitSettings()
 
 
 class _Errors:
@@ -296,6 +313,34 @@ def _check_restart(
     )
 
 
+_LOG_LIMIT_WORDS = {
+    "lines_per_second": "lines per second",
+    "max_mb": "MB",
+    "metric_points_per_second": "points per second",
+}
+
+
+def _check_log_limits(
+    raw: LogLimitsIn | None, image: FrameworkImage | None, errors: _Errors
+) -> LogLimitSettings:
+    """The image's limits, lowered where the request asks. A limit above the image's is
+    refused, not cut down: the user should know that they do not get what they asked for."""
+    ceiling = LogLimitSettings.of_image(image) if image else LogLimitSettings()
+    if raw is None:
+        return ceiling
+    chosen = {}
+    for name, words in _LOG_LIMIT_WORDS.items():
+        most = getattr(ceiling, name)
+        asked = getattr(raw, name)
+        if asked is not None and asked > most:
+            errors.add(
+                f"log_limits.{name}",
+                f"At most {most:,} {words} on {image.name if image else 'this image'}.",
+            )
+        chosen[name] = most if asked is None or asked > most else asked
+    return LogLimitSettings(**chosen)
+
+
 def _check_health_rules(
     raw: Any, image: FrameworkImage | None, errors: _Errors
 ) -> list[dict[str, object]]:
@@ -347,6 +392,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     restart = _check_restart(body.restart, image, errors)
     health_rules = _check_health_rules(body.health_rules, image, errors)
     env = _check_env(body.env, errors)
+    log_limits = _check_log_limits(body.log_limits, image, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -362,6 +408,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         restart,
         health_rules,
         env,
+        log_limits,
     )
 
 
@@ -397,6 +444,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.restart,
             request.health_rules,
             request.env,
+            request.log_limits,
         )
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
@@ -417,12 +465,14 @@ def create_job(
     restart: RestartSettings | None = None,
     health_rules: list[dict[str, object]] | None = None,
     env: dict[str, str] | None = None,
+    log_limits: LogLimitSettings | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
     The caller has checked the quota inside the same transaction.
     """
     restart = restart or RestartSettings()
+    log_limits = log_limits or LogLimitSettings()
     snapshot = None
     if "snapshot" in program:
         snapshot = CodeSnapshot.objects.defer("archive").get(sha256=program["snapshot"])
@@ -446,6 +496,9 @@ def create_job(
         restart_backoff_seconds=restart.backoff_seconds,
         exclude_failed_node=restart.exclude_failed_node,
         health_rules=health_rules or [],
+        log_lines_per_second=log_limits.lines_per_second,
+        log_max_mb=log_limits.max_mb,
+        metric_points_per_second=log_limits.metric_points_per_second,
     )
     JobAttempt.objects.create(job=job, number=0)
     if kvstore:

@@ -29,6 +29,12 @@ def money(amount: Decimal | float | int | None) -> str:
     return NOTHING_YET if amount is None else format_price(amount)
 
 
+@register.filter
+def thousands(number: int | None) -> str:
+    """12,345: counts of lines read at a glance."""
+    return f"{number or 0:,}"
+
+
 @register.simple_tag
 def currency_symbol() -> str:
     """ "$" in "Samples per $"; the code ("CHF") where the currency has no symbol."""

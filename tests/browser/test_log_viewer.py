@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, Locator, Page, expect
 
 from jobs.logstream import RawEntry, parse_entry
 from tests.browser.conftest import admin_page, wait_in_page
-from tests.conftest import RunningStack, pytorch_request, signal_file, wait_until
+from tests.conftest import RunningStack, pytorch_request, signal_file, unlimited_image, wait_until
 from workers.contract import log_stream_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -458,9 +458,11 @@ def test_a_flood_of_lines_keeps_the_window_bounded_and_loads_older_lines(
     page: Page, stack: RunningStack, tmp_path: Path
 ) -> None:
     go = signal_file("go")
-    job = stack.admin.submit(
-        pytorch_request("spew", "spew.py", 1, args=["--lines", str(SPEW_LINES), "--go", str(go)])
+    request = pytorch_request(
+        "spew", "spew.py", 1, args=["--lines", str(SPEW_LINES), "--go", str(go)]
     )
+    request["image"] = unlimited_image(stack)  # every line must arrive: no log limit
+    job = stack.admin.submit(request)
     log = open_job(page, stack, job["id"])
     expect(log.locator(".line").first).to_have_text("[master] waiting for go")
     page.evaluate(WATCH_WINDOW)

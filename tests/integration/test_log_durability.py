@@ -20,6 +20,7 @@ from tests.conftest import (
     run_async,
     running_stack,
     signal_file,
+    unlimited_image,
     wait_until,
 )
 
@@ -56,7 +57,9 @@ def check_every_line_in_order(lines: list[dict[str, Any]], instances: int, each:
 
 def test_a_200k_line_job_is_fully_retrievable_over_http(stack: RunningStack) -> None:
     admin = stack.admin
-    job = admin.submit(numbered("chatty", 2, 100_000))
+    request = numbered("chatty", 2, 100_000)
+    request["image"] = unlimited_image(stack)  # every line must arrive: no log limit
+    job = admin.submit(request)
     finished = admin.wait_finished(job["id"])
     assert finished["state"] == "succeeded", finished["reason"]
     lines = admin.logs(job["id"], limit=10_000)

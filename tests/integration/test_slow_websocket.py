@@ -25,6 +25,7 @@ from tests.conftest import (
     run_async,
     running_stack,
     signal_file,
+    unlimited_image,
     wait_until,
 )
 
@@ -84,9 +85,11 @@ def test_a_client_that_stops_reading_is_closed_with_4408_and_resumes_without_gap
 ) -> None:
     admin = slow_stack.admin
     go = signal_file("go")
-    job = admin.submit(
-        pytorch_request("flood", "spew.py", 1, args=["--lines", str(FLOOD_LINES), "--go", str(go)])
+    request = pytorch_request(
+        "flood", "spew.py", 1, args=["--lines", str(FLOOD_LINES), "--go", str(go)]
     )
+    request["image"] = unlimited_image(slow_stack)  # every line must arrive: no log limit
+    job = admin.submit(request)
     url = slow_stack.url.replace("http", "ws") + f"/ws/jobs/{job['id']}/"
     port = int(slow_stack.url.rsplit(":", 1)[1])
     headers = {"Authorization": f"Token {admin.token}"}
