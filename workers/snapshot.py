@@ -138,7 +138,8 @@ class _CheckedTarInfo(tarfile.TarInfo):
     through it, before its data is read."""
 
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        budget: _Budget = getattr(tarfile_, "budget")  # noqa: B009 (set by _CheckedTarFile)
+        assert isinstance(tarfile_, _CheckedTarFile)
+        budget = tarfile_.budget
         budget.check_cpu()
         budget.headers_of_member += 1
         if budget.headers_of_member > MAX_HEADERS_PER_MEMBER:
@@ -183,9 +184,19 @@ _EXTENDED_HEADERS = frozenset(
 class _CheckedTarFile(tarfile.TarFile):
     tarinfo = _CheckedTarInfo
 
+    members: list[tarfile.TarInfo]  # tarfile's list of the members read (typeshed lacks it)
+
     def __init__(self, *args: Any, budget: _Budget, **kwargs: Any) -> None:
         self.budget = budget  # before super().__init__, which reads the first member
         super().__init__(*args, **kwargs)
+
+    def next(self) -> tarfile.TarInfo | None:
+        self.budget.headers_of_member = 0
+        info = super().next()
+        # tarfile keeps every member it has read (for getmember); our callers keep what they
+        # need themselves, so memory stays flat however many members an archive has.
+        self.members.clear()
+        return info
 
 
 def _open_checked(archive: IO[bytes], budget: _Budget) -> tarfile.TarFile:
@@ -254,7 +265,7 @@ def read_members(
     total = 0
     try:
         with _open_checked(archive, budget) as tar:
-            for count, info in enumerate(_members(tar, budget), start=1):
+            for count, info in enumerate(_members(tar), start=1):
                 if count > MAX_MEMBERS:
                     raise SnapshotError(f"more than {MAX_MEMBERS:,} members")
                 path = _member_path(info.name)
@@ -280,13 +291,8 @@ def read_members(
     return files
 
 
-def _members(tar: tarfile.TarFile, budget: _Budget | None = None) -> Iterator[tarfile.TarInfo]:
-    while True:
-        if budget is not None:
-            budget.headers_of_member = 0
-        info = tar.next()
-        if info is None:
-            return
+def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+    while (info := tar.next()) is not None:
         yield info
 
 
@@ -295,9 +301,8 @@ def canonical(archive: IO[bytes], max_unpacked_bytes: int = MAX_UNPACKED_BYTES) 
     seekable (an uploaded file): members are copied one at a time, never all held at once."""
     files = read_members(archive, max_unpacked_bytes)
     archive.seek(0)
-    budget = _Budget(CHECK_CPU_SECONDS)
-    with _open_checked(archive, budget) as tar:
-        regular = {_member_path(i.name): i for i in _members(tar, budget) if i.isreg()}
+    with _open_checked(archive, _Budget(CHECK_CPU_SECONDS)) as tar:
+        regular = {_member_path(i.name): i for i in _members(tar) if i.isreg()}
 
         def open_member(path: str) -> IO[bytes]:
             extracted = tar.extractfile(regular[path])
