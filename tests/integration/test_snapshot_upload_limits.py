@@ -116,6 +116,12 @@ def test_a_hostile_archive_is_refused_cheaply_and_leaves_nothing(
         refused_after = time.monotonic() - started
         other.join()
 
+    print(
+        f"\n{case}: {archive.stat().st_size / 2**20:.2f} MB archive answered "
+        f"{response.status_code} in {refused_after:.2f} s; web RSS {idle / 2**20:.0f} -> peak "
+        f"{memory.peak / 2**20:.0f} MB; another user's GET /api/v1/jobs meanwhile: "
+        f"{other_request['seconds']:.2f} s; {response.text[:300]}"
+    )
     assert response.status_code == 400, response.text
     message = response.json()["errors"]["archive"][0]
     assert message.startswith("The archive is refused: ")
@@ -124,9 +130,3 @@ def test_a_hostile_archive_is_refused_cheaply_and_leaves_nothing(
         f"web process grew from {idle / 2**20:.0f} MB to {memory.peak / 2**20:.0f} MB"
     )
     assert uploader.http.get("/api/v1/snapshots").json()["snapshots"] == []
-    print(
-        f"\n{case}: {archive.stat().st_size / 2**20:.2f} MB archive refused in "
-        f"{refused_after:.2f} s; web RSS {idle / 2**20:.0f} -> peak {memory.peak / 2**20:.0f} MB; "
-        f"another user's GET /api/v1/jobs meanwhile: {other_request['seconds']:.2f} s; "
-        f"{message!r}"
-    )
