@@ -313,12 +313,13 @@ def canonical(archive: IO[bytes], max_unpacked_bytes: int = MAX_UNPACKED_BYTES) 
 
 
 def pack_folder(folder: Path, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> Packed:
-    """A folder as a canonical archive (links and special files refused, as on upload)."""
+    """A folder as a canonical archive (links, special files and names an upload may not
+    have refused, as on upload)."""
     root = folder.resolve()
     files: list[Member] = []
     total = 0
     for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
+        relative = _member_path(path.relative_to(root).as_posix())
         mode = path.lstat().st_mode
         if stat.S_ISDIR(mode):
             continue

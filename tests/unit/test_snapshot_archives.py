@@ -171,6 +171,13 @@ def test_a_folder_with_a_link_is_refused(tmp_path: Path) -> None:
         snapshot.pack_folder(folder)
 
 
+def test_a_folder_with_a_name_an_upload_may_not_have_is_refused(tmp_path: Path) -> None:
+    folder = project(tmp_path / "proj")
+    (folder / "notes\n.txt").write_text("x")
+    with pytest.raises(SnapshotError, match="not a usable file name"):
+        snapshot.pack_folder(folder)
+
+
 # --- an agent's cache, over the unit tests' real Redis ---
 
 
