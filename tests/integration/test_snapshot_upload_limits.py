@@ -112,6 +112,7 @@ def test_a_hostile_archive_is_refused_cheaply_and_leaves_nothing(
                 "/api/v1/snapshots",
                 files={"archive": (archive.name, data, "application/gzip")},
                 data={"name": case},
+                timeout=600,  # a hang guard only: on main's code some took minutes
             )
         refused_after = time.monotonic() - started
         other.join()
