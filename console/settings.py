@@ -275,6 +275,11 @@ TRAINYARD_CODE_ROOT = env_path("TRAINYARD_CODE_ROOT", BASE_DIR / "code")
 # to unpacked. An archive travels to the agents through Redis and is kept in the database.
 TRAINYARD_SNAPSHOT_MAX_BYTES = env_int("TRAINYARD_SNAPSHOT_MAX_MB", 100) * 2**20
 TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES = env_int("TRAINYARD_SNAPSHOT_MAX_UNPACKED_MB", 1024) * 2**20
+# How many uploads one web process checks and packs at once; the others wait their turn, up to
+# TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS, then get a 503. The work holds Python's GIL: a burst of
+# uploads checked all at once would leave every other request of the process a sliver of it.
+TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE = env_int("TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE", 2)
+TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS = env_float("TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS", 60.0)
 
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)

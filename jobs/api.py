@@ -763,7 +763,7 @@ def snapshot_as_dict(upload: Any, **extra: Any) -> dict[str, Any]:
 
 @api.post(
     "/snapshots",
-    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS},
+    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS, 503: ErrorsOut},
     tags=["code"],
     url_name="api_snapshots",
 )
@@ -783,6 +783,10 @@ def snapshot_upload(
             stored = snapshots.store_upload(_user(request), data, name)
     except SnapshotError as exc:
         raise ApiError(400, "archive", f"The archive is refused: {exc}.") from None
+    except snapshots.UploadsBusy:
+        raise ApiError(
+            503, "archive", "The console is checking many other uploads; try again in a minute."
+        ) from None
     return Status(201 if stored.new else 200, snapshot_as_dict(stored.upload, new=stored.new))
 
 

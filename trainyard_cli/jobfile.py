@@ -9,6 +9,7 @@ The console checks the request; this module only reads the file and applies the 
 that every refusal is the API's own message about the field.
 """
 
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,17 +28,16 @@ class Draft:
 
 
 def read(path: Path) -> Draft:
+    """The job file's fields, or CliError (BAD_INPUT) with the line and column of the first
+    thing it cannot take: bytes that are not UTF-8, YAML it cannot parse, text that is not text
+    (a lone surrogate or NUL written as an escape), or aliases that expand too far. Everything
+    is checked here, before anything is uploaded."""
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise CliError(f"Cannot read the job file {path}: {exc.strerror}.", BAD_INPUT) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise CliError(f"{path} is not valid YAML{at}: {problem}.", BAD_INPUT) from None
+    text = _decode(path, raw)
+    data = _load(path, text)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -46,6 +46,150 @@ def read(path: Path) -> Draft:
     if code is not None and not isinstance(code, str):
         raise CliError(f"{path}: code: must be a folder's path.", BAD_INPUT)
     return Draft(data, (path.parent / code).resolve() if code else None)
+
+
+# What a job file may expand to, counting every value an alias stands for as often as it is
+# used: far more than any job needs (its env, arguments and rules), and a bound on what the
+# command then encodes and sends. PyYAML itself has no such limit: a "billion laughs" file of
+# a few lines stands for 10^9 values, which json.dumps would try to write out.
+MAX_VALUES = 100_000
+
+
+def _decode(path: Path, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        column = len(raw[line_start : exc.start].decode("utf-8", "replace")) + 1
+        raise CliError(
+            f"{path} is not UTF-8 text {_where(line, column)}: byte 0x{raw[exc.start]:02x} "
+            "cannot start or continue a character.",
+            BAD_INPUT,
+        ) from None
+
+
+def _load(path: Path, text: str) -> Any:
+    loader: yaml.SafeLoader | None = None
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses control characters at once
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_values(path, node)
+        return loader.construct_document(node)
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow in a file
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise CliError(
+            f"{path} is not valid YAML {_where(line, column)}: "
+            f"character U+{int(exc.character):04X} is not allowed ({exc.reason}).",
+            BAD_INPUT,
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        at = f" {_where(mark.line + 1, mark.column + 1)}" if mark else ""
+        problem = exc.problem or exc.context or str(exc)
+        raise CliError(f"{path} is not valid YAML{at}: {problem}.", BAD_INPUT) from None
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path} is not valid YAML: {exc}.", BAD_INPUT) from None
+    except RecursionError:
+        raise CliError(f"{path} is not valid YAML: it is nested too deeply.", BAD_INPUT) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _where(line: int, column: int) -> str:
+    return f"(line {line}, column {column})"
+
+
+def _check_values(path: Path, root: yaml.Node) -> None:
+    """Every scalar must be text that JSON can carry, and the document must expand to at most
+    MAX_VALUES values. Aliases are the same node object in PyYAML's graph, so each node's
+    expanded size is computed once (post-order, without recursion): linear in the file."""
+    expanded: dict[int, int] = {}
+    visiting: set[int] = set()  # the nodes on the path from the root to the current one
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if children_done:
+            size = 1 + sum(expanded[id(c)] for c in _children(node))
+            if size > MAX_VALUES:
+                raise _refusal(
+                    path,
+                    node,
+                    f"this expands to more than {MAX_VALUES:,} values through its aliases "
+                    "(*name); write the values out, or fewer of them",
+                )
+            expanded[id(node)] = size
+            visiting.discard(id(node))
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in visiting:
+            raise _refusal(path, node, "a value that contains itself (through an alias)")
+        if isinstance(node, yaml.ScalarNode):
+            _check_text(path, node)
+            expanded[id(node)] = 1
+            continue
+        visiting.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in expanded)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _check_text(path: Path, node: yaml.ScalarNode) -> None:
+    bad = first_unusable_character(node.value)
+    if bad is not None:
+        raise _refusal(path, node, f"character U+{ord(bad):04X} is not text the console takes")
+
+
+def first_unusable_character(text: str) -> str | None:
+    """The first character that cannot travel as UTF-8 JSON or that no field should hold:
+    a lone surrogate (YAML's "\\ud800" escape, or bytes that were not UTF-8 in an argument),
+    NUL or another control character other than tab and line breaks."""
+    for char in text:
+        if "\ud800" <= char <= "\udfff" or (
+            unicodedata.category(char) == "Cc" and char not in "\t\n\r"
+        ):
+            return char
+    return None
+
+
+def _refusal(path: Path, node: yaml.Node, why: str) -> CliError:
+    mark = node.start_mark
+    return CliError(
+        f"{path} is not a usable job file {_where(mark.line + 1, mark.column + 1)}: {why}.",
+        BAD_INPUT,
+    )
+
+
+def check_text(body: Any, field: str = "") -> None:
+    """Every string of the request (the job file's, already checked, and the flags') is text
+    the console can take; CliError naming the field otherwise. Run before any upload."""
+    if isinstance(body, dict):
+        for key, value in body.items():
+            check_text(key, field)
+            check_text(value, f"{field}.{key}" if field else str(key))
+    elif isinstance(body, list):
+        for index, value in enumerate(body):
+            check_text(value, f"{field}[{index}]")
+    elif isinstance(body, str):
+        bad = first_unusable_character(body)
+        if bad is not None:
+            raise CliError(
+                f"{field or 'a field name'}: character U+{ord(bad):04X} is not text the "
+                "console takes.",
+                BAD_INPUT,
+            )
 
 
 def parse_role(text: str) -> tuple[str, dict[str, Any]]:

@@ -181,6 +181,10 @@ def submit(
         restart_policy=restart,
         max_restarts=max_restarts,
     )
+    # The whole request is checked before anything is uploaded: a refusal here leaves nothing
+    # on the console (a string the console cannot take would otherwise fail to encode only
+    # after the upload).
+    jobfile.check_text(body)
     api = _api()
     folder = code.resolve() if code else draft.code
     uploaded = _upload_code(api, body, folder, no_upload, quiet=json_output)
@@ -188,7 +192,7 @@ def submit(
         body["program"] = {**body["program"], "snapshot": uploaded.sha256}
     try:
         job = api.post("/jobs", json=body)
-    except CliError:
+    except BaseException:  # refused, unreachable, or Ctrl-C: the upload goes with it
         if uploaded and uploaded.new:
             _take_back(api, uploaded.sha256)
         raise
@@ -246,7 +250,8 @@ def _upload_code(
     answer = api.post(
         "/snapshots",
         files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
-        data={"name": folder.name},
+        # A folder whose name is not text (bytes that were not UTF-8) goes without one.
+        data={"name": "" if jobfile.first_unusable_character(folder.name) else folder.name},
     )
     if not quiet:
         held = "new" if answer["new"] else "you had uploaded these files before"

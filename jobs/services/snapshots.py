@@ -5,7 +5,10 @@ carries a copy to the agents, put there (again, if it expired or Redis lost it) 
 messages for a job that runs one are sent. The format and its checks are workers/snapshot.py's.
 """
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -35,13 +38,35 @@ class Stored:
     new: bool
 
 
+class UploadsBusy(Exception):
+    """Other uploads have been checked for as long as this one may wait; try again."""
+
+
+# How many uploads this process checks at once (TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE).
+_CHECKING = threading.BoundedSemaphore(settings.TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE)
+
+
+@contextlib.contextmanager
+def _turn_to_check() -> Iterator[None]:
+    """Wait (in this request's own thread) until fewer uploads than the limit are checked."""
+    checking = _CHECKING
+    if not checking.acquire(timeout=settings.TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS):
+        raise UploadsBusy()
+    try:
+        yield
+    finally:
+        checking.release()
+
+
 def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
     """Check an uploaded .tar.gz, store its canonical form (once per content) and record
-    that `owner` uploaded it. SnapshotError says what is wrong with it."""
+    that `owner` uploaded it. SnapshotError says what is wrong with it; UploadsBusy, that
+    too many other uploads are being checked in this process right now."""
     name = name.strip()
     if len(name) > MAX_NAME_LENGTH:
         raise SnapshotError(f"the name is {len(name)} characters; at most {MAX_NAME_LENGTH}")
-    packed = snapshot.canonical(archive, settings.TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES)
+    with _turn_to_check():
+        packed = snapshot.canonical(archive, settings.TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES)
     if not packed.files:
         raise SnapshotError("the archive holds no files")
     if len(packed.archive) > settings.TRAINYARD_SNAPSHOT_MAX_BYTES:

@@ -3,6 +3,7 @@ runs it, with its own config folder, talking HTTP and the job websocket to uvico
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import RunningStack, StackClient, signal_file, wait_until
+from tests.hostile_job_files import UNUSABLE_JOB_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -199,6 +201,42 @@ def test_a_bad_job_file_gives_the_apis_field_message_and_exit_2(cli: Any, projec
     unknown = cli("submit", "job.yaml", "--role", "worker", cwd=project)
     assert unknown.returncode == 2 and "ROLE=PACKAGE" in unknown.stderr
     assert cli.api.http.get("/api/v1/jobs").json()["count"] == before
+
+
+@pytest.mark.parametrize(
+    "content",
+    [case[1] for case in UNUSABLE_JOB_FILES],
+    ids=[case[0] for case in UNUSABLE_JOB_FILES],
+)
+def test_a_job_file_that_is_not_usable_text_leaves_nothing_behind(
+    cli: Any, project: Path, content: bytes
+) -> None:
+    """Each would have uploaded the folder first (its files are new from this user) and then
+    failed: with a traceback and exit 1, or, the alias bomb, by never finishing."""
+    (project / "unique.txt").write_text(str(project))
+    (project / "hostile.yaml").write_bytes(
+        b"image: pytorch:2.13-cpu\ncode: .\nprogram: {script: train.py}\n"
+        b"roles: {master: {package: cpu-1, instances: 1}}\n" + content
+    )
+    uploads = cli.api.http.get("/api/v1/snapshots").json()["snapshots"]
+    jobs = cli.api.http.get("/api/v1/jobs").json()["count"]
+    result = cli("submit", "hostile.yaml", cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert re.search(r"\(line \d+, column \d+\)", result.stderr), result.stderr
+    assert "Traceback" not in result.stderr and "Uploaded" not in result.stderr
+    assert cli.api.http.get("/api/v1/snapshots").json()["snapshots"] == uploads
+    assert cli.api.http.get("/api/v1/jobs").json()["count"] == jobs
+
+
+def test_an_argument_that_is_not_text_is_refused_before_the_upload(cli: Any, project: Path) -> None:
+    (project / "unique.txt").write_text(str(project))
+    uploads = cli.api.http.get("/api/v1/snapshots").json()["snapshots"]
+    # Bytes that are not UTF-8 on the command line reach Python as lone surrogates.
+    result = cli("submit", "job.yaml", "--", "--tag", "run\udcff", cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert "program.args[1]: character U+DCFF" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert cli.api.http.get("/api/v1/snapshots").json()["snapshots"] == uploads
 
 
 def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:

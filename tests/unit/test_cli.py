@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.hostile_job_files import UNUSABLE_JOB_FILES
 from trainyard_cli import config, jobfile, upload
 from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
@@ -133,6 +134,63 @@ def test_a_bad_job_file_is_refused_before_anything_is_sent(
         jobfile.read(path)
     assert refused.value.exit_code == BAD_INPUT
     assert message in refused.value.message
+
+
+@pytest.mark.parametrize(
+    ("content", "message", "where"),
+    [case[1:] for case in UNUSABLE_JOB_FILES],
+    ids=[case[0] for case in UNUSABLE_JOB_FILES],
+)
+def test_a_job_file_that_is_not_usable_text_is_refused_with_its_line_and_column(
+    tmp_path: Path, content: bytes, message: str, where: tuple[int, int]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(content)
+    with pytest.raises(CliError) as refused:
+        jobfile.read(path)
+    assert refused.value.exit_code == BAD_INPUT
+    assert message in refused.value.message
+    assert f"(line {where[0]}, column {where[1]})" in refused.value.message
+
+
+def test_a_job_file_nested_too_deeply_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("args: " + "[" * 20_000 + "]" * 20_000 + "\n")
+    with pytest.raises(CliError, match="nested too deeply") as refused:
+        jobfile.read(path)
+    assert refused.value.exit_code == BAD_INPUT
+
+
+def test_aliases_that_expand_modestly_are_taken(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "common: &env {A: '1', B: '2'}\nenv: *env\nprogram: {script: t.py, args: &a [x, y]}\n"
+        'other: *a\nname: "caf\\u00e9 \\t tab"\n'
+    )
+    body = jobfile.read(path).body
+    assert body["env"] == {"A": "1", "B": "2"} and body["name"] == "café \t tab"
+    jobfile.check_text(body)
+
+
+def test_a_flag_that_is_not_text_is_refused_by_its_field() -> None:
+    # An argument with bytes that were not UTF-8 reaches Python as lone surrogates.
+    body = jobfile.apply_flags(
+        {},
+        name=None,
+        image=None,
+        script="train.py",
+        args=["--tag", "run\udcff"],
+        roles=[],
+        kvstore=None,
+        env=["NOTE=a\x00b"],
+        restart_policy=None,
+        max_restarts=None,
+    )
+    with pytest.raises(CliError, match=r"program\.args\[1\]: character U\+DCFF"):
+        jobfile.check_text(body)
+    body["program"]["args"] = ["--tag", "ok"]
+    with pytest.raises(CliError, match=r"env\.NOTE: character U\+0000"):
+        jobfile.check_text(body)
 
 
 @pytest.mark.parametrize("role", ["worker", "worker=", "=cpu-1", "worker=cpu-1:two"])

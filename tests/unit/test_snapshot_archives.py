@@ -5,12 +5,14 @@ import gzip
 import hashlib
 import io
 import tarfile
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests import hostile_archives
 from workers import contract, snapshot
 from workers.snapshot import SnapshotCache, SnapshotError
 
@@ -169,6 +171,13 @@ def test_a_folder_with_a_link_is_refused(tmp_path: Path) -> None:
         snapshot.pack_folder(folder)
 
 
+def test_a_folder_with_a_name_an_upload_may_not_have_is_refused(tmp_path: Path) -> None:
+    folder = project(tmp_path / "proj")
+    (folder / "notes\n.txt").write_text("x")
+    with pytest.raises(SnapshotError, match="not a usable file name"):
+        snapshot.pack_folder(folder)
+
+
 # --- an agent's cache, over the unit tests' real Redis ---
 
 
@@ -223,3 +232,112 @@ def test_a_snapshot_missing_from_redis_fails_with_a_reason(
         cache.archive("ab" * 32)
     with pytest.raises(SnapshotError, match="is not a SHA-256"):
         cache.archive("../../etc/passwd")
+
+
+# --- hostile archives: each refused as it is read, at the cost of its first few headers ---
+
+
+@pytest.mark.parametrize(
+    "typeflag", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME], ids=["pax", "gnu-longname"]
+)
+def test_an_extended_header_that_declares_a_gigabyte_is_refused_before_it_is_read(
+    typeflag: bytes, tmp_path: Path
+) -> None:
+    path = hostile_archives.huge_extended_header(tmp_path, typeflag)
+    assert path.stat().st_size < 2 * 2**20  # a gigabyte of zeros, gzipped
+    tracemalloc.start()
+    try:
+        with path.open("rb") as archive, pytest.raises(SnapshotError, match="extended header"):
+            snapshot.canonical(archive)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20  # tarfile alone would have read the whole gigabyte into memory
+
+
+def test_a_name_given_twice_among_the_most_members_allowed_is_refused(tmp_path: Path) -> None:
+    path = hostile_archives.many_members_one_duplicate(tmp_path, count=snapshot.MAX_MEMBERS)
+    with path.open("rb") as archive, pytest.raises(SnapshotError, match=r"'f00000\.py' appears"):
+        snapshot.canonical(archive)
+
+
+def test_a_file_deeper_than_the_limit_is_refused_at_the_first_one(tmp_path: Path) -> None:
+    path = hostile_archives.deep_folders(tmp_path, files=100, depth=snapshot.MAX_DEPTH + 1)
+    with path.open("rb") as archive, pytest.raises(SnapshotError, match="folders deep"):
+        snapshot.canonical(archive)
+    just_deep_enough = hostile_archives.deep_folders(
+        tmp_path, files=3, depth=snapshot.MAX_DEPTH - 1
+    )
+    with just_deep_enough.open("rb") as archive:
+        assert len(snapshot.canonical(archive).files) == 3
+
+
+@pytest.mark.parametrize(("name_id", "name"), hostile_archives.BAD_NAMES)
+def test_a_name_that_is_not_printable_utf8_is_refused(
+    name_id: str, name: str, tmp_path: Path
+) -> None:
+    path = hostile_archives.bad_name(tmp_path, name_id, name)
+    with path.open("rb") as archive, pytest.raises(SnapshotError, match="not a usable file name"):
+        snapshot.canonical(archive)
+    # The agent's own check refuses it too, and writes nothing.
+    with pytest.raises(SnapshotError, match="not a usable file name"):
+        snapshot.unpack(path, tmp_path / "code")
+    assert not (tmp_path / "code").exists()
+
+
+def test_names_in_any_script_and_with_spaces_are_taken() -> None:
+    names = ["données/modèle.py", "日本語/訓練.py", "my notes.txt", "emoji-🚂.md"]
+
+    def add(tar: tarfile.TarFile) -> None:
+        for name in names:
+            tar.addfile(member(name, size=1), io.BytesIO(b"x"))
+
+    assert sorted(m.path for m in snapshot.canonical(tar_gz(add)).files) == sorted(names)
+
+
+def test_a_file_that_is_also_a_folder_is_found_in_either_order() -> None:
+    def folder_first(tar: tarfile.TarFile) -> None:
+        for name in ("pkg/sub/model.py", "pkg/sub"):
+            tar.addfile(member(name, size=1), io.BytesIO(b"x"))
+
+    with pytest.raises(SnapshotError, match="'pkg/sub' is a file and also a folder"):
+        snapshot.canonical(tar_gz(folder_first))
+
+    def declared_folder(tar: tarfile.TarFile) -> None:
+        tar.addfile(member("pkg", size=1), io.BytesIO(b"x"))
+        tar.addfile(member("pkg", tarfile.DIRTYPE))
+
+    with pytest.raises(SnapshotError, match="'pkg' is a file and also a folder"):
+        snapshot.canonical(tar_gz(declared_folder))
+
+
+def test_a_chain_of_extended_headers_is_refused() -> None:
+    """GNU long-name headers in a row: tarfile follows each by recursion, as deep as the chain."""
+    chain = b"".join(_long_name_header(b"a" * 100) for _ in range(50))
+    body = chain + tarfile.TarInfo("train.py").tobuf(format=tarfile.USTAR_FORMAT) + bytes(1024)
+    with pytest.raises(SnapshotError, match="extended headers"):
+        snapshot.canonical(io.BytesIO(gzip.compress(body)))
+
+
+def _long_name_header(name: bytes) -> bytes:
+    info = tarfile.TarInfo("././@LongLink")
+    info.type = tarfile.GNUTYPE_LONGNAME
+    info.size = len(name) + 1
+    data = name + b"\0"
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + data + bytes(-len(data) % 512)
+
+
+def test_a_sparse_file_is_refused() -> None:
+    def add(tar: tarfile.TarFile) -> None:
+        info = member("sparse.bin", size=1)
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0"}
+        tar.addfile(info, io.BytesIO(b"x"))
+
+    with pytest.raises(SnapshotError, match="a sparse file"):
+        snapshot.canonical(tar_gz(add))
+
+
+def test_a_check_past_its_cpu_budget_is_refused() -> None:
+    archive = with_member(member("train.py"), b"print('hi')\n")
+    with pytest.raises(SnapshotError, match="s of CPU time"):
+        snapshot.read_members(archive, cpu_seconds=-1.0)

@@ -4,6 +4,7 @@ Celery messages captured, the unit tests' real Redis)."""
 import io
 import os
 import tarfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
 from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job
+from jobs.services import snapshots
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract, snapshot
 
@@ -257,3 +259,19 @@ def test_the_last_upload_forgotten_takes_its_files_with_it(
     assert not CodeSnapshot.objects.filter(sha256=sha).exists()
     # Uploaded again, the same files are stored again under the same name.
     assert upload(client, alice, packed(folder(tmp_path / "a", version="2"))).status_code == 201
+
+
+def test_an_upload_waits_its_turn_and_gets_503_when_it_does_not_come(
+    client: Client, alice: User, tmp_path: Path, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checks are CPU work under the GIL: a web process checks a few at once, not every one."""
+    busy = threading.BoundedSemaphore(1)
+    busy.acquire()  # another upload is being checked
+    monkeypatch.setattr(snapshots, "_CHECKING", busy)
+    settings.TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS = 0
+    response = upload(client, alice, packed(folder(tmp_path / "proj")))
+    assert response.status_code == 503
+    assert "try again" in response.json()["errors"]["archive"][0]
+    assert not CodeUpload.objects.exists()
+    busy.release()  # its turn comes
+    assert upload(client, alice, packed(folder(tmp_path / "proj"))).status_code == 201
