@@ -325,6 +325,10 @@ if not (
 # A log websocket whose client has not taken one frame in this long is closed (code 4408) and
 # resumes from its cursor, rather than having the server buffer for it without bound.
 TRAINYARD_WS_SEND_TIMEOUT_SECONDS = env_int("TRAINYARD_WS_SEND_TIMEOUT_SECONDS", 20)
+# An open websocket checks again, this often, that the token or session it was opened with
+# still holds (and closes with 4401 if not). Revoking a token, deactivating a user or changing
+# a password tells the streams at once; this is the fallback for a message that was lost.
+TRAINYARD_WS_RECHECK_SECONDS = env_int("TRAINYARD_WS_RECHECK_SECONDS", 5)
 
 # /healthz tells anyone only "up" or "down"; staff, and callers that send this token
 # (Authorization: Token …, e.g. a monitoring system), also get which part fails and how many

@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import path
+from django.views.generic import RedirectView
 
 from jobs import account_views, api, user_views, views
 from jobs.login_throttle import AdminLoginForm, LoginForm
@@ -17,6 +18,7 @@ urlpatterns = [
     path("quotas/", views.quota_list, name="quota_list"),
     path("account/tokens/", account_views.token_list, name="token_list"),
     path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke, name="token_revoke"),
+    path("account/password/", account_views.password_change, name="password_change"),
     path("users/", user_views.user_list, name="user_list"),
     path("users/<int:user_id>/", user_views.user_edit, name="user_edit"),
     path("users/groups/<int:group_id>/", user_views.group_edit, name="group_edit"),
@@ -24,6 +26,9 @@ urlpatterns = [
         "accounts/login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"
     ),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # The admin's "change password" (your own) is the account page: one place where a
+    # password change also decides about the API tokens.
+    path("admin/password_change/", RedirectView.as_view(pattern_name="password_change")),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
     # API v1 (django-ninja): every api/v1/... path, plus openapi.json and docs.

@@ -1,18 +1,18 @@
-"""Forms of the API tokens page and the admins' Users page. They only validate; the writes
-are jobs.services.tokens and jobs.services.users."""
+"""Forms of the API tokens and password pages and the admins' Users page. They only
+validate; the writes are jobs.services.tokens and jobs.services.users."""
 
 from typing import Any
 
 from django import forms
 from django.contrib.auth import password_validation
-from django.contrib.auth.forms import UsernameField
+from django.contrib.auth.forms import AdminPasswordChangeForm, PasswordChangeForm, UsernameField
 from django.contrib.auth.models import Group, User
 from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 
 from jobs.models import Quota
 from jobs.services.tokens import NAME_MAX_LENGTH
-from jobs.services.users import Limits
+from jobs.services.users import Limits, change_password
 from jobs.text import validate_name
 
 
@@ -24,6 +24,40 @@ class NewTokenForm(forms.Form):
         "which one to revoke.",
         widget=forms.TextInput(attrs={"placeholder": "laptop", "autocomplete": "off"}),
     )
+
+
+KEEP_TOKENS_HELP = (
+    "Unticked (the default), every API token stops working and every stream opened with one "
+    "closes: if the password leaked, a token made with it may have too."
+)
+
+
+def keep_tokens_field(label: str) -> forms.BooleanField:
+    return forms.BooleanField(
+        required=False, initial=False, label=label, help_text=KEEP_TOKENS_HELP
+    )
+
+
+class ChangePasswordForm(PasswordChangeForm):
+    """Django's own (old password, new twice, the password validators), and whether to keep
+    the API tokens."""
+
+    keep_tokens = keep_tokens_field("Keep my API tokens working")
+
+
+class AdminChangePasswordForm(AdminPasswordChangeForm):
+    """The admin's "change password" of another user, with the same choice for their tokens.
+    Saving goes through jobs.services.users.change_password, as on the user's own page."""
+
+    keep_tokens = keep_tokens_field("Keep their API tokens working")
+
+    def save(self, commit: bool = True) -> Any:
+        if not commit:
+            return super().save(commit=False)
+        usable = self.cleaned_data.get("usable_password", "true") != "false"
+        password = self.cleaned_data.get("password1") if usable else None
+        change_password(self.user, password, keep_tokens=bool(self.cleaned_data["keep_tokens"]))
+        return self.user
 
 
 class QuotaFields(forms.Form):

@@ -1,7 +1,8 @@
-"""The logged-in user's own account pages: their API tokens. Thin views over
-jobs.services.tokens."""
+"""The logged-in user's own account pages: their API tokens and their password. Thin views
+over jobs.services.tokens and jobs.services.users."""
 
 from django.contrib import messages
+from django.contrib.auth import update_session_auth_hash
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
@@ -9,8 +10,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from jobs.account_forms import NewTokenForm
-from jobs.services import tokens
+from jobs.account_forms import ChangePasswordForm, NewTokenForm
+from jobs.services import tokens, users
 
 
 @never_cache  # the page may hold a new key: no cache keeps a copy
@@ -46,3 +47,24 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     label = revoked.name or f"{revoked.prefix}…"
     messages.success(request, f"Revoked token {label}: it no longer works.")
     return redirect("token_list")
+
+
+@never_cache
+@login_required
+def password_change(request: HttpRequest) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]  # login_required
+    form = ChangePasswordForm(user, request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        keep = bool(form.cleaned_data["keep_tokens"])
+        revoked = users.change_password(user, form.cleaned_data["new_password1"], keep)
+        # This browser stays logged in; every other session of theirs has ended.
+        update_session_auth_hash(request, user)
+        if keep:
+            outcome = "Your API tokens still work."
+        else:
+            outcome = (
+                f"Your API tokens ({revoked}) were revoked: make new ones where you need them."
+            )
+        messages.success(request, f"Password changed. Your other sessions have ended. {outcome}")
+        return redirect("password_change")
+    return render(request, "account/password.html", {"form": form})

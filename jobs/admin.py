@@ -3,9 +3,12 @@
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from jobs.account_forms import AdminChangePasswordForm
 from jobs.models import (
     AgentCredential,
     ApiToken,
@@ -19,7 +22,7 @@ from jobs.models import (
     Quota,
     Replica,
 )
-from jobs.services import agent_access, nodes, scheduling
+from jobs.services import agent_access, nodes, revocation, scheduling, tokens
 
 admin.site.site_header = "Trainyard administration"
 admin.site.site_title = "Trainyard admin"
@@ -81,6 +84,42 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    # Deleting here is revoking: through the service, so the token's open streams end too.
+    def delete_model(self, request: HttpRequest, obj: ApiToken) -> None:
+        tokens.revoke(obj.user, obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        for token in queryset.select_related("user"):
+            tokens.revoke(token.user, token.pk)
+
+
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class TrainyardUserAdmin(UserAdmin):
+    """Django's user admin, where taking a user's access away also ends their open streams: a
+    password change (revoking their API tokens unless kept), deactivation and deletion."""
+
+    change_password_form = AdminChangePasswordForm
+    change_user_password_template = "admin/trainyard/change_password.html"  # noqa: S105
+
+    def save_model(self, request: HttpRequest, obj: User, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change and "is_active" in form.changed_data and not obj.is_active:
+            revocation.tell_streams_on_commit(obj.pk)
+
+    def delete_model(self, request: HttpRequest, obj: User) -> None:
+        user_id = obj.pk
+        super().delete_model(request, obj)
+        revocation.tell_streams_on_commit(user_id)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[User]) -> None:
+        user_ids = list(queryset.values_list("pk", flat=True))
+        super().delete_queryset(request, queryset)
+        for user_id in user_ids:
+            revocation.tell_streams_on_commit(user_id)
 
 
 CAPACITY_FIELDS = ("cpu", "gpus", "memory_gb")

@@ -14,6 +14,9 @@ after cursor C, then live) or ?tail=N (about the last N lines, then live). Frame
                                                frame with the final state); the socket closes
 A client that cannot take frames as fast as they come is closed with code 4408 instead of
 being buffered for: it reconnects with ?after=<its cursor> and loses nothing.
+A stream whose credentials stop holding (its token revoked, its user deactivated, its session
+ended by a password change) is closed with code 4401 and the reason (close frame's reason);
+the client must authenticate again. See jobs.services.revocation.
 """
 
 import asyncio
@@ -33,12 +36,14 @@ from jobs import logstream
 from jobs.access import get_job_for
 from jobs.models import LogChunk
 from jobs.redis_client import get_async_redis
+from jobs.services import revocation
 from jobs.services.events import job_group
 from jobs.services.presenters import job_state_payload
+from jobs.ws_auth import TOKEN_ID_SCOPE_KEY
 
 log = logging.getLogger(__name__)
 
-CLOSE_UNAUTHENTICATED = 4401
+CLOSE_UNAUTHENTICATED = revocation.CLOSE_CREDENTIALS_REVOKED  # 4401, before or after opening
 CLOSE_NOT_FOUND = 4404
 CLOSE_BAD_REQUEST = 4400
 CLOSE_TOO_SLOW = 4408
@@ -53,15 +58,25 @@ def _state_for(user: Any, job_id: int) -> dict[str, Any] | None:
         return None
 
 
+@database_sync_to_async
+def _why_invalid(credential: revocation.Credential) -> str | None:
+    return revocation.why_invalid(credential)
+
+
 class JobConsumer(AsyncJsonWebsocketConsumer):
     job_id: int
+    credential: revocation.Credential
     follower: asyncio.Task[None] | None = None
+    # Re-checks the credential on a timer, in case the message that would have told us is lost.
+    watchdog: asyncio.Task[None] | None = None
+    revoked = False
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        self.credential = _credential_of(self.scope)
         self.job_id = int(self.scope["url_route"]["kwargs"]["job_id"])
         query = parse_qs(self.scope.get("query_string", b"").decode())
         try:
@@ -89,24 +104,37 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             points, _ = await _metric_points(self.job_id, after)
             await self.send_json({"type": "metric", "points": points, "next": after})
         self.follower = asyncio.create_task(self._relay_log(after))
+        self.watchdog = asyncio.create_task(self._recheck_credential_periodically())
 
     async def disconnect(self, code: int) -> None:
-        if self.follower is not None:
-            self.follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.follower
+        await self._stop_tasks()
         if hasattr(self, "job_id"):
             # With Redis away the membership cannot be dropped; it expires on its own.
             with contextlib.suppress(RedisError, OSError):
-                await self.channel_layer.group_discard(job_group(self.job_id), self.channel_name)
+                for group in self._groups():
+                    await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def _stop_tasks(self) -> None:
+        current = asyncio.current_task()
+        for task in (self.follower, self.watchdog):
+            if task is not None and task is not current:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def _groups(self) -> list[str]:
+        """The job's group (state events) and the user's (credentials changed)."""
+        return [job_group(self.job_id), revocation.user_group(self.credential.user_id)]
 
     async def _join_group(self) -> bool:
-        """Join the job's group for state events. After Redis restarts, the layer's pooled
-        connection is dead and the first command on it fails, though Redis is back: one more
-        try takes a fresh connection. Redis still away: the client is told to come back."""
+        """Join the job's group for state events and the user's for revocations. After Redis
+        restarts, the layer's pooled connection is dead and the first command on it fails,
+        though Redis is back: one more try takes a fresh connection. Redis still away: the
+        client is told to come back."""
         for attempt in (1, 2):
             try:
-                await self.channel_layer.group_add(job_group(self.job_id), self.channel_name)
+                for group in self._groups():
+                    await self.channel_layer.group_add(group, self.channel_name)
                 return True
             except (RedisError, OSError) as exc:
                 log.warning(
@@ -117,6 +145,38 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
     async def job_event(self, event: dict[str, Any]) -> None:
         await self.send_json(event["payload"])
+
+    async def credentials_changed(self, event: dict[str, Any]) -> None:
+        """Something of the user's was revoked (revocation.CREDENTIALS_CHANGED): maybe what
+        opened this stream, maybe another token or session of theirs. Check ours."""
+        await self._close_if_revoked()
+
+    async def _recheck_credential_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(settings.TRAINYARD_WS_RECHECK_SECONDS)
+            try:
+                await self._close_if_revoked()
+            except Exception:
+                # The database away for a moment is no reason to end a stream: try next time.
+                log.warning("re-checking the credentials of a stream failed", exc_info=True)
+
+    async def _close_if_revoked(self) -> None:
+        if self.revoked:
+            return
+        reason = await _why_invalid(self.credential)
+        if reason is None or self.revoked:
+            return
+        self.revoked = True
+        # Stop relaying first: not one more line goes out once we know. Not waited for: a
+        # follower in the middle of a database read ends when the read returns, and the
+        # close must not wait for that (disconnect() waits for it).
+        for task in (self.follower, self.watchdog):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        log.info(
+            "closing a stream of job %s with %d: %s", self.job_id, CLOSE_UNAUTHENTICATED, reason
+        )
+        await self.close(code=CLOSE_UNAUTHENTICATED, reason=f"credentials revoked: {reason}")
 
     async def _relay_log(self, after: int) -> None:
         client = get_async_redis(blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS)
@@ -188,6 +248,17 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
 
 class _TooSlow(Exception):
     pass
+
+
+def _credential_of(scope: dict[str, Any]) -> revocation.Credential:
+    """The token (ws_auth.TokenAuthMiddleware) or else the session that authenticated it."""
+    user_id = int(scope["user"].pk)
+    token_id = scope.get(TOKEN_ID_SCOPE_KEY)
+    if token_id is not None:
+        return revocation.Credential(user_id=user_id, token_id=int(token_id))
+    session = scope.get("session")
+    session_key = session.session_key if session is not None else None
+    return revocation.Credential(user_id=user_id, session_key=session_key)
 
 
 def _frame_kind(batch: logstream.Batch) -> str:

@@ -14,13 +14,20 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 def user_for_token(key: str) -> User | None:
+    token = token_for_key(key)
+    return token.user if token is not None else None
+
+
+def token_for_key(key: str) -> ApiToken | None:
+    """The token of this key, its user loaded, if it opens anything: it exists and its user is
+    active. A stream remembers the token's id, to end when the token is revoked."""
     if not key:
         return None
     token = ApiToken.objects.select_related("user").filter(digest=ApiToken.hash(key)).first()
     if token is None or not token.user.is_active:
         return None
     _record_use(token)
-    return token.user
+    return token
 
 
 def _record_use(token: ApiToken) -> None:

@@ -17,7 +17,11 @@ from django.contrib.auth.models import AnonymousUser
 from django.http.request import split_domain_port, validate_host
 from django.utils.http import is_same_domain
 
-from jobs.tokens import user_for_token
+from jobs.tokens import token_for_key
+
+# The scope key that holds the id of the API token a websocket was opened with, so that the
+# stream can end when that token is revoked (jobs.services.revocation).
+TOKEN_ID_SCOPE_KEY = "api_token_id"  # noqa: S105  (a scope key, no secret)
 
 
 class TokenAuthMiddleware:
@@ -28,8 +32,11 @@ class TokenAuthMiddleware:
         headers = dict(scope.get("headers", []))
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if auth.startswith("Token "):
-            user = await database_sync_to_async(user_for_token)(auth[6:].strip())
-            scope = dict(scope, user=user or AnonymousUser())
+            token = await database_sync_to_async(token_for_key)(auth[6:].strip())
+            if token is None:
+                scope = dict(scope, user=AnonymousUser())
+            else:
+                scope = dict(scope, user=token.user, **{TOKEN_ID_SCOPE_KEY: token.pk})
         return await self.inner(scope, receive, send)
 
 

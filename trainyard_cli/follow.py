@@ -3,7 +3,9 @@ connections and console restarts, and the job's state as it changes.
 
 The websocket (/ws/jobs/ID/?after=C) sends the lines after cursor C, then live ones. A
 connection that drops is opened again with ?after= the last cursor this client received, so
-nothing is missed; a line at or before that cursor is never shown twice.
+nothing is missed; a line at or before that cursor is never shown twice. A stream the console
+closes because its token stopped holding (code 4401: revoked, the user deactivated, their
+password changed) is not reopened: that ends the command with exit code 3 and the reason.
 """
 
 import json
@@ -16,12 +18,14 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import connect
 
-from trainyard_cli.errors import UNAVAILABLE, CliError
+from trainyard_cli.errors import NOT_LOGGED_IN, UNAVAILABLE, CliError
 
 # The console sends a heartbeat frame when nothing else happens for a while; a connection
 # silent for much longer than that is dead even if TCP has not noticed.
 SILENT_LIMIT_SECONDS = 90.0
 RECONNECT_FOR_SECONDS = 300.0
+# The console's close code for a stream whose credentials were revoked (docs/security.md).
+CLOSE_CREDENTIALS_REVOKED = 4401
 
 
 @dataclass
@@ -81,7 +85,11 @@ def follow(
             problem = "the console closed the stream"
         except _Refused:
             raise why_refused() from None
-        except (OSError, ConnectionClosed, InvalidHandshake, TimeoutError) as exc:
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code == CLOSE_CREDENTIALS_REVOKED:
+                raise _revoked(exc.rcvd.reason, job_id, follower.cursor) from None
+            problem = str(exc) or type(exc).__name__
+        except (OSError, InvalidHandshake, TimeoutError) as exc:
             problem = str(exc) or type(exc).__name__
         now = time.monotonic()
         if down_since is None:
@@ -95,6 +103,15 @@ def follow(
             )
         time.sleep(pause)
         pause = min(pause * 2, 5.0)
+
+
+def _revoked(reason: str, job_id: int, cursor: int) -> CliError:
+    said = reason or "credentials revoked"
+    return CliError(
+        f"The console ended the stream: {said}. Log in again with a valid token "
+        f"(`trainyard login`), then resume with `trainyard logs {job_id} -f --since {cursor}`.",
+        NOT_LOGGED_IN,
+    )
 
 
 def _one_connection(console_url: str, token: str, job_id: int, follower: Follower) -> bool:

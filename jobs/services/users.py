@@ -14,6 +14,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import Coalesce
 
 from jobs.models import Job, Quota
+from jobs.services import revocation, tokens
 from jobs.services.quota import Usage
 
 # 16 characters of URL-safe base64: easy to paste, far beyond guessing.
@@ -170,8 +171,13 @@ def update_user(
     is_active: bool,
     quota: Limits | None,
 ) -> None:
+    deactivated = user.is_active and not is_active
     user.is_staff, user.is_active = is_staff, is_active
     user.save(update_fields=["is_staff", "is_active"])
+    if deactivated:
+        # Their tokens and sessions stop working at once (they are checked on every request);
+        # their open streams are told, or would relay on for as long as their jobs run.
+        revocation.tell_streams_on_commit(user.pk)
     user.groups.set(_with_new_group(groups, new_group))
     set_user_quota(user, quota)
 
@@ -201,3 +207,22 @@ def set_group_quota(group: Group, limits: Limits | None) -> None:
         Quota.objects.filter(group=group).delete()
     else:
         Quota.objects.update_or_create(group=group, defaults=asdict(limits))
+
+
+@transaction.atomic
+def change_password(user: User, password: str | None, keep_tokens: bool = False) -> int:
+    """Set the user's password (None: no usable password, they cannot log in with one).
+
+    Their other sessions end (Django's session hash changes with the password) and so do their
+    API tokens, unless they keep them: someone who changes a password because it leaked must
+    not leave a token made with it working. Every stream opened with what ended closes.
+    Returns how many tokens were revoked.
+    """
+    if password is None:
+        user.set_unusable_password()
+    else:
+        user.set_password(password)
+    user.save(update_fields=["password"])
+    revoked = 0 if keep_tokens else tokens.revoke_all(user)
+    revocation.tell_streams_on_commit(user.pk)
+    return revoked

@@ -326,7 +326,7 @@ async def test_a_stale_redis_connection_after_a_restart_costs_no_failed_handshak
     comm = communicator(job.pk, token)
     assert (await comm.connect())[0]
     assert (await comm.receive_json_from(timeout=5))["type"] == "state"
-    assert flaky.calls == 2
+    assert flaky.calls == 3  # the failure, then the job's group and the user's (revocations)
     # Joined on the second try: state changes reach this client.
     after_master = await report_started(job.pk, "master")
     while (frame := await comm.receive_json_from(timeout=5)) != {

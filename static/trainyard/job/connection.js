@@ -25,7 +25,8 @@ export function openJobStream(jobId, { from, onFrame, onStatus, isEnded }) {
     ws.onclose = (ev) => {
       if (socket === ws) socket = null;
       if (isEnded()) return;
-      if (ev.code === 4401) onStatus("logged out: log in again to see the log");
+      // 4401: logged out, or what opened the stream was revoked since (the reason says which).
+      if (ev.code === 4401) onStatus(`${ev.reason || "logged out"}: log in again to see the log`);
       else if (ev.code === 4404) onStatus("no such job");
       else if (ev.code === 4408) {
         // The server dropped us for falling behind: pick up again from our cursor at once.
