@@ -1,0 +1,276 @@
+"""Retention (jobs.services.retention, `manage.py prune`, POST /api/v1/jobs/ID/retention), with
+the clock moved forward: `now` handed to the service, or the jobs' end times set in the past."""
+
+import io
+import tarfile
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from django.utils import timezone
+
+from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job, LogChunk, MetricPoint
+from jobs.services import retention, snapshots
+from tests.unit.helpers import job_request
+
+pytestmark = pytest.mark.usefixtures("catalog", "nodes", "redis_url", "sent_tasks")
+
+DAY = timedelta(days=1)
+
+
+@pytest.fixture(autouse=True)
+def default_days(settings: Any) -> None:
+    settings.TRAINYARD_LOG_RETENTION_DAYS = 90
+
+
+def auth(user: User) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(user)}"}
+
+
+def submitted(client: Client, user: User, **overrides: Any) -> Job:
+    response = client.post(
+        "/api/v1/jobs",
+        job_request(instances=2, **overrides),
+        content_type="application/json",
+        **auth(user),
+    )
+    assert response.status_code == 201, response.content
+    return Job.objects.get(pk=response.json()["id"])
+
+
+def ended(job: Job, at: datetime, **fields: Any) -> Job:
+    """The job as if it had succeeded at `at`, with a log and metrics archived."""
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.SUCCEEDED, finished=at, log_complete=True, log_archived=True, **fields
+    )
+    for cursor in (1, 2):
+        LogChunk.objects.create(
+            job=job, first_cursor=cursor, last_cursor=cursor, role="master", text="loss 0.5"
+        )
+        MetricPoint.objects.create(
+            job=job, cursor=100 + cursor, role="master", index=0, name="loss", value=0.5, ts=1.0
+        )
+    job.refresh_from_db()
+    return job
+
+
+def archived(job: Job) -> tuple[int, int]:
+    return (
+        LogChunk.objects.filter(job=job).count(),
+        MetricPoint.objects.filter(job=job).count(),
+    )
+
+
+def test_it_removes_expired_logs_and_metrics_and_spares_kept_and_recent_jobs(
+    client: Client, alice: User
+) -> None:
+    now = timezone.now()
+    old = ended(submitted(client, alice), now - 10 * DAY)
+    kept = ended(submitted(client, alice), now - 10 * DAY, keep=True)
+    forever = ended(submitted(client, alice), now - 10 * DAY, log_retention_days=0)
+    longer = ended(submitted(client, alice), now - 10 * DAY, log_retention_days=200)
+    shorter = ended(submitted(client, alice), now - 10 * DAY, log_retention_days=3)
+    recent = ended(submitted(client, alice), now - DAY)
+    running = submitted(client, alice)
+
+    # Today only the job with 3 days of its own has expired; 85 days on, the one that ended ten
+    # days ago under the default 90 too, but not the one that ended yesterday.
+    assert [item.job_id for item in retention.plan(now).logs] == [shorter.pk]
+    later = now + 85 * DAY
+    gone = retention.prune(later)
+
+    assert sorted(item.job_id for item in gone.logs) == sorted([old.pk, shorter.pk])
+    for job in (old, shorter):
+        assert archived(job) == (0, 0)
+        job.refresh_from_db()
+        assert job.logs_pruned == later  # the Job row stays, and says when they went
+    for job in (kept, forever, longer, recent):
+        assert archived(job) == (2, 2)
+    for job in (kept, forever, longer, recent, running):
+        job.refresh_from_db()
+        assert job.logs_pruned is None
+    # A second pass finds nothing more: what went is not listed again.
+    assert retention.plan(later).empty
+
+
+def test_it_keeps_a_job_kept_between_the_listing_and_the_removal(
+    client: Client, alice: User
+) -> None:
+    now = timezone.now()
+    job = ended(submitted(client, alice), now - 100 * DAY)
+    assert [item.job_id for item in retention.plan(now).logs] == [job.pk]
+    planned = retention.plan(now)
+    retention.set_retention(job.pk, keep=True, days=None)
+    assert all(not retention._remove_log(item, now) for item in planned.logs)
+    assert archived(job) == (2, 2)
+
+
+def folder_archive(tmp_path: Path, version: str) -> bytes:
+    root = tmp_path / version
+    root.mkdir()
+    (root / "train.py").write_text(f"print('version {version}')\n")
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        tar.add(root, arcname=".")
+    return data.getvalue()
+
+
+def test_it_collects_snapshots_that_no_job_and_no_upload_names(
+    client: Client, alice: User, tmp_path: Path
+) -> None:
+    listed = snapshots.store_upload(alice, io.BytesIO(folder_archive(tmp_path, "listed")))
+    run = snapshots.store_upload(alice, io.BytesIO(folder_archive(tmp_path, "run")))
+    orphan = snapshots.store_upload(alice, io.BytesIO(folder_archive(tmp_path, "orphan")))
+    program = {"script": "train.py", "args": []}
+    runner = submitted(client, alice, program=program | {"snapshot": run.upload.snapshot.sha256})
+    deleted = submitted(
+        client, alice, program=program | {"snapshot": orphan.upload.snapshot.sha256}
+    )
+    # Forgotten by its uploader, the "run" one stays for the job that ran it; the orphan's last
+    # job is then deleted (by an admin), so nothing names it any more.
+    for stored in (run, orphan):
+        assert snapshots.forget_upload(alice, stored.upload.snapshot.sha256)
+    deleted.delete()
+    # One that nothing names but that was stored a moment ago: an upload in progress.
+    young_row = CodeSnapshot.objects.create(
+        sha256="f" * 64, archive=b"x", size=1, unpacked_size=1, files=["a.py"]
+    )
+    CodeSnapshot.objects.exclude(pk=young_row.pk).update(created=timezone.now() - 2 * DAY)
+
+    gone = retention.prune()
+
+    assert [item.sha256 for item in gone.snapshots] == [orphan.upload.snapshot.sha256]
+    remaining = set(CodeSnapshot.objects.values_list("sha256", flat=True))
+    assert remaining == {
+        listed.upload.snapshot.sha256,
+        run.upload.snapshot.sha256,
+        young_row.sha256,
+    }
+    assert CodeUpload.objects.filter(snapshot__sha256=listed.upload.snapshot.sha256).exists()
+    assert Job.objects.filter(pk=runner.pk, snapshot__sha256=run.upload.snapshot.sha256).exists()
+
+
+def test_prune_dry_run_lists_exactly_what_a_real_run_then_removes(
+    client: Client, alice: User, bob: User, tmp_path: Path
+) -> None:
+    now = timezone.now()
+    expired = [ended(submitted(client, user), now - 100 * DAY) for user in (alice, bob, alice)]
+    ended(submitted(client, alice), now - 100 * DAY, keep=True)
+    ended(submitted(client, bob), now - 5 * DAY)
+    loose = snapshots.store_upload(bob, io.BytesIO(folder_archive(tmp_path, "loose")))
+    job = submitted(
+        client,
+        bob,
+        program={"script": "train.py", "args": [], "snapshot": loose.upload.snapshot.sha256},
+    )
+    snapshots.forget_upload(bob, loose.upload.snapshot.sha256)
+    job.delete()
+    CodeSnapshot.objects.update(created=now - 2 * DAY)
+    before = (LogChunk.objects.count(), MetricPoint.objects.count(), CodeSnapshot.objects.count())
+
+    dry = io.StringIO()
+    call_command("prune", "--dry-run", stdout=dry)
+    assert (
+        LogChunk.objects.count(),
+        MetricPoint.objects.count(),
+        CodeSnapshot.objects.count(),
+    ) == before  # a dry run removes nothing
+    real = io.StringIO()
+    call_command("prune", stdout=real)
+
+    would = dry.getvalue().splitlines()
+    did = real.getvalue().splitlines()
+    assert len(would) == len(expired) + 1 + 1  # three jobs, one snapshot, the total
+    assert [line.replace("would remove", "removed", 1) for line in would] == did
+    for job in expired:
+        assert f"job {job.pk} ({job.owner.username})" in real.getvalue()
+        assert archived(job) == (0, 0)
+    assert loose.upload.snapshot.sha256[:12] in real.getvalue()
+    assert not CodeSnapshot.objects.filter(sha256=loose.upload.snapshot.sha256).exists()
+    # Left: the kept job's and the recent job's log and metrics.
+    assert (LogChunk.objects.count(), MetricPoint.objects.count()) == (4, 4)
+    again = io.StringIO()
+    call_command("prune", "--dry-run", stdout=again)
+    assert again.getvalue().splitlines() == [
+        "would remove the logs and metrics of 0 jobs and 0 code snapshots"
+    ]
+
+
+def test_it_sets_a_jobs_retention_through_the_api(client: Client, alice: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    detail = client.get(f"/api/v1/jobs/{job.pk}", **auth(alice)).json()
+    assert detail["retention"] == {
+        "keep": False,
+        "days": 90,
+        "own_days": False,
+        "expires": (job.finished + 90 * DAY).isoformat(),  # type: ignore[operator]
+        "pruned": None,
+    }
+
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention",
+        {"keep": True},
+        content_type="application/json",
+        **auth(alice),
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["retention"] | {"expires": "-"} == {
+        "keep": True,
+        "days": 90,
+        "own_days": False,
+        "expires": "-",
+    } | {"pruned": None}
+    assert response.json()["retention"]["expires"] is None
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (True, None)
+
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention",
+        {"keep": False, "days": 7},
+        content_type="application/json",
+        **auth(alice),
+    )
+    assert response.json()["retention"]["expires"] == (job.finished + 7 * DAY).isoformat()  # type: ignore[operator]
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (False, 7)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"days": -1}, {"days": 36501}, {"days": "7"}, {"keep": "yes"}, {"keep": True, "forever": 1}],
+)
+def test_it_refuses_bad_retention_and_changes_nothing(
+    client: Client, alice: User, body: dict[str, Any]
+) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention", body, content_type="application/json", **auth(alice)
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"]
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (False, None)
+
+
+def test_it_does_not_let_another_user_keep_a_job(client: Client, alice: User, bob: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention",
+        {"keep": True},
+        content_type="application/json",
+        **auth(bob),
+    )
+    assert response.status_code == 404
+    job.refresh_from_db()
+    assert job.keep is False
+
+
+def test_the_workers_loop_prunes(client: Client, alice: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - 100 * DAY)
+    outcome = retention.RetentionLoop(3600).run_once()
+    assert outcome is not None and [item.job_id for item in outcome.logs] == [job.pk]
+    assert archived(job) == (0, 0)
