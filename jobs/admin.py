@@ -252,8 +252,18 @@ class HealthEventInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "owner", "image", "state", "cpu_total", "gpus_total", "created")
-    list_filter = ("state", "image")
+    list_display = (
+        "id",
+        "name",
+        "owner",
+        "image",
+        "state",
+        "cpu_total",
+        "gpus_total",
+        "created",
+        "keep",
+    )
+    list_filter = ("state", "image", "keep")
     search_fields = ("name", "owner__username")
     inlines = [JobRoleInline, JobAttemptInline, HealthEventInline, ReplicaInline]
     # State is written by the transitions service only; admins cancel through the job page.
@@ -265,6 +275,7 @@ class JobAdmin(admin.ModelAdmin):
         "restart_at",
         "excluded_nodes",
         "log_complete",
+        "logs_pruned",
         "started",
         "finished",
         "cpu_total",

@@ -491,10 +491,15 @@ def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
     url_name="api_job_retention",
 )
 def job_retention(request: HttpRequest, job_id: int, payload: RetentionIn) -> dict[str, Any]:
-    """Body {"keep": bool, "days": N or null}: keep the job's log and metrics, or say how many
-    days after it ends they go (null: the console's default; 0: forever)."""
+    """Body {"keep": bool, "days": N or null}, either or both: keep the job's log and metrics,
+    or say how many days after it ends they go (null: the console's default; 0: forever)."""
     job = get_job_for(request.user, job_id)
-    job = retention.set_retention(job.pk, keep=payload.keep, days=payload.days)
+    given = payload.model_fields_set
+    job = retention.set_retention(
+        job.pk,
+        keep=payload.keep if "keep" in given else None,
+        days=payload.days if "days" in given else ...,
+    )
     return job_as_dict(job, request.user)
 
 

@@ -17,6 +17,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import EllipsisType
 
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
@@ -27,6 +28,9 @@ from django.utils import timezone
 from jobs.models import CodeSnapshot, Job, LogChunk, MetricPoint
 
 log = logging.getLogger(__name__)
+
+# set_retention's "leave the days as they are" (None already means "the default").
+Unchanged = EllipsisType
 
 # A snapshot is stored a moment before its first upload row is written (snapshots.store_upload):
 # one younger than this is never collected, so an upload in progress keeps its files.
@@ -42,13 +46,13 @@ class ExpiredLog:
     finished: datetime
     expired: datetime
     log_chunks: int
-    log_bytes: int
+    log_characters: int
     metric_points: int
 
     def describe(self) -> str:
         return (
             f"job {self.job_id} ({self.owner}): log {self.log_chunks} chunks "
-            f"{self.log_bytes} bytes, {self.metric_points} metric points; ended "
+            f"{self.log_characters} characters, {self.metric_points} metric points; ended "
             f"{self.finished:%Y-%m-%d %H:%M}, expired {self.expired:%Y-%m-%d %H:%M}"
         )
 
@@ -143,7 +147,7 @@ def _expired_logs(now: datetime) -> list[ExpiredLog]:
                 finished=job.finished,
                 expired=expires,
                 log_chunks=chunks.count(),
-                log_bytes=chunks.aggregate(n=Sum(Length("text")))["n"] or 0,
+                log_characters=chunks.aggregate(n=Sum(Length("text")))["n"] or 0,
                 metric_points=MetricPoint.objects.filter(job_id=job.pk).count(),
             )
         )
@@ -226,12 +230,17 @@ class RetentionLoop(threading.Thread):
         self.stopped.set()
 
 
-def set_retention(job_id: int, *, keep: bool, days: int | None) -> Job:
-    """Keep the job's log and metrics, or give it days of its own (None: the default)."""
+def set_retention(
+    job_id: int, *, keep: bool | None = None, days: int | Unchanged | None = ...
+) -> Job:
+    """Keep the job's log and metrics (or not), and give it days of its own (None: the
+    console's default; 0: forever). What is left out stays as it was."""
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job_id)
-        job.keep = keep
-        job.log_retention_days = days
+        if keep is not None:
+            job.keep = keep
+        if days is not ...:
+            job.log_retention_days = days
         job.save(update_fields=["keep", "log_retention_days"])
     return job
 

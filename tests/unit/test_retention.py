@@ -14,7 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job, LogChunk, MetricPoint
-from jobs.services import retention, snapshots
+from jobs.services import retention, snapshots, storage
 from tests.unit.helpers import job_request
 
 pytestmark = pytest.mark.usefixtures("catalog", "nodes", "redis_url", "sent_tasks")
@@ -228,20 +228,49 @@ def test_it_sets_a_jobs_retention_through_the_api(client: Client, alice: User) -
     job.refresh_from_db()
     assert (job.keep, job.log_retention_days) == (True, None)
 
+    # Either field alone leaves the other as it was.
     response = client.post(
         f"/api/v1/jobs/{job.pk}/retention",
-        {"keep": False, "days": 7},
+        {"days": 7},
         content_type="application/json",
         **auth(alice),
     )
-    assert response.json()["retention"]["expires"] == (job.finished + 7 * DAY).isoformat()  # type: ignore[operator]
+    assert response.json()["retention"]["expires"] is None  # still kept
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (True, 7)
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention",
+        {"keep": False},
+        content_type="application/json",
+        **auth(alice),
+    )
+    assert response.json()["retention"]["own_days"] is True
+    finished = job.finished
+    assert finished is not None
+    assert response.json()["retention"]["expires"] == (finished + 7 * DAY).isoformat()
     job.refresh_from_db()
     assert (job.keep, job.log_retention_days) == (False, 7)
+    response = client.post(
+        f"/api/v1/jobs/{job.pk}/retention",
+        {"days": None},
+        content_type="application/json",
+        **auth(alice),
+    )
+    assert response.json()["retention"]["days"] == 90
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (False, None)
 
 
 @pytest.mark.parametrize(
     "body",
-    [{"days": -1}, {"days": 36501}, {"days": "7"}, {"keep": "yes"}, {"keep": True, "forever": 1}],
+    [
+        {"days": -1},
+        {"days": 36501},
+        {"days": "7"},
+        {"keep": "yes"},
+        {"keep": None},
+        {"keep": True, "forever": 1},
+    ],
 )
 def test_it_refuses_bad_retention_and_changes_nothing(
     client: Client, alice: User, body: dict[str, Any]
@@ -274,3 +303,33 @@ def test_the_workers_loop_prunes(client: Client, alice: User) -> None:
     outcome = retention.RetentionLoop(3600).run_once()
     assert outcome is not None and [item.job_id for item in outcome.logs] == [job.pk]
     assert archived(job) == (0, 0)
+
+
+def test_admins_see_storage_per_user_and_per_job_and_when_it_goes(
+    client: Client, alice: User, bob: User, tmp_path: Path
+) -> None:
+    now = timezone.now()
+    alices = ended(submitted(client, alice), now - DAY)
+    kept = ended(submitted(client, alice), now - DAY, keep=True)
+    bobs = ended(submitted(client, bob), now - DAY)
+    stored = snapshots.store_upload(bob, io.BytesIO(folder_archive(tmp_path, "bob")))
+
+    jobs = {row.job_id: row for row in storage.per_job()}
+    assert set(jobs) == {alices.pk, kept.pk, bobs.pk}
+    assert (jobs[alices.pk].log_characters, jobs[alices.pk].metric_points) == (16, 2)
+    assert jobs[alices.pk].expires == alices.finished + 90 * DAY  # type: ignore[operator]
+    assert jobs[kept.pk].expires is None
+    users = {row.owner: row for row in storage.per_user()}
+    assert (users["alice"].jobs, users["alice"].log_characters, users["alice"].snapshots) == (
+        2,
+        32,
+        0,
+    )
+    assert (users["bob"].jobs, users["bob"].snapshot_bytes) == (1, stored.upload.snapshot.size)
+
+    out = io.StringIO()
+    call_command("storage", stdout=out)
+    printed = out.getvalue()
+    assert "alice" in printed and "bob" in printed
+    assert f"{(alices.finished + 90 * DAY):%Y-%m-%d %H:%M}" in printed  # type: ignore[operator]
+    assert "never" in printed  # the kept job
