@@ -333,3 +333,49 @@ def test_admins_see_storage_per_user_and_per_job_and_when_it_goes(
     assert "alice" in printed and "bob" in printed
     assert f"{(alices.finished + 90 * DAY):%Y-%m-%d %H:%M}" in printed  # type: ignore[operator]
     assert "never" in printed  # the kept job
+
+
+def test_it_keeps_a_job_from_its_page(client: Client, alice: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "log and metrics removed after" in page
+    response = client.post(f"/jobs/{job.pk}/retention/", {"keep": "on", "days": ""})
+    assert response.status_code == 302
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (True, None)
+    assert (
+        "its log and metrics are never removed" in client.get(f"/jobs/{job.pk}/").content.decode()
+    )
+    client.post(f"/jobs/{job.pk}/retention/", {"days": "0"})
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (False, 0)
+    assert "log and metrics kept forever" in client.get(f"/jobs/{job.pk}/").content.decode()
+
+
+def test_the_page_refuses_bad_days_and_changes_nothing(client: Client, alice: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    client.force_login(alice)
+    response = client.post(f"/jobs/{job.pk}/retention/", {"keep": "on", "days": "-3"}, follow=True)
+    assert "days: Ensure this value is greater than or equal to 0." in response.content.decode()
+    job.refresh_from_db()
+    assert (job.keep, job.log_retention_days) == (False, None)
+
+
+def test_the_page_says_when_the_log_went(client: Client, alice: User) -> None:
+    job = ended(submitted(client, alice), timezone.now() - 100 * DAY)
+    retention.prune()
+    client.force_login(alice)
+    assert "log and metrics removed <time" in client.get(f"/jobs/{job.pk}/").content.decode()
+    other = client.post(f"/jobs/{job.pk}/retention/", {"keep": "on"})
+    assert other.status_code == 302
+
+
+def test_another_user_cannot_keep_a_job_from_the_page(
+    client: Client, alice: User, bob: User
+) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    client.force_login(bob)
+    assert client.post(f"/jobs/{job.pk}/retention/", {"keep": "on"}).status_code == 404
+    job.refresh_from_db()
+    assert job.keep is False
