@@ -116,7 +116,7 @@ def job_retention(request: HttpRequest, job_id: int) -> HttpResponse:
         )
     else:
         for field, errors in form.errors.items():
-            messages.error(request, f"{field}: {' '.join(errors)}")
+            messages.error(request, f"{field}: {' '.join(str(e) for e in errors)}")
     return redirect("job_detail", job_id=job.pk)
 
 
