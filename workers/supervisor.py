@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 import redis
 
-from workers import containers, contract, deathsig, inventory, sandbox
+from workers import containers, contract, deathsig, inventory, jobfolders, sandbox
 from workers.launcher import (
     TRAINER_LIB,
     WORKERS_PACKAGE,
@@ -256,8 +256,11 @@ class Supervisor:
         trainer_python: str = sys.executable,
         container_runtime: str | None = None,
         trainer_sandbox: sandbox.Sandbox | None = None,
+        keep_job_folders: int | None = None,
     ) -> None:
         self.node = node
+        # How many ended jobs' folders stay for inspection (workers/jobfolders.py); None: all.
+        self.keep_job_folders = keep_job_folders
         # How trainers are held apart (workers/sandbox.py); None: not at all, as in unit tests
         # of the supervisor's other concerns.
         self.sandbox = trainer_sandbox or sandbox.Sandbox(
@@ -890,6 +893,20 @@ class Supervisor:
             self._finished.move_to_end(run.ident)
             self._forget_old_outcomes()
         self._send_report(contract.TASK_REPLICA_EXITED, report)
+        self._remove_ended_job_folders()
+
+    def _remove_ended_job_folders(self) -> None:
+        if self.keep_job_folders is None:
+            return
+        try:
+            jobfolders.remove_ended(
+                self._workdir / "jobs",
+                self.keep_job_folders,
+                busy_jobs=lambda: {job_id for job_id, *_ in self._runs},
+                lock=self._lock,
+            )
+        except OSError:  # a full or failing disk must not stop the agent; the next end retries
+            log.exception("removing ended jobs' folders failed")
 
     # --- helpers ---
 
