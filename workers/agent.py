@@ -29,7 +29,16 @@ import redis
 from celery import Celery
 from kombu import Queue
 
-from workers import containers, contract, credentials, guardian, inventory, jobfolders, sandbox
+from workers import (
+    checkpoint_retention,
+    containers,
+    contract,
+    credentials,
+    guardian,
+    inventory,
+    jobfolders,
+    sandbox,
+)
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
@@ -285,6 +294,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "checkpoints) stay on this node for inspection; older ones are removed (default: "
         f"${jobfolders.KEEP_ENV} or {jobfolders.DEFAULT_KEEP})",
     )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=int(
+            os.environ.get(checkpoint_retention.KEEP_ENV, checkpoint_retention.DEFAULT_KEEP)
+        ),
+        help="how many of a job's newest checkpoints (entries of its checkpoint folder) stay "
+        "once it no longer runs on this node; 0 keeps them all (default: "
+        f"${checkpoint_retention.KEEP_ENV} or {checkpoint_retention.DEFAULT_KEEP})",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -303,8 +322,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("set --redis-url or REDIS_URL")
-    if args.keep_job_folders < 0:
-        parser.error("--keep-job-folders must be 0 or more")
+    if args.keep_job_folders < 0 or args.keep_checkpoints < 0:
+        parser.error("--keep-job-folders and --keep-checkpoints must be 0 or more")
     for name in ("cpus", "memory_gb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -407,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         container_runtime=containers.find_runtime(args.container_runtime),
         trainer_sandbox=trainer_sandbox,
         keep_job_folders=args.keep_job_folders,
+        keep_checkpoints=args.keep_checkpoints,
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.

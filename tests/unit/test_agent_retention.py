@@ -1,5 +1,6 @@
-"""The agent removes the folders of jobs that ended on its node, keeping the last N
-(workers/jobfolders.py): the rule on folders alone, then a real supervisor running trainers."""
+"""What agents remove when a job ends on their node (workers/jobfolders.py, keeping the last N
+job folders; workers/checkpoint_retention.py, keeping the newest K checkpoints): the rules on
+folders alone, then a real supervisor running trainers."""
 
 import os
 import threading
@@ -11,7 +12,7 @@ import redis
 
 from tests.conftest import FIXTURE_CODE_ROOT
 from tests.unit.test_supervisor import Reports, spec, wait_until
-from workers import contract, jobfolders
+from workers import checkpoint_retention, contract, jobfolders
 from workers.logship import LogShipper
 from workers.supervisor import Supervisor
 
@@ -81,6 +82,65 @@ def test_the_agent_keeps_the_last_n_ended_jobs_folders_and_never_a_running_ones(
             "only the running job's folder and the last ended one to remain",
         )
         assert (work / "jobs" / "20" / "attempt-0" / "master").is_dir()
+    finally:
+        sup.shutdown()
+        shipper.close()
+
+
+def checkpoints(folder: Path, names_and_times: list[tuple[str, float]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, when in names_and_times:
+        path = folder / name
+        if name.endswith("/"):
+            path.mkdir()
+            (path / "weights.bin").write_bytes(b"w")
+        else:
+            path.write_text(name)
+        os.utime(path, (when, when))
+
+
+def test_it_keeps_the_newest_k_checkpoints_and_never_temporaries(tmp_path: Path) -> None:
+    folder = tmp_path / "job-3-key"
+    checkpoints(
+        folder,
+        [
+            ("epoch-1.pt", 100.0),
+            ("step-200/", 200.0),
+            ("epoch-3.pt", 300.0),
+            ("epoch-4.pt", 400.0),
+            ("epoch-5.pt.tmp", 50.0),  # a save in progress
+            (".trainyard-job", 10.0),  # the platform's marker
+        ],
+    )
+    assert checkpoint_retention.prune(folder, 2) == ["epoch-1.pt", "step-200"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".trainyard-job",
+        "epoch-3.pt",
+        "epoch-4.pt",
+        "epoch-5.pt.tmp",
+    ]
+    assert checkpoint_retention.prune(folder, 0) == []  # 0: all kept
+    assert checkpoint_retention.prune(tmp_path / "none", 1) == []
+
+
+def test_the_agent_prunes_a_jobs_checkpoints_once_it_ends_there(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    reports = Reports()
+    shipper = LogShipper(client, tmp_path / "spool")
+    work = tmp_path / "work"
+    sup = Supervisor("n1", client, shipper, reports, work, FIXTURE_CODE_ROOT, keep_checkpoints=1)
+    folder = sup.checkpoint_root / "job-30-abc"
+    checkpoints(folder, [("epoch-1.pt", 100.0), ("epoch-2.pt", 200.0)])
+    try:
+        assert sup.start(spec("markup.py", job_id=30, checkpoint_key="abc"))
+        exited = reports.wait_for(contract.TASK_REPLICA_EXITED, timeout=300, job_id=30)
+        assert exited["state"] == "succeeded"
+        wait_until(
+            lambda: sorted(p.name for p in folder.iterdir()) == [".trainyard-job", "epoch-2.pt"],
+            300,  # a hang guard only
+            "the older checkpoint to go",
+        )
     finally:
         sup.shutdown()
         shipper.close()
