@@ -19,7 +19,7 @@ from jobs.models import (
     Quota,
     Replica,
 )
-from jobs.services import agent_access, nodes, scheduling
+from jobs.services import agent_access, deletion, nodes, scheduling
 
 admin.site.site_header = "Trainyard administration"
 admin.site.site_title = "Trainyard admin"
@@ -265,6 +265,22 @@ class JobAdmin(admin.ModelAdmin):
     )
     list_filter = ("state", "image", "keep")
     search_fields = ("name", "owner__username")
+
+    # Deleting goes through the service, which also has the job's checkpoints removed; a job
+    # that may still run cannot be deleted (cancel it first).
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_delete_permission(request, obj) and not (obj and obj.is_active)
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        deletion.delete_job(obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job_id in queryset.values_list("pk", flat=True):
+            try:
+                deletion.delete_job(job_id)
+            except deletion.JobStillActive as exc:
+                self.message_user(request, str(exc), level=messages.ERROR)
+
     inlines = [JobRoleInline, JobAttemptInline, HealthEventInline, ReplicaInline]
     # State is written by the transitions service only; admins cancel through the job page.
     readonly_fields = (

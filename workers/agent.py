@@ -120,6 +120,10 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
     ) -> None:
         supervisor.stop_job(job_id, reason, replicas, up_to_attempt, grace_seconds, only_listed)
 
+    @app.task(name=contract.TASK_REMOVE_CHECKPOINTS)
+    def remove_checkpoints(job_id: int, checkpoint_key: str) -> None:
+        supervisor.remove_checkpoints(job_id, checkpoint_key)
+
 
 def retry_policy(deadline: float | None) -> dict[str, Any]:
     """Patient by default; with a deadline (time.monotonic()), retries that fit before it."""

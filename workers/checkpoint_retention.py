@@ -6,14 +6,19 @@ A checkpoint is an entry at the top of the folder (a file such as `epoch-7.pt`, 
 a framework writes per step); the newest by modification time stay. Hidden entries (the
 platform's marker, a writer's temporaries) and `*.tmp` files (a save in progress) are never
 counted or removed. Every node's agent may prune the same shared folder: removing what another
-agent removed already is not an error.
+agent removed already is not an error. A deleted job's whole folder goes when the console asks
+(jobs/services/deletion.py, remove_folder).
 """
 
 import logging
+import re
 import shutil
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+# A job's checkpoint key (jobs.models.new_checkpoint_key): it names a folder, so nothing else.
+_KEY = re.compile(r"[0-9a-f]{1,32}")
 
 KEEP_ENV = "TRAINYARD_AGENT_KEEP_CHECKPOINTS"
 DEFAULT_KEEP = 0  # all: a checkpoint is the user's work, removed only where an admin says so
@@ -56,3 +61,16 @@ def prune(folder: Path, keep: int) -> list[str]:
     if removed:
         log.info("removed old checkpoints of %s: %s", folder.name, ", ".join(removed))
     return removed
+
+
+def is_key(checkpoint_key: str) -> bool:
+    return bool(_KEY.fullmatch(checkpoint_key))
+
+
+def remove_folder(folder: Path) -> bool:
+    """Remove a deleted job's whole checkpoint folder; False when there was none."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    shutil.rmtree(folder, ignore_errors=True)
+    log.info("removed the checkpoints of deleted job folder %s", folder.name)
+    return not folder.exists()

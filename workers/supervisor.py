@@ -912,6 +912,19 @@ class Supervisor:
         self._remove_ended_job_folders()
         self._prune_checkpoints(spec)
 
+    def remove_checkpoints(self, job_id: int, checkpoint_key: str) -> bool:
+        """Remove a deleted job's checkpoint folder; safe to call twice, and on every node
+        that shares the folder. Never while a replica of the job runs here."""
+        if not checkpoint_retention.is_key(checkpoint_key):
+            log.warning("refused to remove checkpoints of job %s: bad key", job_id)
+            return False
+        with self._lock:
+            if any(j == job_id for j, *_ in self._runs):
+                log.warning("job %s runs here: its checkpoints stay", job_id)
+                return False
+        folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
+        return checkpoint_retention.remove_folder(folder)
+
     def _prune_checkpoints(self, spec: ReplicaSpec) -> None:
         """Once the job no longer runs here, its checkpoints beyond the newest K go."""
         if self.keep_checkpoints <= 0:

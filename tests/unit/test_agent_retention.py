@@ -144,3 +144,26 @@ def test_the_agent_prunes_a_jobs_checkpoints_once_it_ends_there(
     finally:
         sup.shutdown()
         shipper.close()
+
+
+def test_the_agent_removes_a_deleted_jobs_checkpoints_but_never_a_running_ones(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    reports = Reports()
+    shipper = LogShipper(client, tmp_path / "spool")
+    sup = Supervisor("n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT)
+    deleted = sup.checkpoint_root / "job-40-ab12"
+    running = sup.checkpoint_root / "job-41-cd34"
+    checkpoints(deleted, [("epoch-1.pt", 100.0)])
+    try:
+        assert sup.start(spec("sleep_tree.py", job_id=41, checkpoint_key="cd34"))
+        reports.wait_for(contract.TASK_REPLICA_STARTED, job_id=41)
+        assert sup.remove_checkpoints(40, "ab12")
+        assert not deleted.exists()
+        assert not sup.remove_checkpoints(40, "ab12")  # twice: nothing left, no error
+        assert not sup.remove_checkpoints(41, "cd34")  # it runs here
+        assert running.is_dir()
+        assert not sup.remove_checkpoints(42, "../../etc")  # a key names nothing but a key
+    finally:
+        sup.shutdown()
+        shipper.close()

@@ -13,9 +13,10 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job, LogChunk, MetricPoint
-from jobs.services import retention, snapshots, storage
-from tests.unit.helpers import job_request
+from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job, LogChunk, MetricPoint, Node
+from jobs.services import deletion, retention, snapshots, storage
+from tests.unit.helpers import SentTasks, job_request
+from workers import contract
 
 pytestmark = pytest.mark.usefixtures("catalog", "nodes", "redis_url", "sent_tasks")
 
@@ -379,3 +380,41 @@ def test_another_user_cannot_keep_a_job_from_the_page(
     assert client.post(f"/jobs/{job.pk}/retention/", {"keep": "on"}).status_code == 404
     job.refresh_from_db()
     assert job.keep is False
+
+
+def test_deleting_an_ended_job_asks_its_nodes_to_remove_its_checkpoints(
+    client: Client,
+    alice: User,
+    charlie_admin: User,
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    job = ended(submitted(client, alice), timezone.now() - DAY)
+    # It ran on both nodes.
+    first, second = Node.objects.order_by("name")[:2]
+    job.replicas.filter(role="master").update(node=first)
+    job.replicas.filter(role="worker").update(node=second)
+    nodes = [first.name, second.name]
+    client.force_login(charlie_admin)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(f"/admin/jobs/job/{job.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert not Job.objects.filter(pk=job.pk).exists()
+    asked = sent_tasks.named(contract.TASK_REMOVE_CHECKPOINTS)
+    assert [(kwargs, queue) for _, kwargs, queue in asked] == [
+        ({"job_id": job.pk, "checkpoint_key": job.checkpoint_key}, contract.node_queue(node))
+        for node in nodes
+    ]
+
+
+def test_a_job_that_may_still_run_cannot_be_deleted(
+    client: Client, alice: User, charlie_admin: User, sent_tasks: SentTasks
+) -> None:
+    job = submitted(client, alice)
+    client.force_login(charlie_admin)
+    response = client.post(f"/admin/jobs/job/{job.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 403
+    with pytest.raises(deletion.JobStillActive):
+        deletion.delete_job(job.pk)
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert sent_tasks.named(contract.TASK_REMOVE_CHECKPOINTS) == []
