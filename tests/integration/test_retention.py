@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import RunningStack, pytorch_request
-from tests.integration.test_cli import logged_in, run_cli
+from tests.conftest import RunningStack, pytorch_request, wait_until
+from tests.integration.test_cli import QUOTA, logged_in, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -76,3 +76,20 @@ def test_prune_removes_what_its_dry_run_listed_and_spares_a_kept_job(
     }
     shown = run_cli("retention", str(expiring), config_dir=config)
     assert shown.stdout.startswith(f"Job {expiring}: log and metrics removed "), shown.stdout
+
+
+def test_deleting_a_job_has_an_agent_remove_its_checkpoints(stack: RunningStack) -> None:
+    user = stack.create_user("checkpoint-owner", "a-long-password-1", quota=QUOTA)
+    job_id = user.submit(pytorch_request("checkpointed", "checkpointer.py", 2))["id"]
+    assert user.wait_finished(job_id)["state"] == "succeeded"
+    agents = stack.stack.var_dir / "agents"
+    (folder,) = agents.glob(f"checkpoints/job-{job_id}-*")
+    assert (folder / "state.txt").read_text() == "attempt 0"
+    assert list(agents.glob(f"*/jobs/{job_id}"))  # kept for inspection: among the last 20
+
+    asked = stack.stack.manage(
+        "shell", "-c", f"from jobs.services import deletion; print(deletion.delete_job({job_id}))"
+    )
+    assert "node" in asked.strip().splitlines()[-1]  # the nodes it ran on were asked
+    wait_until(f"job {job_id}'s checkpoint folder to go", lambda: not folder.exists())
+    assert user.http.get(f"/api/v1/jobs/{job_id}").status_code == 404
