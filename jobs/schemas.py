@@ -583,6 +583,8 @@ MESSAGES: dict[str, str] = {
     "log_limits.metric_points_per_second": "Give a whole number of points per second, at least 1.",
     "baseline": 'Send {"baseline": JOB_ID} or {"baseline": null}.',
     "evict": "Give true or false.",
+    "keep": "Give true or false.",
+    "days": "Give a whole number of days from 0 (forever) to 36500, or null for the default.",
     "grace_seconds": "Give seconds from 0 to 3600.",
 }
 

@@ -286,7 +286,17 @@ def test_it_refuses_bad_retention_and_changes_nothing(
         f"/api/v1/jobs/{job.pk}/retention", body, content_type="application/json", **auth(alice)
     )
     assert response.status_code == 400, response.content
-    assert response.json()["errors"]
+    field = next(name for name in ("forever", "days", "keep") if name in body)
+    assert response.json()["errors"] == {
+        "request" if field == "forever" else field: [
+            {
+                "days": "Give a whole number of days from 0 (forever) to 36500, or null for "
+                "the default.",
+                "keep": "Give true or false.",
+                "forever": "Unknown field(s): forever.",
+            }[field]
+        ]
+    }
     job.refresh_from_db()
     assert (job.keep, job.log_retention_days) == (False, None)
 
