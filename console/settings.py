@@ -281,6 +281,17 @@ TRAINYARD_SNAPSHOT_MAX_UNPACKED_BYTES = env_int("TRAINYARD_SNAPSHOT_MAX_UNPACKED
 TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE = env_int("TRAINYARD_SNAPSHOT_CHECKS_AT_ONCE", 2)
 TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS = env_float("TRAINYARD_SNAPSHOT_CHECK_WAIT_SECONDS", 60.0)
 
+# Retention (jobs.services.retention, docs/operations.md): an ended job's log and metrics are
+# deleted this many days after it ended, unless the job is kept or has days of its own (0: kept
+# forever). Code snapshots that no job and no upload names are collected too. The console worker
+# prunes every TRAINYARD_RETENTION_SECONDS (0: never on its own; `manage.py prune` still does).
+TRAINYARD_LOG_RETENTION_DAYS = env_int("TRAINYARD_LOG_RETENTION_DAYS", 90)
+TRAINYARD_RETENTION_SECONDS = env_float("TRAINYARD_RETENTION_SECONDS", 3600.0)
+if TRAINYARD_LOG_RETENTION_DAYS < 0 or TRAINYARD_RETENTION_SECONDS < 0:
+    raise ImproperlyConfiguredEnv(
+        "TRAINYARD_LOG_RETENTION_DAYS and TRAINYARD_RETENTION_SECONDS must be 0 or more"
+    )
+
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 # Reconciliation (jobs.services.reconcile) compares what the database says should run with what

@@ -14,6 +14,7 @@ urlpatterns = [
     path("jobs/new/", views.new_job, name="new_job"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/retention/", views.job_retention, name="job_retention"),
     path("nodes/", views.node_list, name="node_list"),
     path("quotas/", views.quota_list, name="quota_list"),
     path("account/tokens/", account_views.token_list, name="token_list"),

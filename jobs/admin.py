@@ -22,7 +22,7 @@ from jobs.models import (
     Quota,
     Replica,
 )
-from jobs.services import agent_access, nodes, revocation, scheduling, tokens
+from jobs.services import agent_access, deletion, nodes, revocation, scheduling, tokens
 
 admin.site.site_header = "Trainyard administration"
 admin.site.site_title = "Trainyard admin"
@@ -291,9 +291,35 @@ class HealthEventInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "owner", "image", "state", "cpu_total", "gpus_total", "created")
-    list_filter = ("state", "image")
+    list_display = (
+        "id",
+        "name",
+        "owner",
+        "image",
+        "state",
+        "cpu_total",
+        "gpus_total",
+        "created",
+        "keep",
+    )
+    list_filter = ("state", "image", "keep")
     search_fields = ("name", "owner__username")
+
+    # Deleting goes through the service, which also has the job's checkpoints removed; a job
+    # that may still run cannot be deleted (cancel it first).
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return super().has_delete_permission(request, obj) and not (obj and obj.is_active)
+
+    def delete_model(self, request: HttpRequest, obj: Job) -> None:
+        deletion.delete_job(obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job_id in queryset.values_list("pk", flat=True):
+            try:
+                deletion.delete_job(job_id)
+            except deletion.JobStillActive as exc:
+                self.message_user(request, str(exc), level=messages.ERROR)
+
     inlines = [JobRoleInline, JobAttemptInline, HealthEventInline, ReplicaInline]
     # State is written by the transitions service only; admins cancel through the job page.
     readonly_fields = (
@@ -304,6 +330,7 @@ class JobAdmin(admin.ModelAdmin):
         "restart_at",
         "excluded_nodes",
         "log_complete",
+        "logs_pruned",
         "started",
         "finished",
         "cpu_total",

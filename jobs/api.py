@@ -39,6 +39,7 @@ from jobs.schemas import (
     MetricPageOut,
     NodeListOut,
     NodeStateOut,
+    RetentionIn,
     SnapshotDetailOut,
     SnapshotListOut,
     SnapshotUploadOut,
@@ -54,6 +55,7 @@ from jobs.services import (
     outcomes,
     presenters,
     quota,
+    retention,
     snapshots,
     training_report,
     transitions,
@@ -312,6 +314,7 @@ def job_as_dict(
             "metric_points_per_second": job.metric_points_per_second,
         },
         "log_dropped": {"lines": job.log_dropped_lines, "metric_points": job.log_dropped_points},
+        "retention": retention.summary(job),
         "baseline": job.baseline_id,
         "metrics": job.metric_definitions,
         "restart": {
@@ -478,6 +481,25 @@ def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
         job = outcomes.cancel(job.pk, _user(request))
     except transitions.InvalidTransition as exc:
         raise ApiError(409, "state", str(exc)) from None
+    return job_as_dict(job, request.user)
+
+
+@api.post(
+    "/jobs/{int:job_id}/retention",
+    response={200: JobOut, **ERRORS},
+    tags=["jobs"],
+    url_name="api_job_retention",
+)
+def job_retention(request: HttpRequest, job_id: int, payload: RetentionIn) -> dict[str, Any]:
+    """Body {"keep": bool, "days": N or null}, either or both: keep the job's log and metrics,
+    or say how many days after it ends they go (null: the console's default; 0: forever)."""
+    job = get_job_for(request.user, job_id)
+    given = payload.model_fields_set
+    job = retention.set_retention(
+        job.pk,
+        keep=payload.keep if "keep" in given else None,
+        days=payload.days if "days" in given else ...,
+    )
     return job_as_dict(job, request.user)
 
 

@@ -297,3 +297,15 @@ def _form_field(where: dict[str, str], field: str) -> str | None:
             return where[".".join(parts)]
         parts.pop()
     return None
+
+
+class RetentionForm(forms.Form):
+    """The job page's retention line: keep the job's log and metrics, or its own days."""
+
+    keep = forms.BooleanField(required=False)
+    days = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=36500,
+        help_text="Days its log and metrics stay after it ends; empty: the default; 0: forever.",
+    )

@@ -497,6 +497,19 @@ class Job(models.Model):
     # up the agents' markers (and its own drops) as it archives them, once each.
     log_dropped_lines = models.PositiveBigIntegerField(default=0)
     log_dropped_points = models.PositiveBigIntegerField(default=0)
+    # Retention (jobs.services.retention): a kept job's log and metrics stay however old it is;
+    # otherwise they go `log_retention_days` after it ended (None: TRAINYARD_LOG_RETENTION_DAYS;
+    # 0: never). `logs_pruned` says when they went, so pages can say why a log is empty.
+    keep = models.BooleanField(
+        default=False, help_text="Keep its log and metrics however old it is (retention)."
+    )
+    log_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Days its log and metrics are kept after it ends; empty: the console's "
+        "default; 0: forever.",
+    )
+    logs_pruned = models.DateTimeField(null=True, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)

@@ -15,6 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 # --- requests -----------------------------------------------------------------------------------
 
 
+# A hundred years: a larger number of days is a typo, not a policy.
+MAX_RETENTION_DAYS = 36500
+
+
 class _In(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -88,6 +92,19 @@ class BaselineIn(BaseModel):
     baseline: StrictInt | None = Field(default=None, description="A job id, or null for none.")
 
 
+class RetentionIn(_In):
+    keep: StrictBool = Field(
+        default=False, description="Keep the job's log and metrics however old it is."
+    )
+    days: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_RETENTION_DAYS,
+        description="Days its log and metrics are kept after it ends; null: the console's "
+        "default; 0: forever.",
+    )
+
+
 class DrainIn(_In):
     evict: StrictBool = False
     grace_seconds: StrictInt | StrictFloat = Field(default=30.0, ge=0, le=3600)
@@ -148,6 +165,16 @@ class LogLimitsOut(_Out):
     lines_per_second: int = Field(description="Per instance.")
     max_mb: int = Field(description="Megabytes of log in all, shared by the instances.")
     metric_points_per_second: int = Field(description="Per instance.")
+
+
+class RetentionOut(_Out):
+    keep: bool
+    days: int = Field(description="Days kept after it ends (its own, or the default); 0: forever.")
+    own_days: bool = Field(description="Whether `days` is the job's own, not the default.")
+    expires: str | None = Field(
+        description="When its log and metrics go; null while it runs, for a kept job, or once gone."
+    )
+    pruned: str | None = Field(description="When retention removed its log and metrics.")
 
 
 class LogDroppedOut(_Out):
@@ -233,6 +260,7 @@ class JobOut(_Out):
     log_complete: bool
     log_archived: bool
     log_limits: LogLimitsOut
+    retention: RetentionOut
     log_dropped: LogDroppedOut = Field(
         description="Lines and metric points dropped so far for going over the job's log "
         "limits (each drop also has a [trainyard] line in the log); archived a moment after "
@@ -555,6 +583,8 @@ MESSAGES: dict[str, str] = {
     "log_limits.metric_points_per_second": "Give a whole number of points per second, at least 1.",
     "baseline": 'Send {"baseline": JOB_ID} or {"baseline": null}.',
     "evict": "Give true or false.",
+    "keep": "Give true or false.",
+    "days": "Give a whole number of days from 0 (forever) to 36500, or null for the default.",
     "grace_seconds": "Give seconds from 0 to 3600.",
 }
 

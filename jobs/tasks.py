@@ -4,7 +4,8 @@ to a service.
 Every task is safe to receive twice (Celery redelivers after a crash); the services ignore a
 report that no longer applies. A report, or heartbeat, that is not signed by the node it names
 is refused (jobs.services.agent_access.authentic). The console worker also runs the
-reconciliation loop (jobs.services.reconcile), started once the worker is ready.
+reconciliation loop (jobs.services.reconcile) and the retention loop (jobs.services.retention),
+started once the worker is ready.
 """
 
 from typing import Any
@@ -13,7 +14,7 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
-from jobs.services import agent_access, nodes, reconcile, reports, restarts, scheduling
+from jobs.services import agent_access, nodes, reconcile, reports, restarts, retention, scheduling
 from workers import contract
 
 
@@ -80,3 +81,22 @@ def start_reconciliation(**_: Any) -> None:
 def stop_reconciliation(**_: Any) -> None:
     if _loop is not None:
         _loop.stop()
+
+
+# Retention runs beside reconciliation, on the same kind of timer thread: a pass is a few
+# queries, and every console worker may run one (removals are re-checked under a lock).
+_retention: retention.RetentionLoop | None = None
+
+
+@worker_ready.connect
+def start_retention(**_: Any) -> None:
+    global _retention
+    if settings.TRAINYARD_RETENTION_SECONDS > 0 and _retention is None:
+        _retention = retention.RetentionLoop(settings.TRAINYARD_RETENTION_SECONDS)
+        _retention.start()
+
+
+@worker_shutdown.connect
+def stop_retention(**_: Any) -> None:
+    if _retention is not None:
+        _retention.stop()

@@ -24,9 +24,9 @@ from redis.retry import Retry
 
 from jobs.access import get_job_for, visible_jobs
 from jobs.api import catalog_for
-from jobs.forms import NewJobForm
+from jobs.forms import NewJobForm, RetentionForm
 from jobs.models import Node
-from jobs.services import cluster, outcomes, presenters, transitions
+from jobs.services import cluster, outcomes, presenters, retention, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 
@@ -87,6 +87,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "workers": workers,
             "global_batch": workers * batch if batch else None,
             "env": job.env_seen_by(request.user),
+            "retention_days": retention.retention_days(job),
+            "retention_expires": retention.expires_at(job),
+            "default_retention_days": settings.TRAINYARD_LOG_RETENTION_DAYS,
         },
     )
 
@@ -99,6 +102,21 @@ def job_cancel(request: HttpRequest, job_id: int) -> HttpResponse:
         outcomes.cancel(job.pk, request.user)  # type: ignore[arg-type]
     except transitions.InvalidTransition as exc:
         messages.error(request, str(exc))
+    return redirect("job_detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_retention(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = get_job_for(request.user, job_id)
+    form = RetentionForm(request.POST)
+    if form.is_valid():
+        retention.set_retention(
+            job.pk, keep=form.cleaned_data["keep"], days=form.cleaned_data["days"]
+        )
+    else:
+        for field, errors in form.errors.items():
+            messages.error(request, f"{field}: {' '.join(str(e) for e in errors)}")
     return redirect("job_detail", job_id=job.pk)
 
 

@@ -434,6 +434,7 @@ def show(job_id: JobId, json_output: Json = False) -> None:
         ("Ended", render.local_time(job["finished"])),
         ("Duration", render.duration(render.job_seconds(job))),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
+        ("Retention", _retention_text(job.get("retention"))),
         ("Page", api.page_url(f"/jobs/{job_id}/")),
     ]
     if job.get("queue_position"):
@@ -453,6 +454,53 @@ def show(job_id: JobId, json_output: Json = False) -> None:
             for r in job["replicas"]
         ],
     )
+
+
+def _retention_text(retention: dict[str, Any] | None) -> str:
+    """What happens to the job's log and metrics, and when."""
+    if not retention:
+        return "—"  # a console older than retention
+    if retention["pruned"]:
+        return f"log and metrics removed {render.local_time(retention['pruned'])}"
+    if retention["keep"]:
+        return "kept (log and metrics are never removed)"
+    if retention["days"] == 0:
+        return "log and metrics kept forever"
+    if retention["expires"]:
+        return f"log and metrics removed after {render.local_time(retention['expires'])}"
+    return f"log and metrics removed {retention['days']} days after it ends"
+
+
+@app.command(name="retention")
+def set_retention(
+    job_id: JobId,
+    keep: Annotated[
+        bool | None,
+        typer.Option("--keep/--no-keep", help="Keep its log and metrics however old it is."),
+    ] = None,
+    days: Annotated[
+        int | None,
+        typer.Option(min=0, help="Days its log and metrics are kept after it ends; 0: forever."),
+    ] = None,
+    default_days: Annotated[
+        bool, typer.Option("--default-days", help="Back to the console's number of days.")
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """Keep a job's log and metrics, or say how long they stay; without options, show it."""
+    if days is not None and default_days:
+        raise CliError("Give --days or --default-days, not both.", BAD_INPUT)
+    body: dict[str, Any] = {}
+    if keep is not None:
+        body["keep"] = keep
+    if default_days or days is not None:
+        body["days"] = days
+    api = _api()
+    job = api.post(f"/jobs/{job_id}/retention", json=body) if body else api.get(f"/jobs/{job_id}")
+    if json_output:
+        render.print_json(job)
+        return
+    render.out.print(f"Job {job_id}: {_retention_text(job.get('retention'))}")
 
 
 def _currency(api: Api) -> str:

@@ -29,7 +29,16 @@ import redis
 from celery import Celery
 from kombu import Queue
 
-from workers import containers, contract, credentials, guardian, inventory, sandbox
+from workers import (
+    checkpoint_retention,
+    containers,
+    contract,
+    credentials,
+    guardian,
+    inventory,
+    jobfolders,
+    sandbox,
+)
 from workers.launcher import NodeNetwork
 from workers.logship import LogShipper
 from workers.procrecords import summary
@@ -110,6 +119,10 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
         only_listed: bool = False,
     ) -> None:
         supervisor.stop_job(job_id, reason, replicas, up_to_attempt, grace_seconds, only_listed)
+
+    @app.task(name=contract.TASK_REMOVE_CHECKPOINTS)
+    def remove_checkpoints(job_id: int, checkpoint_key: str) -> None:
+        supervisor.remove_checkpoints(job_id, checkpoint_key)
 
 
 def retry_policy(deadline: float | None) -> dict[str, Any]:
@@ -277,6 +290,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a folder every trainer on this node may read (a shared data set); repeat for "
         f"more (default: ${SANDBOX_SHARED_ENV}, folders separated by '{os.pathsep}')",
     )
+    parser.add_argument(
+        "--keep-job-folders",
+        type=int,
+        default=int(os.environ.get(jobfolders.KEEP_ENV, jobfolders.DEFAULT_KEEP)),
+        help="how many ended jobs' folders (their scratch files and unpacked code, not their "
+        "checkpoints) stay on this node for inspection; older ones are removed (default: "
+        f"${jobfolders.KEEP_ENV} or {jobfolders.DEFAULT_KEEP})",
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=int(
+            os.environ.get(checkpoint_retention.KEEP_ENV, checkpoint_retention.DEFAULT_KEEP)
+        ),
+        help="how many of a job's newest checkpoints (entries of its checkpoint folder) stay "
+        "once it no longer runs on this node; 0 keeps them all (default: "
+        f"${checkpoint_retention.KEEP_ENV} or {checkpoint_retention.DEFAULT_KEEP})",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -295,6 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("set --redis-url or REDIS_URL")
+    if args.keep_job_folders < 0 or args.keep_checkpoints < 0:
+        parser.error("--keep-job-folders and --keep-checkpoints must be 0 or more")
     for name in ("cpus", "memory_gb"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -396,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer_python=args.trainer_python,
         container_runtime=containers.find_runtime(args.container_runtime),
         trainer_sandbox=trainer_sandbox,
+        keep_job_folders=args.keep_job_folders,
+        keep_checkpoints=args.keep_checkpoints,
     )
     # Before any task: whatever an earlier agent here left running must go, and this agent's
     # own trainers must be looked after from the first one on.

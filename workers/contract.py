@@ -114,6 +114,8 @@ def masked_env(env: dict[str, str]) -> dict[str, str]:
 CONSOLE_QUEUE = "console"
 TASK_START_REPLICA = "trainyard.agent.start_replica"
 TASK_STOP_JOB = "trainyard.agent.stop_job"
+# A deleted job's checkpoint folder goes (sent to the nodes it ran on; the folder is shared).
+TASK_REMOVE_CHECKPOINTS = "trainyard.agent.remove_checkpoints"
 TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
 TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"

@@ -38,7 +38,15 @@ from typing import Any, Protocol
 
 import redis
 
-from workers import containers, contract, deathsig, inventory, sandbox
+from workers import (
+    checkpoint_retention,
+    containers,
+    contract,
+    deathsig,
+    inventory,
+    jobfolders,
+    sandbox,
+)
 from workers.launcher import (
     TRAINER_LIB,
     WORKERS_PACKAGE,
@@ -256,8 +264,14 @@ class Supervisor:
         trainer_python: str = sys.executable,
         container_runtime: str | None = None,
         trainer_sandbox: sandbox.Sandbox | None = None,
+        keep_job_folders: int | None = None,
+        keep_checkpoints: int = 0,
     ) -> None:
         self.node = node
+        # How many of a job's newest checkpoints stay once it ends here (0: all).
+        self.keep_checkpoints = keep_checkpoints
+        # How many ended jobs' folders stay for inspection (workers/jobfolders.py); None: all.
+        self.keep_job_folders = keep_job_folders
         # How trainers are held apart (workers/sandbox.py); None: not at all, as in unit tests
         # of the supervisor's other concerns.
         self.sandbox = trainer_sandbox or sandbox.Sandbox(
@@ -691,16 +705,21 @@ class Supervisor:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 log.warning("could not remove container %s: %s", name, exc)
 
-    def _checkpoint_dir(self, spec: ReplicaSpec) -> Path:
-        """The job's checkpoint folder on the shared root: the same for every instance and
-        every attempt. A restart refuses to start where the first attempt's folder cannot be
-        seen: its trainers would silently start from scratch."""
+    def _checkpoint_folder(self, spec: ReplicaSpec) -> Path:
+        """Where the job's checkpoints are (it may not exist yet)."""
         name = (
             f"job-{spec.job_id}-{spec.checkpoint_key}"
             if spec.checkpoint_key
             else f"job-{spec.job_id}"
         )
-        folder = self.checkpoint_root / name
+        return self.checkpoint_root / name
+
+    def _checkpoint_dir(self, spec: ReplicaSpec) -> Path:
+        """The job's checkpoint folder on the shared root: the same for every instance and
+        every attempt. A restart refuses to start where the first attempt's folder cannot be
+        seen: its trainers would silently start from scratch."""
+        folder = self._checkpoint_folder(spec)
+        name = folder.name
         marker = folder / CHECKPOINT_MARKER
         if spec.attempt > 0 and not marker.is_file():
             raise RuntimeError(
@@ -890,6 +909,46 @@ class Supervisor:
             self._finished.move_to_end(run.ident)
             self._forget_old_outcomes()
         self._send_report(contract.TASK_REPLICA_EXITED, report)
+        self._remove_ended_job_folders()
+        self._prune_checkpoints(spec)
+
+    def remove_checkpoints(self, job_id: int, checkpoint_key: str) -> bool:
+        """Remove a deleted job's checkpoint folder; safe to call twice, and on every node
+        that shares the folder. Never while a replica of the job runs here."""
+        if not checkpoint_retention.is_key(checkpoint_key):
+            log.warning("refused to remove checkpoints of job %s: bad key", job_id)
+            return False
+        with self._lock:
+            if any(j == job_id for j, *_ in self._runs):
+                log.warning("job %s runs here: its checkpoints stay", job_id)
+                return False
+        folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
+        return checkpoint_retention.remove_folder(folder)
+
+    def _prune_checkpoints(self, spec: ReplicaSpec) -> None:
+        """Once the job no longer runs here, its checkpoints beyond the newest K go."""
+        if self.keep_checkpoints <= 0:
+            return
+        with self._lock:
+            if any(job_id == spec.job_id for job_id, *_ in self._runs):
+                return
+        try:
+            checkpoint_retention.prune(self._checkpoint_folder(spec), self.keep_checkpoints)
+        except OSError:  # a shared file system that fails must not stop the agent
+            log.exception("pruning the checkpoints of job %s failed", spec.job_id)
+
+    def _remove_ended_job_folders(self) -> None:
+        if self.keep_job_folders is None:
+            return
+        try:
+            jobfolders.remove_ended(
+                self._workdir / "jobs",
+                self.keep_job_folders,
+                busy_jobs=lambda: {job_id for job_id, *_ in self._runs},
+                lock=self._lock,
+            )
+        except OSError:  # a full or failing disk must not stop the agent; the next end retries
+            log.exception("removing ended jobs' folders failed")
 
     # --- helpers ---
 
