@@ -236,7 +236,7 @@ class RegexScanner:
                 if point is not None:
                     found.append((number, order, point))
             with self._lock:
-                overrun = self.budget.charge(order, clock() - started)
+                overrun = self.budget.charge(order, clock() - started, len(lines))
                 off = self.active.pop(overrun.key, None) if overrun is not None else None
             if overrun is not None and off is not None:
                 notes.append(overrun.message(f"metric {off.name!r}"))

@@ -30,6 +30,10 @@ MAX_PATTERN_CHARS = 500
 # metric definitions) or in the log keeper (its health rules): 5% of a core.
 BUDGET_SECONDS = 0.5
 BUDGET_WINDOW_SECONDS = 10.0
+# ...plus this much per line a pattern was tried on. A cheap pattern costs RE2 a microsecond or
+# two a line, so volume alone (a busy but honest job, bounded by its log limit) never switches
+# a rule off; a pattern that costs tens of microseconds a line, or milliseconds, does.
+BUDGET_PER_LINE_SECONDS = 20e-6
 
 # RE2's own error for the features it leaves out, said in words a user can act on.
 _REFUSED_FEATURES = (
@@ -117,24 +121,31 @@ class MatchBudget(Generic[Key]):
 
     seconds: float = BUDGET_SECONDS
     window: float = BUDGET_WINDOW_SECONDS
+    per_line: float = BUDGET_PER_LINE_SECONDS
     now: Callable[[], float] = time.monotonic
     cpu_clock: Callable[[], float] = time.thread_time
     _window_started: float | None = None
     _spent: dict[Key, float] = field(default_factory=dict)
+    _lines: int = 0  # lines tried in the window, by all the job's patterns
 
-    def charge(self, key: Key, seconds: float) -> "Overrun[Key] | None":
+    def charge(self, key: Key, seconds: float, lines: int = 1) -> "Overrun[Key] | None":
         now = self.now()
         if self._window_started is None or now - self._window_started >= self.window:
             self._window_started = now
             self._spent.clear()
+            self._lines = 0
         self._spent[key] = self._spent.get(key, 0.0) + max(0.0, seconds)
-        if sum(self._spent.values()) <= self.seconds:
+        self._lines += lines
+        if sum(self._spent.values()) <= self.seconds + self.per_line * self._lines:
             return None
         worst = max(self._spent, key=lambda k: self._spent[k])
         return Overrun(worst, self._spent.pop(worst), self)
 
     def describe(self) -> str:
-        return f"{self.seconds:g} s of CPU per {self.window:g} s"
+        return (
+            f"{self.seconds:g} s of CPU per {self.window:g} s, plus "
+            f"{self.per_line * 1e6:g} µs for each line a pattern is tried on"
+        )
 
 
 @dataclass(frozen=True)

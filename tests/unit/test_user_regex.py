@@ -257,3 +257,17 @@ def test_the_keeper_switches_off_a_stored_rule_re2_refuses_and_says_so_on_the_jo
     assert event.action == health.SWITCHED_OFF
     assert "rule 1: 'pattern' uses backreferences" in event.message
     assert [r.pattern for r in monitor._watched[job.pk].watch.rules] == ["FATAL"]
+
+
+def test_volume_alone_never_switches_a_cheap_pattern_off() -> None:
+    """A busy, honest job: a cheap pattern tried on many lines spends more than the base budget
+    in the window, but far less than its allowance per line. The job's matching as a whole stays
+    bounded by base + allowance x lines (the log limit bounds the lines): a costly pattern that
+    goes past that is switched off, not the cheap one."""
+    clock = [0.0]
+    meter: MatchBudget[str] = MatchBudget(now=lambda: clock[0])
+    for _ in range(100):  # 100 batches of 10,000 lines at 2 µs a line: 2 s of CPU in all
+        assert meter.charge("literal", 10_000 * 2e-6, lines=10_000) is None
+    # 1,000,500 lines tried allow 0.5 + 20.01 s; 50 ms a line on 500 lines goes past it.
+    overrun = meter.charge("costly", 0.05 * 500, lines=500)
+    assert overrun is not None and overrun.key == "costly"
