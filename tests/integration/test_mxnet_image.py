@@ -66,9 +66,16 @@ def test_real_mxnet_trains_with_two_servers_and_two_workers(
         ):
             ranks[line["index"]] = int(match.group(1))
     assert sorted(ranks) == [0, 1] and sorted(ranks.values()) == [0, 1], lines
+    # Both workers learn y = 2x + 1. In dist_sync every worker ends on the same weights; in
+    # dist_async a worker may read them one push before the other's last one lands.
+    tolerance = 0.0005 if mode == "dist_sync" else 0.01
     for index, rank in ranks.items():
         done = [x["text"] for x in lines if x["index"] == index and " done " in x["text"]]
-        assert done == [f"worker {rank} done weight=2.000 bias=1.000"]
+        assert len(done) == 1, done
+        match = re.fullmatch(rf"worker {rank} done weight=([-\d.]+) bias=([-\d.]+)", done[0])
+        assert match, done
+        assert abs(float(match.group(1)) - 2.0) <= tolerance, done
+        assert abs(float(match.group(2)) - 1.0) <= tolerance, done
 
 
 def test_an_image_whose_python_a_node_lacks_fails_with_the_reason(
