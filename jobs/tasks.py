@@ -15,6 +15,7 @@ from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
 from jobs.services import agent_access, nodes, reconcile, reports, restarts, retention, scheduling
+from jobs.services.periodic import PeriodicPass
 from workers import contract
 
 
@@ -66,37 +67,27 @@ def resume_restart(job_id: int) -> None:
     restarts.resume(job_id)
 
 
-_loop: reconcile.ReconcileLoop | None = None
+# Timer threads of the console worker, each started once it is ready, if its interval is set:
+# reconciliation, and retention beside it (a pass is a few queries, and every console worker may
+# run one: removals are re-checked under a lock).
+_periodic: list[PeriodicPass[Any]] = []
 
 
 @worker_ready.connect
-def start_reconciliation(**_: Any) -> None:
-    global _loop
-    if settings.TRAINYARD_RECONCILE_SECONDS > 0 and _loop is None:
-        _loop = reconcile.ReconcileLoop(settings.TRAINYARD_RECONCILE_SECONDS)
-        _loop.start()
+def start_periodic_passes(**_: Any) -> None:
+    if _periodic:
+        return
+    for loop_class, interval in (
+        (reconcile.ReconcileLoop, settings.TRAINYARD_RECONCILE_SECONDS),
+        (retention.RetentionLoop, settings.TRAINYARD_RETENTION_SECONDS),
+    ):
+        if interval > 0:
+            loop: PeriodicPass[Any] = loop_class(interval)
+            loop.start()
+            _periodic.append(loop)
 
 
 @worker_shutdown.connect
-def stop_reconciliation(**_: Any) -> None:
-    if _loop is not None:
-        _loop.stop()
-
-
-# Retention runs beside reconciliation, on the same kind of timer thread: a pass is a few
-# queries, and every console worker may run one (removals are re-checked under a lock).
-_retention: retention.RetentionLoop | None = None
-
-
-@worker_ready.connect
-def start_retention(**_: Any) -> None:
-    global _retention
-    if settings.TRAINYARD_RETENTION_SECONDS > 0 and _retention is None:
-        _retention = retention.RetentionLoop(settings.TRAINYARD_RETENTION_SECONDS)
-        _retention.start()
-
-
-@worker_shutdown.connect
-def stop_retention(**_: Any) -> None:
-    if _retention is not None:
-        _retention.stop()
+def stop_periodic_passes(**_: Any) -> None:
+    for loop in _periodic:
+        loop.stop()

@@ -27,7 +27,6 @@ worker starting, or Redis away): `listening_since` is when that last changed.
 """
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -36,13 +35,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 from django.utils import timezone
 from redis import RedisError
 
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access, dispatch, outcomes, reports, restarts, scheduling
+from jobs.services.periodic import PeriodicPass
 
 log = logging.getLogger(__name__)
 
@@ -344,37 +344,25 @@ def _stop_stray(node: Node, key: ReplicaKey) -> int:
     return 1
 
 
-class ReconcileLoop(threading.Thread):
-    """Runs a pass every `interval` seconds until stopped; lives in the console worker."""
+class ReconcileLoop(PeriodicPass[PassReport]):
+    """Reconciles every `interval` seconds until stopped; lives in the console worker."""
+
+    what = "reconciliation"
 
     def __init__(self, interval: float) -> None:
-        super().__init__(name="reconcile", daemon=True)
-        self.interval = interval
-        self.stopped = threading.Event()
+        super().__init__(interval)
         self._listening_since: datetime | None = None
 
-    def run(self) -> None:
-        log.info("reconciliation every %.1f s", self.interval)
-        while not self.stopped.wait(self.interval):
-            self.run_once()
-
-    def run_once(self) -> PassReport | None:
-        close_old_connections()
-        try:
-            if not self._broker_answers():
-                return None
-            # Redis may have restarted, and lost the agents' ACL users with it; and a job that
-            # ended a while ago is no business of its nodes' agents any more.
-            agent_access.sync_quietly()
-            report = run_pass(self._listening_since)
-            if report.repaired or report.lost_nodes:
-                log.warning("%s", report.summary())
-            return report
-        except Exception:  # the loop must outlive any one bad pass; the next one tries again
-            log.exception("reconciliation pass failed")
+    def one_pass(self) -> PassReport | None:
+        if not self._broker_answers():
             return None
-        finally:
-            close_old_connections()
+        # Redis may have restarted, and lost the agents' ACL users with it; and a job that
+        # ended a while ago is no business of its nodes' agents any more.
+        agent_access.sync_quietly()
+        report = run_pass(self._listening_since)
+        if report.repaired or report.lost_nodes:
+            log.warning("%s", report.summary())
+        return report
 
     def _broker_answers(self) -> bool:
         """Heartbeats reach us through Redis: while it is away, silence proves nothing."""
@@ -388,6 +376,3 @@ class ReconcileLoop(threading.Thread):
         if self._listening_since is None:
             self._listening_since = datetime.now(UTC)
         return True
-
-    def stop(self) -> None:
-        self.stopped.set()

@@ -14,18 +14,18 @@ timer (RetentionLoop), as it reconciles; Determined's log_retention_days is the 
 """
 
 import logging
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import EllipsisType
 
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import ProtectedError, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
 from jobs.models import CodeSnapshot, Job, LogChunk, MetricPoint
+from jobs.services.periodic import PeriodicPass
 
 log = logging.getLogger(__name__)
 
@@ -203,31 +203,13 @@ def _remove_snapshot(item: LooseSnapshot) -> bool:
     return bool(deleted)
 
 
-class RetentionLoop(threading.Thread):
+class RetentionLoop(PeriodicPass[Plan]):
     """Prunes every `interval` seconds until stopped; lives in the console worker."""
 
-    def __init__(self, interval: float) -> None:
-        super().__init__(name="retention", daemon=True)
-        self.interval = interval
-        self.stopped = threading.Event()
+    what = "retention"
 
-    def run(self) -> None:
-        log.info("retention: pruning every %.0f s", self.interval)
-        while not self.stopped.wait(self.interval):
-            self.run_once()
-
-    def run_once(self) -> Plan | None:
-        close_old_connections()
-        try:
-            return prune()
-        except Exception:  # the loop must outlive any one bad pass; the next one tries again
-            log.exception("retention pass failed")
-            return None
-        finally:
-            close_old_connections()
-
-    def stop(self) -> None:
-        self.stopped.set()
+    def one_pass(self) -> Plan:
+        return prune()
 
 
 def set_retention(
