@@ -19,7 +19,6 @@ are cancelled at once. Every path is then sent each method it does not take, whi
 """
 
 import collections
-import copy
 import dataclasses
 import functools
 import json
@@ -43,6 +42,7 @@ from schemathesis.specs.openapi.checks import (
 
 from jobs import healthrules, text
 from tests.conftest import FUZZ_SUMMARY, RunningStack, StackClient, pytorch_request
+from tests.json_documents import paths, replaced
 
 EXAMPLES_PER_MODE = 20  # per operation; derandomized, so every run sends the same requests
 # Requests that fit the document but for one string that is not text (jobs/text.py): a lone
@@ -220,29 +220,6 @@ BAD_TEXT = st.sampled_from(["\ud800", "a\udfffb", "a\x00b", "job\u202etxt.exe", 
 BAD_WIRE_TEXT = BAD_TEXT.filter(lambda t: not any("\ud800" <= c <= "\udfff" for c in t))
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path to a value inside a JSON document, the document itself included."""
-    found = [prefix]
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            found += _paths(inner, (*prefix, key))
-    elif isinstance(value, list):
-        for index, inner in enumerate(value):
-            found += _paths(inner, (*prefix, index))
-    return found
-
-
-def _replaced(document: Any, path: tuple[Any, ...], value: Any) -> Any:
-    if not path:
-        return value
-    changed = copy.deepcopy(document)
-    target = changed
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return changed
-
-
 def tainted(operation: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     """Valid requests with one value, key or query parameter made of text that is not."""
 
@@ -252,7 +229,7 @@ def tainted(operation: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrate
         places = [("query", name) for name in case.query]
         body = case.body if isinstance(case.body, (dict, list)) else {}
         if operation.body:  # an operation that takes a body
-            places += [("body", path) for path in _paths(body)]
+            places += [("body", path) for path in [(), *paths(body)]]
             if isinstance(body, dict):
                 places.append(("key", ()))
         if not places:
@@ -266,7 +243,7 @@ def tainted(operation: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrate
         elif where == "key" and isinstance(body, dict):
             body = {**body, draw(bad): "x"}
         else:
-            body = _replaced(body, what, draw(bad))
+            body = replaced(body, what, draw(bad))
         return operation.Case(
             path_parameters=case.path_parameters,
             query=query,

@@ -3,9 +3,7 @@ at every depth, replaced by a value of every JSON type (or left out), plus bodie
 nested too deep. The four 500s a probe once found (a package given as a list or an object, and a
 5,000-deep body) are among the cases."""
 
-import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,6 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, Job, Node
+from tests.json_documents import paths, removed, replaced
 from tests.unit.helpers import job_request
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
@@ -32,36 +31,6 @@ WRONG_VALUES: list[Any] = [
     {},
     {"a": 1},
 ]
-
-
-def paths(value: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
-    """Every path to a value inside a JSON document."""
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            yield (*prefix, key)
-            yield from paths(inner, (*prefix, key))
-    elif isinstance(value, list):
-        for i, inner in enumerate(value):
-            yield (*prefix, i)
-            yield from paths(inner, (*prefix, i))
-
-
-def replaced(document: Any, path: tuple[Any, ...], value: Any) -> Any:
-    changed = copy.deepcopy(document)
-    target = changed
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return changed
-
-
-def removed(document: Any, path: tuple[Any, ...]) -> Any:
-    changed = copy.deepcopy(document)
-    target = changed
-    for key in path[:-1]:
-        target = target[key]
-    del target[path[-1]]
-    return changed
 
 
 def kvstore_request() -> dict[str, Any]:
