@@ -44,7 +44,8 @@ def call(client: Client, method: str, path: str, token: str | None) -> Any:
     headers = {"Authorization": f"Token {token}"} if token else {}
     if method == "get":
         return client.get(path, headers=headers)
-    body = json.dumps({"baseline": None})
+    # A body each operation takes, so that the answer is about the job, not the body.
+    body = json.dumps({"keep": False} if path.endswith("/retention") else {"baseline": None})
     return client.post(path, data=body, content_type="application/json", headers=headers)
 
 
