@@ -61,11 +61,14 @@ class Marker:
     dropped_points: int = 0
 
 
-class _Bucket:
-    def __init__(self, rate: float, now: float) -> None:
+class TokenBucket:
+    """A rate with a burst: `take` lets through what the tokens saved up since the last call
+    allow, up to `capacity` at once. The caller passes the time."""
+
+    def __init__(self, rate: float, capacity: float, now: float) -> None:
         self.rate = rate
-        self.capacity = rate * BURST_SECONDS
-        self.tokens = self.capacity
+        self.capacity = capacity
+        self.tokens = capacity
         self.refilled = now
 
     def take(self, wanted: int, now: float) -> int:
@@ -77,6 +80,11 @@ class _Bucket:
         return allowed
 
 
+def _bucket(rate: int, now: float) -> TokenBucket | None:
+    """A limit's bucket, with BURST_SECONDS of the rate as its burst; None for no limit (0)."""
+    return TokenBucket(rate, rate * BURST_SECONDS, now) if rate else None
+
+
 class LogBudget:
     """The budget of one instance: which of its lines and points may go on, and the markers
     that account for the rest. Safe to call from the instance's several pipe readers at once."""
@@ -84,12 +92,8 @@ class LogBudget:
     def __init__(self, limits: LogLimits, now: float) -> None:
         self.limits = limits
         self._lock = threading.Lock()
-        self._lines = _Bucket(limits.lines_per_second, now) if limits.lines_per_second else None
-        self._points = (
-            _Bucket(limits.metric_points_per_second, now)
-            if limits.metric_points_per_second
-            else None
-        )
+        self._lines = _bucket(limits.lines_per_second, now)
+        self._points = _bucket(limits.metric_points_per_second, now)
         self._bytes_left = limits.max_bytes if limits.max_bytes else None
         # Drops not yet told in a marker, and why; and when the last marker went out.
         self._unreported_lines = 0

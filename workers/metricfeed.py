@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from workers.logquota import TokenBucket
 from workers.metricparse import KNOWN_METRICS, BadMetric, Point, parse_line
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,7 @@ class MetricTail(threading.Thread):
         self._stop_requested = threading.Event()
         self._offset = 0
         self._pending = b""
-        self._tokens = BURST_POINTS
-        self._refilled = time.monotonic()
+        self._rate = TokenBucket(POINTS_PER_SECOND, BURST_POINTS, time.monotonic())
         self._problems = 0
         self._dropped = 0
         self._named: set[str] = set()
@@ -112,11 +112,7 @@ class MetricTail(threading.Thread):
             self._emit_points(now, points)
 
     def _within_rate(self, points: list[Point]) -> list[Point]:
-        now = time.monotonic()
-        self._tokens = min(BURST_POINTS, self._tokens + (now - self._refilled) * POINTS_PER_SECOND)
-        self._refilled = now
-        allowed = int(min(len(points), self._tokens))
-        self._tokens -= allowed
+        allowed = self._rate.take(len(points), time.monotonic())
         if allowed < len(points):
             if not self._dropped:
                 self._note(
