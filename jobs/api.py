@@ -145,9 +145,7 @@ class GuardedParser(Parser):
             raise too_deep from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
-        problems: dict[str, list[str]] = {}
-        for field, problem in text.find_text_problems(data):
-            problems.setdefault(field, []).append(problem)
+        problems = text.problems_by_field(data)
         if problems:
             raise ValidationFailed(problems)
         return data

@@ -40,6 +40,6 @@ def _problems(request: HttpRequest) -> dict[str, list[str]]:
         for value in (key, *values):
             problem = text.text_problem(value)
             if problem:
-                problems.setdefault(text.shown(key).replace("\x00", "\\u0000"), []).append(problem)
+                problems.setdefault(text.shown_key(key), []).append(problem)
                 break
     return problems

@@ -72,11 +72,19 @@ def find_text_problems(data: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[
             key_text = str(key)
             problem = text_problem(key_text)
             if problem:
-                yield ".".join((*path, _safe(key_text))), f"A key: {problem}"
-            yield from find_text_problems(value, (*path, _safe(key_text)))
+                yield ".".join((*path, shown_key(key_text))), f"A key: {problem}"
+            yield from find_text_problems(value, (*path, shown_key(key_text)))
     elif isinstance(data, list):
         for index, item in enumerate(data):
             yield from find_text_problems(item, (*path, str(index)))
+
+
+def problems_by_field(data: Any) -> dict[str, list[str]]:
+    """find_text_problems in the form of a refusal's errors: {field: [problem, ...]}."""
+    problems: dict[str, list[str]] = {}
+    for field, problem in find_text_problems(data):
+        problems.setdefault(field, []).append(problem)
+    return problems
 
 
 def shown(value: str) -> str:
@@ -87,8 +95,8 @@ def shown(value: str) -> str:
     return _SURROGATE.sub("\ufffd", value)
 
 
-def _safe(value: str) -> str:
-    """A key as it can be named in a message."""
+def shown_key(value: str) -> str:
+    """A key (of a JSON body or a query string) as it can be named in a message."""
     return shown(value).replace("\x00", "\\u0000")
 
 

@@ -372,9 +372,9 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     body = parse_job_request(data)
     # Text no process, variable or database can hold is refused first: nothing below then
     # looks it up, stores it, or hands it to an agent that would fail the job with it later.
-    bad_text = list(text.find_text_problems(body.model_dump(mode="python")))
+    bad_text = text.problems_by_field(body.model_dump(mode="python"))
     if bad_text:
-        raise ValidationFailed({field: [problem] for field, problem in bad_text})
+        raise ValidationFailed(bad_text)
     errors = _Errors()
     name = _check_name(body.name, errors)
     image = FrameworkImage.objects.filter(name=body.image, enabled=True).first()
