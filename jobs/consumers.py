@@ -115,12 +115,18 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     await self.channel_layer.group_discard(group, self.channel_name)
 
     async def _stop_tasks(self) -> None:
+        for task in self._cancel_tasks():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _cancel_tasks(self) -> list[asyncio.Task[None]]:
+        """Cancel the log relay and the watchdog (but not the task running this); the ones
+        cancelled, for a caller that waits for them to end."""
         current = asyncio.current_task()
-        for task in (self.follower, self.watchdog):
-            if task is not None and task is not current:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        running = [t for t in (self.follower, self.watchdog) if t is not None and t is not current]
+        for task in running:
+            task.cancel()
+        return running
 
     def _groups(self) -> list[str]:
         """The job's group (state events) and the user's (credentials changed)."""
@@ -170,9 +176,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         # Stop relaying first: not one more line goes out once we know. Not waited for: a
         # follower in the middle of a database read ends when the read returns, and the
         # close must not wait for that (disconnect() waits for it).
-        for task in (self.follower, self.watchdog):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
+        self._cancel_tasks()
         log.info(
             "closing a stream of job %s with %d: %s", self.job_id, CLOSE_UNAUTHENTICATED, reason
         )

@@ -12,6 +12,7 @@ the keeper sees entries in bursts, after the fact.
 from django.db.models import Sum
 from django.db.models.functions import Length
 
+from jobs import logstream
 from jobs.models import LogChunk
 from workers.logquota import human_bytes
 
@@ -45,7 +46,7 @@ class KeptBytes:
         # go on with holes in it.
         self._kept[job_id] = max(kept, ceiling + 1)
         count = chunk.last_cursor - chunk.first_cursor + 1
-        is_metric = chunk.stream == "metric"
+        is_metric = chunk.stream == logstream.METRIC
         what = "metric points" if is_metric else "lines"
         return LogChunk(
             job_id=job_id, first_cursor=chunk.first_cursor, last_cursor=chunk.last_cursor,
