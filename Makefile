@@ -23,8 +23,12 @@ run: $(VENV)/.installed sandbox
 cluster: $(VENV)/.installed sandbox
 	$(PY) -m stack.run --cluster --port $(PORT)
 
+# Two pytest processes, each taking whole test files (pytest-xdist): most of an integration test
+# is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
+# starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
+TEST_PROCESSES ?= 2
 test: $(VENV)/.installed chromium sandbox
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # Apache MXNet 1.9.1 for the kvstore images that name it (stack/runtimes.py); prints its python.
 mxnet-env: $(VENV)/.installed

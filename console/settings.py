@@ -175,7 +175,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
-    DATABASES["default"]["TEST"] = {"NAME": ""}  # in-memory for unit tests
+    # In memory for unit tests; named so, pytest-xdist leaves it in memory in each process.
+    DATABASES["default"]["TEST"] = {"NAME": ":memory:"}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

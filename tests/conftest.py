@@ -4,6 +4,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import io
+import itertools
 import os
 import shutil
 import tempfile
@@ -65,6 +66,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.section("API fuzz (Schemathesis, against the running server)")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller: the fuzz ran in a worker process (`make test` runs two), whose
+    stash the controller never sees; the worker hands its lines over at its end."""
+    lines = getattr(node, "workeroutput", {}).get("fuzz_summary", [])
+    node.config.stash.setdefault(FUZZ_SUMMARY, []).extend(lines)
 
 
 @pytest.fixture(scope="session")
@@ -371,6 +380,21 @@ def pytorch_request(
     }
 
 
+_stacks_numbered = itertools.count()
+
+
+def number_jobs_apart(stack: "Stack") -> None:
+    """Start a prepared stack's job ids in a block no other stack of this run uses.
+
+    Tests find a job's processes on this host by their TRAINYARD_JOB_ID (job_processes), and
+    `make test` runs two pytest processes, each with stacks of its own: without this, job 5 of
+    one stack would be taken for job 5 of the other. The blocks start far above the small ids
+    the unit tests give the jobs they start agents for."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = (int(worker or 0) + 1) * 10_000_000 + next(_stacks_numbered) * 100_000
+    stack.manage("shell", "-c", f"from tests.job_ids import start_at; start_at({first})")
+
+
 @contextlib.contextmanager
 def running_stack(
     var_dir: Path,
@@ -392,6 +416,7 @@ def running_stack(
         extra_env=dict(extra_env or {}),
     )
     login = running.prepare()
+    number_jobs_apart(running)
     try:
         running.start()
         yield RunningStack(running, login.split(" ", 1)[1])
@@ -424,4 +449,7 @@ def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: see pytest_testnodedown
+        workeroutput["fuzz_summary"] = session.config.stash.get(FUZZ_SUMMARY, [])
     shutil.rmtree(SIGNALS_DIR, ignore_errors=True)

@@ -36,6 +36,7 @@ from tests.conftest import (
     TERMINAL,
     RunningStack,
     StackClient,
+    number_jobs_apart,
     process_alive,
     pytorch_request,
     require_postgres,
@@ -132,6 +133,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, agent_env: Path) -> Iterat
         )
         try:
             login = stack.prepare()
+            number_jobs_apart(stack)
             stack.start()
             yield RunningStack(stack, login.split(" ", 1)[1])
         finally:
