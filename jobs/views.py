@@ -285,6 +285,7 @@ def storage_page(request: HttpRequest) -> HttpResponse:
             "jobs": jobs[:STORAGE_JOBS_SHOWN],
             "jobs_not_shown": len(jobs[STORAGE_JOBS_SHOWN:]),
             "plan": plan,
+            "due_jobs": {item.job_id for item in plan.logs},
             "expired_logs": plan.logs[:STORAGE_PRUNE_ITEMS_SHOWN],
             "loose_snapshots": plan.snapshots[:STORAGE_PRUNE_ITEMS_SHOWN],
             "prune_items_not_shown": len(plan.logs[STORAGE_PRUNE_ITEMS_SHOWN:])

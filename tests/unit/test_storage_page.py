@@ -66,9 +66,7 @@ def table(page: str, table_id: str) -> str:
 
 
 def row(page: str, table_id: str, attribute: str, value: object) -> str:
-    match = re.search(
-        rf'<tr {attribute}="{value}">(.*?)</tr>', table(page, table_id), re.DOTALL
-    )
+    match = re.search(rf'<tr {attribute}="{value}">(.*?)</tr>', table(page, table_id), re.DOTALL)
     assert match, f"no row {attribute}={value} in {table_id}"
     return match.group(1)
 
@@ -142,6 +140,8 @@ def test_it_lists_what_a_prune_now_would_remove(admin: Client, alice: User) -> N
     listed = row(page, "prune-logs", "data-job", due.pk)
     assert f'href="/jobs/{due.pk}/"' in listed and shown(now - 100 * DAY + 90 * DAY) in listed
     assert "The logs and metrics of 1 job and 0 code snapshots" in page
+    goes = figure(row(page, "storage-jobs", "data-job", due.pk), "goes")
+    assert "due: the next prune removes them" in goes
     assert LogChunk.objects.filter(job=due).exists()  # showing it removes nothing
 
 
