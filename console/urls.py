@@ -17,6 +17,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/retention/", views.job_retention, name="job_retention"),
     path("nodes/", views.node_list, name="node_list"),
     path("quotas/", views.quota_list, name="quota_list"),
+    path("storage/", views.storage_page, name="storage"),
     path("account/tokens/", account_views.token_list, name="token_list"),
     path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke, name="token_revoke"),
     path("account/password/", account_views.password_change, name="password_change"),

@@ -1,8 +1,14 @@
-"""Who may see what: a user sees their own jobs, staff see all."""
+"""Who may see what: a user sees their own jobs, staff see all; staff pages are staff's only."""
 
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AnonymousUser, User
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse
 
 from jobs.models import Job
 
@@ -20,3 +26,16 @@ def get_job_for(user: User | AnonymousUser, job_id: int) -> Job:
     if job is None:
         raise Http404("No such job.")
     return job
+
+
+def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """For the staff pages (Users, Storage): anonymous visitors go to the login page; logged-in
+    users who are not staff get 403."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("Only staff users see this page.")
+        return view(request, *args, **kwargs)
+
+    return login_required(wrapper)

@@ -2,33 +2,16 @@
 forms to change a user's groups, staff status and quota, or a group's quota. Thin views over
 jobs.services.users."""
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
-
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import Group, User
-from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 
+from jobs.access import staff_required
 from jobs.account_forms import EditUserForm, GroupQuotaForm, NewUserForm
 from jobs.services import users
-
-
-def staff_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Anonymous visitors go to the login page; logged-in users who are not staff get 403."""
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_staff:
-            raise PermissionDenied("Only staff users manage users.")
-        return view(request, *args, **kwargs)
-
-    return login_required(wrapper)
 
 
 @never_cache  # the page may hold a generated password

@@ -1,4 +1,5 @@
-"""Browser pages: job list, New job form, job page. Thin views over the services layer."""
+"""Browser pages: job list, New job form, job page, nodes, quotas, storage. Thin views over the
+services layer."""
 
 import functools
 import secrets
@@ -22,11 +23,12 @@ from redis import TimeoutError as RedisTimeoutError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobs.access import get_job_for, visible_jobs
+from jobs.access import get_job_for, staff_required, visible_jobs
 from jobs.api import catalog_for
 from jobs.forms import NewJobForm, RetentionForm
 from jobs.models import Node
-from jobs.services import cluster, outcomes, presenters, retention, transitions
+from jobs.services import cluster, outcomes, presenters, retention, storage, transitions
+from jobs.services.durations import format_duration
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
 
@@ -260,3 +262,35 @@ def node_list(request: HttpRequest) -> HttpResponse:
 def quota_list(request: HttpRequest) -> HttpResponse:
     rows = cluster.quota_rows(request.user)  # type: ignore[arg-type]
     return render(request, "jobs/quota_list.html", {"rows": rows})
+
+
+# The Storage page lists this many jobs, the largest first (`manage.py storage --jobs N` lists
+# more), and this many of the items the next prune removes (`manage.py prune --dry-run`: all).
+STORAGE_JOBS_SHOWN = 100
+STORAGE_PRUNE_ITEMS_SHOWN = 20
+
+
+@staff_required
+def storage_page(request: HttpRequest) -> HttpResponse:
+    """Storage per user and per job, when each job's log and metrics go, and what a prune now
+    would remove: `manage.py storage` and `manage.py prune --dry-run` on one page."""
+    jobs = storage.per_job(include_pruned=True)
+    plan = retention.plan()
+    seconds = settings.TRAINYARD_RETENTION_SECONDS
+    return render(
+        request,
+        "jobs/storage.html",
+        {
+            "users": storage.per_user(jobs),
+            "jobs": jobs[:STORAGE_JOBS_SHOWN],
+            "jobs_not_shown": len(jobs[STORAGE_JOBS_SHOWN:]),
+            "plan": plan,
+            "due_jobs": {item.job_id for item in plan.logs},
+            "expired_logs": plan.logs[:STORAGE_PRUNE_ITEMS_SHOWN],
+            "loose_snapshots": plan.snapshots[:STORAGE_PRUNE_ITEMS_SHOWN],
+            "prune_items_not_shown": len(plan.logs[STORAGE_PRUNE_ITEMS_SHOWN:])
+            + len(plan.snapshots[STORAGE_PRUNE_ITEMS_SHOWN:]),
+            "default_days": settings.TRAINYARD_LOG_RETENTION_DAYS,
+            "prune_every": format_duration(seconds) if seconds else None,
+        },
+    )

@@ -1,12 +1,12 @@
 """What the database holds for each job and each user, and when retention removes it: the
-admins' view of storage (`manage.py storage`). Sizes of logs are in characters, as the
-database stores text; a code snapshot's is its archive's bytes."""
+admins' view of storage (`manage.py storage` and the Storage page, /storage/). Sizes of logs are
+in characters, as the database stores text; a code snapshot's is its archive's bytes."""
 
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Length
 
 from jobs.models import CodeUpload, Job, LogChunk, MetricPoint
@@ -24,6 +24,12 @@ class JobStorage:
     expires: datetime | None
     pruned: datetime | None
 
+    @property
+    def kept(self) -> bool:
+        """It has ended and its log and metrics never go (kept, or 0 days); False while it runs
+        and once they went."""
+        return self.expires is None and self.pruned is None and self.state in Job.TERMINAL_STATES
+
 
 @dataclass(frozen=True)
 class UserStorage:
@@ -36,13 +42,17 @@ class UserStorage:
     snapshot_bytes: int
 
 
-def per_job() -> list[JobStorage]:
-    """Every job that holds a log or metrics, the largest log first."""
+def per_job(include_pruned: bool = False) -> list[JobStorage]:
+    """Every job that holds a log or metrics, the largest log first; with `include_pruned`,
+    also those whose log and metrics retention removed (holding nothing, they come last)."""
     logs = dict(
         LogChunk.objects.values("job").annotate(n=Sum(Length("text"))).values_list("job", "n")
     )
     points = dict(MetricPoint.objects.values("job").annotate(n=Count("id")).values_list("job", "n"))
-    jobs = Job.objects.filter(pk__in=set(logs) | set(points)).select_related("owner")
+    holding = Q(pk__in=set(logs) | set(points))
+    if include_pruned:
+        holding |= Q(logs_pruned__isnull=False)
+    jobs = Job.objects.filter(holding).select_related("owner")
     rows = [
         JobStorage(
             job_id=job.pk,
@@ -59,10 +69,14 @@ def per_job() -> list[JobStorage]:
 
 
 def per_user(jobs: list[JobStorage] | None = None) -> list[UserStorage]:
-    """Each user who holds jobs' logs, metrics or code snapshots, the largest first."""
+    """Each user who holds jobs' logs, metrics or code snapshots, the largest first. `jobs`
+    may include pruned jobs (per_job(include_pruned=True)): only those that hold something
+    count."""
     jobs = per_job() if jobs is None else jobs
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for row in jobs:
+        if row.pruned and not (row.log_characters or row.metric_points):
+            continue  # it holds nothing any more
         total = totals[row.owner]
         total[0] += 1
         total[1] += row.log_characters

@@ -1,5 +1,5 @@
-"""Template tags for what pages show people: prices with the currency, times in the reader's
-own zone, durations. `{% load trainyard %}`.
+"""Template tags for what pages show people: prices with the currency, counts, sizes, times in
+the reader's own zone, durations. `{% load trainyard %}`.
 
 Times are rendered as <time datetime="ISO">…UTC</time> and durations as <span class="duration"
 data-…>: static/trainyard/times.js turns the first into local time and keeps the second
@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 from jobs.models import Job
 from jobs.money import currency, format_price
 from jobs.services.durations import format_duration, run_seconds
+from workers.logquota import human_bytes
 
 register = template.Library()
 
@@ -33,6 +34,13 @@ def money(amount: Decimal | float | int | None) -> str:
 def thousands(number: int | None) -> str:
     """12,345: counts of lines read at a glance."""
     return f"{number or 0:,}"
+
+
+@register.filter
+def size(count: int | None) -> str:
+    """`{{ user.snapshot_bytes|size }}`: "12 kB", "1.5 MB", in decimal units as everywhere
+    else in the console (workers.logquota.human_bytes)."""
+    return human_bytes(count or 0)
 
 
 @register.simple_tag

@@ -1,10 +1,11 @@
 """Keeping a job from its page: the retention line says when its log and metrics go, the form
-keeps the job, gives it days of its own, or refuses a bad number and changes nothing."""
+keeps the job, gives it days of its own, or refuses a bad number and changes nothing; the
+admins' Storage page then says it never goes."""
 
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser.conftest import user_page
+from tests.browser.conftest import admin_page, user_page
 from tests.conftest import RunningStack, pytorch_request
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -39,3 +40,11 @@ def test_a_job_is_kept_and_given_days_from_its_page(browser: Browser, stack: Run
             "expires": None,
             "pruned": None,
         }
+
+    rita.wait(job_id, lambda j: j["log_archived"])  # the page counts what the database holds
+    with admin_page(browser, stack) as page:
+        page.goto(f"{stack.url}/")
+        page.click("nav >> text=Storage")
+        row = page.locator(f'#storage-jobs tr[data-job="{job_id}"]')
+        expect(row.locator('[data-figure="goes"]')).to_have_text("never")
+        expect(page.locator('#storage-users tr[data-user="rita"]')).to_be_visible()

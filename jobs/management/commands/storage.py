@@ -37,10 +37,12 @@ class Command(BaseCommand):
             f"{'JOB':>8} {'USER':<20} {'STATE':<10} {'LOG CHARS':>14} {'POINTS':>10}  GOES"
         )
         for job in jobs[: options["jobs"]]:
-            if job.expires:
-                goes = _when(job.expires)
+            if job.pruned:
+                goes = f"removed {_when(job.pruned)}"
+            elif job.kept:
+                goes = "never"
             else:
-                goes = "never" if job.state in ("succeeded", "failed", "cancelled") else "-"
+                goes = _when(job.expires)  # "-" while it runs
             self.stdout.write(
                 f"{job.job_id:>8} {job.owner:<20} {job.state:<10} {job.log_characters:>14,} "
                 f"{job.metric_points:>10,}  {goes}"
