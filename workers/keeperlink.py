@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from workers import keeper
-from workers.procrecords import CREATE_TIME_TOLERANCE
+from workers.procrecords import alive
 
 log = logging.getLogger(__name__)
 
@@ -188,11 +186,7 @@ class KeeperLink:
         if state is None:
             return False
         identity = state["keeper"]
-        try:
-            created = psutil.Process(int(identity["pid"])).create_time()
-        except psutil.NoSuchProcess:
-            return False
-        return abs(created - float(identity["create_time"])) < CREATE_TIME_TOLERANCE
+        return alive(int(identity["pid"]), float(identity["create_time"]))
 
     def exits(self) -> list[dict[str, Any] | None]:
         """Per rank, {"code", "at"} once its process has ended."""

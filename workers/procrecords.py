@@ -145,9 +145,16 @@ def kept(record: ProcRecord) -> bool:
     """Whether the record's keeper still runs (it stops the group itself, after its grace)."""
     if not record.keeper_pid:
         return False
+    return alive(record.keeper_pid, record.keeper_create_time)
+
+
+def alive(pid: int, create_time: float) -> bool:
+    """Whether the process that started at `create_time` still runs under `pid` (a zombie
+    does not: nobody may have reaped a dead keeper whose agent is gone)."""
     try:
-        keeper = psutil.Process(record.keeper_pid)
-        return abs(keeper.create_time() - record.keeper_create_time) < CREATE_TIME_TOLERANCE
+        proc = psutil.Process(pid)
+        same = abs(proc.create_time() - create_time) < CREATE_TIME_TOLERANCE
+        return same and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 
