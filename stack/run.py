@@ -9,11 +9,11 @@ pid is recorded in var/stack.pids, so that the next start stops what the signal 
 (stack/leftovers.py).
 A process that exits while the stack runs is started again with the same argv, after a delay
 that doubles while it keeps dying (1 s, 2 s, 4 s … 30 s) — the local stand-in for systemd's
-Restart= (docs/operations.md). Ctrl-C stops the node agents first, so they stop their trainers
-and report, then the console worker and the log keeper, the web server and Redis; SIGTERM
-and SIGHUP (the terminal closed) do the same. A process still running its stop timeout after
-SIGTERM is killed, and a line names it: a node agent gets 45 s, every other process 15 s, so a
-stop takes at most 90 s.
+Restart= (docs/operations.md). Ctrl-C stops the node agents first (with SIGUSR2, so they stop
+their trainers and report, rather than leave them to their keepers), then the console worker
+and the log keeper, the web server and Redis; SIGTERM and SIGHUP (the terminal closed) do the
+same. A process still running its stop timeout after its signal is killed, and a line names
+it: a node agent gets 45 s, every other process 15 s, so a stop takes at most 90 s.
 """
 
 import argparse
@@ -97,6 +97,10 @@ class Child:
     ready: Callable[[], bool] | None = None
     # SIGTERM, then SIGKILL this long after; None: the policy's stop_timeout.
     stop_timeout: float | None = None
+    # What the stack's own stop sends instead of SIGTERM: an agent gets SIGUSR2, so that it
+    # stops its trainers as well (on SIGTERM it would leave them to their keepers, for an
+    # agent that comes back; none does when the whole stack stops).
+    stop_signal: int = signal.SIGTERM
     # On top of the stack's environment, for this process only (an agent's REDIS_URL as its
     # host reaches Redis).
     env: dict[str, str] = field(default_factory=dict)
@@ -204,6 +208,7 @@ class ChildSupervisor:
         ready: Callable[[], bool] | None = None,
         env: dict[str, str] | None = None,
         stop_timeout: float | None = None,
+        stop_signal: int = signal.SIGTERM,
     ) -> Child:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # kept across restarts, closed in stop()
@@ -213,7 +218,9 @@ class ChildSupervisor:
                 log_file.close()
                 raise RuntimeError(f"not starting {name}: the stack is stopping")
             proc = self._popen(name, argv, log_file, env)
-            child = Child(name, argv, proc, log_path, log_file, ready, stop_timeout, env=env)
+            child = Child(
+                name, argv, proc, log_path, log_file, ready, stop_timeout, stop_signal, env=env
+            )
             child.started_at = time.monotonic()
             child.state = ChildState.STARTING if ready else ChildState.UP
             self._children.append(child)
@@ -429,7 +436,7 @@ class ChildSupervisor:
             group = [c for c in children if stage_of(c.name) == stage]
             running = [c for c in group if c.proc.poll() is None]
             for child in running:
-                _signal_group(child.proc, signal.SIGTERM)
+                _signal_group(child.proc, child.stop_signal)
                 # A frozen (SIGSTOPped) process must run to act on its SIGTERM.
                 _signal_group(child.proc, signal.SIGCONT)
             signalled_at = time.monotonic()
@@ -704,6 +711,7 @@ class Stack:
                 argv,
                 env={"REDIS_URL": agent_url},
                 stop_timeout=self.agent_stop_timeout,
+                stop_signal=signal.SIGUSR2,
             )
         self._supervisor.watch()
         self.wait_ready(should_stop=should_stop)
