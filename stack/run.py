@@ -393,10 +393,13 @@ class ChildSupervisor:
         name: str,
         while_down: Callable[[], object] | None = None,
         ready_timeout: float = 20.0,
+        how: int = signal.SIGTERM,
     ) -> int:
-        """Stop one process (SIGTERM, then SIGKILL after the stop timeout), leave it down until
-        `while_down()` returns (an outage that lasts until something happened, never a fixed
-        time), start it again as it was and wait until it is up; returns the new PID."""
+        """Stop one process (`how`, SIGTERM by default, then SIGKILL after the stop timeout),
+        leave it down until `while_down()` returns (an outage that lasts until something
+        happened, never a fixed time), start it again as it was and wait until it is up;
+        returns the new PID. With `how` SIGKILL it is a crash that the stack does not undo
+        until `while_down()` returns."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError(f"not restarting {name}: the stack is stopping")
@@ -404,7 +407,11 @@ class ChildSupervisor:
             child.state = ChildState.HELD
             child.down_since = time.monotonic()
         self._say(child, f"{name} is being restarted on request")
-        self._terminate(child, time.monotonic() + self._stop_timeout(child))
+        if how != signal.SIGTERM and child.proc.poll() is None:
+            os.kill(child.proc.pid, how)  # the process only, as a crash or a signal would
+        self._terminate(
+            child, time.monotonic() + self._stop_timeout(child), signalled=how != signal.SIGTERM
+        )
         if while_down is not None:
             while_down()
         with self._lock:
@@ -774,10 +781,13 @@ class Stack:
         (Redis: answers); returns the new PID. Raises TimeoutError saying where it stands."""
         return self._supervisor.wait_up(name, timeout, not_pid=old_pid)
 
-    def restart(self, name: str, while_down: Callable[[], object] | None = None) -> None:
-        """Stop one process by its PID and start it again as it was (same port, same data),
-        once `while_down()` has returned; returns once it is up (Redis: answers)."""
-        self._supervisor.restart(name, while_down)
+    def restart(
+        self, name: str, while_down: Callable[[], object] | None = None, how: int = signal.SIGTERM
+    ) -> None:
+        """Stop one process by its PID (with `how`: SIGTERM, or SIGKILL for a crash) and start
+        it again as it was (same port, same data), once `while_down()` has returned; returns
+        once it is up (Redis: answers)."""
+        self._supervisor.restart(name, while_down, how=how)
 
     # --- stop ---
 
