@@ -356,7 +356,8 @@ class Supervisor:
         self._runs[run.ident] = run
         # A daemon only so that a thread stuck on an unreachable Redis cannot keep a dying
         # agent alive: shutdown() waits for these threads up to its deadline, and whatever
-        # still runs after the agent exits dies of its death signal or by the guardian.
+        # still runs after the agent exits is held by its keeper, which stops it after its
+        # grace unless a new agent takes it over.
         run.thread = threading.Thread(
             target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}", daemon=True
         )
