@@ -7,6 +7,9 @@ is the file), so a new agent that starts from the offset the last line in Redis 
 ends at sends every line once: none lost, none twice.
 """
 
+import ctypes
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,8 +23,17 @@ from workers.logship import (
     _split_long,
 )
 
+log = logging.getLogger(__name__)
+
 READ_BYTES = 256 * 1024
 POLL_SECONDS = 0.05
+# After this many bytes read, the part of the file whose lines are safely shipped is freed on
+# disk: a trainer that floods its output (its lines dropped over its budget) must not fill the
+# node's disk through its keeper's files. Offsets stay as they were (a hole reads as zeros).
+DISCARD_EVERY_BYTES = 16 * 1024 * 1024
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_BLOCK = 4096
 
 # (read time, lines, offset the last of them ends at)
 EmitLines = Callable[[float, list[str], int], None]
@@ -31,11 +43,24 @@ class FileTail(threading.Thread):
     """Follows `path` from `offset` until `ended()` holds and the file is read to its end."""
 
     def __init__(
-        self, path: Path, offset: int, emit: EmitLines, ended: Callable[[], bool], name: str = ""
+        self,
+        path: Path,
+        offset: int,
+        emit: EmitLines,
+        ended: Callable[[], bool],
+        name: str = "",
+        shipped: Callable[[], int] | None = None,
+        discard_every: int = DISCARD_EVERY_BYTES,
     ) -> None:
         super().__init__(name=name or f"tail-{path.name}", daemon=True)
         self.path = path
         self.offset = offset  # where the lines handed on so far end
+        # How far the file's lines are in Redis or the spool (what a new agent would not read
+        # again): the file's bytes before that may be freed.
+        self._shipped = shipped
+        self._discard_every = discard_every
+        self._read_since_discard = 0
+        self.discarded = 0
         self._emit = emit
         self._ended = ended
         self._pending = b""
@@ -70,6 +95,10 @@ class FileTail(threading.Thread):
         if not data:
             return False
         self._quiet_since = time.monotonic()
+        self._read_since_discard += len(data)
+        if self._shipped is not None and self._read_since_discard >= self._discard_every:
+            self._read_since_discard = 0
+            self._discard()
         data = self._pending + data
         self._pending = b""
         lines: list[str] = []
@@ -90,6 +119,26 @@ class FileTail(threading.Thread):
             rest = b""
         self._pending = rest
         return True
+
+    def _discard(self) -> None:
+        """Free the file's blocks before the shipped offset (best effort: a file system without
+        hole punching keeps them)."""
+        assert self._shipped is not None
+        try:
+            upto = min(self._shipped(), self.offset) // _BLOCK * _BLOCK
+        except Exception as exc:  # Redis away: next time
+            log.debug("not freeing %s now: %s", self.path, exc)
+            return
+        if upto <= self.discarded:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        flags = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            if libc.fallocate(fd, flags, ctypes.c_long(0), ctypes.c_long(upto)) == 0:
+                self.discarded = upto
+        finally:
+            os.close(fd)
 
     def _emit_lines(self, lines: list[str], length: int) -> None:
         """Hand on lines covering `length` bytes after the offset."""

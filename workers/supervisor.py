@@ -25,6 +25,7 @@ re-sends what was already reported; a stop of a replica this node does not run s
 """
 
 import enum
+import functools
 import json
 import logging
 import os
@@ -720,6 +721,9 @@ class Supervisor:
                     self._emitter(run, stream, writer),
                     link.done,
                     name=f"{run.spec.job_id}-{run.spec.tag}-{stream}{rank}",
+                    shipped=functools.partial(
+                        self._shipper.shipped_offset, run.spec.job_id, writer
+                    ),
                 )
                 reader.start()
                 run.readers.append(reader)

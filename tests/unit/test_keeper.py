@@ -104,3 +104,20 @@ def test_a_file_is_followed_from_an_offset_in_whole_lines(tmp_path: Path) -> Non
     assert got[0] == (["one", "two"], 13)
     assert got[-1][1] == len(path.read_bytes())
     assert json.dumps(got)  # plain data, as the shipper takes it
+
+
+def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
+    """A flooding trainer must not fill the disk through its keeper's files."""
+    path = tmp_path / "out-0"
+    line = b"x" * 99 + b"\n"
+    path.write_bytes(line * 20_000)  # 2 MB
+    got: list[int] = []
+    tail = FileTail(
+        path, 0, lambda ts, lines, offset: got.append(offset), lambda: True,
+        shipped=lambda: got[-1] if got else 0, discard_every=256 * 1024,
+    )  # fmt: skip
+    tail.run()
+    assert got[-1] == 2_000_000
+    assert tail.discarded > 1_000_000  # most of it; what was read last is still there
+    assert path.stat().st_size == 2_000_000  # offsets stay valid
+    assert path.stat().st_blocks * 512 < 2_000_000 - tail.discarded + 64 * 1024
