@@ -249,14 +249,17 @@ class ChildSupervisor:
     def _stop_timeout(self, child: Child) -> float:
         return self.policy.stop_timeout if child.stop_timeout is None else child.stop_timeout
 
-    def _terminate(self, child: Child, deadline: float, signalled: bool = False) -> None:
-        """SIGTERM (unless `signalled`), SIGKILL at `deadline` with a line naming it."""
+    def _terminate(
+        self, child: Child, deadline: float, signalled: bool = False, sig: int = signal.SIGTERM
+    ) -> None:
+        """SIGTERM (unless `signalled` with `sig` already), SIGKILL at `deadline` with a line
+        naming it."""
 
         def late() -> None:
             self._say(
                 child,
-                f"{child.name} did not stop within {self._stop_timeout(child):g} s of SIGTERM; "
-                f"killing it (SIGKILL, pid {child.proc.pid})",
+                f"{child.name} did not stop within {self._stop_timeout(child):g} s of "
+                f"{signal.Signals(sig).name}; killing it (SIGKILL, pid {child.proc.pid})",
             )
 
         _terminate(child.proc, deadline, signalled, late)
@@ -410,7 +413,10 @@ class ChildSupervisor:
         if how != signal.SIGTERM and child.proc.poll() is None:
             os.kill(child.proc.pid, how)  # the process only, as a crash or a signal would
         self._terminate(
-            child, time.monotonic() + self._stop_timeout(child), signalled=how != signal.SIGTERM
+            child,
+            time.monotonic() + self._stop_timeout(child),
+            signalled=how != signal.SIGTERM,
+            sig=how,
         )
         if while_down is not None:
             while_down()
@@ -448,7 +454,12 @@ class ChildSupervisor:
                 _signal_group(child.proc, signal.SIGCONT)
             signalled_at = time.monotonic()
             for child in group:
-                self._terminate(child, signalled_at + self._stop_timeout(child), signalled=True)
+                self._terminate(
+                    child,
+                    signalled_at + self._stop_timeout(child),
+                    signalled=True,
+                    sig=child.stop_signal,
+                )
             for child in running:
                 ended = describe_exit(child.proc.wait()).removeprefix("exited ")
                 self._say(child, f"{child.name} stopped {ended}")
