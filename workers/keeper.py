@@ -11,7 +11,8 @@ its own), and holds what must not die with an agent:
 - the pipes: it copies each process's stdout and stderr, byte for byte, to `out-R` and `err-R`
   in its folder, which agents follow by offset (a new agent resumes where the lines that
   reached Redis or the agent's spool end, so none is lost or sent twice);
-- the exit statuses: `exit-R` ({"code", "at"}) once rank R's leader is reaped, then `done` once
+- the exit statuses: `exit-R` ({"code", "at", "unclaimed": whether the keeper stopped it for
+  want of an agent}) once rank R's leader is reaped, then `done` once
   every process has ended and every byte it printed is in the files.
 
 An agent claims the keeper by connecting to the unix socket `sock` in its folder and keeps the
@@ -125,6 +126,7 @@ class Keeper:
         self.stopping_since: float | None = None
         self.killed = False
         self.released = False
+        self.unclaimed_stop = False  # it stopped them itself: no agent came within the grace
         self.done = False
         me = psutil.Process()
         self.identity = {"pid": me.pid, "create_time": me.create_time()}
@@ -236,6 +238,7 @@ class Keeper:
     def _tend(self) -> None:
         if not self.done and self._alone_too_long() and self.stopping_since is None:
             self.say(f"no agent claimed it within {self.grace:g} s: stopping its processes")
+            self.unclaimed_stop = True
             self._begin_stop()
         if (
             self.stopping_since is not None
@@ -259,9 +262,8 @@ class Keeper:
             kept.proc.wait()
             kept.reaped = True
             kept.code = code
-            write_atomically(
-                self.folder / exit_name(kept.rank), json.dumps({"code": code, "at": time.time()})
-            )
+            ended = {"code": code, "at": time.time(), "unclaimed": self.unclaimed_stop}
+            write_atomically(self.folder / exit_name(kept.rank), json.dumps(ended))
         if not self.done and all(k.reaped for k in self.kept):
             self._finish()
 

@@ -964,6 +964,11 @@ class Supervisor:
         """How the first failed process ended; with the exception it recorded (torch's @record
         writes it to TORCHELASTIC_ERROR_FILE), that exception and its rank."""
         how = describe_exit(exit_code)
+        if run.keeper is not None and any(e and e.get("unclaimed") for e in run.keeper.exits()):
+            return (
+                f"stopped by its keeper ({how}): no agent on {self.node} took it over within "
+                "the keeper grace"
+            )
         recorded = None
         if run.failed_local_rank is not None and run.instance_dir is not None:
             recorded = recorded_error(error_file(run.instance_dir, run.failed_local_rank))

@@ -85,6 +85,7 @@ def test_unclaimed_for_its_grace_it_stops_its_processes_and_ends(tmp_path: Path)
     wait_until(lambda: not process_alive(trainer) and not link.alive(), 10, "the keeper's stop")
     [exited] = link.exits()
     assert exited is not None and exited["code"] == -15  # it obeyed the SIGTERM
+    assert exited["unclaimed"] is True
     assert "no agent claimed it within 1 s" in (link.folder / "keeper.log").read_text()
 
 
