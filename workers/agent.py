@@ -6,9 +6,14 @@ Run one per host:  trainyard-agent --node gpu-7 --address 10.0.0.7 --redis-url r
 It needs Redis and the trainers' code only. The Celery tasks are thin: they hand a spec to the
 supervisor (or ask it to stop a job) and return at once; the supervisor owns the processes.
 
-Before it takes any task, the agent kills what an earlier agent on the same work dir left
-behind, and starts its guardian (workers/guardian.py), which does the same if this agent dies.
-On SIGTERM it stops its trainers and ends within --stop-timeout, whether Redis answers or not.
+Before it takes any task, the agent takes over the replicas an earlier agent on the same work dir
+left to their keepers (workers/keeper.py), kills whatever else it left behind, and starts its
+guardian (workers/guardian.py), which kills what no keeper holds if this agent dies.
+
+On SIGTERM (a restart, an upgrade, `systemctl stop`) it leaves its running replicas to their
+keepers: an agent that starts within --keeper-grace takes them over, else the keepers stop
+them. On SIGUSR2 it stops its trainers, reports their exits, and ends. Either way it ends
+within --stop-timeout, whether Redis answers or not.
 """
 
 import argparse
@@ -17,6 +22,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -37,6 +43,7 @@ from workers import (
     guardian,
     inventory,
     jobfolders,
+    keeper,
     sandbox,
 )
 from workers.launcher import NodeNetwork
@@ -308,6 +315,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "once it no longer runs on this node; 0 keeps them all (default: "
         f"${checkpoint_retention.KEEP_ENV} or {checkpoint_retention.DEFAULT_KEEP})",
     )
+    parser.add_argument(
+        "--keeper-grace",
+        type=float,
+        default=float(os.environ.get(keeper.GRACE_ENV, keeper.DEFAULT_GRACE_SECONDS)),
+        help="how long a replica's keeper keeps its processes running with no agent (after a "
+        "crash or a SIGTERM); an agent that starts on this work dir within it takes them over "
+        f"(default: ${keeper.GRACE_ENV} or {keeper.DEFAULT_GRACE_SECONDS:g})",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -340,6 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--sandbox-uid-base must leave room for 2^24 users below 2^31")
     if args.heartbeat_seconds <= 0:
         parser.error("--heartbeat-seconds must be positive")
+    if args.keeper_grace <= 0:
+        parser.error("--keeper-grace must be positive")
     if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
         parser.error(f"--stop-timeout must be more than {CLOSING_MARGIN_SECONDS:g}")
     here = inventory.interfaces()
@@ -369,6 +386,18 @@ def node_network(address: str, interface: str | None) -> NodeNetwork:
                 address,
             )
     return NodeNetwork(address=address, interface=interface)
+
+
+class StopRequest:
+    """What a stop asks for: SIGTERM leaves the trainers to their keepers, SIGUSR2 stops them."""
+
+    def __init__(self) -> None:
+        self.trainers = False
+
+    def stop_trainers(self, signum: int, frame: object) -> None:
+        self.trainers = True
+        # Then the same warm shutdown as SIGTERM, through Celery's own handler.
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def hold_workdir(workdir: Path) -> IO[str]:
@@ -431,13 +460,20 @@ def main(argv: list[str] | None = None) -> int:
         trainer_sandbox=trainer_sandbox,
         keep_job_folders=args.keep_job_folders,
         keep_checkpoints=args.keep_checkpoints,
+        keeper_grace=args.keeper_grace,
     )
-    # Before any task: whatever an earlier agent here left running must go, and this agent's
-    # own trainers must be looked after from the first one on.
+    # Before any task and the first heartbeat: what an earlier agent here left to keepers is
+    # ours now (the console sees it running under this incarnation), whatever else it left
+    # running must go, and this agent's own trainers are looked after from the first one on.
     leftovers = supervisor.reap_leftovers()
     if any(r.killed for r in leftovers):
         log.info("cleaned up %s", summary(leftovers, "an earlier agent"))
-    keeper = guardian.start(supervisor.records.directory)
+    adopted = supervisor.adopt()
+    if adopted:
+        log.info("took over from an earlier agent: %s", ", ".join(adopted))
+    reaper = guardian.start(supervisor.records.directory)
+    stopping = StopRequest()
+    signal.signal(signal.SIGUSR2, stopping.stop_trainers)
     register_tasks(app, supervisor)
     inventory = {
         "node": args.node,
@@ -472,10 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # Celery has stopped taking tasks (moments after SIGTERM): the stop timeout runs from here.
         heartbeat.stop()
-        supervisor.shutdown(timeout=args.stop_timeout - CLOSING_MARGIN_SECONDS)
+        supervisor.shutdown(
+            timeout=args.stop_timeout - CLOSING_MARGIN_SECONDS, hand_over=not stopping.trainers
+        )
         # Lines Redis did not take stay in the spool; the next agent sends them.
         shipper.close(timeout=SHIPPER_CLOSE_SECONDS)
-        guardian.release(keeper, timeout=GUARDIAN_RELEASE_SECONDS)
+        guardian.release(reaper, timeout=GUARDIAN_RELEASE_SECONDS)
         log.info("agent %s stopped", args.node)
         workdir_lock.close()
     return int(worker.exitcode or 0)

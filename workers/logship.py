@@ -58,6 +58,8 @@ SPOOL_REPLAY_BATCHES = 200
 # a job's lines have been refused this long, the job is no business of this node any more
 # (it ended long ago) and they are dropped, so they cannot hold up every later line.
 REFUSED_GIVE_UP_SECONDS = 120.0
+# Writer names of lines read from files by offset (a keeper's output files, metrics files).
+FILE_WRITER_PREFIX = "f:"
 
 # Escape sequences other than colour are kept as they are: the viewer strips what it does not
 # render. Only NUL is removed, which no database text column takes.
@@ -85,6 +87,10 @@ class _Chunk:
     # Such a chunk is a stream entry of its own, so its counts reach the console exactly once.
     dropped_lines: int = 0
     dropped_points: int = 0
+    # Lines read from a file by offset (workers/filetail.py): the file's writer name and the
+    # offset the lines end at, which become the batch's writer and sequence number.
+    writer: str | None = None
+    seq: int = 0
 
 
 class _Barrier:
@@ -205,6 +211,9 @@ class LogShipper:
     ) -> None:
         self._sink = LogSink(client)
         self._spool = Spool(spool_dir)
+        # The highest sequence number of each file's lines in the spool an earlier agent left:
+        # a file's lines there are on their way, and are not read again.
+        self._spooled = self._spool.last_seqs(FILE_WRITER_PREFIX)
         self._writer = writer or uuid.uuid4().hex[:16]
         self._seq = 0
         self._queue: queue.SimpleQueue[_Chunk | _Barrier | None] = queue.SimpleQueue()
@@ -226,10 +235,21 @@ class LogShipper:
         if budget is not None:
             self._put_marker(key, time.time(), budget.final_marker())
 
-    def put(self, key: ReplicaKey, stream: str, ts: float, lines: list[str]) -> None:
+    def put(
+        self,
+        key: ReplicaKey,
+        stream: str,
+        ts: float,
+        lines: list[str],
+        source: tuple[str, int] | None = None,
+    ) -> None:
         """Never blocks: the trainer's pipe must keep draining whatever Redis does. Lines (or
         metric points) over the replica's budget are dropped here, before they take memory,
-        spool or Redis, and counted in a marker line."""
+        spool or Redis, and counted in a marker line.
+
+        `source` (writer, offset) names lines read from a file by offset: they go to Redis under
+        that writer, with the offset as sequence number, so that whoever reads the file again
+        from an offset that `shipped_offset` gave sends each line once."""
         budget = self._budgets.get(key)
         marker = None
         if budget is not None:
@@ -240,8 +260,15 @@ class LogShipper:
             else:
                 lines, marker = budget.admit_lines(lines, now)
         if lines:
-            self._queue.put(_Chunk(key, stream, ts, lines))
+            writer, seq = source or (None, 0)
+            self._queue.put(_Chunk(key, stream, ts, lines, writer=writer, seq=seq))
         self._put_marker(key, ts, marker)
+
+    def shipped_offset(self, job_id: int, writer: str) -> int:
+        """How far a file's lines have gone (to Redis, or to the spool, which sends them): the
+        offset to read it again from. Raises redis.RedisError while Redis is unreachable."""
+        in_redis = self._sink.seen(job_id, writer)
+        return max(in_redis, self._spooled.get(writer, 0), 0)
 
     def put_system(self, key: ReplicaKey, ts: float, lines: list[str]) -> None:
         """The agent's own lines about a replica (stderr): never held to the trainer's budget."""
@@ -312,17 +339,21 @@ class LogShipper:
     def _pack(self, chunks: list[_Chunk]) -> list[LogBatch]:
         """Consecutive chunks of one pipe become one batch, up to the batch limits."""
         batches: list[LogBatch] = []
-        current: _Chunk | None = None
+        current: _Chunk | None = None  # the batch's first chunk (its time, its pipe)
+        seq_of: _Chunk | None = None  # its last (a file's batch ends at its offset)
         lines: list[str] = []
         chars = 0
         for chunk in chunks:
-            for start in range(0, len(chunk.lines), MAX_BATCH_LINES):
-                part = chunk.lines[start : start + MAX_BATCH_LINES]
+            # A file's chunk stays whole: all of it has one sequence number (its end offset).
+            step = MAX_BATCH_LINES if chunk.writer is None else max(1, len(chunk.lines))
+            for start in range(0, len(chunk.lines), step):
+                part = chunk.lines[start : start + step]
                 size = sum(map(len, part))
                 same_pipe = (
                     current is not None
                     and current.key == chunk.key
                     and current.stream == chunk.stream
+                    and current.writer == chunk.writer
                     and not (current.dropped_lines or current.dropped_points)
                     and not (chunk.dropped_lines or chunk.dropped_points)
                 )
@@ -332,22 +363,28 @@ class LogShipper:
                     or chars + size > MAX_BATCH_CHARS
                 ):
                     if current is not None and lines:
-                        batches.append(self._batch(current, lines))
+                        batches.append(self._batch(current, lines, seq_of))
                     current = chunk
                     lines = []
                     chars = 0
                 lines.extend(part)
                 chars += size
+                seq_of = chunk
         if current is not None and lines:
-            batches.append(self._batch(current, lines))
+            batches.append(self._batch(current, lines, seq_of))
         return batches
 
-    def _batch(self, chunk: _Chunk, lines: list[str]) -> LogBatch:
-        self._seq += 1
+    def _batch(self, chunk: _Chunk, lines: list[str], last: _Chunk | None = None) -> LogBatch:
+        """The batch of `lines` from `chunk` on; a file's batch ends at `last`'s offset."""
+        if chunk.writer is not None:
+            writer, seq = chunk.writer, (last or chunk).seq
+        else:
+            self._seq += 1
+            writer, seq = self._writer, self._seq
         key = chunk.key
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
-            self._writer, self._seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
+            writer, seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:
@@ -435,6 +472,20 @@ class Spool:
 
     def empty(self) -> bool:
         return not self._segments
+
+    def last_seqs(self, prefix: str) -> dict[str, int]:
+        """The highest sequence number per writer whose name starts with `prefix`, over every
+        batch in the spool (read once, when an agent starts)."""
+        seqs: dict[str, int] = {}
+        for segment in self._segments:
+            with open(segment, "rb") as f:
+                for line in f:
+                    if not line.endswith(b"\n"):
+                        break  # torn by a crash: never counted
+                    batch = LogBatch.from_json(line.decode())
+                    if batch.writer.startswith(prefix):
+                        seqs[batch.writer] = max(seqs.get(batch.writer, 0), batch.seq)
+        return seqs
 
     def append(self, batches: list[LogBatch]) -> None:
         if self._writing is None:
