@@ -719,6 +719,8 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "jobs": row.jobs,
                 "isolated": row.node.isolated,
                 "isolation": row.node.isolation or "unknown",
+                "status_reason": row.node.status_reason,
+                "protocol": row.node.protocol,
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
                 if row.node.last_heartbeat
                 else None,
