@@ -9,12 +9,9 @@ Django's temporary upload folder on a 1 MB tmpfs.
 import contextlib
 import errno
 import os
-import subprocess
 import tarfile
-import tempfile
 from collections.abc import Iterator
 from io import BytesIO
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -22,13 +19,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import DatabaseError, OperationalError
-from django.test import Client
-
 from django.http import HttpResponse
+from django.test import Client
 from django.utils.html import escape
 
 from jobs.disk_full import MESSAGE, DiskFullMiddleware, is_disk_full
 from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job, JobAttempt
+from tests.tmpfs import small_tmpfs
 from tests.unit.helpers import job_request
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
@@ -44,19 +41,6 @@ def database_full(monkeypatch: pytest.MonkeyPatch, model: Any, method: str) -> I
     with monkeypatch.context() as patched:
         patched.setattr(model.objects, method, mock.Mock(side_effect=FULL))
         yield
-
-
-@contextlib.contextmanager
-def small_tmpfs(size: str) -> Iterator[Path]:
-    """A tmpfs of `size` on a folder of our own, unmounted however the block ends. A machine
-    where it cannot be mounted fails the test: the case must not pass untested."""
-    folder = Path(tempfile.mkdtemp(prefix="trainyard-full-"))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
-        folder.rmdir()
 
 
 def token(user: User) -> dict[str, str]:
