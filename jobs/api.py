@@ -791,7 +791,13 @@ def snapshot_as_dict(upload: Any, **extra: Any) -> dict[str, Any]:
 
 @api.post(
     "/snapshots",
-    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS, 503: ErrorsOut, 507: ErrorsOut},
+    response={
+        201: SnapshotUploadOut,
+        200: SnapshotUploadOut,
+        **ERRORS,
+        503: ErrorsOut,
+        507: ErrorsOut,
+    },
     tags=["code"],
     url_name="api_snapshots",
 )

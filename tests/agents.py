@@ -25,7 +25,9 @@ PROTOCOL_LINE = re.compile(r"^PROTOCOL_VERSION = \d+$", re.MULTILINE)
 def checkout_with_protocol(dest: Path, version: int) -> Path:
     """A copy of the agent's package (`workers/`) in `dest` that speaks protocol `version`:
     what a host running an older or newer release of the agent runs."""
-    shutil.copytree(ROOT / "workers", dest / "workers", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "workers", dest / "workers", ignore=shutil.ignore_patterns("__pycache__")
+    )
     contract = dest / "workers" / "contract.py"
     text, found = PROTOCOL_LINE.subn(f"PROTOCOL_VERSION = {version}", contract.read_text())
     assert found == 1, "workers/contract.py must say PROTOCOL_VERSION once"
@@ -107,3 +109,23 @@ def retire_node(stack: RunningStack, node: str) -> None:
     drained node is no capacity that admission judges by, and gets no work."""
     answer = stack.admin.http.post(f"/api/v1/nodes/{node}/drain", json={})
     assert answer.status_code in (200, 404), answer.text  # 404: it never registered
+
+
+# A package only the tests' own agents (12 cores) hold: the stack's agents have 4, so a job that
+# asks for it runs on the test's agent or nowhere.
+BIG = "cpu-6"
+
+
+def make_big_package(stack: RunningStack) -> None:
+    stack.stack.manage(
+        "shell",
+        "-c",
+        "from jobs.models import Package\n"
+        f"Package.objects.get_or_create(name={BIG!r}, defaults={{'cpu': 6, 'memory_gb': 2}})",
+    )
+
+
+def on_big_nodes(request: dict[str, Any]) -> dict[str, Any]:
+    for role in request["roles"].values():
+        role["package"] = BIG
+    return request

@@ -26,7 +26,9 @@ def small_tmpfs(size: str) -> Iterator[Path]:
         )
     except (OSError, subprocess.CalledProcessError) as exc:
         folder.rmdir()
-        raise AssertionError(f"cannot mount a tmpfs for a full-disk test (root needed): {exc}") from exc
+        raise AssertionError(
+            f"cannot mount a tmpfs for a full-disk test (root needed): {exc}"
+        ) from exc
     try:
         yield folder
     finally:

@@ -181,7 +181,7 @@ def heartbeat_payload(inventory: dict[str, Any], supervisor: Supervisor) -> dict
             inventory,
             disk_full=full or "",
             incarnation=supervisor.incarnation,
-        running=supervisor.running(),
+            running=supervisor.running(),
             finished=supervisor.finished(),
             sent=time.time(),
         )

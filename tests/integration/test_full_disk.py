@@ -5,30 +5,13 @@ a job that ran throughout has every line. The test's own agent advertises 12 cor
 ask for 6 (a package only it holds), so the stack's agents take none of them."""
 
 from pathlib import Path
-from typing import Any
 
-from tests.agents import retire_node, running_agent, wait_status
+from tests.agents import make_big_package, on_big_nodes, retire_node, running_agent, wait_status
 from tests.conftest import RunningStack, pytorch_request, signal_file
 from tests.integration.test_log_durability import check_every_line_in_order, numbered
 from tests.tmpfs import small_tmpfs
 
 NODE = "disk-1"
-BIG = "cpu-6"
-
-
-def on_big_nodes(request: dict[str, Any]) -> dict[str, Any]:
-    for role in request["roles"].values():
-        role["package"] = BIG
-    return request
-
-
-def make_big_package(stack: RunningStack) -> None:
-    stack.stack.manage(
-        "shell",
-        "-c",
-        "from jobs.models import Package\n"
-        f"Package.objects.get_or_create(name={BIG!r}, defaults={{'cpu': 6, 'memory_gb': 2}})",
-    )
 
 
 def test_an_agent_on_a_full_disk_takes_no_new_work_and_loses_no_line(
