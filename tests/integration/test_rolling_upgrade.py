@@ -8,6 +8,7 @@ loses no line. A job submitted after the upgrade runs on the new agents.
 Without the keeper an agent's SIGTERM stops its trainers, and this test fails at the first
 agent replaced: that is the point of it (no restart policy stands in for the keeper)."""
 
+import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,11 @@ def steps_on(client: StackClient, job_id: int) -> None:
     wait_until("every rank to step on", moved_on)
 
 
+def serves_new(stack: RunningStack, node: str) -> bool:
+    row = node_row(stack, node)
+    return row is not None and (row["status"], row["protocol"]) == ("ready", NEW_VERSION)
+
+
 def replace_agent(stack: RunningStack, node: str, checkout: Path) -> None:
     """Stop the node's agent as systemd would (SIGTERM) and start the agent of `checkout` in
     its place, with the same options, work dir and credentials."""
@@ -114,13 +120,7 @@ def test_a_job_runs_through_a_rolling_upgrade_of_the_console_and_every_agent(
         # 2. The agents, one at a time; old and new serve side by side meanwhile.
         for i, node in enumerate(AGENTS):
             replace_agent(upgraded, node, new)
-            wait_until(
-                f"{node}'s new agent to serve",
-                lambda n=node: (
-                    (row := node_row(upgraded, n)) is not None
-                    and (row["status"], row["protocol"]) == ("ready", NEW_VERSION)
-                ),
-            )
+            wait_until(f"{node}'s new agent", functools.partial(serves_new, upgraded, node))
             if i == 0:
                 other = node_row(upgraded, AGENTS[1])
                 assert other is not None

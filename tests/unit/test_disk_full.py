@@ -44,7 +44,7 @@ def database_full(monkeypatch: pytest.MonkeyPatch, model: Any, method: str) -> I
 
 
 def token(user: User) -> dict[str, str]:
-    return {"HTTP_AUTHORIZATION": f"Token {ApiToken.issue(user)}"}
+    return {"Authorization": f"Token {ApiToken.issue(user)}"}
 
 
 def archive_of(files: dict[str, bytes]) -> bytes:
@@ -61,13 +61,13 @@ def upload(client: Client, auth: dict[str, str], archive: bytes) -> Any:
     return client.post(
         "/api/v1/snapshots",
         {"archive": SimpleUploadedFile("code.tar.gz", archive), "name": "mlp"},
-        **auth,
+        headers=auth,
     )
 
 
 def submit(client: Client, auth: dict[str, str]) -> Any:
     return client.post(
-        "/api/v1/jobs", job_request(instances=2), content_type="application/json", **auth
+        "/api/v1/jobs", job_request(instances=2), content_type="application/json", headers=auth
     )
 
 
