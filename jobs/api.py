@@ -451,10 +451,16 @@ def job_list(
     }
 
 
-@api.post("/jobs", response={201: JobOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
+@api.post(
+    "/jobs",
+    response={201: JobOut, **ERRORS, 507: ErrorsOut},
+    tags=["jobs"],
+    url_name="api_jobs",
+)
 def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
     """Check the request (400 with every problem), admit it against the quota and the nodes
-    (400 saying which term is over and by how much), and queue it."""
+    (400 saying which term is over and by how much), and queue it; 507 while the console's
+    disk is full (nothing is written)."""
     user = _user(request)
     job = submit_job(user, check_job_request(payload, owner=user))
     job.refresh_from_db()
@@ -719,6 +725,8 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "jobs": row.jobs,
                 "isolated": row.node.isolated,
                 "isolation": row.node.isolation or "unknown",
+                "status_reason": row.node.status_reason,
+                "protocol": row.node.protocol,
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
                 if row.node.last_heartbeat
                 else None,
@@ -783,7 +791,13 @@ def snapshot_as_dict(upload: Any, **extra: Any) -> dict[str, Any]:
 
 @api.post(
     "/snapshots",
-    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS, 503: ErrorsOut},
+    response={
+        201: SnapshotUploadOut,
+        200: SnapshotUploadOut,
+        **ERRORS,
+        503: ErrorsOut,
+        507: ErrorsOut,
+    },
     tags=["code"],
     url_name="api_snapshots",
 )

@@ -515,6 +515,14 @@ class NodeOut(_Out):
         description="How, as its agent says: sandbox (a uid per user), sandbox-shared-uid (the "
         "agent's uid), none, or unknown (an agent older than the sandbox)."
     )
+    status_reason: str = Field(
+        description='Why it takes no new work where its status ("disk full", "agent too old") '
+        'does not say it all: "node-2: no space left on /var/lib/trainyard-agent"; else empty.'
+    )
+    protocol: int = Field(
+        description="The agent protocol its agent speaks (0: older than versioning); below "
+        'what this console needs, the node has the status "agent too old" and gets no work.'
+    )
     last_heartbeat: str | None
 
 

@@ -29,6 +29,7 @@ from jobs.models import Node
 from jobs.services import cluster, outcomes, presenters, retention, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
+from workers import contract
 
 
 @login_required
@@ -250,6 +251,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "rows": rows,
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
+            "min_protocol": contract.MIN_AGENT_PROTOCOL,
             "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
             "any_unisolated": any(not row.node.isolated for row in rows),
         },

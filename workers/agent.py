@@ -40,6 +40,7 @@ from workers import (
     containers,
     contract,
     credentials,
+    diskspace,
     guardian,
     inventory,
     jobfolders,
@@ -156,8 +157,15 @@ def signer(broker_url: str) -> Signer:
     return lambda task, payload: credentials.sign(payload, key, task)
 
 
+def stamped(payload: dict[str, Any]) -> dict[str, Any]:
+    """What the agent sends the console, with the protocol version it speaks (one place, for
+    heartbeats and reports alike): the console starts nothing on an agent too old for it."""
+    return dict(payload, **{contract.PROTOCOL_FIELD: contract.PROTOCOL_VERSION})
+
+
 def make_reporter(app: Celery, sign: Signer | None = None) -> Report:
     def report(task_name: str, payload: dict[str, Any], deadline: float | None = None) -> None:
+        payload = stamped(payload)
         if sign is not None:
             payload = sign(task_name, payload)
         app.send_task(
@@ -172,13 +180,18 @@ def make_reporter(app: Celery, sign: Signer | None = None) -> Report:
 
 
 def heartbeat_payload(inventory: dict[str, Any], supervisor: Supervisor) -> dict[str, Any]:
-    """What the node has, and what it runs and ran lately, by this agent process."""
-    return dict(
-        inventory,
-        incarnation=supervisor.incarnation,
-        running=supervisor.running(),
-        finished=supervisor.finished(),
-        sent=time.time(),
+    """What the node has, and what it runs and ran lately, by this agent process; whether its
+    work disk is full ("disk_full": the reason, empty while there is room)."""
+    full = supervisor.disk.full_reason() if supervisor.disk is not None else None
+    return stamped(
+        dict(
+            inventory,
+            disk_full=full or "",
+            incarnation=supervisor.incarnation,
+            running=supervisor.running(),
+            finished=supervisor.finished(),
+            sent=time.time(),
+        )
     )
 
 
@@ -323,6 +336,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "crash or a SIGTERM); an agent that starts on this work dir within it takes them over "
         f"(default: ${keeper.GRACE_ENV} or {keeper.DEFAULT_GRACE_SECONDS:g})",
     )
+    parser.add_argument(
+        "--min-free-mb",
+        type=int,
+        default=int(os.environ.get(diskspace.MIN_FREE_ENV, diskspace.DEFAULT_MIN_FREE_MB)),
+        help="with no more free than this on the work dir's disk, the node takes no new work "
+        "and says so in its heartbeat (default: "
+        f"${diskspace.MIN_FREE_ENV} or {diskspace.DEFAULT_MIN_FREE_MB})",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -341,6 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("set --redis-url or REDIS_URL")
+    if args.min_free_mb < 0:
+        parser.error("--min-free-mb must be 0 or more")
     if args.keep_job_folders < 0 or args.keep_checkpoints < 0:
         parser.error("--keep-job-folders and --keep-checkpoints must be 0 or more")
     for name in ("cpus", "memory_gb"):
@@ -461,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_job_folders=args.keep_job_folders,
         keep_checkpoints=args.keep_checkpoints,
         keeper_grace=args.keeper_grace,
+        disk=diskspace.DiskWatch(args.node, workdir, args.min_free_mb * 1024 * 1024),
     )
     # Before any task and the first heartbeat: what an earlier agent here left to keepers is
     # ours now (the console sees it running under this incarnation), whatever else it left

@@ -458,6 +458,11 @@ class Spool:
     crash of the agent (or of the host) after that loses nothing. A segment is deleted only once
     every batch in it was sent; sending one again after a crash is harmless because the sink
     ignores batches it has seen.
+
+    A write the disk has no room for (or fails otherwise) is cut back to where it began, so
+    no segment ever holds a torn line, and its batches wait in memory behind the segments;
+    every later append tries the disk again with them first, so they are on disk as soon as
+    there is room, and sent in order either way.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -469,9 +474,15 @@ class Spool:
         self._read_file: IO[bytes] | None = None
         self._read_buffer: list[LogBatch] = []
         self._segments = sorted(self.dir.glob("*.spool"))  # left by an earlier agent, if any
+        # Batches the disk had no room for, newest last: they come after every segment.
+        self._in_memory: list[LogBatch] = []
 
     def empty(self) -> bool:
-        return not self._segments
+        return not self._segments and not self._in_memory
+
+    @property
+    def held_in_memory(self) -> int:
+        return len(self._in_memory)
 
     def last_seqs(self, prefix: str) -> dict[str, int]:
         """The highest sequence number per writer whose name starts with `prefix`, over every
@@ -488,16 +499,60 @@ class Spool:
         return seqs
 
     def append(self, batches: list[LogBatch]) -> None:
+        pending = self._in_memory + batches
+        try:
+            self._write(pending)
+        except OSError as exc:
+            if not self._in_memory:
+                log.warning(
+                    "log spool %s not writable (%s): lines wait in memory until it is",
+                    self.dir, exc.strerror or exc,
+                )  # fmt: skip
+            self._in_memory = pending
+            return
+        if self._in_memory:
+            log.warning("log spool %s writable again: lines held in memory spooled", self.dir)
+        self._in_memory = []
+
+    def _write(self, batches: list[LogBatch]) -> None:
+        """All of `batches` on disk, fsynced, or none of them (OSError)."""
         if self._writing is None:
-            self._writing_path = self.dir / f"{time.time_ns():020d}-{os.getpid()}.spool"
-            self._writing = open(self._writing_path, "ab")
-            self._segments.append(self._writing_path)
-        self._writing.write("".join(b.to_json() + "\n" for b in batches).encode())
-        self._writing.flush()
-        os.fsync(self._writing.fileno())
+            path = self.dir / f"{time.time_ns():020d}-{os.getpid()}.spool"
+            # Unbuffered: a failed write leaves nothing behind in a buffer to be flushed later.
+            self._writing = open(path, "ab", buffering=0)
+            self._writing_path = path
+            self._segments.append(path)
+        start = self._writing.tell()
+        data = memoryview("".join(b.to_json() + "\n" for b in batches).encode())
+        try:
+            while data:
+                written = self._writing.write(data)
+                data = data[written or 0 :]
+            os.fsync(self._writing.fileno())
+        except OSError:
+            self._cut_back(start)
+            raise
+
+    def _cut_back(self, start: int) -> None:
+        """Undo a failed write: the segment ends where it did before (truncating frees the
+        blocks the write took); a segment left empty goes."""
+        assert self._writing is not None and self._writing_path is not None
+        try:
+            os.ftruncate(self._writing.fileno(), start)
+            self._writing.seek(start)
+        except OSError:
+            log.exception("log spool segment %s could not be cut back", self._writing_path)
+        if start == 0 and self._read_path != self._writing_path:
+            self._writing.close()
+            self._writing_path.unlink(missing_ok=True)
+            self._segments.remove(self._writing_path)
+            self._writing = None
+            self._writing_path = None
 
     def peek(self, limit: int) -> list[LogBatch]:
         """Up to `limit` of the oldest batches, without removing them."""
+        if not self._segments:
+            return self._in_memory[:limit]
         while len(self._read_buffer) < limit and self._segments:
             if self._read_file is None:
                 self._read_path = self._segments[0]
@@ -515,6 +570,9 @@ class Spool:
 
     def consume(self, count: int) -> None:
         """The first `count` batches peek returned are in Redis."""
+        if not self._segments:
+            del self._in_memory[:count]
+            return
         del self._read_buffer[:count]
         if self._read_buffer or self._read_file is None or self._read_path is None:
             return

@@ -54,6 +54,7 @@ from workers import (
     keeper,
     sandbox,
 )
+from workers.diskspace import DiskWatch, is_no_room
 from workers.filetail import FileTail
 from workers.keeperlink import KeeperLink, KeptProcess, folder_name
 from workers.launcher import (
@@ -277,10 +278,14 @@ class Supervisor:
         keep_job_folders: int | None = None,
         keep_checkpoints: int = 0,
         keeper_grace: float = keeper.DEFAULT_GRACE_SECONDS,
+        disk: DiskWatch | None = None,
     ) -> None:
         self.node = node
         # How long a replica's keeper waits for an agent before it stops the processes.
         self.keeper_grace = keeper_grace
+        # The work disk's free space (workers/diskspace.py): no start while it is full, and a
+        # failure while it is full says so. None: not watched (unit tests of other concerns).
+        self.disk = disk
         # How many of a job's newest checkpoints stay once it ends here (0: all).
         self.keep_checkpoints = keep_checkpoints
         # How many ended jobs' folders stay for inspection (workers/jobfolders.py); None: all.
@@ -523,8 +528,10 @@ class Supervisor:
         reason = ""
         try:
             if run.adopted:
+                # Already running under its keeper: a full disk refuses new starts, not this.
                 self._resume(run)
             else:
+                self._refuse_on_full_disk()
                 port = self._rendezvous(run)
                 self._start(run, port)
             exit_code = self._monitor(run)
@@ -541,7 +548,7 @@ class Supervisor:
         except Exception as exc:  # anything else is a failure of this replica, reported below
             log.exception("replica %s of job %s failed to run", run.spec.tag, run.spec.job_id)
             run.state = ReplicaState.FAILED
-            reason = str(exc) or type(exc).__name__
+            reason = self._with_disk_reason(str(exc) or type(exc).__name__, exc)
         self._stop(run)
         if run.state == ReplicaState.STOPPED and run.keeper is not None:
             # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
@@ -977,7 +984,25 @@ class Supervisor:
             return f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
         # No @record: the exception its traceback ended with, if it printed one.
         printed = last_exception(list(run.stderr_tail))
-        return f"{printed} ({how})" if printed else how
+        return self._with_disk_reason(f"{printed} ({how})" if printed else how)
+
+    # --- a full work disk (workers/diskspace.py) ---
+
+    def _refuse_on_full_disk(self) -> None:
+        """A start on a full disk would fail half way (job folder, code, records): refused
+        before anything is written, with the reason the console shows."""
+        full = self.disk.full_reason() if self.disk is not None else None
+        if full is not None:
+            raise RuntimeError(f"{full}: not started")
+
+    def _with_disk_reason(self, reason: str, exc: BaseException | None = None) -> str:
+        """A failure while the work disk is full (or of an ENOSPC) names the disk first: it is
+        the root cause, whatever the trainer's own traceback says."""
+        if self.disk is None or self.disk.reason in reason:
+            return reason
+        if self.disk.full_reason() is not None or is_no_room(exc):
+            return f"{self.disk.reason}: {reason}"
+        return reason
 
     def _request_stop(
         self, run: _ReplicaRun, reason: str, grace_seconds: float | None = None

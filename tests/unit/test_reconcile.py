@@ -287,7 +287,8 @@ def test_a_restarted_agent_fails_what_the_old_one_ran_and_the_reason_is_the_firs
     with django_capture_on_commit_callbacks(execute=True):
         node_service.node_heartbeat(
             {"node": "node-1", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0,
-             "incarnation": "b", "running": [], "finished": []}
+             "incarnation": "b", "running": [], "finished": [],
+             "protocol": contract.PROTOCOL_VERSION}
         )  # fmt: skip
     launched.refresh_from_db()
     assert launched.reason.startswith("node-1: its agent stopped unexpectedly (last heard at ")

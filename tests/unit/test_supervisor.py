@@ -407,7 +407,9 @@ def test_heartbeats_list_what_runs_and_what_ended_lately(
 
     payload = heartbeat_payload({"node": "n1", "cpus": 2}, supervisor)
 
-    assert set(payload) == {"node", "cpus", "incarnation", "running", "finished", "sent"}
+    assert set(payload) == {
+        "node", "cpus", "incarnation", "running", "finished", "sent", "disk_full", "protocol"
+    }  # fmt: skip
     assert payload["incarnation"] == supervisor.incarnation
     assert sorted(payload["running"], key=lambda r: r["job_id"]) == [
         {"job_id": 11, "attempt": 0, "role": "master", "index": 0, "state": "running",
