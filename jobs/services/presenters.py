@@ -24,11 +24,11 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
     """What websocket clients are told when a job or one of its replicas changes.
 
     `queue_positions` (from queue_positions()) stands in for one query per job in a list."""
-    replicas = [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
+    replicas = _current_replicas(job)
     if queue_positions is None:
         position = queue_position(job)
     else:
-        position = queue_positions.get(job.pk) if _waiting(job, replicas) else None
+        position = listed_queue_position(job, queue_positions)
     return {
         "id": job.pk,
         "state": job.state,
@@ -81,6 +81,16 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
             for e in sorted(related(job, "health_events", job.health_events.all()), key=_at)
         ],
     }
+
+
+def listed_queue_position(job: Job, queue_positions: dict[int, int]) -> int | None:
+    """A listed job's place in the queue, from queue_positions() of its page: what its own
+    page says (job_state_payload), without a query per job."""
+    return queue_positions.get(job.pk) if _waiting(job, _current_replicas(job)) else None
+
+
+def _current_replicas(job: Job) -> list[Replica]:
+    return [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
 
 
 def _replicas_of(job: Job) -> QuerySet[Replica]:
