@@ -324,9 +324,11 @@ def _print_line(line: dict[str, Any], tags: dict[tuple[str, int], str], as_json:
     """One log line, from the HTTP API or the websocket, as `[tag] text` or JSON."""
     tag = render.tag_of(line["role"], line["index"], tags)
     if as_json:
-        render.print_json_line({**line, "tag": tag})
+        render.print_json_line({**line, "tag": tag})  # the attempt is its own field there
     else:
-        render.log_line(tag, line["text"], line["stream"])
+        render.log_line(
+            render.with_attempt(tag, line.get("attempt") or 0), line["text"], line["stream"]
+        )
 
 
 def _follow_to_end(

@@ -29,7 +29,14 @@ def failed_job(alice: User, capture: Capture, code: int, tail: list[str]) -> Job
     how = "killed by signal SIGTERM" if code == -15 else f"exited with code {code}"
     with capture(execute=True):
         reports.replica_exited(
-            job.pk, worker.role, worker.index, worker.node.name, "failed", code, how, tail  # type: ignore[union-attr]
+            job.pk,
+            worker.role,
+            worker.index,
+            worker.node.name,
+            "failed",
+            code,
+            how,
+            tail,  # type: ignore[union-attr]
         )
     job.refresh_from_db()
     assert job.state == Job.State.FAILED

@@ -139,9 +139,7 @@ def test_the_page_keeps_the_filter_in_the_url_and_lists_matches(
     assert "No job matches" in client.get("/?name=nothing-like-it").content.decode()
 
 
-def test_a_waiting_job_shows_its_place_and_reason_in_the_list(
-    client: Client, alice: User
-) -> None:
+def test_a_waiting_job_shows_its_place_and_reason_in_the_list(client: Client, alice: User) -> None:
     set_quota(alice, cpu=1000, memory_gb=10_000, jobs=100)
     # The first fills both nodes (16 cores); the next two wait for it.
     for _ in range(3):
@@ -158,9 +156,7 @@ def test_a_waiting_job_shows_its_place_and_reason_in_the_list(
     assert waiting.reason.splitlines()[0][:60] in row
 
 
-def test_the_page_costs_the_same_queries_for_1_job_as_for_20(
-    client: Client, alice: User
-) -> None:
+def test_the_page_costs_the_same_queries_for_1_job_as_for_20(client: Client, alice: User) -> None:
     set_quota(alice, cpu=1000, memory_gb=10_000, jobs=100)
     client.force_login(alice)
 

@@ -80,10 +80,14 @@ def test_edit_and_run_again_opens_the_form_filled_from_the_job(
     assert f'href="/jobs/{job.pk}/again/"' in page.content.decode()
     form = client.get(f"/jobs/{job.pk}/again/")
     html = form.content.decode()
-    assert form.status_code == 200 and f"from <a href=\"/jobs/{job.pk}/\">#{job.pk}</a>" in html
+    assert form.status_code == 200 and f'from <a href="/jobs/{job.pk}/">#{job.pk}</a>' in html
     initial = form.context["form"].initial
     assert initial["args"] == "--epochs 3 --lr 0.1"
-    assert (initial["script"], initial["package"], initial["instances"]) == ("digits-ddp", "cpu-1", 3)
+    assert (initial["script"], initial["package"], initial["instances"]) == (
+        "digits-ddp",
+        "cpu-1",
+        3,
+    )
     assert initial["env"] == "WANDB_MODE=offline\nHF_TOKEN=hf_secret_value"
     assert (initial["restart_policy"], initial["max_restarts"]) == ("on-failure", 2)
     assert '"non-finite"' in initial["health_rules"]
