@@ -153,9 +153,10 @@ class NewJobForm(forms.Form):
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
         instances.widget.attrs["max"] = settings.TRAINYARD_MAX_INSTANCES
 
-    def fill_from(self, body: dict[str, Any]) -> None:
+    def fill_from(self, body: dict[str, Any], image_health_rules: bool = False) -> None:
         """Open the form filled with a job request (jobs.services.rerun.request_of): "Edit and
-        run again". The job's roles become the form's one package and instance count."""
+        run again". The job's roles become the form's one package and instance count; rules
+        that are the image's own (`image_health_rules`) stay empty, as the form says."""
         program = body.get("program", {})
         script = str(program.get("script", ""))
         initial: dict[str, Any] = {
@@ -192,7 +193,7 @@ class NewJobForm(forms.Form):
                 restart_backoff_seconds=restart.get("backoff_seconds"),
                 exclude_failed_node=restart.get("exclude_failed_node", False),
             )
-        if body.get("health_rules"):
+        if body.get("health_rules") and not image_health_rules:
             initial["health_rules"] = json.dumps(body["health_rules"])
         initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
         self.initial = initial

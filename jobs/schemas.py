@@ -221,6 +221,10 @@ class ReplicaOut(_Out):
     node: str | None
     state: str
     exit_code: int | None
+    signal: str | None = Field(
+        default=None,
+        description='The signal that killed it by name ("SIGTERM"); null when it exited.',
+    )
     reason: str
 
 

@@ -56,7 +56,10 @@ def job_list(request: HttpRequest) -> HttpResponse:
     jobs = job_search.apply(visible_jobs(request.user), where)
     page = [] if problems else list(jobs.prefetch_related("replicas")[:LIST_PAGE])
     positions = presenters.queue_positions(page)
-    rows = [(job, presenters.listed_queue_position(job, positions)) for job in page]
+    rows = [
+        (job, presenters.listed_queue_position(job, positions), _first_line(job.reason))
+        for job in page
+    ]
     context = {
         "rows": rows,
         "where": where,
@@ -69,6 +72,11 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "list_page": LIST_PAGE,
     }
     return render(request, "jobs/job_list.html", context, status=400 if problems else 200)
+
+
+def _first_line(reason: str) -> str:
+    """What the list shows of a reason: its first line (the job page has the rest)."""
+    return reason.splitlines()[0] if reason else ""
 
 
 SORT_LABELS = {
@@ -90,7 +98,7 @@ def job_edit_again(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
     form = NewJobForm(request.POST or None, user=request.user)
     if request.method != "POST":
-        form.fill_from(rerun.request_of(job, request.user))
+        form.fill_from(rerun.request_of(job, request.user), rerun.has_image_health_rules(job))
     return _job_form_page(request, form, again=job)
 
 

@@ -1,5 +1,6 @@
 """What clients are shown of a job's state: read-only views over the models."""
 
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,6 +45,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "node": r.node.name if r.node else None,
                 "state": r.state,
                 "exit_code": r.exit_code,
+                "signal": signal_name(r.exit_code),
                 "reason": r.reason,
             }
             for r in replicas
@@ -91,6 +93,17 @@ def listed_queue_position(job: Job, queue_positions: dict[int, int]) -> int | No
 
 def _current_replicas(job: Job) -> list[Replica]:
     return [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """ "SIGTERM" for a process killed by a signal (a negative exit code, as the agent reports
+    it), never "-15"; None for a process that exited."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
 
 
 def _replicas_of(job: Job) -> QuerySet[Replica]:

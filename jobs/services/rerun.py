@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
 
+from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import Job
 
 
@@ -57,3 +58,12 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     if env:
         body["env"] = env
     return body
+
+
+def has_image_health_rules(job: Job) -> bool:
+    """Whether the job's health rules are its image's defaults (as submission normalised
+    them): the form then leaves its rules empty, which means exactly that."""
+    try:
+        return bool(rules_to_json(parse_rules(job.image.health_rules)) == job.health_rules)
+    except RuleError:
+        return False

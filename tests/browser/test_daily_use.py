@@ -44,6 +44,10 @@ def test_a_failed_jobs_page_leads_with_the_banner_and_the_signal_name(
         expect(page.locator("#failure-where")).to_contain_text(re.compile(r"\[(master|worker-1)\]"))
         expect(page.locator("#failure-lines")).to_contain_text("the data loader hung")
         expect(banner).not_to_contain_text("-15")
+        # The Instances table names the signal too.
+        expect(page.locator("#replicas tbody tr").first.locator("td").nth(3)).to_have_text(
+            "SIGTERM"
+        )
         expect(page.locator("#banner-run-again")).to_be_visible()
         keep_screenshot(page, "job-failed-banner")
 

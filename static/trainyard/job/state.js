@@ -61,7 +61,8 @@ function renderReplicas(state) {
   for (const r of state.replicas) {
     const tr = document.createElement("tr");
     tr.dataset.tag = r.tag;
-    cells(tr, [`[${r.tag}]`, r.node || "–", r.state, r.exit_code ?? "", ""]);
+    // A process killed by a signal shows the signal's name (SIGTERM), never its number (-15).
+    cells(tr, [`[${r.tag}]`, r.node || "–", r.state, r.signal || (r.exit_code ?? ""), ""]);
     const badge = document.createElement("span");
     badge.className = `state state-${r.state}`;
     badge.textContent = r.state;
