@@ -26,6 +26,7 @@ def failed_job(alice: User, capture: Capture, code: int, tail: list[str]) -> Job
         with capture(execute=True):
             reports.replica_started(job.pk, r.role, r.index, r.node.name)  # type: ignore[union-attr]
     worker = replicas[1]
+    assert worker.node is not None
     how = "killed by signal SIGTERM" if code == -15 else f"exited with code {code}"
     with capture(execute=True):
         reports.replica_exited(
@@ -36,7 +37,7 @@ def failed_job(alice: User, capture: Capture, code: int, tail: list[str]) -> Job
             "failed",
             code,
             how,
-            tail,  # type: ignore[union-attr]
+            tail,
         )
     job.refresh_from_db()
     assert job.state == Job.State.FAILED
