@@ -550,7 +550,14 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
-        indexes = [models.Index(fields=["owner", "state"]), models.Index(fields=["state"])]
+        indexes = [
+            models.Index(fields=["owner", "state"]),
+            models.Index(fields=["state"]),
+            # The job list's default order (newest first), for everyone's jobs and for one
+            # user's: a page is read off the index instead of sorting every job.
+            models.Index(fields=["created", "id"], name="job_created_id"),
+            models.Index(fields=["owner", "created", "id"], name="job_owner_created_id"),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name}"

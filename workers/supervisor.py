@@ -240,8 +240,15 @@ EXCEPTION_LINE = re.compile(
 )
 
 
+# torch.distributed (2.4 and later) prefixes what a rank prints to stderr with "[rank1]: "
+# (or "[default1]:" under some launchers): the traceback is under it.
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+
+
 def last_exception(lines: list[str]) -> str | None:
-    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None."""
+    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None;
+    lines prefixed with torch's "[rankN]: " are read without it."""
+    lines = [RANK_PREFIX.sub("", line) for line in lines]
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i].rstrip()
         if EXCEPTION_LINE.match(line) and any(x.startswith(TRACEBACK_START) for x in lines[:i]):
