@@ -5,8 +5,10 @@ of both versions serve side by side meanwhile; the job never stops (its replicas
 agent that is replaced: the per-replica keeper, issue 26 item 1), keeps its one attempt, and
 loses no line. A job submitted after the upgrade runs on the new agents.
 
-Without the keeper an agent's SIGTERM stops its trainers, and this test fails at the first
-agent replaced: that is the point of it (no restart policy stands in for the keeper)."""
+Each agent is stopped with SIGTERM, as systemd stops it: it hands its replicas over to their
+keepers, and the new agent takes them over within the keeper grace. The job has no restart
+policy, so nothing but that hand-over keeps it alive: were the trainers to die with their agent,
+the job would fail at the first agent replaced."""
 
 import functools
 import sys
