@@ -31,6 +31,7 @@ the keeper removes once read. The keeper writes `state.json` ({"keeper": {"pid",
 secrets are not in it) and imports the standard library, psutil and workers.procrecords only.
 """
 
+import ctypes
 import json
 import os
 import select
@@ -56,6 +57,15 @@ SOCKET = "sock"
 LOG = "keeper.log"
 POLL_SECONDS = 0.1
 COPY_BYTES = 256 * 1024
+# Room each output file keeps allocated past its end (fallocate KEEP_SIZE), topped up as it
+# grows: when the work disk fills, a trainer's last lines (the traceback of the ENOSPC it dies
+# of) still go to the file. Past it, a write the disk has no room for is cut back and retried.
+OUTPUT_RESERVE_BYTES = 256 * 1024
+# How long a copier waits before it tries a full disk again.
+NO_ROOM_RETRY_SECONDS = 0.5
+# The room an exit record is written into, allocated when the keeper starts.
+EXIT_RESERVE_BYTES = 4096
+_FALLOC_FL_KEEP_SIZE = 0x01
 # After its leader ended, how long the copier of a pipe that a leftover process still held
 # may take (that process is SIGKILLed first, so this is only a backstop).
 COPY_END_SECONDS = 5.0
@@ -75,9 +85,39 @@ def exit_name(rank: int) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(text)
+    temp = _temp_name(path)
+    if temp.exists():
+        # Room reserved beforehand (reserve_record): written into, then cut to size, so that
+        # a full disk does not keep the record from being written.
+        with open(temp, "r+b") as f:
+            f.write(text.encode())
+            f.truncate()
+    else:
+        temp.write_text(text)
     os.replace(temp, path)
+
+
+def reserve_record(path: Path, size: int = EXIT_RESERVE_BYTES) -> None:
+    """Allocate now the room write_atomically(path, ...) will write into (best effort)."""
+    fd = os.open(_temp_name(path), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        pass  # no room now, or a file system without it: written the ordinary way later
+    finally:
+        os.close(fd)
+
+
+def _temp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _reserve_ahead(fd: int, end: int) -> None:
+    """Keep OUTPUT_RESERVE_BYTES allocated past `end`, the file's size (best effort)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate(
+        fd, _FALLOC_FL_KEEP_SIZE, ctypes.c_long(end), ctypes.c_long(OUTPUT_RESERVE_BYTES)
+    )
 
 
 @dataclass
@@ -92,12 +132,52 @@ class _Kept:
 
 def _copy(pipe: Any, path: Path) -> None:
     """Pipe to file, unchanged: the agent splits lines. Flushed at once (the agent follows the
-    file); not fsynced: a reboot ends the trainers and the keeper with them."""
+    file); not fsynced: a reboot ends the trainers and the keeper with them.
+
+    The file keeps room allocated past its end, so that a full disk still takes a trainer's
+    last lines. A write the disk has no room for even so is cut back to where it began (the
+    agent never reads part of it) and tried again until there is room; meanwhile the pipe is
+    not read, so the trainer waits on its output rather than lose any."""
     with open(path, "ab", buffering=0) as out:
         fd = pipe.fileno()
+        _reserve_ahead(out.fileno(), out.tell())
+        reserved_to = out.tell() + OUTPUT_RESERVE_BYTES
+        told = False
         while data := os.read(fd, COPY_BYTES):
-            out.write(data)
+            while not _append(out, data):
+                if not told:
+                    _say(f"no room for {path.name} on its disk: its output waits until there is")
+                    told = True
+                time.sleep(NO_ROOM_RETRY_SECONDS)
+            if out.tell() + OUTPUT_RESERVE_BYTES // 2 > reserved_to:
+                _reserve_ahead(out.fileno(), out.tell())
+                reserved_to = out.tell() + OUTPUT_RESERVE_BYTES
     pipe.close()
+
+
+def _append(out: Any, data: bytes) -> bool:
+    """All of `data` at the end of `out`, or none of it (False: no room)."""
+    start = out.tell()
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[out.write(view) or 0 :]
+    except OSError:
+        try:
+            os.ftruncate(out.fileno(), start)
+            out.seek(start)
+        except OSError:
+            pass
+        return False
+    return True
+
+
+def _say(message: str) -> None:
+    """A line in the keeper's log; a log it cannot write (a full disk) is no reason to fail."""
+    try:
+        print(f"trainyard keeper {os.getpid()}: {message}", file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _leader_exit(proc: subprocess.Popen[bytes]) -> int | None:
@@ -132,7 +212,7 @@ class Keeper:
         self.identity = {"pid": me.pid, "create_time": me.create_time()}
 
     def say(self, message: str) -> None:
-        print(f"trainyard keeper {os.getpid()}: {message}", file=sys.stderr, flush=True)
+        _say(message)
 
     def start(self) -> None:
         for rank, entry in enumerate(self.spec["procs"]):
@@ -157,6 +237,7 @@ class Keeper:
             )
             self.records.write(record)  # while the leader is our unreaped child
             kept = _Kept(rank, proc, record)
+            reserve_record(self.folder / exit_name(rank))
             for pipe, stream in ((proc.stdout, "out"), (proc.stderr, "err")):
                 copier = threading.Thread(
                     target=_copy, args=(pipe, self.folder / output_name(stream, rank)), daemon=True

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.conftest import process_alive
+from tests.tmpfs import fill, small_tmpfs
 from tests.unit.test_supervisor import wait_until
 from workers.filetail import FileTail
 from workers.keeperlink import KeeperLink, KeptProcess
@@ -125,3 +126,59 @@ def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
     assert tail.discarded > 1_000_000  # most of it; what was read last is still there
     assert path.stat().st_size == 2_000_000  # offsets stay valid
     assert path.stat().st_blocks * 512 < 2_000_000 - tail.discarded + 64 * 1024
+
+
+# Fills the disk its argument names, then dies of the ENOSPC (the traceback on stderr).
+FILL_AND_DIE = (
+    "import sys\n"
+    "print('filling', flush=True)\n"
+    "with open(sys.argv[1], 'wb', buffering=0) as f:\n"
+    "    while True:\n"
+    "        f.write(b'x' * 4096)\n"
+)
+
+
+def test_on_a_full_disk_it_still_records_the_exit_and_the_last_lines(
+    links: list[KeeperLink],
+) -> None:
+    """The trainer that fills the keeper's own disk dies of it: its traceback and its exit are
+    still written (room reserved beforehand), so the agent can say what killed it."""
+    with small_tmpfs("2m") as disk:
+        link = start(disk, [sys.executable, "-c", FILL_AND_DIE, str(disk / "blob")])
+        links.append(link)
+        wait_until(link.done, 30, "the keeper to see its process end")
+        [exited] = link.exits()
+        assert exited is not None and exited["code"] == 1
+        assert link.output("out", 0).read_text() == "filling\n"
+        err = link.output("err", 0).read_text()
+        assert "OSError: [Errno 28] No space left on device" in err
+        link.release(wait=10)
+
+
+def test_on_a_full_disk_output_waits_for_room_and_none_is_lost(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """More output than the room reserved for it on a full disk: the trainer waits on its
+    pipe (it cannot end: its output does not fit), and once there is room every line is in the
+    file, once, in order."""
+    go = tmp_path / "go"
+    printer = (
+        "import pathlib, sys, time\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+        "for i in range(40000):\n"
+        "    print(f'line {i:08d}')\n"
+    )
+    with small_tmpfs("4m") as disk:
+        link = start(disk, [sys.executable, "-c", printer])
+        links.append(link)
+        filler = fill(disk)
+        go.touch()
+        out = link.output("out", 0)
+        wait_until(lambda: out.stat().st_size >= 200_000, 30, "the reserved room to be used")
+        assert not link.done()
+        filler.unlink()
+        wait_until(link.done, 30, "the keeper to see its process end")
+        [exited] = link.exits()
+        assert exited is not None and exited["code"] == 0
+        assert out.read_text().splitlines() == [f"line {i:08d}" for i in range(40000)]
+        link.release(wait=10)
