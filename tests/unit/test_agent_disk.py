@@ -11,7 +11,7 @@ import redis
 
 from tests.conftest import FIXTURE_CODE_ROOT
 from tests.tmpfs import small_tmpfs
-from tests.unit.test_supervisor import Reports, spec
+from tests.unit.test_supervisor import Reports, spec, wait_until
 from workers import contract
 from workers.agent import heartbeat_payload, make_reporter
 from workers.diskspace import DiskWatch
@@ -75,6 +75,11 @@ def test_a_trainer_that_fills_the_disk_fails_with_a_reason_naming_it(
             assert "No space left on device" in exited["reason"]
         finally:
             sup.shutdown()
+            # The replica's thread releases its keeper (whose working folder is on the tmpfs)
+            # and removes the keeper's folder once it has ended, after the report above: the
+            # tmpfs is busy until then.
+            keepers = workdir / "keepers"
+            wait_until(lambda: not any(keepers.glob("*")), 30, "the keeper to end")
 
 
 def test_reports_carry_the_protocol_version() -> None:
