@@ -95,6 +95,8 @@ MIDDLEWARE = [
     "jobs.login_throttle.LoginThrottleMiddleware",
     "jobs.api_fallback.ApiFallbackErrorsMiddleware",
     "jobs.upload_limit.SnapshotUploadLimitMiddleware",
+    # A full disk (database, upload spool) answers 507 with a clear message, not a 500.
+    "jobs.disk_full.DiskFullMiddleware",
 ]
 
 # --- Headers on every response ---

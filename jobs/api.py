@@ -33,6 +33,7 @@ from jobs.schemas import (
     JobIn,
     JobListOut,
     JobOut,
+    JobRequestOut,
     LogCountsOut,
     LogPageOut,
     MeOut,
@@ -50,11 +51,13 @@ from jobs.services import (
     baselines,
     cluster,
     code_choices,
+    job_search,
     metric_export,
     nodes,
     outcomes,
     presenters,
     quota,
+    rerun,
     retention,
     snapshots,
     training_report,
@@ -431,14 +434,49 @@ def _listed_jobs(user: User) -> Any:
     )
 
 
+def _filter_query(description: str) -> Any:
+    return Query(None, description=description)
+
+
 @api.get("/jobs", response={200: JobListOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
 def job_list(
     request: HttpRequest,
     limit: int = Query(JOB_PAGE, ge=1, le=JOB_PAGE),
     offset: int = Query(0, ge=0, le=2**63 - 1),
+    state: str | None = _filter_query(
+        "Only jobs in this state (pending, queued, running, restarting, succeeded, failed, "
+        "cancelled); several comma-separated."
+    ),
+    user: str | None = _filter_query("Only this user's jobs (a username; administrators)."),
+    name: str | None = _filter_query("Only jobs whose name contains this (any case)."),
+    image: str | None = _filter_query("Only jobs of this framework image."),
+    program: str | None = _filter_query(
+        "Only jobs of this program: a built-in example's name or the script's path."
+    ),
+    since: str | None = _filter_query("Only jobs submitted on or after this day, YYYY-MM-DD."),
+    until: str | None = _filter_query("Only jobs submitted on or before this day, YYYY-MM-DD."),
+    sort: str | None = _filter_query(
+        "-submitted (newest first, the default), submitted, -duration (longest first) or "
+        "duration; jobs that never started come last in both duration orders."
+    ),
 ) -> dict[str, Any]:
-    """The jobs you may see, newest first, a page at a time (`limit`, `offset`)."""
-    jobs = _listed_jobs(_user(request))
+    """The jobs you may see, newest first, a page at a time (`limit`, `offset`), optionally
+    filtered and sorted (the job list page takes the same parameters)."""
+    asked = {
+        "state": state,
+        "user": user,
+        "name": name,
+        "image": image,
+        "program": program,
+        "since": since,
+        "until": until,
+        "sort": sort,
+    }
+    try:
+        where = job_search.parse({k: v for k, v in asked.items() if v}, request.user)
+    except job_search.BadFilter as exc:
+        raise ValidationFailed(exc.errors) from None
+    jobs = job_search.apply(_listed_jobs(_user(request)), where)
     count = jobs.count()
     page = list(jobs[offset : offset + limit])
     positions = presenters.queue_positions(page)
@@ -451,10 +489,16 @@ def job_list(
     }
 
 
-@api.post("/jobs", response={201: JobOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
+@api.post(
+    "/jobs",
+    response={201: JobOut, **ERRORS, 507: ErrorsOut},
+    tags=["jobs"],
+    url_name="api_jobs",
+)
 def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
     """Check the request (400 with every problem), admit it against the quota and the nodes
-    (400 saying which term is over and by how much), and queue it."""
+    (400 saying which term is over and by how much), and queue it; 507 while the console's
+    disk is full (nothing is written)."""
     user = _user(request)
     job = submit_job(user, check_job_request(payload, owner=user))
     job.refresh_from_db()
@@ -464,6 +508,19 @@ def job_create(request: HttpRequest, payload: JobIn) -> Status[dict[str, Any]]:
 @api.get("/jobs/{int:job_id}", response={200: JobOut, **ERRORS}, tags=["jobs"], url_name="api_job")
 def job_detail(request: HttpRequest, job_id: int) -> dict[str, Any]:
     return job_as_dict(get_job_for(request.user, job_id), request.user)
+
+
+@api.get(
+    "/jobs/{int:job_id}/request",
+    response={200: JobRequestOut, **ERRORS},
+    tags=["jobs"],
+    url_name="api_job_request",
+)
+def job_request(request: HttpRequest, job_id: int) -> dict[str, Any]:
+    """The request that submits this job again (POST it to /api/v1/jobs, changed or not): its
+    program and code snapshot, roles, restart policy, health rules and, for its owner, its
+    variables (anyone else gets none whose values are masked to them)."""
+    return rerun.request_of(get_job_for(request.user, job_id), request.user)
 
 
 @api.post(
@@ -719,6 +776,8 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "jobs": row.jobs,
                 "isolated": row.node.isolated,
                 "isolation": row.node.isolation or "unknown",
+                "status_reason": row.node.status_reason,
+                "protocol": row.node.protocol,
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
                 if row.node.last_heartbeat
                 else None,
@@ -783,7 +842,13 @@ def snapshot_as_dict(upload: Any, **extra: Any) -> dict[str, Any]:
 
 @api.post(
     "/snapshots",
-    response={201: SnapshotUploadOut, 200: SnapshotUploadOut, **ERRORS, 503: ErrorsOut},
+    response={
+        201: SnapshotUploadOut,
+        200: SnapshotUploadOut,
+        **ERRORS,
+        503: ErrorsOut,
+        507: ErrorsOut,
+    },
     tags=["code"],
     url_name="api_snapshots",
 )

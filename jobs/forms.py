@@ -153,6 +153,51 @@ class NewJobForm(forms.Form):
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
         instances.widget.attrs["max"] = settings.TRAINYARD_MAX_INSTANCES
 
+    def fill_from(self, body: dict[str, Any], image_health_rules: bool = False) -> None:
+        """Open the form filled with a job request (jobs.services.rerun.request_of): "Edit and
+        run again". The job's roles become the form's one package and instance count; rules
+        that are the image's own (`image_health_rules`) stay empty, as the form says."""
+        program = body.get("program", {})
+        script = str(program.get("script", ""))
+        initial: dict[str, Any] = {
+            "name": body.get("name", ""),
+            "image": body.get("image", ""),
+            "args": shlex.join(program.get("args", [])),
+        }
+        if program.get("snapshot"):
+            initial["script"] = SNAPSHOT_CHOICE + program["snapshot"]
+            initial["snapshot_script"] = script
+        elif script in {e.name for e in self.examples} or script in self.root_scripts.paths:
+            initial["script"] = script
+        else:
+            initial.update(script=PATH_CHOICE, script_path=script)
+        roles = body.get("roles", {})
+        if body.get("kvstore"):
+            initial.update(
+                kvstore=body["kvstore"],
+                server_package=roles.get("server", {}).get("package"),
+                servers=roles.get("server", {}).get("instances"),
+                worker_package=roles.get("worker", {}).get("package"),
+                workers=roles.get("worker", {}).get("instances"),
+            )
+        else:
+            initial.update(
+                package=roles.get("master", {}).get("package"),
+                instances=sum(r.get("instances", 0) for r in roles.values()),
+            )
+        restart = body.get("restart") or {}
+        if restart:
+            initial.update(
+                restart_policy=restart.get("policy", ""),
+                max_restarts=restart.get("max_restarts"),
+                restart_backoff_seconds=restart.get("backoff_seconds"),
+                exclude_failed_node=restart.get("exclude_failed_node", False),
+            )
+        if body.get("health_rules") and not image_health_rules:
+            initial["health_rules"] = json.dumps(body["health_rules"])
+        initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
+        self.initial = initial
+
     def _choices(self, name: str, choices: list[Any]) -> None:
         field = self.fields[name]
         assert isinstance(field, forms.ChoiceField)

@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.text import validate_name
+from workers import contract
 from workers.contract import masked_env, tag_of
 from workers.sandbox import Isolation
 
@@ -245,6 +246,13 @@ class Quota(models.Model):
 # What the Nodes page and the waiting reasons call a node that does not sandbox its trainers,
 # where the console runs jobs only on nodes that do (TRAINYARD_ALLOW_UNISOLATED_NODES).
 NOT_ISOLATED = "not isolated"
+DISK_FULL = "disk full"
+AGENT_TOO_OLD = "agent too old"
+
+
+def current_protocol() -> int:
+    """A callable default, so that a new protocol version needs no migration."""
+    return contract.PROTOCOL_VERSION
 
 
 class Node(models.Model):
@@ -296,6 +304,13 @@ class Node(models.Model):
     # When the agent sent the heartbeat applied last (its own clock): heartbeats are handled by
     # several console threads, and an older one arriving late must not undo a newer one.
     heartbeat_sent = models.FloatField(default=0.0)
+    # The agent protocol its agent speaks (workers/contract.PROTOCOL_VERSION), as its last
+    # heartbeat said: 0 from an agent older than versioning. Below MIN_AGENT_PROTOCOL the node
+    # gets no new work. A node an admin adds is taken to speak this console's until it is heard.
+    protocol = models.PositiveIntegerField(default=current_protocol)
+    # Why its agent's work disk is full ("node-2: no space left on ..."), as its last heartbeat
+    # said; empty while there is room.
+    disk_full = models.CharField(max_length=300, blank=True, default="")
     registered = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -320,13 +335,32 @@ class Node(models.Model):
 
     @property
     def status(self) -> str:
-        """ready, draining, lost, or "not isolated" where this console runs jobs only on nodes
-        that sandbox their trainers: what the node page shows."""
+        """ready, draining, lost, "agent too old" (its protocol is below what this console
+        needs), "disk full", or "not isolated" where this console runs jobs only on nodes that
+        sandbox their trainers: what the node page shows. Only a ready node gets new work."""
         if self.is_lost():
             return "lost"
+        if self.protocol < contract.MIN_AGENT_PROTOCOL:
+            return AGENT_TOO_OLD
+        if self.disk_full:
+            return DISK_FULL
         if not self.isolated and not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
             return NOT_ISOLATED
         return self.state
+
+    @property
+    def status_reason(self) -> str:
+        """Why it takes no new work, where its status alone does not say: what a waiting job's
+        reason and the node page quote."""
+        status = self.status
+        if status == AGENT_TOO_OLD:
+            return (
+                f"{self.name}: its agent speaks protocol {self.protocol}, this console needs "
+                f"{contract.MIN_AGENT_PROTOCOL} or later: upgrade the agent"
+            )
+        if status == DISK_FULL:
+            return self.disk_full
+        return ""
 
 
 class AgentCredential(models.Model):
@@ -516,7 +550,14 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created", "-id"]
-        indexes = [models.Index(fields=["owner", "state"]), models.Index(fields=["state"])]
+        indexes = [
+            models.Index(fields=["owner", "state"]),
+            models.Index(fields=["state"]),
+            # The job list's default order (newest first), for everyone's jobs and for one
+            # user's: a page is read off the index instead of sorting every job.
+            models.Index(fields=["created", "id"], name="job_created_id"),
+            models.Index(fields=["owner", "created", "id"], name="job_owner_created_id"),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.pk} {self.name}"

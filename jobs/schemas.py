@@ -221,6 +221,10 @@ class ReplicaOut(_Out):
     node: str | None
     state: str
     exit_code: int | None
+    signal: str | None = Field(
+        default=None,
+        description='The signal that killed it by name ("SIGTERM"); null when it exited.',
+    )
     reason: str
 
 
@@ -285,6 +289,29 @@ class JobOut(_Out):
     restart_at: str | None
     attempts: list[AttemptOut]
     health_events: list[HealthEventOut]
+
+
+class LogLimitsRequestOut(_Out):
+    lines_per_second: int | None = _param("Per instance, when lower than the image's.")
+    max_mb: int | None = _param("Megabytes of log in all, when lower than the image's.")
+    metric_points_per_second: int | None = _param("Per instance, when lower than the image's.")
+
+
+class JobRequestOut(_Out):
+    """The body of POST /api/v1/jobs that submits the job again (a job file's fields):
+    `trainyard rerun` and `trainyard show --job-file` read it. Variables whose values are
+    masked to you are left out."""
+
+    name: str
+    image: str
+    program: ProgramOut
+    roles: dict[str, RoleOut]
+    kvstore: str | None = Field(default=None, exclude_if=_unless_none)
+    restart: RestartOut
+    health_rules: list[HealthRuleOut]
+    metrics: list[MetricDefinitionOut]
+    log_limits: LogLimitsRequestOut | None = Field(default=None, exclude_if=_unless_none)
+    env: dict[str, str] | None = Field(default=None, exclude_if=_unless_none)
 
 
 class JobListOut(_Out):
@@ -514,6 +541,14 @@ class NodeOut(_Out):
     isolation: str = Field(
         description="How, as its agent says: sandbox (a uid per user), sandbox-shared-uid (the "
         "agent's uid), none, or unknown (an agent older than the sandbox)."
+    )
+    status_reason: str = Field(
+        description='Why it takes no new work where its status ("disk full", "agent too old") '
+        'does not say it all: "node-2: no space left on /var/lib/trainyard-agent"; else empty.'
+    )
+    protocol: int = Field(
+        description="The agent protocol its agent speaks (0: older than versioning); below "
+        'what this console needs, the node has the status "agent too old" and gets no work.'
     )
     last_heartbeat: str | None
 

@@ -26,22 +26,105 @@ from redis.retry import Retry
 from jobs.access import get_job_for, staff_required, visible_jobs
 from jobs.api import catalog_for
 from jobs.forms import NewJobForm, RetentionForm
-from jobs.models import Node
-from jobs.services import cluster, outcomes, presenters, retention, storage, transitions
+from jobs.models import FrameworkImage, Job, Node
+from jobs.services import (
+    cluster,
+    failure,
+    job_search,
+    outcomes,
+    presenters,
+    rerun,
+    retention,
+    storage,
+    transitions,
+)
 from jobs.services.durations import format_duration
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
+from workers import contract
+
+# The list page shows this many jobs; a filter finds the others.
+LIST_PAGE = 200
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    jobs = visible_jobs(request.user).prefetch_related("replicas")[:200]
-    return render(request, "jobs/job_list.html", {"jobs": jobs})
+    """Every job the user may see, filtered and sorted by the query string (the API's
+    parameters: jobs.services.job_search), waiting jobs with their place and reason."""
+    try:
+        where = job_search.parse(request.GET, request.user)
+    except job_search.BadFilter as exc:
+        where, problems = job_search.JobFilter(), exc.errors
+    else:
+        problems = {}
+    jobs = job_search.apply(visible_jobs(request.user), where)
+    page = [] if problems else list(jobs.prefetch_related("replicas")[:LIST_PAGE])
+    positions = presenters.queue_positions(page)
+    rows = [
+        (job, presenters.listed_queue_position(job, positions), _first_line(job.reason))
+        for job in page
+    ]
+    context = {
+        "rows": rows,
+        "where": where,
+        "asked": {name: request.GET.get(name, "") for name in job_search.PARAMETERS},
+        "problems": problems,
+        "states": Job.State.values,
+        "sorts": SORT_LABELS,
+        "images": FrameworkImage.objects.order_by("name").values_list("name", flat=True),
+        "more": len(page) == LIST_PAGE,
+        "list_page": LIST_PAGE,
+    }
+    return render(request, "jobs/job_list.html", context, status=400 if problems else 200)
+
+
+def _first_line(reason: str) -> str:
+    """What the list shows of a reason: its first line (the job page has the rest)."""
+    return reason.splitlines()[0] if reason else ""
+
+
+SORT_LABELS = {
+    "-submitted": "newest first",
+    "submitted": "oldest first",
+    "-duration": "longest first",
+    "duration": "shortest first",
+}
 
 
 @login_required
 def new_job(request: HttpRequest) -> HttpResponse:
+    return _job_form_page(request, NewJobForm(request.POST or None, user=request.user))
+
+
+@login_required
+def job_edit_again(request: HttpRequest, job_id: int) -> HttpResponse:
+    """ "Edit and run again": the New job form, filled from the job (rerun.request_of)."""
+    job = get_job_for(request.user, job_id)
     form = NewJobForm(request.POST or None, user=request.user)
+    if request.method != "POST":
+        form.fill_from(rerun.request_of(job, request.user), rerun.has_image_health_rules(job))
+    return _job_form_page(request, form, again=job)
+
+
+@login_required
+@require_POST
+def job_run_again(request: HttpRequest, job_id: int) -> HttpResponse:
+    """ "Run again": the same request once more, as a new job; a refusal (the quota, code
+    that is no longer yours) opens the filled form with the reasons instead."""
+    job = get_job_for(request.user, job_id)
+    user: User = request.user  # type: ignore[assignment]  # login_required
+    try:
+        again = submit_job(user, check_job_request(rerun.request_of(job, user), owner=user))
+    except ValidationFailed as exc:
+        for field, errors in exc.errors.items():
+            messages.error(request, f"{field}: {' '.join(errors)}")
+        return redirect("job_edit_again", job_id=job.pk)
+    return redirect("job_detail", job_id=again.pk)
+
+
+def _job_form_page(
+    request: HttpRequest, form: NewJobForm, again: Job | None = None
+) -> HttpResponse:
     over: dict[str, dict[str, object]] = {}
     if request.method == "POST" and form.is_valid():
         try:
@@ -66,6 +149,7 @@ def new_job(request: HttpRequest) -> HttpResponse:
             "catalog": catalog,
             "over": formulas,
             "snapshot_scripts": form.snapshot_scripts(),
+            "again": again,
         },
     )
 
@@ -84,6 +168,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
         "jobs/job_detail.html",
         {
             "job": job,
+            "failure": failure.summary(job),
             "state": presenters.job_state_payload(job),
             "roles": job.roles.all(),
             "workers": workers,
@@ -252,6 +337,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "rows": rows,
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
+            "min_protocol": contract.MIN_AGENT_PROTOCOL,
             "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
             "any_unisolated": any(not row.node.isolated for row in rows),
         },

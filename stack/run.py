@@ -9,11 +9,11 @@ pid is recorded in var/stack.pids, so that the next start stops what the signal 
 (stack/leftovers.py).
 A process that exits while the stack runs is started again with the same argv, after a delay
 that doubles while it keeps dying (1 s, 2 s, 4 s … 30 s) — the local stand-in for systemd's
-Restart= (docs/operations.md). Ctrl-C stops the node agents first, so they stop their trainers
-and report, then the console worker and the log keeper, the web server and Redis; SIGTERM
-and SIGHUP (the terminal closed) do the same. A process still running its stop timeout after
-SIGTERM is killed, and a line names it: a node agent gets 45 s, every other process 15 s, so a
-stop takes at most 90 s.
+Restart= (docs/operations.md). Ctrl-C stops the node agents first (with SIGUSR2, so they stop
+their trainers and report, rather than leave them to their keepers), then the console worker
+and the log keeper, the web server and Redis; SIGTERM and SIGHUP (the terminal closed) do the
+same. A process still running its stop timeout after its signal is killed, and a line names
+it: a node agent gets 45 s, every other process 15 s, so a stop takes at most 90 s.
 """
 
 import argparse
@@ -97,6 +97,10 @@ class Child:
     ready: Callable[[], bool] | None = None
     # SIGTERM, then SIGKILL this long after; None: the policy's stop_timeout.
     stop_timeout: float | None = None
+    # What the stack's own stop sends instead of SIGTERM: an agent gets SIGUSR2, so that it
+    # stops its trainers as well (on SIGTERM it would leave them to their keepers, for an
+    # agent that comes back; none does when the whole stack stops).
+    stop_signal: int = signal.SIGTERM
     # On top of the stack's environment, for this process only (an agent's REDIS_URL as its
     # host reaches Redis).
     env: dict[str, str] = field(default_factory=dict)
@@ -204,6 +208,7 @@ class ChildSupervisor:
         ready: Callable[[], bool] | None = None,
         env: dict[str, str] | None = None,
         stop_timeout: float | None = None,
+        stop_signal: int = signal.SIGTERM,
     ) -> Child:
         log_path = self.log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # kept across restarts, closed in stop()
@@ -213,7 +218,9 @@ class ChildSupervisor:
                 log_file.close()
                 raise RuntimeError(f"not starting {name}: the stack is stopping")
             proc = self._popen(name, argv, log_file, env)
-            child = Child(name, argv, proc, log_path, log_file, ready, stop_timeout, env=env)
+            child = Child(
+                name, argv, proc, log_path, log_file, ready, stop_timeout, stop_signal, env=env
+            )
             child.started_at = time.monotonic()
             child.state = ChildState.STARTING if ready else ChildState.UP
             self._children.append(child)
@@ -242,14 +249,17 @@ class ChildSupervisor:
     def _stop_timeout(self, child: Child) -> float:
         return self.policy.stop_timeout if child.stop_timeout is None else child.stop_timeout
 
-    def _terminate(self, child: Child, deadline: float, signalled: bool = False) -> None:
-        """SIGTERM (unless `signalled`), SIGKILL at `deadline` with a line naming it."""
+    def _terminate(
+        self, child: Child, deadline: float, signalled: bool = False, sig: int = signal.SIGTERM
+    ) -> None:
+        """SIGTERM (unless `signalled` with `sig` already), SIGKILL at `deadline` with a line
+        naming it."""
 
         def late() -> None:
             self._say(
                 child,
-                f"{child.name} did not stop within {self._stop_timeout(child):g} s of SIGTERM; "
-                f"killing it (SIGKILL, pid {child.proc.pid})",
+                f"{child.name} did not stop within {self._stop_timeout(child):g} s of "
+                f"{signal.Signals(sig).name}; killing it (SIGKILL, pid {child.proc.pid})",
             )
 
         _terminate(child.proc, deadline, signalled, late)
@@ -386,10 +396,13 @@ class ChildSupervisor:
         name: str,
         while_down: Callable[[], object] | None = None,
         ready_timeout: float = 20.0,
+        how: int = signal.SIGTERM,
     ) -> int:
-        """Stop one process (SIGTERM, then SIGKILL after the stop timeout), leave it down until
-        `while_down()` returns (an outage that lasts until something happened, never a fixed
-        time), start it again as it was and wait until it is up; returns the new PID."""
+        """Stop one process (`how`, SIGTERM by default, then SIGKILL after the stop timeout),
+        leave it down until `while_down()` returns (an outage that lasts until something
+        happened, never a fixed time), start it again as it was and wait until it is up;
+        returns the new PID. With `how` SIGKILL it is a crash that the stack does not undo
+        until `while_down()` returns."""
         with self._lock:
             if self._stopping:
                 raise RuntimeError(f"not restarting {name}: the stack is stopping")
@@ -397,7 +410,14 @@ class ChildSupervisor:
             child.state = ChildState.HELD
             child.down_since = time.monotonic()
         self._say(child, f"{name} is being restarted on request")
-        self._terminate(child, time.monotonic() + self._stop_timeout(child))
+        if how != signal.SIGTERM and child.proc.poll() is None:
+            os.kill(child.proc.pid, how)  # the process only, as a crash or a signal would
+        self._terminate(
+            child,
+            time.monotonic() + self._stop_timeout(child),
+            signalled=how != signal.SIGTERM,
+            sig=how,
+        )
         if while_down is not None:
             while_down()
         with self._lock:
@@ -429,12 +449,17 @@ class ChildSupervisor:
             group = [c for c in children if stage_of(c.name) == stage]
             running = [c for c in group if c.proc.poll() is None]
             for child in running:
-                _signal_group(child.proc, signal.SIGTERM)
+                _signal_group(child.proc, child.stop_signal)
                 # A frozen (SIGSTOPped) process must run to act on its SIGTERM.
                 _signal_group(child.proc, signal.SIGCONT)
             signalled_at = time.monotonic()
             for child in group:
-                self._terminate(child, signalled_at + self._stop_timeout(child), signalled=True)
+                self._terminate(
+                    child,
+                    signalled_at + self._stop_timeout(child),
+                    signalled=True,
+                    sig=child.stop_signal,
+                )
             for child in running:
                 ended = describe_exit(child.proc.wait()).removeprefix("exited ")
                 self._say(child, f"{child.name} stopped {ended}")
@@ -704,6 +729,7 @@ class Stack:
                 argv,
                 env={"REDIS_URL": agent_url},
                 stop_timeout=self.agent_stop_timeout,
+                stop_signal=signal.SIGUSR2,
             )
         self._supervisor.watch()
         self.wait_ready(should_stop=should_stop)
@@ -766,10 +792,13 @@ class Stack:
         (Redis: answers); returns the new PID. Raises TimeoutError saying where it stands."""
         return self._supervisor.wait_up(name, timeout, not_pid=old_pid)
 
-    def restart(self, name: str, while_down: Callable[[], object] | None = None) -> None:
-        """Stop one process by its PID and start it again as it was (same port, same data),
-        once `while_down()` has returned; returns once it is up (Redis: answers)."""
-        self._supervisor.restart(name, while_down)
+    def restart(
+        self, name: str, while_down: Callable[[], object] | None = None, how: int = signal.SIGTERM
+    ) -> None:
+        """Stop one process by its PID (with `how`: SIGTERM, or SIGKILL for a crash) and start
+        it again as it was (same port, same data), once `while_down()` has returned; returns
+        once it is up (Redis: answers)."""
+        self._supervisor.restart(name, while_down, how=how)
 
     # --- stop ---
 

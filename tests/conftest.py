@@ -435,7 +435,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
 FAST_FAULTS = {
     "TRAINYARD_HEARTBEAT_SECONDS": "1",
     "TRAINYARD_NODE_STALE_SECONDS": "4",
-    "TRAINYARD_NODE_LOST_SECONDS": "8",
+    # A node is lost after the keepers' grace: an agent back within it takes its replicas over
+    # (the kill-9-and-back-5-s-later test needs room for the agent's own start, on 2 loaded
+    # cores); one that stays away loses them to its keepers, and then its node.
+    "TRAINYARD_NODE_LOST_SECONDS": "14",
+    "TRAINYARD_KEEPER_GRACE_SECONDS": "12",
     "TRAINYARD_ACK_GRACE_SECONDS": "4",
     "TRAINYARD_RECONCILE_SECONDS": "1",
 }

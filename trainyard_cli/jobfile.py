@@ -268,3 +268,10 @@ def script_of(body: dict[str, Any]) -> str | None:
     """The program's script, when the body names one."""
     script = _section(body, "program").get("script")
     return script if isinstance(script, str) and script else None
+
+
+def dump(body: dict[str, Any], what: str) -> str:
+    """A job request as a job file that `read` takes back: the API's field order, text as
+    YAML writes it (quoted where it would otherwise read as a number or a boolean)."""
+    header = f"# {what}, as `trainyard submit` takes it; program.snapshot is its code.\n"
+    return header + yaml.safe_dump(body, sort_keys=False, allow_unicode=True)

@@ -196,6 +196,13 @@ def submit(
         if uploaded and uploaded.new:
             _take_back(api, uploaded.sha256)
         raise
+    _submitted(api, job, follow_log, wait, json_output)
+
+
+def _submitted(
+    api: Api, job: dict[str, Any], follow_log: bool, wait: bool, json_output: bool
+) -> None:
+    """Say where the new job is; with --follow or --wait, watch it to its end."""
     job_id = job["id"]
     if not json_output:
         render.out.print(
@@ -306,8 +313,8 @@ def _wait_for_end(api: Api, job_id: int, quiet: bool) -> dict[str, Any]:
 
 def _progress_line(job: dict[str, Any]) -> str:
     state = job["state"]
-    if job.get("queue_position"):
-        return f"job {job['id']}: {state}, number {job['queue_position']} in the queue"
+    if place := _queue_place(job):
+        return f"job {job['id']}: {state}, {place} in the queue"
     seconds = render.job_seconds(job)
     running = f" for {render.duration(seconds)}" if seconds is not None else ""
     return f"job {job['id']}: {state}{running}"
@@ -317,9 +324,11 @@ def _print_line(line: dict[str, Any], tags: dict[tuple[str, int], str], as_json:
     """One log line, from the HTTP API or the websocket, as `[tag] text` or JSON."""
     tag = render.tag_of(line["role"], line["index"], tags)
     if as_json:
-        render.print_json_line({**line, "tag": tag})
+        render.print_json_line({**line, "tag": tag})  # the attempt is its own field there
     else:
-        render.log_line(tag, line["text"], line["stream"])
+        render.log_line(
+            render.with_attempt(tag, line.get("attempt") or 0), line["text"], line["stream"]
+        )
 
 
 def _follow_to_end(
@@ -358,39 +367,123 @@ def _follow_to_end(
     return dict(api.get(f"/jobs/{job_id}"))
 
 
+@app.command()
+def rerun(
+    job_id: JobId,
+    name: Annotated[str | None, typer.Option(help="A new name (default: the job's).")] = None,
+    image: Annotated[str | None, typer.Option(help="Another framework image.")] = None,
+    script: Annotated[str | None, typer.Option(help="Another script.")] = None,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="ROLE=PACKAGE[:INSTANCES], replacing that role's; repeatable."),
+    ] = None,
+    env: Annotated[
+        list[str] | None, typer.Option(help="NAME=VALUE, added or replaced; repeatable.")
+    ] = None,
+    restart: Annotated[
+        str | None, typer.Option(help='Restart policy: "never" or "on-failure".')
+    ] = None,
+    max_restarts: Annotated[int | None, typer.Option(help="Restarts allowed.")] = None,
+    arg: Annotated[
+        list[str] | None,
+        typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
+    ] = None,
+    follow_log: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream the new job's log until it ends.")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait for the new job to end; exit 0 only if it succeeded."),
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """Run a job again as a new job: the same code snapshot, program, roles, restart policy,
+    health rules and variables, with what the flags change. `trainyard rerun 12 -- --lr 0.05`.
+    Another user's variables whose values are masked to you are not copied."""
+    api = _api()
+    body = jobfile.apply_flags(
+        api.get(f"/jobs/{job_id}/request"),
+        name=name,
+        image=image,
+        script=script,
+        args=arg or [],
+        roles=role or [],
+        kvstore=None,
+        env=env or [],
+        restart_policy=restart,
+        max_restarts=max_restarts,
+    )
+    jobfile.check_text(body)
+    _submitted(api, api.post("/jobs", json=body), follow_log, wait, json_output)
+
+
 @app.command("ls")
 def list_jobs(
-    limit: Annotated[int, typer.Option(help="How many of the newest jobs.")] = 20,
+    limit: Annotated[int, typer.Option(help="How many jobs at most.")] = 20,
     state: Annotated[
-        str | None, typer.Option(help="Only jobs in this state (queued, running, failed...).")
+        str | None,
+        typer.Option(help="Only jobs in this state (queued, running, failed...); several: a,b."),
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Only jobs whose name contains this.")] = None,
+    user: Annotated[str | None, typer.Option(help="Only this user's jobs (admins).")] = None,
+    image: Annotated[str | None, typer.Option(help="Only jobs of this image.")] = None,
+    program: Annotated[
+        str | None, typer.Option(help="Only jobs of this program (example or script path).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="Only jobs submitted on or after this day, YYYY-MM-DD.")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="Only jobs submitted on or before this day, YYYY-MM-DD.")
+    ] = None,
+    sort: Annotated[
+        str | None,
+        typer.Option(
+            help="-submitted (newest first, the default), submitted, -duration, duration."
+        ),
     ] = None,
     json_output: Json = False,
 ) -> None:
-    """Your jobs, newest first (staff see everyone's)."""
+    """Your jobs, newest first (staff see everyone's), filtered by the console; a waiting
+    job shows its place in the queue and why it waits, a failed one why it failed."""
     api = _api()
+    where = {
+        "state": state,
+        "name": name,
+        "user": user,
+        "image": image,
+        "program": program,
+        "since": since,
+        "until": until,
+        "sort": sort,
+    }
     jobs: list[dict[str, Any]] = []
     offset: int | None = 0
     while offset is not None and len(jobs) < limit:
-        page = api.get("/jobs", limit=min(200, max(limit, 1)), offset=offset)
-        jobs += [j for j in page["jobs"] if state is None or j["state"] == state]
+        page = api.get("/jobs", limit=min(200, max(limit, 1)), offset=offset, **where)
+        jobs += page["jobs"]
         offset = page["next"]
     jobs = jobs[:limit]
     if json_output:
         render.print_json(jobs)
         return
     if not jobs:
-        render.note("No jobs yet: `trainyard submit` starts one.")
+        filtered = any(v is not None for v in where.values())
+        render.note(
+            "No job matches." if filtered else "No jobs yet: `trainyard submit` starts one."
+        )
         return
     owners = {j["owner"] for j in jobs}
     columns = ["ID", "NAME", "STATE", "IMAGE", "INSTANCES", "CREATED", "DURATION"]
     if len(owners) > 1:
         columns.append("OWNER")
+    columns.append("WHY")
     rows = []
     for j in jobs:
         row: list[Any] = [
             j["id"],
             j["name"],
-            render.state_text(j["state"]),
+            _state_with_place(j),
             j["image"],
             render.instances(j),
             render.local_time(j["created"]),
@@ -398,14 +491,49 @@ def list_jobs(
         ]
         if len(owners) > 1:
             row.append(j["owner"])
+        # The reason's first line: why it waits or failed (show JOB has the rest).
+        row.append("" if j["state"] in ("succeeded", "running") else _first_line(j["reason"]))
         rows.append(row)
     render.table(columns, rows)
 
 
+def _queue_place(job: dict[str, Any]) -> str | None:
+    """ "number 2" while the job waits for room, as `show` and the job page say it."""
+    return f"number {job['queue_position']}" if job.get("queue_position") else None
+
+
+def _state_with_place(job: dict[str, Any]) -> Text:
+    place = _queue_place(job)
+    return render.state_text(job["state"]).append(f" ({place})" if place else "")
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""
+
+
 @app.command()
-def show(job_id: JobId, json_output: Json = False) -> None:
-    """One job: state, resources, times and each instance."""
+def show(
+    job_id: JobId,
+    job_file: Annotated[
+        bool,
+        typer.Option(
+            "--job-file",
+            help="Print the job as a job file (YAML) that `trainyard submit` takes: "
+            "`trainyard show 12 --job-file > job.yaml`.",
+        ),
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """One job: state, resources, times and each instance; or the job file that submits it
+    again."""
     api = _api()
+    if job_file:
+        body = api.get(f"/jobs/{job_id}/request")
+        if json_output:
+            render.print_json(body)
+        else:
+            sys.stdout.write(jobfile.dump(body, f"job {job_id}"))
+        return
     job = api.get(f"/jobs/{job_id}")
     if json_output:
         render.print_json(job)
@@ -437,8 +565,8 @@ def show(job_id: JobId, json_output: Json = False) -> None:
         ("Retention", _retention_text(job.get("retention"))),
         ("Page", api.page_url(f"/jobs/{job_id}/")),
     ]
-    if job.get("queue_position"):
-        fields.insert(3, ("Queue", f"number {job['queue_position']}"))
+    if place := _queue_place(job):
+        fields.insert(3, ("Queue", place))
     render.table(["", ""], fields, header=False)
     render.out.print()
     render.table(
@@ -722,9 +850,10 @@ def packages(json_output: Json = False) -> None:
 def script_args_as_options(argv: list[str]) -> list[str]:
     """`submit ... -- --epochs 3` → `submit ... --arg=--epochs --arg=3`: what follows `--`
     belongs to the script, and click would otherwise give its first word to JOB_FILE."""
-    if "submit" not in argv or "--" not in argv[argv.index("submit") :]:
+    command = next((c for c in ("submit", "rerun") if c in argv), None)
+    if command is None or "--" not in argv[argv.index(command) :]:
         return argv
-    cut = argv.index("--", argv.index("submit"))
+    cut = argv.index("--", argv.index(command))
     return argv[:cut] + [f"--arg={word}" for word in argv[cut + 1 :]]
 
 

@@ -118,6 +118,12 @@ def tag_of(line_role: str, index: int, tags: dict[tuple[str, int], str]) -> str:
     return tags.get((line_role, index)) or f"{line_role}-{index}"
 
 
+def with_attempt(tag: str, attempt: int) -> str:
+    """A restarted job's later attempts say which, counted from 1 as the job page and
+    logs.txt show them: `worker-1 · attempt 2`; the first run's lines keep the bare tag."""
+    return f"{tag} · attempt {attempt + 1}" if attempt else tag
+
+
 def tags_of(job: dict[str, Any]) -> dict[tuple[str, int], str]:
     return {(r["role"], r["index"]): r["tag"] for r in job.get("replicas", [])}
 

@@ -6,9 +6,14 @@ Run one per host:  trainyard-agent --node gpu-7 --address 10.0.0.7 --redis-url r
 It needs Redis and the trainers' code only. The Celery tasks are thin: they hand a spec to the
 supervisor (or ask it to stop a job) and return at once; the supervisor owns the processes.
 
-Before it takes any task, the agent kills what an earlier agent on the same work dir left
-behind, and starts its guardian (workers/guardian.py), which does the same if this agent dies.
-On SIGTERM it stops its trainers and ends within --stop-timeout, whether Redis answers or not.
+Before it takes any task, the agent takes over the replicas an earlier agent on the same work dir
+left to their keepers (workers/keeper.py), kills whatever else it left behind, and starts its
+guardian (workers/guardian.py), which kills what no keeper holds if this agent dies.
+
+On SIGTERM (a restart, an upgrade, `systemctl stop`) it leaves its running replicas to their
+keepers: an agent that starts within --keeper-grace takes them over, else the keepers stop
+them. On SIGUSR2 it stops its trainers, reports their exits, and ends. Either way it ends
+within --stop-timeout, whether Redis answers or not.
 """
 
 import argparse
@@ -17,6 +22,7 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import socket
 import sys
 import threading
@@ -34,9 +40,11 @@ from workers import (
     containers,
     contract,
     credentials,
+    diskspace,
     guardian,
     inventory,
     jobfolders,
+    keeper,
     sandbox,
 )
 from workers.launcher import NodeNetwork
@@ -149,8 +157,15 @@ def signer(broker_url: str) -> Signer:
     return lambda task, payload: credentials.sign(payload, key, task)
 
 
+def stamped(payload: dict[str, Any]) -> dict[str, Any]:
+    """What the agent sends the console, with the protocol version it speaks (one place, for
+    heartbeats and reports alike): the console starts nothing on an agent too old for it."""
+    return dict(payload, **{contract.PROTOCOL_FIELD: contract.PROTOCOL_VERSION})
+
+
 def make_reporter(app: Celery, sign: Signer | None = None) -> Report:
     def report(task_name: str, payload: dict[str, Any], deadline: float | None = None) -> None:
+        payload = stamped(payload)
         if sign is not None:
             payload = sign(task_name, payload)
         app.send_task(
@@ -165,13 +180,18 @@ def make_reporter(app: Celery, sign: Signer | None = None) -> Report:
 
 
 def heartbeat_payload(inventory: dict[str, Any], supervisor: Supervisor) -> dict[str, Any]:
-    """What the node has, and what it runs and ran lately, by this agent process."""
-    return dict(
-        inventory,
-        incarnation=supervisor.incarnation,
-        running=supervisor.running(),
-        finished=supervisor.finished(),
-        sent=time.time(),
+    """What the node has, and what it runs and ran lately, by this agent process; whether its
+    work disk is full ("disk_full": the reason, empty while there is room)."""
+    full = supervisor.disk.full_reason() if supervisor.disk is not None else None
+    return stamped(
+        dict(
+            inventory,
+            disk_full=full or "",
+            incarnation=supervisor.incarnation,
+            running=supervisor.running(),
+            finished=supervisor.finished(),
+            sent=time.time(),
+        )
     )
 
 
@@ -308,6 +328,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "once it no longer runs on this node; 0 keeps them all (default: "
         f"${checkpoint_retention.KEEP_ENV} or {checkpoint_retention.DEFAULT_KEEP})",
     )
+    parser.add_argument(
+        "--keeper-grace",
+        type=float,
+        default=float(os.environ.get(keeper.GRACE_ENV, keeper.DEFAULT_GRACE_SECONDS)),
+        help="how long a replica's keeper keeps its processes running with no agent (after a "
+        "crash or a SIGTERM); an agent that starts on this work dir within it takes them over "
+        f"(default: ${keeper.GRACE_ENV} or {keeper.DEFAULT_GRACE_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--min-free-mb",
+        type=int,
+        default=int(os.environ.get(diskspace.MIN_FREE_ENV, diskspace.DEFAULT_MIN_FREE_MB)),
+        help="with no more free than this on the work dir's disk, the node takes no new work "
+        "and says so in its heartbeat (default: "
+        f"${diskspace.MIN_FREE_ENV} or {diskspace.DEFAULT_MIN_FREE_MB})",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument(
         "--heartbeat-seconds",
@@ -326,6 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.redis_url:
         parser.error("set --redis-url or REDIS_URL")
+    if args.min_free_mb < 0:
+        parser.error("--min-free-mb must be 0 or more")
     if args.keep_job_folders < 0 or args.keep_checkpoints < 0:
         parser.error("--keep-job-folders and --keep-checkpoints must be 0 or more")
     for name in ("cpus", "memory_gb"):
@@ -340,6 +378,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--sandbox-uid-base must leave room for 2^24 users below 2^31")
     if args.heartbeat_seconds <= 0:
         parser.error("--heartbeat-seconds must be positive")
+    if args.keeper_grace <= 0:
+        parser.error("--keeper-grace must be positive")
     if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
         parser.error(f"--stop-timeout must be more than {CLOSING_MARGIN_SECONDS:g}")
     here = inventory.interfaces()
@@ -369,6 +409,18 @@ def node_network(address: str, interface: str | None) -> NodeNetwork:
                 address,
             )
     return NodeNetwork(address=address, interface=interface)
+
+
+class StopRequest:
+    """What a stop asks for: SIGTERM leaves the trainers to their keepers, SIGUSR2 stops them."""
+
+    def __init__(self) -> None:
+        self.trainers = False
+
+    def stop_trainers(self, signum: int, frame: object) -> None:
+        self.trainers = True
+        # Then the same warm shutdown as SIGTERM, through Celery's own handler.
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def hold_workdir(workdir: Path) -> IO[str]:
@@ -431,13 +483,21 @@ def main(argv: list[str] | None = None) -> int:
         trainer_sandbox=trainer_sandbox,
         keep_job_folders=args.keep_job_folders,
         keep_checkpoints=args.keep_checkpoints,
+        keeper_grace=args.keeper_grace,
+        disk=diskspace.DiskWatch(args.node, workdir, args.min_free_mb * 1024 * 1024),
     )
-    # Before any task: whatever an earlier agent here left running must go, and this agent's
-    # own trainers must be looked after from the first one on.
+    # Before any task and the first heartbeat: what an earlier agent here left to keepers is
+    # ours now (the console sees it running under this incarnation), whatever else it left
+    # running must go, and this agent's own trainers are looked after from the first one on.
     leftovers = supervisor.reap_leftovers()
     if any(r.killed for r in leftovers):
         log.info("cleaned up %s", summary(leftovers, "an earlier agent"))
-    keeper = guardian.start(supervisor.records.directory)
+    adopted = supervisor.adopt()
+    if adopted:
+        log.info("took over from an earlier agent: %s", ", ".join(adopted))
+    reaper = guardian.start(supervisor.records.directory)
+    stopping = StopRequest()
+    signal.signal(signal.SIGUSR2, stopping.stop_trainers)
     register_tasks(app, supervisor)
     inventory = {
         "node": args.node,
@@ -472,10 +532,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         # Celery has stopped taking tasks (moments after SIGTERM): the stop timeout runs from here.
         heartbeat.stop()
-        supervisor.shutdown(timeout=args.stop_timeout - CLOSING_MARGIN_SECONDS)
+        supervisor.shutdown(
+            timeout=args.stop_timeout - CLOSING_MARGIN_SECONDS, hand_over=not stopping.trainers
+        )
         # Lines Redis did not take stay in the spool; the next agent sends them.
         shipper.close(timeout=SHIPPER_CLOSE_SECONDS)
-        guardian.release(keeper, timeout=GUARDIAN_RELEASE_SECONDS)
+        guardian.release(reaper, timeout=GUARDIAN_RELEASE_SECONDS)
         log.info("agent %s stopped", args.node)
         workdir_lock.close()
     return int(worker.exitcode or 0)

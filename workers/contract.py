@@ -110,6 +110,16 @@ def masked_env(env: dict[str, str]) -> dict[str, str]:
     return {k: MASKED if looks_secret(k) else v for k, v in env.items()}
 
 
+# --- The agent protocol: what a start message, a heartbeat and a report carry and mean. Every
+# heartbeat and report says which version its agent speaks; the console stores it per node and
+# starts replicas only on agents of MIN_AGENT_PROTOCOL or later, so agents of two versions can
+# serve side by side through a rolling upgrade (docs/operations.md). Bump PROTOCOL_VERSION when
+# an agent learns something the console may rely on; raise MIN_AGENT_PROTOCOL when the console
+# starts sending what older agents would misread. Agents from before versioning count as 0.
+PROTOCOL_VERSION = 1
+MIN_AGENT_PROTOCOL = 1
+PROTOCOL_FIELD = "protocol"
+
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
 CONSOLE_QUEUE = "console"
 TASK_START_REPLICA = "trainyard.agent.start_replica"

@@ -6,9 +6,10 @@ guardian blocks reading that pipe. The kernel closes the write end when the agen
 however it exits, SIGKILL included, and the guardian then reads end-of-file: it reaps every
 process group the agent recorded in `<workdir>/procs` and exits.
 
-After a normal shutdown the agent has already stopped everything and removed the records, so
-there is nothing left to reap. Trainers die with the agent anyway (workers/deathsig.py); the
-guardian is for what they started in their process groups, which the death signal misses.
+Groups whose keeper (workers/keeper.py) still runs are spared: the keeper holds them for the
+next agent, and stops them itself if none comes within its grace. So the guardian reaps what a
+dead keeper left in its groups (its trainers die with it, through workers/deathsig.py; what
+they started in their groups does not), and groups of an agent that ran without keepers.
 
     python -m workers.guardian <procs dir>
 

@@ -58,6 +58,8 @@ SPOOL_REPLAY_BATCHES = 200
 # a job's lines have been refused this long, the job is no business of this node any more
 # (it ended long ago) and they are dropped, so they cannot hold up every later line.
 REFUSED_GIVE_UP_SECONDS = 120.0
+# Writer names of lines read from files by offset (a keeper's output files, metrics files).
+FILE_WRITER_PREFIX = "f:"
 
 # Escape sequences other than colour are kept as they are: the viewer strips what it does not
 # render. Only NUL is removed, which no database text column takes.
@@ -85,6 +87,10 @@ class _Chunk:
     # Such a chunk is a stream entry of its own, so its counts reach the console exactly once.
     dropped_lines: int = 0
     dropped_points: int = 0
+    # Lines read from a file by offset (workers/filetail.py): the file's writer name and the
+    # offset the lines end at, which become the batch's writer and sequence number.
+    writer: str | None = None
+    seq: int = 0
 
 
 class _Barrier:
@@ -205,6 +211,9 @@ class LogShipper:
     ) -> None:
         self._sink = LogSink(client)
         self._spool = Spool(spool_dir)
+        # The highest sequence number of each file's lines in the spool an earlier agent left:
+        # a file's lines there are on their way, and are not read again.
+        self._spooled = self._spool.last_seqs(FILE_WRITER_PREFIX)
         self._writer = writer or uuid.uuid4().hex[:16]
         self._seq = 0
         self._queue: queue.SimpleQueue[_Chunk | _Barrier | None] = queue.SimpleQueue()
@@ -226,10 +235,21 @@ class LogShipper:
         if budget is not None:
             self._put_marker(key, time.time(), budget.final_marker())
 
-    def put(self, key: ReplicaKey, stream: str, ts: float, lines: list[str]) -> None:
+    def put(
+        self,
+        key: ReplicaKey,
+        stream: str,
+        ts: float,
+        lines: list[str],
+        source: tuple[str, int] | None = None,
+    ) -> None:
         """Never blocks: the trainer's pipe must keep draining whatever Redis does. Lines (or
         metric points) over the replica's budget are dropped here, before they take memory,
-        spool or Redis, and counted in a marker line."""
+        spool or Redis, and counted in a marker line.
+
+        `source` (writer, offset) names lines read from a file by offset: they go to Redis under
+        that writer, with the offset as sequence number, so that whoever reads the file again
+        from an offset that `shipped_offset` gave sends each line once."""
         budget = self._budgets.get(key)
         marker = None
         if budget is not None:
@@ -240,8 +260,15 @@ class LogShipper:
             else:
                 lines, marker = budget.admit_lines(lines, now)
         if lines:
-            self._queue.put(_Chunk(key, stream, ts, lines))
+            writer, seq = source or (None, 0)
+            self._queue.put(_Chunk(key, stream, ts, lines, writer=writer, seq=seq))
         self._put_marker(key, ts, marker)
+
+    def shipped_offset(self, job_id: int, writer: str) -> int:
+        """How far a file's lines have gone (to Redis, or to the spool, which sends them): the
+        offset to read it again from. Raises redis.RedisError while Redis is unreachable."""
+        in_redis = self._sink.seen(job_id, writer)
+        return max(in_redis, self._spooled.get(writer, 0), 0)
 
     def put_system(self, key: ReplicaKey, ts: float, lines: list[str]) -> None:
         """The agent's own lines about a replica (stderr): never held to the trainer's budget."""
@@ -312,17 +339,21 @@ class LogShipper:
     def _pack(self, chunks: list[_Chunk]) -> list[LogBatch]:
         """Consecutive chunks of one pipe become one batch, up to the batch limits."""
         batches: list[LogBatch] = []
-        current: _Chunk | None = None
+        current: _Chunk | None = None  # the batch's first chunk (its time, its pipe)
+        seq_of: _Chunk | None = None  # its last (a file's batch ends at its offset)
         lines: list[str] = []
         chars = 0
         for chunk in chunks:
-            for start in range(0, len(chunk.lines), MAX_BATCH_LINES):
-                part = chunk.lines[start : start + MAX_BATCH_LINES]
+            # A file's chunk stays whole: all of it has one sequence number (its end offset).
+            step = MAX_BATCH_LINES if chunk.writer is None else max(1, len(chunk.lines))
+            for start in range(0, len(chunk.lines), step):
+                part = chunk.lines[start : start + step]
                 size = sum(map(len, part))
                 same_pipe = (
                     current is not None
                     and current.key == chunk.key
                     and current.stream == chunk.stream
+                    and current.writer == chunk.writer
                     and not (current.dropped_lines or current.dropped_points)
                     and not (chunk.dropped_lines or chunk.dropped_points)
                 )
@@ -332,22 +363,28 @@ class LogShipper:
                     or chars + size > MAX_BATCH_CHARS
                 ):
                     if current is not None and lines:
-                        batches.append(self._batch(current, lines))
+                        batches.append(self._batch(current, lines, seq_of))
                     current = chunk
                     lines = []
                     chars = 0
                 lines.extend(part)
                 chars += size
+                seq_of = chunk
         if current is not None and lines:
-            batches.append(self._batch(current, lines))
+            batches.append(self._batch(current, lines, seq_of))
         return batches
 
-    def _batch(self, chunk: _Chunk, lines: list[str]) -> LogBatch:
-        self._seq += 1
+    def _batch(self, chunk: _Chunk, lines: list[str], last: _Chunk | None = None) -> LogBatch:
+        """The batch of `lines` from `chunk` on; a file's batch ends at `last`'s offset."""
+        if chunk.writer is not None:
+            writer, seq = chunk.writer, (last or chunk).seq
+        else:
+            self._seq += 1
+            writer, seq = self._writer, self._seq
         key = chunk.key
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
-            self._writer, self._seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
+            writer, seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:
@@ -421,6 +458,11 @@ class Spool:
     crash of the agent (or of the host) after that loses nothing. A segment is deleted only once
     every batch in it was sent; sending one again after a crash is harmless because the sink
     ignores batches it has seen.
+
+    A write the disk has no room for (or fails otherwise) is cut back to where it began, so
+    no segment ever holds a torn line, and its batches wait in memory behind the segments;
+    every later append tries the disk again with them first, so they are on disk as soon as
+    there is room, and sent in order either way.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -432,21 +474,85 @@ class Spool:
         self._read_file: IO[bytes] | None = None
         self._read_buffer: list[LogBatch] = []
         self._segments = sorted(self.dir.glob("*.spool"))  # left by an earlier agent, if any
+        # Batches the disk had no room for, newest last: they come after every segment.
+        self._in_memory: list[LogBatch] = []
 
     def empty(self) -> bool:
-        return not self._segments
+        return not self._segments and not self._in_memory
+
+    @property
+    def held_in_memory(self) -> int:
+        return len(self._in_memory)
+
+    def last_seqs(self, prefix: str) -> dict[str, int]:
+        """The highest sequence number per writer whose name starts with `prefix`, over every
+        batch in the spool (read once, when an agent starts)."""
+        seqs: dict[str, int] = {}
+        for segment in self._segments:
+            with open(segment, "rb") as f:
+                for line in f:
+                    if not line.endswith(b"\n"):
+                        break  # torn by a crash: never counted
+                    batch = LogBatch.from_json(line.decode())
+                    if batch.writer.startswith(prefix):
+                        seqs[batch.writer] = max(seqs.get(batch.writer, 0), batch.seq)
+        return seqs
 
     def append(self, batches: list[LogBatch]) -> None:
+        pending = self._in_memory + batches
+        try:
+            self._write(pending)
+        except OSError as exc:
+            if not self._in_memory:
+                log.warning(
+                    "log spool %s not writable (%s): lines wait in memory until it is",
+                    self.dir, exc.strerror or exc,
+                )  # fmt: skip
+            self._in_memory = pending
+            return
+        if self._in_memory:
+            log.warning("log spool %s writable again: lines held in memory spooled", self.dir)
+        self._in_memory = []
+
+    def _write(self, batches: list[LogBatch]) -> None:
+        """All of `batches` on disk, fsynced, or none of them (OSError)."""
         if self._writing is None:
-            self._writing_path = self.dir / f"{time.time_ns():020d}-{os.getpid()}.spool"
-            self._writing = open(self._writing_path, "ab")
-            self._segments.append(self._writing_path)
-        self._writing.write("".join(b.to_json() + "\n" for b in batches).encode())
-        self._writing.flush()
-        os.fsync(self._writing.fileno())
+            path = self.dir / f"{time.time_ns():020d}-{os.getpid()}.spool"
+            # Unbuffered: a failed write leaves nothing behind in a buffer to be flushed later.
+            self._writing = open(path, "ab", buffering=0)
+            self._writing_path = path
+            self._segments.append(path)
+        start = self._writing.tell()
+        data = memoryview("".join(b.to_json() + "\n" for b in batches).encode())
+        try:
+            while data:
+                written = self._writing.write(data)
+                data = data[written or 0 :]
+            os.fsync(self._writing.fileno())
+        except OSError:
+            self._cut_back(start)
+            raise
+
+    def _cut_back(self, start: int) -> None:
+        """Undo a failed write: the segment ends where it did before (truncating frees the
+        blocks the write took); a segment left empty goes."""
+        assert self._writing is not None and self._writing_path is not None
+        try:
+            os.ftruncate(self._writing.fileno(), start)
+            self._writing.seek(start)
+        except OSError:
+            log.exception("log spool segment %s could not be cut back", self._writing_path)
+        if start == 0 and self._read_path != self._writing_path:
+            self._writing.close()
+            self._writing_path.unlink(missing_ok=True)
+            self._segments.remove(self._writing_path)
+            self._writing = None
+            self._writing_path = None
 
     def peek(self, limit: int) -> list[LogBatch]:
         """Up to `limit` of the oldest batches, without removing them."""
+        if not self._segments:
+            return self._in_memory[:limit]
         while len(self._read_buffer) < limit and self._segments:
             if self._read_file is None:
                 self._read_path = self._segments[0]
@@ -464,6 +570,9 @@ class Spool:
 
     def consume(self, count: int) -> None:
         """The first `count` batches peek returned are in Redis."""
+        if not self._segments:
+            del self._in_memory[:count]
+            return
         del self._read_buffer[:count]
         if self._read_buffer or self._read_file is None or self._read_path is None:
             return

@@ -130,6 +130,11 @@ class LogSink:
             )
         return [int(cursor) for cursor in pipe.execute()]
 
+    def seen(self, job_id: int, writer: str) -> int:
+        """The highest sequence number of `writer` in the job's stream (-1: none)."""
+        value = self._client.hget(contract.log_seen_key(job_id), writer)
+        return -1 if value is None else int(value)
+
     def append_end(self, job_id: int, reason: str) -> int:
         """Mark the job's log complete (once: later calls do nothing and return -1)."""
         return int(self._call(self._client, job_id, 1, END_WRITER, 1, {contract.FIELD_END: reason}))

@@ -35,13 +35,15 @@ EmitNotes = Callable[[float, list[str]], None]
 class MetricTail(threading.Thread):
     """Follows one process's metrics file until stopped, then reads what is left once more."""
 
-    def __init__(self, path: Path, emit_points: EmitPoints, emit_notes: EmitNotes) -> None:
+    def __init__(
+        self, path: Path, emit_points: EmitPoints, emit_notes: EmitNotes, offset: int = 0
+    ) -> None:
         super().__init__(name=f"metrics-{path.name}", daemon=True)
         self.path = path
         self._emit_points = emit_points
         self._emit_notes = emit_notes
         self._stop_requested = threading.Event()
-        self._offset = 0
+        self._offset = offset  # a new agent goes on where the points in Redis end
         self._pending = b""
         self._rate = TokenBucket(POINTS_PER_SECOND, BURST_POINTS, time.monotonic())
         self._problems = 0
@@ -57,10 +59,15 @@ class MetricTail(threading.Thread):
             self._read_safely()
         self._read_safely()  # what the process wrote just before it ended
         if self._pending:
-            self._handle_lines([self._pending])
-            self._pending = b""
+            last, self._pending = self._pending, b""
+            self._handle_lines([last])
         if self._dropped:
             self._note(f"{self._dropped} points over the rate limit were dropped in all")
+
+    @property
+    def consumed(self) -> int:
+        """The file offset the lines handled so far end at (while emitting: those included)."""
+        return self._offset - len(self._pending)
 
     def _read_safely(self) -> None:
         try:

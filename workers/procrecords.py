@@ -3,7 +3,8 @@
 The supervisor writes one small JSON file per trainer process right after starting it, in
 `<workdir>/procs/`, and deletes it once the process's whole group has stopped. Whatever is left
 there belongs to an agent that died: its guardian (workers/guardian.py), or the next agent on the
-same work dir, reaps it.
+same work dir, reaps it, unless the group's keeper (workers/keeper.py) still runs: the keeper
+holds it for the next agent, and stops it itself if none comes within its grace.
 
 Every trainer leads its own process group (the supervisor starts it in a new session), so
 killing the group also kills the children it started. A child that calls setsid leaves the
@@ -47,6 +48,10 @@ class ProcRecord:
     pid: int
     pgid: int
     create_time: float
+    # The replica's keeper (workers/keeper.py), which holds the group across agent restarts:
+    # while it lives, the group is its to stop, not a leftover. 0: started without one.
+    keeper_pid: int = 0
+    keeper_create_time: float = 0.0
 
     @property
     def tag(self) -> str:
@@ -136,6 +141,24 @@ def still_ours(record: ProcRecord) -> bool:
         return bool(group_members(record.pgid))
 
 
+def kept(record: ProcRecord) -> bool:
+    """Whether the record's keeper still runs (it stops the group itself, after its grace)."""
+    if not record.keeper_pid:
+        return False
+    return alive(record.keeper_pid, record.keeper_create_time)
+
+
+def alive(pid: int, create_time: float) -> bool:
+    """Whether the process that started at `create_time` still runs under `pid` (a zombie
+    does not: nobody may have reaped a dead keeper whose agent is gone)."""
+    try:
+        proc = psutil.Process(pid)
+        same = abs(proc.create_time() - create_time) < CREATE_TIME_TOLERANCE
+        return same and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def reap(record: ProcRecord, wait: float = REAP_WAIT_SECONDS) -> list[int] | None:
     """SIGKILL the recorded process group if it is still ours, and wait for it to go.
 
@@ -172,11 +195,11 @@ class Reaped:
 def reap_all(
     records: ProcRecords, job_id: int | None = None, spare: frozenset[int] = frozenset()
 ) -> list[Reaped]:
-    """Reap every recorded group (of one job, if given) except those led by a pid in `spare`,
-    and delete the records of the groups that are gone."""
+    """Reap every recorded group (of one job, if given) except those led by a pid in `spare`
+    and those a live keeper holds, and delete the records of the groups that are gone."""
     reaped = []
     for record in records.load(job_id):
-        if record.pid in spare:
+        if record.pid in spare or kept(record):
             continue
         killed = reap(record)
         if killed is None:

@@ -5,20 +5,27 @@ Shaped like torch's elastic agent: each replica goes through `_rendezvous`, `_st
 console only after every line it printed is in Redis. Celery only hands it short messages
 ("start this replica", "stop that job"); the processes belong to the supervisor, not to Celery.
 
-No trainer outlives the agent:
-- each trainer starts through workers/deathsig.py, so the kernel SIGKILLs it when the thread
-  that started it ends. That thread is the replica's own, and it keeps running until every
-  process of the replica has ended, so the signal fires only when the agent itself dies;
+Trainers outlive the agent for a while, never for good:
+- each replica's processes are held by a keeper (workers/keeper.py), a small process in a
+  session of its own that starts them (each dies with the keeper, through workers/deathsig.py),
+  copies their output to files and records their exits. An agent that starts again on this
+  work dir within the keeper's grace takes the replica over (`adopt`) and ships its lines on
+  from where they stopped; if none comes, the keeper stops the processes;
+- on SIGTERM the agent hands its replicas over (`shutdown(hand_over=True)`): a restart or an
+  upgrade does not touch them. A stop message, a drain, or a shutdown asked to stop them
+  (SIGUSR2) stops them as before;
 - each trainer leads its own process group, recorded in `<workdir>/procs` for as long as the
   group lives (workers/procrecords.py). The agent's guardian (workers/guardian.py) or the next
-  agent on this work dir kills what a dead agent left in those groups. A process that leaves
-  its group (setsid) escapes all of this; only a cgroup per replica would hold it.
+  agent on this work dir kills what is left in those groups once their keeper is gone. A
+  process that leaves its group (setsid) escapes all of this; only a cgroup per replica would
+  hold it.
 
 Messages are idempotent: a start of a replica that runs, or ended lately, starts nothing and
 re-sends what was already reported; a stop of a replica this node does not run says so.
 """
 
 import enum
+import functools
 import json
 import logging
 import os
@@ -42,11 +49,14 @@ from workers import (
     checkpoint_retention,
     containers,
     contract,
-    deathsig,
     inventory,
     jobfolders,
+    keeper,
     sandbox,
 )
+from workers.diskspace import DiskWatch, is_no_room
+from workers.filetail import FileTail
+from workers.keeperlink import KeeperLink, KeptProcess, folder_name
 from workers.launcher import (
     TRAINER_LIB,
     WORKERS_PACKAGE,
@@ -56,17 +66,10 @@ from workers.launcher import (
     error_file,
 )
 from workers.logquota import LogLimits
-from workers.logship import LogShipper, ReplicaKey, pump_pipe
+from workers.logship import FILE_WRITER_PREFIX, LogShipper, ReplicaKey
 from workers.metricfeed import MetricTail, SystemSampler, Watched
 from workers.metricparse import Point, RegexScanner, compile_definitions
-from workers.procrecords import (
-    ProcRecord,
-    ProcRecords,
-    Reaped,
-    group_members,
-    reap_all,
-    record_of,
-)
+from workers.procrecords import ProcRecords, Reaped, reap_all
 from workers.programs import ProgramError, resolve_program, resolve_under_root
 from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
@@ -77,9 +80,11 @@ log = logging.getLogger(__name__)
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
 # Between SIGTERM and SIGKILL when stopping a process group.
 STOP_GRACE_SECONDS = 5.0
-# After SIGKILL, how long to wait for a group to be gone; a group still there after that (a
-# process stuck in the kernel) keeps its record, for the guardian or the next agent.
+# After SIGKILL, how long to wait for the keeper to see every group gone; a group still there
+# after that (a process stuck in the kernel) keeps its record, for the guardian or the next agent.
 KILL_WAIT_SECONDS = 5.0
+# While an adopted replica waits for Redis to say where its lines stopped.
+RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
 # Outcomes remembered, so that a start or stop that comes again gets the same answer.
@@ -133,20 +138,26 @@ class _StopRequested(Exception):
     pass
 
 
+class _HandedOver(Exception):
+    """The agent is going and leaves the replica to its keeper, for the next agent."""
+
+
 @dataclass
 class _ReplicaRun:
     spec: ReplicaSpec
     key: ReplicaKey
     state: ReplicaState = ReplicaState.WAITING
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    records: list[ProcRecord] = field(default_factory=list)
-    readers: list[threading.Thread] = field(default_factory=list)
+    # Holds the processes (workers/keeper.py); set once they run.
+    keeper: KeeperLink | None = None
+    # Taken over from an earlier agent, whose keeper held it meanwhile.
+    adopted: bool = False
+    # Names this start of the replica in its writers' names (see _writer).
+    nonce: str = ""
+    readers: list[FileTail] = field(default_factory=list)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
     stop_grace: float = STOP_GRACE_SECONDS
-    # Set (under the supervisor's lock) before the group leaders are reaped: from then on their
-    # pids, and so the group ids, may be reused by strangers and must not be signalled.
-    leaders_released: bool = False
+    handed_over: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
@@ -229,8 +240,15 @@ EXCEPTION_LINE = re.compile(
 )
 
 
+# torch.distributed (2.4 and later) prefixes what a rank prints to stderr with "[rank1]: "
+# (or "[default1]:" under some launchers): the traceback is under it.
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+
+
 def last_exception(lines: list[str]) -> str | None:
-    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None."""
+    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None;
+    lines prefixed with torch's "[rankN]: " are read without it."""
+    lines = [RANK_PREFIX.sub("", line) for line in lines]
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i].rstrip()
         if EXCEPTION_LINE.match(line) and any(x.startswith(TRACEBACK_START) for x in lines[:i]):
@@ -266,8 +284,15 @@ class Supervisor:
         trainer_sandbox: sandbox.Sandbox | None = None,
         keep_job_folders: int | None = None,
         keep_checkpoints: int = 0,
+        keeper_grace: float = keeper.DEFAULT_GRACE_SECONDS,
+        disk: DiskWatch | None = None,
     ) -> None:
         self.node = node
+        # How long a replica's keeper waits for an agent before it stops the processes.
+        self.keeper_grace = keeper_grace
+        # The work disk's free space (workers/diskspace.py): no start while it is full, and a
+        # failure while it is full says so. None: not watched (unit tests of other concerns).
+        self.disk = disk
         # How many of a job's newest checkpoints stay once it ends here (0: all).
         self.keep_checkpoints = keep_checkpoints
         # How many ended jobs' folders stay for inspection (workers/jobfolders.py); None: all.
@@ -294,6 +319,7 @@ class Supervisor:
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
+        self.keepers_dir = workdir / "keepers"
         self.snapshots = SnapshotCache(client, workdir / "snapshots")
         self._free_gpus = set(range(gpus))
         self._runs: dict[Ident, _ReplicaRun] = {}
@@ -343,7 +369,8 @@ class Supervisor:
         self._runs[run.ident] = run
         # A daemon only so that a thread stuck on an unreachable Redis cannot keep a dying
         # agent alive: shutdown() waits for these threads up to its deadline, and whatever
-        # still runs after the agent exits dies of its death signal or by the guardian.
+        # still runs after the agent exits is held by its keeper, which stops it after its
+        # grace unless a new agent takes it over.
         run.thread = threading.Thread(
             target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}", daemon=True
         )
@@ -393,7 +420,7 @@ class Supervisor:
         with self._lock:
             # The groups this agent supervises stop gracefully through their own threads; no
             # new process starts in a replica once its stop is requested.
-            supervised = frozenset(p.pid for r in self._runs.values() for p in r.procs)
+            supervised = frozenset(pid for r in self._runs.values() for pid in _pids(r))
         self._reap_recorded(job_id, spare=supervised)
         for answer in answers:
             self._send_report(contract.TASK_REPLICA_EXITED, answer)
@@ -415,7 +442,7 @@ class Supervisor:
                     and not r.stop_requested.is_set()
                     else STOPPING
                 ),
-                "pids": [p.pid for p in r.procs],
+                "pids": _pids(r),
             }
             for r in runs
         ]
@@ -430,28 +457,70 @@ class Supervisor:
 
     def reap_leftovers(self) -> list[Reaped]:
         """Kill what an earlier agent on this work dir left (call before starting anything),
-        and remove the containers it ran."""
+        and remove the containers it ran; what a live keeper holds is spared (see adopt)."""
         if self._container_runtime is not None:
+            kept = {name for link in KeeperLink.found(self.keepers_dir) if link.alive()
+                    for name in link.replica().get("containers", [])}  # fmt: skip
             try:
                 listed = subprocess.run(
                     containers.leftovers_argv(self._container_runtime, self.node),
                     capture_output=True, text=True, timeout=30, check=False,
                 )  # fmt: skip
-                self._remove_containers(listed.stdout.split())
+                self._remove_containers([n for n in listed.stdout.split() if n not in kept])
             except (OSError, subprocess.TimeoutExpired) as exc:
                 log.warning("could not list this node's leftover containers: %s", exc)
         return reap_all(self.records)
 
-    def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop everything and report the exits, returning within `timeout` seconds even when
-        Redis is unreachable: an agent leaves no orphan behind, and does not hang."""
+    def adopt(self) -> list[str]:
+        """Take over the replicas an earlier agent on this work dir left to their keepers
+        (call after reap_leftovers, before the first heartbeat, so that the console sees them
+        running under this incarnation); returns them as `job/tag`. A replica that ended
+        meanwhile is reported as it ended; one whose keeper died, as failed."""
+        adopted = []
+        for link in KeeperLink.found(self.keepers_dir):
+            try:
+                doc = link.replica()
+                spec = ReplicaSpec.from_dict(doc["spec"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("cannot take over the replica in %s: %s", link.folder, exc)
+                continue
+            key = ReplicaKey(spec.job_id, spec.role, spec.index, self.node, attempt=spec.attempt)
+            run = _ReplicaRun(spec, key, state=ReplicaState.RUNNING, keeper=link, adopted=True)
+            run.nonce = str(doc.get("nonce", ""))
+            run.gpu_ids = [int(g) for g in doc.get("gpu_ids", [])]
+            run.containers = [str(c) for c in doc.get("containers", [])]
+            run.instance_dir = Path(doc["instance_dir"]) if doc.get("instance_dir") else None
+            link.claim()  # at once: its grace runs
+            with self._lock:
+                if run.ident in self._runs:
+                    continue
+                if spec.log_limits:
+                    self._shipper.limit(key, LogLimits.from_dict(spec.log_limits))
+                self._free_gpus -= set(run.gpu_ids)
+                self._runs[run.ident] = run
+                run.thread = threading.Thread(
+                    target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}",
+                    daemon=True,
+                )  # fmt: skip
+                run.thread.start()
+            adopted.append(f"{spec.job_id}/{spec.tag}")
+        return adopted
+
+    def shutdown(self, timeout: float = 30.0, hand_over: bool = False) -> None:
+        """End within `timeout` seconds even when Redis is unreachable, and leave no process
+        unheld. With `hand_over`, replicas whose processes run are left to their keepers (the
+        next agent takes them over; lines not yet shipped stay in the keepers' files); the
+        others, and all of them without it, are stopped and their exits reported."""
         with self._lock:
             self._closing = _Closing.within(timeout)
             closing = self._closing
             runs = list(self._runs.values())
         self._sampler.stop()
         for run in runs:
-            self._request_stop(run, NODE_AGENT_SHUT_DOWN)
+            if hand_over and run.keeper is not None and not run.stop_requested.is_set():
+                run.handed_over.set()
+            else:
+                self._request_stop(run, NODE_AGENT_SHUT_DOWN)
         for run in runs:
             if run.thread is not None:
                 # Each thread bounds its own waits by the same deadlines; this is a backstop.
@@ -465,33 +534,58 @@ class Supervisor:
         exit_code: int | None = None
         reason = ""
         try:
-            port = self._rendezvous(run)
-            self._start(run, port)
+            if run.adopted:
+                # Already running under its keeper: a full disk refuses new starts, not this.
+                self._resume(run)
+            else:
+                self._refuse_on_full_disk()
+                port = self._rendezvous(run)
+                self._start(run, port)
             exit_code = self._monitor(run)
             if exit_code is None:
                 raise _StopRequested
             run.state = ReplicaState.SUCCEEDED if exit_code == 0 else ReplicaState.FAILED
             reason = "" if exit_code == 0 else self._failure_reason(run, exit_code)
+        except _HandedOver:
+            self._let_go(run)
+            return
         except _StopRequested:
             run.state = ReplicaState.STOPPED
             reason = run.stop_reason
         except Exception as exc:  # anything else is a failure of this replica, reported below
             log.exception("replica %s of job %s failed to run", run.spec.tag, run.spec.job_id)
             run.state = ReplicaState.FAILED
-            reason = str(exc) or type(exc).__name__
-        finally:
-            self._stop(run)
-            if run.state == ReplicaState.STOPPED and run.procs:
-                # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
-                codes = [
-                    sandbox.exit_code(p.returncode, self.sandbox)
-                    for p in run.procs
-                    if p.returncode is not None
-                ]
-                exit_code = next((c for c in codes if c != 0), 0 if codes else None)
-            if run.ended_at is None:
-                run.ended_at = time.time()
-            self._finish(run, exit_code, reason)
+            reason = self._with_disk_reason(str(exc) or type(exc).__name__, exc)
+        self._stop(run)
+        if run.state == ReplicaState.STOPPED and run.keeper is not None:
+            # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
+            codes = [sandbox.exit_code(e["code"], self.sandbox) for e in run.keeper.exits() if e]
+            exit_code = next((c for c in codes if c != 0), 0 if codes else None)
+        if run.ended_at is None:
+            run.ended_at = time.time()
+        self._finish(run, exit_code, reason)
+        if run.keeper is not None:
+            run.keeper.release()
+            if not any(r.is_alive() for r in run.readers):
+                # Every line is read (and in Redis, or in the spool): the files may go.
+                shutil.rmtree(run.keeper.folder, ignore_errors=True)
+
+    def _let_go(self, run: _ReplicaRun) -> None:
+        """Hand the replica over: ship what was read, and leave the rest in its keeper's files."""
+        for reader in run.readers:
+            reader.stop()
+        for tail in run.tails:
+            tail.stop()
+        closing = self._closing
+        for thread in [*run.readers, *run.tails]:
+            thread.join(max(0.0, self._bounded(time.monotonic() + 1.0, lambda c: c.flush_until)))
+        if closing is not None:
+            self._shipper.flush(max(0.0, closing.flush_until - time.monotonic()))
+        assert run.keeper is not None
+        run.keeper.detach()
+        with self._lock:
+            self._runs.pop(run.ident, None)
+        log.info("job %s %s left to its keeper", run.spec.job_id, run.spec.tag)
 
     def _rendezvous(self, run: _ReplicaRun) -> int:
         key = contract.rendezvous_key(run.spec.job_id, run.spec.attempt)
@@ -534,10 +628,8 @@ class Supervisor:
         sandbox.prepare_scratch(job_dir)
         for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir):
             self.sandbox.hand_over(folder, spec.owner)
-        definitions, problems = compile_definitions(spec.metric_definitions)
-        run.regex_metrics = RegexScanner(definitions) if definitions else None
-        for problem in problems:
-            self._note(run, problem)
+        kept: list[KeptProcess] = []
+        metrics_files: list[str] = []
         for local in build_processes(
             spec,
             script,
@@ -569,50 +661,138 @@ class Supervisor:
                     env,
                     spec.owner,
                 )
-            with self._lock:
-                # A stop that arrived while we were starting must not miss this process.
-                if run.stop_requested.is_set():
-                    raise _StopRequested
-                # This thread forks the trainer, and the death signal set by the shim fires
-                # when this thread ends: it must (and does) outlive the processes it starts.
-                proc = subprocess.Popen(
-                    deathsig.command(argv),
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,  # its own process group, so a stop reaches children
+            kept.append(KeptProcess(argv, env, cwd))
+            metrics_files.append(local.env[contract.TRAINYARD_METRICS_FILE])
+        run.nonce = f"{os.getpid():x}{time.time_ns():x}"
+        replica = {
+            "spec": spec.to_dict(),
+            "nonce": run.nonce,
+            "gpu_ids": run.gpu_ids,
+            "instance_dir": str(job_dir),
+            "containers": run.containers,
+            "metrics_files": metrics_files,
+        }
+        if run.stop_requested.is_set():
+            raise _StopRequested
+        folder = self.keepers_dir / folder_name(spec.job_id, spec.attempt, spec.tag)
+        link = KeeperLink.start(
+            folder, kept, replica, self.records.directory, self.keeper_grace, run.stop_grace
+        )
+        with self._lock:
+            run.keeper = link
+        # A stop that arrived while the keeper was starting: _stop (after this) ends them.
+        if run.stop_requested.is_set():
+            raise _StopRequested
+        self._follow(run, {}, metrics_files)
+        run.state = ReplicaState.RUNNING
+        self._send_report(contract.TASK_REPLICA_STARTED, self._started(run))
+
+    def _resume(self, run: _ReplicaRun) -> None:
+        """Follow an adopted replica's files from where the lines that left an earlier agent
+        end: in Redis, or in this node's spool (its shipper sends those first)."""
+        link = run.keeper
+        assert link is not None
+        metrics_files = [str(f) for f in link.replica().get("metrics_files", [])]
+        writers = [self._writer(run, s, r) for r in range(link.ranks()) for s in ("out", "err")]
+        writers += [self._writer(run, "metrics", r) for r in range(len(metrics_files))]
+        offsets: dict[str, int] = {}
+        told = False
+        while len(offsets) < len(writers):
+            if run.handed_over.is_set():
+                raise _HandedOver
+            try:
+                for writer in writers[len(offsets) :]:
+                    offsets[writer] = self._shipper.shipped_offset(run.spec.job_id, writer)
+            except redis.RedisError as exc:
+                if not told:
+                    log.warning("job %s %s: waiting for Redis to resume its lines: %s",
+                                run.spec.job_id, run.spec.tag, exc)  # fmt: skip
+                    told = True
+                time.sleep(RESUME_RETRY_SECONDS)
+        self._follow(run, offsets, metrics_files)
+        log.info("took over job %s %s from an earlier agent", run.spec.job_id, run.spec.tag)
+        self._started(run)
+
+    def _writer(self, run: _ReplicaRun, stream: str, rank: int) -> str:
+        """The writer name of one of a replica's files in its job's log stream."""
+        return f"{FILE_WRITER_PREFIX}{run.nonce}:{stream}{rank}"
+
+    def _follow(self, run: _ReplicaRun, offsets: dict[str, int], metrics_files: list[str]) -> None:
+        """Ship the keeper's output files and the metrics files, each from its offset."""
+        link = run.keeper
+        assert link is not None
+        definitions, problems = compile_definitions(run.spec.metric_definitions)
+        run.regex_metrics = RegexScanner(definitions) if definitions else None
+        if not run.adopted:
+            for problem in problems:
+                self._note(run, problem)
+        for rank in range(link.ranks()):
+            for stream in ("out", "err"):
+                writer = self._writer(run, stream, rank)
+                reader = FileTail(
+                    link.output(stream, rank),
+                    offsets.get(writer, 0),
+                    self._emitter(run, stream, writer),
+                    link.done,
+                    name=f"{run.spec.job_id}-{run.spec.tag}-{stream}{rank}",
+                    shipped=functools.partial(
+                        self._shipper.shipped_offset, run.spec.job_id, writer
+                    ),
                 )
-                run.procs.append(proc)
-                # Recorded before anyone can learn of it, and while it is our unreaped child.
-                record = record_of(spec.job_id, spec.role, spec.index, proc.pid)
-                self.records.write(record)
-                run.records.append(record)
-            self._pump(run, proc)
+                reader.start()
+                run.readers.append(reader)
+        for rank, path in enumerate(metrics_files):
+            writer = self._writer(run, "metrics", rank)
+            holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
             tail = MetricTail(
-                Path(local.env[contract.TRAINYARD_METRICS_FILE]),
-                lambda ts, points: self._ship_points(run, ts, points),
+                Path(path),
+                self._points_emitter(run, writer, holder),
                 lambda ts, notes: self._shipper.put_system(run.key, ts, notes),
+                offset=offsets.get(writer, 0),
             )
+            holder.append(tail)
             tail.start()
             run.tails.append(tail)
         run.watched = Watched(
-            [p.pid for p in run.procs],
-            run.gpu_ids,
-            lambda ts, points: self._ship_points(run, ts, points),
+            link.pids(), run.gpu_ids, lambda ts, points: self._ship_points(run, ts, points)
         )
+
+    def _points_emitter(
+        self, run: _ReplicaRun, writer: str, tail: list[MetricTail]
+    ) -> Callable[[float, list[Point]], None]:
+        """A metrics file's points, under the file's writer, numbered by where they end in it."""
+
+        def emit(ts: float, points: list[Point]) -> None:
+            self._ship_points(run, ts, points, (writer, tail[0].consumed))
+
+        return emit
+
+    def _emitter(
+        self, run: _ReplicaRun, stream: str, writer: str
+    ) -> Callable[[float, list[str], int], None]:
+        name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
+
+        def emit(ts: float, lines: list[str], offset: int) -> None:
+            if name == contract.STREAM_STDERR:
+                run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
+            self._shipper.put(run.key, name, ts, lines, source=(writer, offset))
+            self._scan(run, ts, lines)
+
+        return emit
+
+    def _started(self, run: _ReplicaRun) -> dict[str, Any]:
+        """What a start that comes again is answered with."""
+        spec = run.spec
         run.started_report = {
             "job_id": spec.job_id,
             "attempt": spec.attempt,
             "role": spec.role,
             "index": spec.index,
             "node": self.node,
-            "pids": [p.pid for p in run.procs],
+            "pids": _pids(run),
             "incarnation": self.incarnation,
         }
-        run.state = ReplicaState.RUNNING
-        self._send_report(contract.TASK_REPLICA_STARTED, run.started_report)
+        return run.started_report
 
     def _program(self, run: _ReplicaRun, instance_dir: Path) -> tuple[Path, Path]:
         """The script to run, and the folder its processes start in, as under torchrun launched
@@ -734,26 +914,6 @@ class Supervisor:
             os.replace(temporary, marker)
         return folder
 
-    def _pump(self, run: _ReplicaRun, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
-        key = run.key
-
-        def out(ts: float, lines: list[str]) -> None:
-            self._shipper.put(key, contract.STREAM_STDOUT, ts, lines)
-            self._scan(run, ts, lines)
-
-        def err(ts: float, lines: list[str]) -> None:
-            run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
-            self._shipper.put(key, contract.STREAM_STDERR, ts, lines)
-            self._scan(run, ts, lines)
-
-        for pipe, emit, name in ((proc.stdout, out, "out"), (proc.stderr, err, "err")):
-            reader = threading.Thread(
-                target=pump_pipe, args=(pipe, emit), name=f"pipe-{proc.pid}-{name}", daemon=True
-            )
-            reader.start()
-            run.readers.append(reader)
-
     def _scan(self, run: _ReplicaRun, ts: float, lines: list[str]) -> None:
         """Regex metrics from the lines; a definition over its budget is switched off, and the
         instance's log says so."""
@@ -764,9 +924,16 @@ class Supervisor:
         for note in notes:
             self._note(run, note)
 
-    def _ship_points(self, run: _ReplicaRun, ts: float, points: list[Point]) -> None:
+    def _ship_points(
+        self,
+        run: _ReplicaRun,
+        ts: float,
+        points: list[Point],
+        source: tuple[str, int] | None = None,
+    ) -> None:
         if points:
-            self._shipper.put(run.key, contract.STREAM_METRIC, ts, [p.to_json() for p in points])
+            lines = [p.to_json() for p in points]
+            self._shipper.put(run.key, contract.STREAM_METRIC, ts, lines, source=source)
 
     def _note(self, run: _ReplicaRun, message: str) -> None:
         """A message from the agent about this instance, in the instance's own log."""
@@ -782,21 +949,28 @@ class Supervisor:
     def _monitor(self, run: _ReplicaRun) -> int | None:
         """Wait for the replica's processes: the exit code (0 when all succeeded, else the first
         failure's), or None when a stop was requested. A failure takes the others down."""
+        link = run.keeper
+        assert link is not None
         while not run.stop_requested.is_set():
-            codes = [sandbox.exit_code(_exit_code(p), self.sandbox) for p in run.procs]
+            if run.handed_over.is_set():
+                raise _HandedOver
+            exits = link.exits()
+            codes = [sandbox.exit_code(e["code"], self.sandbox) if e else None for e in exits]
             failed = next((c for c in codes if c not in (None, 0)), None)
             if failed is not None:
                 if run.stop_requested.is_set():
                     return None  # it died of our SIGTERM: a stop, not a failure
-                run.ended_at = time.time()
                 run.failed_local_rank = codes.index(failed)
-                with self._lock:
-                    for proc in run.procs:
-                        _signal_group(proc, signal.SIGTERM)
+                run.ended_at = float(exits[run.failed_local_rank]["at"])  # type: ignore[index]
+                link.terminate()
                 return failed
             if all(c == 0 for c in codes):
-                run.ended_at = time.time()
+                run.ended_at = max(float(e["at"]) for e in exits if e)
                 return 0
+            if not link.alive() and not link.done():
+                raise RuntimeError(
+                    f"its keeper process on {self.node} died, and its processes with it"
+                )
             run.stop_requested.wait(MONITOR_INTERVAL_SECONDS)
         return None
 
@@ -804,6 +978,11 @@ class Supervisor:
         """How the first failed process ended; with the exception it recorded (torch's @record
         writes it to TORCHELASTIC_ERROR_FILE), that exception and its rank."""
         how = describe_exit(exit_code)
+        if run.keeper is not None and any(e and e.get("unclaimed") for e in run.keeper.exits()):
+            return (
+                f"stopped by its keeper ({how}): no agent on {self.node} took it over within "
+                "the keeper grace"
+            )
         recorded = None
         if run.failed_local_rank is not None and run.instance_dir is not None:
             recorded = recorded_error(error_file(run.instance_dir, run.failed_local_rank))
@@ -812,7 +991,25 @@ class Supervisor:
             return f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
         # No @record: the exception its traceback ended with, if it printed one.
         printed = last_exception(list(run.stderr_tail))
-        return f"{printed} ({how})" if printed else how
+        return self._with_disk_reason(f"{printed} ({how})" if printed else how)
+
+    # --- a full work disk (workers/diskspace.py) ---
+
+    def _refuse_on_full_disk(self) -> None:
+        """A start on a full disk would fail half way (job folder, code, records): refused
+        before anything is written, with the reason the console shows."""
+        full = self.disk.full_reason() if self.disk is not None else None
+        if full is not None:
+            raise RuntimeError(f"{full}: not started")
+
+    def _with_disk_reason(self, reason: str, exc: BaseException | None = None) -> str:
+        """A failure while the work disk is full (or of an ENOSPC) names the disk first: it is
+        the root cause, whatever the trainer's own traceback says."""
+        if self.disk is None or self.disk.reason in reason:
+            return reason
+        if self.disk.full_reason() is not None or is_no_room(exc):
+            return f"{self.disk.reason}: {reason}"
+        return reason
 
     def _request_stop(
         self, run: _ReplicaRun, reason: str, grace_seconds: float | None = None
@@ -825,48 +1022,32 @@ class Supervisor:
                 if grace_seconds is not None:
                     run.stop_grace = max(0.0, grace_seconds)
                 run.stop_requested.set()
-            if not run.leaders_released:
-                for proc in run.procs:
-                    _signal_group(proc, signal.SIGTERM)
+            link = run.keeper
+        if link is not None:
+            link.terminate()
 
     def _stop(self, run: _ReplicaRun) -> None:
-        """Make sure nothing of the replica survives, even children that left the trainer."""
-        with self._lock:
-            for proc in run.procs:
-                _signal_group(proc, signal.SIGTERM)
-        grace_ends = time.monotonic() + run.stop_grace
-        self._wait(
-            lambda: all(_exit_code(p) is not None for p in run.procs),
-            until=lambda c: min(grace_ends, c.kill_by) if c else grace_ends,
-        )
-        with self._lock:
-            for proc in run.procs:
-                # Also reaches grandchildren that outlived the trainer in its group.
-                _signal_group(proc, signal.SIGKILL)
-        kill_wait_ends = time.monotonic() + KILL_WAIT_SECONDS
-        gone = self._wait(
-            lambda: not any(group_members(r.pgid) for r in run.records),
-            until=lambda c: min(kill_wait_ends, c.flush_until) if c else kill_wait_ends,
-        )
-        with self._lock:
-            run.leaders_released = True
-        reaped_by = time.monotonic() + KILL_WAIT_SECONDS
-        for proc in run.procs:
-            try:
-                proc.wait(max(0.0, self._bounded(reaped_by, lambda c: c.flush_until)))
-            except subprocess.TimeoutExpired:
-                log.warning("process %s of job %s did not die", proc.pid, run.spec.job_id)
-        if gone:
-            for record in run.records:
-                self.records.remove(record)
-        else:
-            log.warning(
-                "job %s %s: process group still there after SIGKILL; left for the next reap",
-                run.spec.job_id, run.spec.tag,
-            )  # fmt: skip
+        """Make sure nothing of the replica survives, even children that left the trainer: its
+        keeper signals the groups it holds, and kills what is left in each."""
+        link = run.keeper
+        if link is not None:
+            link.terminate()
+            ended = lambda: link.done() or not link.alive()  # noqa: E731
+            grace_ends = time.monotonic() + run.stop_grace
+            self._wait(ended, until=lambda c: min(grace_ends, c.kill_by) if c else grace_ends)
+            link.kill()
+            kill_wait_ends = time.monotonic() + KILL_WAIT_SECONDS
+            if not self._wait(
+                ended,
+                until=lambda c: min(kill_wait_ends, c.flush_until) if c else kill_wait_ends,
+            ):
+                log.warning(
+                    "job %s %s: process group still there after SIGKILL; left for the next reap",
+                    run.spec.job_id, run.spec.tag,
+                )  # fmt: skip
         readers_end = time.monotonic() + STOP_GRACE_SECONDS
         for reader in run.readers:
-            # A child that left the group may still hold the pipe: do not wait for it forever.
+            # They end once the keeper says every byte is in the files, and they have read them.
             reader.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
         for tail in run.tails:
             tail.stop()
@@ -1058,34 +1239,9 @@ def _replica_idents(replicas: list[dict[str, Any]]) -> list[tuple[int, str, int]
     return idents
 
 
-def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
-    """The process's exit code (negative: killed by that signal), None while it runs.
-
-    Read without reaping it (WNOWAIT): while the leader stays our unreaped child its pid, the
-    group id, cannot be reused, so signalling the group cannot reach a stranger.
-    """
-    if proc.returncode is not None:
-        return proc.returncode
-    try:
-        status = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return proc.poll()
-    if status is None:
-        return None
-    if status.si_code == os.CLD_EXITED:
-        return status.si_status
-    return -status.si_status  # CLD_KILLED or CLD_DUMPED
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the process group the process leads. Call with the supervisor's lock held, and
-    only before the leader is reaped (see _ReplicaRun.leaders_released)."""
-    if proc.returncode is not None:
-        return  # reaped: the id may already belong to someone else
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+def _pids(run: _ReplicaRun) -> list[int]:
+    """The replica's processes, as its keeper started them ([] before)."""
+    return run.keeper.pids() if run.keeper is not None else []
 
 
 def _in_background(target: Callable[[], object], what: str) -> threading.Thread:

@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
 from jobs.services import scheduling
+from workers import contract
 
 
 def node_heartbeat(payload: dict[str, Any]) -> None:
@@ -16,6 +17,8 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
     new, or back after being lost, may let waiting jobs in. A heartbeat from a new incarnation
     of the agent (it started again) is checked against the database at once: whatever the old
     one ran is gone, and the jobs it belonged to should hear so now, not at the next pass.
+    The agent's protocol version and whether its disk is full are kept; a node that takes new
+    work again (disk freed, agent upgraded) may let waiting jobs in too.
     """
     name = str(payload["node"])
     reported = {
@@ -28,6 +31,7 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=name).first()
         came_back = node is None or node.is_lost(now)
+        was_ready = node is not None and node.status == Node.State.READY
         if node is None:
             node = Node(name=name, cpu=0, memory_gb=0)
         restarted = bool(node.incarnation) and incarnation != node.incarnation
@@ -43,6 +47,8 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
         node.gpu_model = str(payload.get("gpu_model", ""))
         node.isolation = str(payload.get("isolation", ""))[:30]
         node.isolation_reason = str(payload.get("isolation_reason", ""))[:300]
+        node.protocol = _protocol_of(payload)
+        node.disk_full = str(payload.get("disk_full") or "")[:300]
         for field, value in reported.items():
             setattr(node, field, value)
         if not node.capacity_set_by_admin:
@@ -55,12 +61,21 @@ def node_heartbeat(payload: dict[str, Any]) -> None:
         node.finished = list(payload.get("finished", []))
         node.last_heartbeat = now
         node.save()
-        if came_back:
+        if came_back or (not was_ready and node.status == Node.State.READY):
             scheduling.request_schedule()
     if restarted:
         from jobs.services import reconcile  # reconcile builds on this module
 
         reconcile.check_node_now(name)
+
+
+def _protocol_of(payload: dict[str, Any]) -> int:
+    """The agent protocol a heartbeat says it speaks: 0 when it says none (an agent older than
+    versioning) or nonsense."""
+    try:
+        return max(0, int(payload.get(contract.PROTOCOL_FIELD) or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 # How long an evicted job's processes have between SIGTERM and SIGKILL to save a checkpoint,

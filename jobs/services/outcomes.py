@@ -116,21 +116,36 @@ def fail(job: Job, reason: str, stop_reason: str, grace_seconds: float | None = 
 
 def root_cause(job: Job) -> str:
     """The job's reason: the earliest failure among its replicas, in words."""
-    failed = list(
-        restarts.current_replicas(job)
-        .filter(state=Replica.State.FAILED)
-        .select_related("node")
-        .order_by("id")
-    )
+    failed = _failed_replicas(job)
     if not failed:
         return job.reason
-    first = min(failed, key=lambda r: (r.cause_at or r.finished or timezone.now(), r.pk))
+    first = _earliest(failed)
     node = first.node.name if first.node else "?"
     if first.reason.startswith((node + " ", node + ":")):
         # A node-wide cause ("node-1 lost: …") speaks for every instance that ran there.
         there = [r.tag for r in failed if r.node_id == first.node_id and r.reason == first.reason]
         return f"{first.reason} ({', '.join(there)} ran there)"
     return f"{first.tag} on {node}: {first.reason or 'stopped'}"
+
+
+def first_failure(job: Job) -> Replica | None:
+    """The instance whose failure the job's reason names (root_cause): the earliest to fail
+    in its current attempt."""
+    failed = _failed_replicas(job)
+    return _earliest(failed) if failed else None
+
+
+def _failed_replicas(job: Job) -> list[Replica]:
+    return list(
+        restarts.current_replicas(job)
+        .filter(state=Replica.State.FAILED)
+        .select_related("node")
+        .order_by("id")
+    )
+
+
+def _earliest(failed: list[Replica]) -> Replica:
+    return min(failed, key=lambda r: (r.cause_at or r.finished or timezone.now(), r.pk))
 
 
 def stop_the_rest(job: Job, reason: str, grace_seconds: float | None = None) -> None:

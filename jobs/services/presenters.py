@@ -1,5 +1,6 @@
 """What clients are shown of a job's state: read-only views over the models."""
 
+import signal
 from collections.abc import Iterable
 from typing import Any
 
@@ -24,11 +25,11 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
     """What websocket clients are told when a job or one of its replicas changes.
 
     `queue_positions` (from queue_positions()) stands in for one query per job in a list."""
-    replicas = [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
+    replicas = _current_replicas(job)
     if queue_positions is None:
         position = queue_position(job)
     else:
-        position = queue_positions.get(job.pk) if _waiting(job, replicas) else None
+        position = listed_queue_position(job, queue_positions)
     return {
         "id": job.pk,
         "state": job.state,
@@ -44,6 +45,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "node": r.node.name if r.node else None,
                 "state": r.state,
                 "exit_code": r.exit_code,
+                "signal": signal_name(r.exit_code),
                 "reason": r.reason,
             }
             for r in replicas
@@ -81,6 +83,27 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
             for e in sorted(related(job, "health_events", job.health_events.all()), key=_at)
         ],
     }
+
+
+def listed_queue_position(job: Job, queue_positions: dict[int, int]) -> int | None:
+    """A listed job's place in the queue, from queue_positions() of its page: what its own
+    page says (job_state_payload), without a query per job."""
+    return queue_positions.get(job.pk) if _waiting(job, _current_replicas(job)) else None
+
+
+def _current_replicas(job: Job) -> list[Replica]:
+    return [r for r in related(job, "replicas", _replicas_of(job)) if r.attempt == job.attempt]
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """ "SIGTERM" for a process killed by a signal (a negative exit code, as the agent reports
+    it), never "-15"; None for a process that exited."""
+    if exit_code is None or exit_code >= 0:
+        return None
+    try:
+        return signal.Signals(-exit_code).name
+    except ValueError:
+        return f"signal {-exit_code}"
 
 
 def _replicas_of(job: Job) -> QuerySet[Replica]:

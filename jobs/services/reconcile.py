@@ -62,6 +62,7 @@ class PassReport:
     stops_resent: int = 0
     strays_stopped: int = 0
     restarts_resumed: int = 0
+    taken_over: int = 0  # running replicas a new agent took over from their keepers
     seconds: float = 0.0
 
     @property
@@ -77,6 +78,8 @@ class PassReport:
 
     def summary(self) -> str:
         lost = f", lost nodes {', '.join(self.lost_nodes)}" if self.lost_nodes else ""
+        if self.taken_over:
+            lost += f", {self.taken_over} replicas taken over by restarted agents"
         return (
             f"reconciled {self.replicas} replicas on {self.nodes} nodes in "
             f"{self.seconds * 1000:.0f} ms: {self.ended} ended, {self.outcomes_applied} outcomes "
@@ -191,6 +194,9 @@ def _check_node(
         key = _key_of(replica)
         seen = observed.get(key)
         if seen is not None:
+            if replica.state == Replica.State.RUNNING and replica.incarnation != node.incarnation:
+                # A new agent took the replica over from its keeper: it runs on, under it.
+                report.taken_over += _repair(replica, _taken_over(node.incarnation))
             if (
                 _unwanted(replica)
                 and seen.get("state") != "stopping"
@@ -206,12 +212,14 @@ def _check_node(
             and replica.incarnation
             and replica.incarnation != node.incarnation
         ):
-            # The agent that started it is gone: it died with the replica's processes (a new
-            # agent reaps what its predecessor left), at about its last heartbeat.
+            # The agent that started it is gone, and the one that came back did not find it:
+            # its keeper had already stopped it (the agent stayed away beyond the keeper's
+            # grace) or died, at about the old agent's last heartbeat.
             last_word = node.previous_heartbeat or heard
             reason = (
                 f"{node.name}: its agent stopped unexpectedly (last heard at "
-                f"{last_word:%H:%M:%S} UTC) and was restarted; its trainers did not survive it"
+                f"{last_word:%H:%M:%S} UTC) and was restarted; its trainers did not survive "
+                "until then"
             )
             report.ended += _repair(replica, _fail(reason, cause_at=last_word))
             continue
@@ -279,6 +287,13 @@ def _fail(reason: str, cause_at: datetime | None = None) -> Repair:
         )
 
     return fail
+
+
+def _taken_over(incarnation: str) -> Repair:
+    def take_over(job: Job, replica: Replica) -> bool:
+        return reports.replica_taken_over(replica, incarnation)
+
+    return take_over
 
 
 def _gone(job: Job, replica: Replica) -> bool:

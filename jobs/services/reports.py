@@ -1,6 +1,7 @@
 """What node agents report about replicas: started, and how they ended. Every report is safe
 to receive twice or late: a report that no longer applies changes nothing."""
 
+import logging
 from datetime import UTC, datetime
 
 from django.db import transaction
@@ -8,6 +9,8 @@ from django.utils import timezone
 
 from jobs.models import Job, Replica
 from jobs.services import outcomes, restarts, transitions
+
+log = logging.getLogger(__name__)
 
 # How the agent names an ending, and the replica state it becomes.
 AGENT_OUTCOMES = {
@@ -87,6 +90,19 @@ def replica_exited(
             exit_code=exit_code,
             cause_at=datetime.fromtimestamp(ended_at, UTC) if ended_at else None,
         )
+
+
+def replica_taken_over(replica: Replica, incarnation: str) -> bool:
+    """A restarted agent runs the replica on (its keeper held it meanwhile): from now on it is
+    that agent's, and only that agent's silence about it means it is gone."""
+    if replica.incarnation == incarnation:
+        return False
+    log.info(
+        "%s of job %s on %s: taken over by agent incarnation %s",
+        replica, replica.job_id, replica.node, incarnation,
+    )  # fmt: skip
+    Replica.objects.filter(pk=replica.pk).update(incarnation=incarnation)
+    return True
 
 
 def not_running_on_its_node(job: Job, replica: Replica, cause_at: datetime | None = None) -> None:

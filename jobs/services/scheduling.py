@@ -35,8 +35,8 @@ def _send_schedule_task() -> None:
 
 
 def ready_nodes(nodes: list[Node]) -> list[Node]:
-    """Nodes that take new work: not drained, heard from recently, and isolated where the
-    console asks for it (Node.status says which)."""
+    """Nodes that take new work: not drained, heard from recently, with an agent recent enough
+    and room on its disk, and isolated where the console asks for it (Node.status says which)."""
     return [n for n in nodes if n.status == Node.State.READY]
 
 
@@ -108,7 +108,9 @@ def schedule() -> list[int]:
         usable = ready_nodes(nodes)
         held = holdings(nodes)
         rooms = free_rooms(usable, held)
-        views = [NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status) for n in nodes]
+        views = [
+            NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status, n.status_reason) for n in nodes
+        ]
         grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
         blocker: Job | None = None
         waiting = waiting_jobs()

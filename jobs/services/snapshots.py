@@ -83,8 +83,10 @@ def store_upload(owner: User, archive: IO[bytes], name: str = "") -> Stored:
 
 
 def _record_upload(owner: User, packed: snapshot.Packed, name: str) -> Stored:
-    stored = _snapshot_row(packed)
+    # One transaction for both rows: a failure between them (a full disk) leaves neither, not
+    # a snapshot that nobody uploaded.
     with transaction.atomic():
+        stored = _snapshot_row(packed)
         upload, new = CodeUpload.objects.select_for_update().get_or_create(
             owner=owner, snapshot=stored, defaults={"name": name}
         )

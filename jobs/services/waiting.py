@@ -29,7 +29,13 @@ class NodeView:
     cpu: int
     gpus: int
     memory_gb: int
-    status: str  # ready, draining or lost
+    status: str  # ready, draining, lost, ... (Node.status)
+    # Why it takes no new work, where the status alone does not say (Node.status_reason):
+    # "node-2: no space left on /var/lib/trainyard-agent"
+    note: str = ""
+
+    def described(self) -> str:
+        return self.note or f"{self.name} {self.status}"
 
 
 def why_waiting(
@@ -45,11 +51,27 @@ def why_waiting(
         return "waiting for a node agent to register"
     ready = [n for n in nodes if n.status == "ready"]
     if not ready:
-        states = ", ".join(f"{n.name} {n.status}" for n in nodes)
+        states = ", ".join(n.described() for n in nodes)
         return f"waiting: no node is ready ({states})"
+    # Nodes that would be ready but for something their agent said (a full disk, an old
+    # protocol): the user should hear of them, they may be why the job waits.
+    noted = "; ".join(n.note for n in nodes if n.note and n.status != "ready")
     stuck = first_unplaceable(demands, rooms)
     if stuck is None:
         return "waiting for its turn in the queue"
+    return _with_notes(_why_no_room(stuck, ready, holdings, may_name), noted)
+
+
+def _with_notes(why: str, noted: str) -> str:
+    return f"{why} (not taking work: {noted})" if noted else why
+
+
+def _why_no_room(
+    stuck: tuple[Demand, list[Room]],
+    ready: Sequence[NodeView],
+    holdings: Sequence[Holding],
+    may_name: Callable[[list[int]], Collection[int]],
+) -> str:
     demand, rooms_then = stuck
     need = describe(demand.cpu, demand.gpus, demand.memory_gb)
     head = f"waiting: needs a node with {need} free"

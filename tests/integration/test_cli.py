@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import RunningStack, StackClient, signal_file, wait_until
 from tests.hostile_job_files import UNUSABLE_JOB_FILES
@@ -87,6 +88,7 @@ def project(tmp_path: Path) -> Path:
         "from helper import GREETING\n"
         "parser = argparse.ArgumentParser()\n"
         "parser.add_argument('--fail', action='store_true')\n"
+        "parser.add_argument('--epochs', type=int, default=1)\n"
         "args = parser.parse_args()\n"
         "print(GREETING, 'rank', os.environ['RANK'], flush=True)\n"
         "for step in range(3):\n"
@@ -161,6 +163,26 @@ def test_a_failing_job_gives_a_non_zero_exit_code(cli: Any, project: Path) -> No
     newest = next(j for j in jobs if j["name"] == "cli-fails")
     assert newest["state"] == "failed"
     assert newest["program"]["args"] == ["--fail"]
+
+    # Found again by state and name, with why it failed.
+    listed = cli("ls", "--state", "failed", "--name", "CLI-FAILS")
+    assert listed.returncode == 0, listed.stderr
+    rows = [line for line in listed.stdout.splitlines()[1:] if line.strip()]
+    assert [int(r.split()[0]) for r in rows] == [newest["id"]]
+    assert "exited with code 1" in rows[0]  # the first line of why it failed
+
+    # Its job file gives the same code and arguments back.
+    job_file = cli("show", str(newest["id"]), "--job-file")
+    assert job_file.returncode == 0, job_file.stderr
+    assert yaml.safe_load(job_file.stdout)["program"] == newest["program"]
+
+    # Run again with its argument changed: the same code, and it succeeds.
+    again = cli("rerun", str(newest["id"]), "--wait", "--", "--epochs", "2")
+    assert again.returncode == 0, again.stdout + again.stderr
+    rerun = cli.api.job(int(again.stdout.split()[1]))
+    assert rerun["program"]["args"] == ["--epochs", "2"]
+    assert rerun["program"]["snapshot"] == newest["program"]["snapshot"]
+    assert rerun["state"] == "succeeded" and rerun["name"] == "cli-fails"
 
 
 def test_a_bad_job_file_gives_the_apis_field_message_and_exit_2(cli: Any, project: Path) -> None:

@@ -115,29 +115,123 @@ def report(fault: str, seconds: float) -> None:
     print(f"\n[fault timing] {fault}: {seconds:.1f} s from the fault to the right state")
 
 
-# --- a node agent dies: its job fails, naming the node; nothing of it survives ---------------
+# --- a node agent restarts: its keepers hold its trainers, and the new agent takes them over --
 
 
-def test_kill_9_of_an_agent_fails_its_job_naming_the_node_and_leaves_no_process(
+def keepers(stack: RunningStack, job_id: int, node: str | None = None) -> dict[str, int]:
+    """The keeper processes of the job's replicas (on `node`), by their folder's name; only
+    this stack's (other stacks may run beside it)."""
+    root = stack.stack.var_dir / "agents"
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []
+        if "workers.keeper" not in argv or not argv[-1].startswith(str(root)):
+            continue
+        folder = Path(argv[-1])
+        if folder.name.startswith(f"{job_id}-") and node in (None, folder.parent.parent.name):
+            found[folder.name] = proc.pid
+    return found
+
+
+def kept_lines(stack: RunningStack, node: str) -> int:
+    """Lines the trainers of `node` printed so far, as their keepers hold them."""
+    folders = (stack.stack.var_dir / "agents" / node / "keepers").glob("*/out-*")
+    return sum(path.read_bytes().count(b"\n") for path in folders)
+
+
+def metric_points(client: StackClient, job_id: int) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        response = client.http.get(f"/api/v1/jobs/{job_id}/metrics", params={"after": after})
+        assert response.status_code == 200, response.text
+        page = response.json()
+        points.extend(page["points"])
+        if not page["points"] or page["next"] == after:
+            return points
+        after = page["next"]
+
+
+def replica_nodes(client: StackClient, job_id: int) -> dict[str, str]:
+    return {r["tag"]: r["node"] for r in client.job(job_id)["replicas"]}
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "SIGTERM"])
+def test_a_job_runs_on_through_a_restart_of_its_agent_with_no_line_lost_or_repeated(
+    faulty: RunningStack, release: Path, how: signal.Signals
+) -> None:
+    admin = faulty.admin
+    job = admin.submit(hold_request(f"agent restarted ({how.name})", 3, release))
+    pids = started(admin, job["id"], 3)
+    where = replica_nodes(admin, job["id"])
+    node = where["master"]
+    # One keeper per replica, and each trainer runs under its own (through its sandbox).
+    held = keepers(faulty, job["id"])
+    assert len(held) == 3, held
+    under = [{a.pid for a in psutil.Process(p).parents()} & set(held.values()) for p in pids]
+    assert sorted(k for found in under for k in found) == sorted(held.values()), under
+
+    def five_seconds_of_training_with_no_agent() -> None:
+        began, lines = time.monotonic(), kept_lines(faulty, node)
+        wait_until(
+            "5 s of training while the agent is away",
+            lambda: time.monotonic() - began >= 5.0 and kept_lines(faulty, node) > lines + 20,
+        )
+
+    down = time.monotonic()
+    faulty.stack.restart(node, five_seconds_of_training_with_no_agent, how=how)
+    back, back_at = time.monotonic(), time.time()
+    before = len(admin.logs(job["id"]))
+    wait_until("lines after the restart", lambda: len(admin.logs(job["id"])) > before + 30)
+    report(f"{how.name} of {node}'s agent, back after {back - down:.1f} s", time.monotonic() - back)
+    assert admin.job(job["id"])["state"] == "running"
+    assert all(process_alive(p) for p in pids), "a trainer did not survive its agent's restart"
+    assert keepers(faulty, job["id"]) == held
+
+    # The new agent samples the replicas it took over, as the old one did.
+    wait_until(
+        "the master's metrics after the restart",
+        lambda: any(
+            p["role"] == "master" and p["ts"] > back_at for p in metric_points(admin, job["id"])
+        ),
+    )
+
+    release.touch()
+    final = admin.wait_finished(job["id"])
+    assert final["state"] == "succeeded", final
+    check_every_line(admin, job["id"], 3)
+    no_survivor(pids)
+    wait_until("the keepers to end", lambda: not keepers(faulty, job["id"]))
+    assert held_cpu(faulty) == {"node-1": 0, "node-2": 0}
+
+
+def test_an_agent_that_stays_away_past_the_grace_its_keepers_stop_the_trainers(
     faulty: RunningStack, release: Path
 ) -> None:
     admin = faulty.admin
-    job = admin.submit(hold_request("agent killed", 3, release))
+    job = admin.submit(hold_request("agent gone for good", 3, release))
     pids = started(admin, job["id"], 3)
-    node = next(r["node"] for r in admin.job(job["id"])["replicas"] if r["tag"] == "master")
-    old_pid = faulty.stack.pid(node)
-    faulty.stack.kill(node, signal.SIGKILL)
+    node = replica_nodes(admin, job["id"])["master"]
+    held = keepers(faulty, job["id"])
+    there = keepers(faulty, job["id"], node)
+
+    def until_the_job_has_failed_and_nothing_is_left() -> None:
+        admin.wait(job["id"], lambda j: j["state"] == "failed")
+        no_survivor(pids)
+        wait_until("every keeper to end", lambda: not keepers(faulty, job["id"]))
+
     fault = time.monotonic()
-    gone = no_survivor(pids)
-    final = admin.wait(job["id"], lambda j: j["state"] == "failed" and j["reason"].startswith(node))
-    report(f"kill -9 of {node}'s agent", time.monotonic() - fault)
-    print(f"[fault timing] every trainer of the job gone {gone:.1f} s after the kill")
-    assert final["reason"].startswith(f"{node}: its agent stopped unexpectedly"), final["reason"]
-    assert "master" in final["reason"]
+    faulty.stack.restart(node, until_the_job_has_failed_and_nothing_is_left, how=signal.SIGKILL)
+    report(f"kill -9 of {node}'s agent, gone past the keepers' grace", time.monotonic() - fault)
     final = admin.wait_finished(job["id"])
-    assert {r["state"] for r in final["replicas"]} <= {"failed", "stopped"}
-    assert [r for r in final["replicas"] if r["node"] == node and r["state"] == "failed"]
-    faulty.stack.wait_restarted(node, old_pid)
+    assert final["reason"].startswith(f"{node} lost: no heartbeat"), final["reason"]
+    log = "\n".join(
+        (faulty.stack.var_dir / "agents" / node / "keepers" / name / "keeper.log").read_text()
+        for name in there
+        if (faulty.stack.var_dir / "agents" / node / "keepers" / name).is_dir()
+    )
+    assert not log or "no agent claimed it within" in log
+    assert set(there) <= set(held)
     assert held_cpu(faulty) == {"node-1": 0, "node-2": 0}
 
 

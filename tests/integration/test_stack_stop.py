@@ -36,8 +36,8 @@ pytestmark = pytest.mark.integration
 
 GUARD = 120.0  # a hang guard for each wait; measures nothing
 
-# stack.run with its agent wrapped in a process that ignores SIGTERM (the real agent, its
-# child, stops; the wrapper does not), and a stop timeout of 2 s for it.
+# stack.run with its agent wrapped in a process that ignores its stop signal (SIGUSR2 for an
+# agent: the real agent, its child, stops; the wrapper does not), and a stop timeout of 2 s.
 STUBBORN_STACK = """
 import sys
 from stack import run
@@ -46,6 +46,7 @@ WRAPPER = '''
 import signal, subprocess, sys, time
 agent = subprocess.Popen(sys.argv[1:])
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 agent.wait()
 while True:
     time.sleep(3600)
@@ -67,12 +68,20 @@ sys.exit(run.main(sys.argv[1:]))
 class StackRun:
     """One `python -m stack.run` process, its output in a file."""
 
-    def __init__(self, var_dir: Path, *options: str, program: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        var_dir: Path,
+        *options: str,
+        program: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.var_dir = var_dir
         self.port = free_port()
         self.output = var_dir.parent / f"{var_dir.name}-{self.port}.out"
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL", "CI")}
         env["TRAINYARD_CODE_ROOT"] = str(FIXTURE_CODE_ROOT)
+        env |= extra
         argv = program or [sys.executable, "-m", "stack.run"]
         with open(self.output, "wb") as out:
             self.proc = subprocess.Popen(
@@ -172,11 +181,13 @@ def token(run: StackRun) -> str:
 def test_sigkill_of_the_supervisor_leaves_no_process_not_even_a_trainer(
     tmp_path: Path, runs: list[StackRun]
 ) -> None:
-    run = StackRun(tmp_path / "var")
+    # The agents die with the supervisor; their keepers hold the trainers for a stack started
+    # again within the grace, and stop them after it.
+    run = StackRun(tmp_path / "var", env={"TRAINYARD_KEEPER_GRACE_SECONDS": "2"})
     runs.append(run)
     run.wait_running()
-    # A trainer with a child of its own, which the death signal does not reach: the agent's
-    # guardian must reap it.
+    # A trainer with a child of its own, which the death signal does not reach: its keeper
+    # must stop it.
     admin = StackClient(f"http://127.0.0.1:{run.port}", token(run))
     job = admin.submit(pytorch_request("held", "sleep_tree.py", 1))
     admin.wait(job["id"], lambda j: j["state"] == "running", GUARD)
@@ -273,7 +284,7 @@ def test_a_child_that_ignores_sigterm_is_killed_at_its_stop_timeout_and_named(
 
     assert run.wait_ended() == 0
     text = run.text()
-    assert f"node-1 did not stop within 2 s of SIGTERM; killing it (SIGKILL, pid {agent})" in text
+    assert f"node-1 did not stop within 2 s of SIGUSR2; killing it (SIGKILL, pid {agent})" in text
     assert "node-1 stopped (killed by SIGKILL)" in text
     wait_nothing_left(run, recorded, [])
 

@@ -1,5 +1,6 @@
-"""The node agent as a real process: no trainer outlives it, a new agent cleans up after a dead
-one, heartbeats say what runs, and SIGTERM ends it soon even with Redis gone."""
+"""The node agent as a real process: its trainers outlive it only for their keeper's grace, a new
+agent takes over what a dead one's keepers hold and cleans up what no keeper holds, heartbeats
+say what runs, and SIGUSR2 stops everything soon even with Redis gone."""
 
 import base64
 import json
@@ -135,60 +136,90 @@ def heartbeats(client: redis.Redis) -> list[tuple[dict[str, Any], dict[str, Any]
     return found
 
 
-def test_no_trainer_outlives_an_agent_killed_with_sigkill(
+def reports(client: redis.Redis, task: str) -> list[dict[str, Any]]:
+    """The payloads of the `task` reports waiting in the console's queue, oldest first."""
+    found = []
+    for raw in reversed(client.lrange(contract.CONSOLE_QUEUE, 0, -1)):
+        message = json.loads(raw)
+        if message["headers"]["task"] == task:
+            _, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+            found.append(kwargs["payload"])
+    return found
+
+
+def keeper_of(node: AgentProcess) -> int:
+    """The pid of the one keeper the node's agent started."""
+    states = list((node.workdir / NODE / "keepers").glob("*/state.json"))
+    wait_until(lambda: list((node.workdir / NODE / "keepers").glob("*/state.json")), 30, "keeper")
+    [state] = list((node.workdir / NODE / "keepers").glob("*/state.json")) or states
+    pid: int = json.loads(state.read_text())["keeper"]["pid"]
+    return pid
+
+
+def test_a_trainer_outlives_a_killed_agent_only_for_its_keepers_grace(
     redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
 ) -> None:
-    node = agents.start(redis_server, tmp_path / "work")
+    node = agents.start(redis_server, tmp_path / "work", "--keeper-grace", "2")
     node.start_replica("sleep_tree.py", job_id=41)
     trainer, child = tree_pids(client, 41)
-    agents.pids += [trainer, child]
+    keeper = keeper_of(node)
+    agents.pids += [trainer, child, keeper]
     guardian = node.guardian()
     assert [json.loads(p.read_text())["pid"] for p in node.procs_dir.iterdir()] == [trainer]
 
     os.kill(node.pid, signal.SIGKILL)
+    node.proc.wait()
 
-    wait_until(
-        lambda: not process_alive(trainer) and not process_alive(child),
-        5,
-        f"trainer {trainer} and its child {child} to die with their agent",
-    )
     wait_until(lambda: not process_alive(guardian), 5, "the guardian to finish")
+    # The guardian spared the group its keeper holds: a new agent could still take it over.
+    assert process_alive(trainer) and process_alive(child) and process_alive(keeper)
+    wait_until(
+        lambda: not any(map(process_alive, (trainer, child, keeper))),
+        2 + 5 + 5,  # the grace, the keeper's SIGTERM-to-SIGKILL, some slack
+        f"keeper {keeper} to stop trainer {trainer} and its child {child}, and end",
+    )
     assert list(node.procs_dir.iterdir()) == []
+    assert (
+        "no agent claimed it within 2 s"
+        in next(node.workdir.glob("*/keepers/*/keeper.log")).read_text()
+    )
 
 
-def test_a_sandboxed_trainer_and_all_it_started_die_with_an_agent_killed_with_sigkill(
+def test_a_sandboxed_trainer_and_all_it_started_end_with_its_keepers_grace(
     redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
 ) -> None:
-    """bubblewrap dies with the agent, and its PID namespace with it: the trainer and its
-    child, group or no group."""
+    """bubblewrap dies with the keeper's stop, and its PID namespace with it: the trainer and
+    its child, group or no group."""
     if not sandbox.probe().isolation.isolated:
         if os.environ.get("CI"):
             pytest.fail("CI must run the sandbox tests, but this host cannot sandbox")
         pytest.skip("SKIPPED, not run: this host cannot sandbox")
-    node = agents.start(redis_server, tmp_path / "work", "--sandbox")
+    node = agents.start(redis_server, tmp_path / "work", "--sandbox", "--keeper-grace", "1")
     node.start_replica("sleep_tree.py", job_id=44)
     wait_until(lambda: texts(client, 44), 60, "the trainer to print")
     # bubblewrap's two processes, the trainer, and the child it started.
     wait_until(lambda: len(job_processes(44)) == 4, 30, "the sandbox, trainer and child")
-    agents.pids += [p.pid for p in job_processes(44)]
+    agents.pids += [p.pid for p in job_processes(44)] + [keeper_of(node)]
     wait_until(lambda: heartbeats(client), 30, "a heartbeat")
     assert heartbeats(client)[-1][1]["isolation"] in ("sandbox", "sandbox-shared-uid")
 
     os.kill(node.pid, signal.SIGKILL)
     node.proc.wait()  # dead and reaped: the clean-up at the end must not take it for living
 
-    wait_until(lambda: not job_processes(44), 10, "everything of job 44 to die with its agent")
+    wait_until(lambda: not job_processes(44), 1 + 5 + 10, "everything of job 44 to end")
 
 
-def test_a_new_agent_kills_what_a_dead_agent_and_its_guardian_left(
+def test_a_new_agent_kills_what_a_dead_keeper_and_its_guardian_left(
     redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
 ) -> None:
     first = agents.start(redis_server, tmp_path / "work")
     first.start_replica("sleep_tree.py", job_id=42)
     trainer, child = tree_pids(client, 42)
-    agents.pids += [trainer, child]
+    keeper = keeper_of(first)
+    agents.pids += [trainer, child, keeper]
     os.kill(first.guardian(), signal.SIGKILL)
     os.kill(first.pid, signal.SIGKILL)
+    os.kill(keeper, signal.SIGKILL)
     wait_until(lambda: not process_alive(trainer), 5, "the trainer to die of its death signal")
     assert process_alive(child)  # in the trainer's group: only a reaper can reach it now
 
@@ -198,12 +229,63 @@ def test_a_new_agent_kills_what_a_dead_agent_and_its_guardian_left(
     wait_until(lambda: line in second.log(), 60, f"the new agent to log {line!r}")
     assert not process_alive(child)
     assert list(second.procs_dir.iterdir()) == []
+    # The replica it found is reported failed: its keeper is gone, and its outcome with it.
+    wait_until(lambda: reports(client, contract.TASK_REPLICA_EXITED), 30, "the exit report")
+    [exited] = reports(client, contract.TASK_REPLICA_EXITED)
+    assert exited["state"] == "failed" and "keeper" in exited["reason"], exited
     # And an agent asked to stop ends, with its guardian.
     guardian = second.guardian()
     wait_until(lambda: f"agent@{NODE} ready" in second.log(), 60, "the agent to take tasks")
     second.proc.send_signal(signal.SIGTERM)
     assert second.proc.wait(30) == 0
     wait_until(lambda: not process_alive(guardian), 5, "the guardian to end with its agent")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_new_agent_takes_over_a_replica_and_ships_every_line_once(
+    how: signal.Signals, redis_server: str, client: redis.Redis, agents: Agents, tmp_path: Path
+) -> None:
+    """An agent killed (or stopped with SIGTERM, as for a restart) mid-job: the next one on the
+    same work dir takes the replica over from its keeper, ships the lines printed meanwhile
+    and reports the exit; no line is lost or sent twice."""
+    lines = 300
+    first = agents.start(redis_server, tmp_path / "work")
+    app = celery.Celery(broker=redis_server)
+    app.send_task(
+        contract.TASK_START_REPLICA,
+        kwargs={
+            "spec": spec(
+                "numbered.py", job_id=45, node=NODE, args=["--lines", str(lines), "--rate", "60"]
+            ).to_dict()
+        },
+        queue=contract.node_queue(NODE),
+    )
+    app.close()
+    wait_until(lambda: len(texts(client, 45)) > 20, 60, "the first lines in Redis")
+    keeper = keeper_of(first)
+    agents.pids.append(keeper)
+    first.proc.send_signal(how)
+    first.proc.wait(30)
+    out = next((first.workdir / NODE / "keepers").glob("*/out-0"))
+    shipped = len(texts(client, 45))
+    wait_until(
+        lambda: out.read_bytes().count(b"\n") > shipped + 20, 30, "lines printed with no agent"
+    )
+    assert process_alive(keeper)
+
+    second = agents.start(redis_server, tmp_path / "work")
+
+    wait_until(lambda: reports(client, contract.TASK_REPLICA_EXITED), 60, "the exit report")
+    [exited] = reports(client, contract.TASK_REPLICA_EXITED)
+    assert (exited["state"], exited["exit_code"]) == ("succeeded", 0), exited
+    assert not exited["incarnation"].startswith(f"{first.pid}-")
+    printed = texts(client, 45)
+    assert sorted(printed, key=lambda t: int(t.split()[1])) == [
+        f"master-0 {i}" for i in range(lines)
+    ]
+    assert "took over from an earlier agent: 45/master" in second.log()
+    wait_until(lambda: not process_alive(keeper), 10, "the keeper to end once released")
+    assert list((second.workdir / NODE / "keepers").iterdir()) == []
 
 
 def test_heartbeats_say_what_the_agent_runs(
@@ -244,7 +326,7 @@ def test_heartbeats_say_what_the_agent_runs(
     assert headers["expires"]  # a stale heartbeat is dropped, not delivered late
 
 
-def test_an_agent_ends_soon_after_sigterm_even_with_redis_gone(
+def test_an_agent_asked_to_stop_its_trainers_ends_soon_even_with_redis_gone(
     agents: Agents, tmp_path: Path
 ) -> None:
     with private_redis(tmp_path / "redis") as (url, redis_proc):
@@ -257,7 +339,7 @@ def test_an_agent_ends_soon_after_sigterm_even_with_redis_gone(
         redis_proc.terminate()
         redis_proc.wait(10)
 
-        node.proc.send_signal(signal.SIGTERM)
+        node.proc.send_signal(signal.SIGUSR2)  # stop the trainers too, not only the agent
 
         try:
             node.proc.wait(8 + 2)

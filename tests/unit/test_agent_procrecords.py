@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import process_alive
@@ -36,7 +37,7 @@ def test_it_writes_reads_and_removes_records(tmp_path: Path) -> None:
     assert path.name == "3-worker-1-1234.json"
     assert json.loads(path.read_text()) == {
         "job_id": 3, "role": "worker", "index": 1, "pid": 1234, "pgid": 1234,
-        "create_time": 1795000000.25,
+        "create_time": 1795000000.25, "keeper_pid": 0, "keeper_create_time": 0.0,
     }  # fmt: skip
     (tmp_path / "procs" / "garbage.json").write_text("{not json")
     assert records.load() == [first, second]
@@ -103,3 +104,23 @@ def test_reap_all_kills_the_job_it_is_asked_for_and_removes_its_records(
     assert summary(reaped, "an earlier agent") == (
         f"2 processes left by an earlier agent: job 7 master pid {first}, pid {second}"
     )
+
+
+def test_reap_all_spares_a_group_whose_keeper_lives_and_reaps_it_once_the_keeper_is_gone(
+    trees: list[Tree], tmp_path: Path
+) -> None:
+    records = ProcRecords(tmp_path / "procs")
+    held, orphaned = Tree(), Tree()
+    trees.extend([held, orphaned])
+    me = psutil.Process()  # stands for a live keeper
+    records.write(replace(held.record(job_id=9), keeper_pid=me.pid,
+                          keeper_create_time=me.create_time()))  # fmt: skip
+    # Its keeper's pid now names another process (or none): the keeper is gone.
+    records.write(replace(orphaned.record(job_id=9, index=2), keeper_pid=me.pid,
+                          keeper_create_time=me.create_time() - 10))  # fmt: skip
+
+    reaped = reap_all(records)
+
+    assert [r.record.pid for r in reaped] == [orphaned.trainer]
+    assert held.alive() == [True, True] and orphaned.alive() == [False, False]
+    assert [r.pid for r in records.load()] == [held.trainer]

@@ -2,6 +2,7 @@
 refusals as messages, and the follower's no-duplicate rule. tests/integration/test_cli.py runs
 the command itself against the real stack."""
 
+import json
 import stat
 import tarfile
 from io import BytesIO
@@ -16,7 +17,7 @@ from trainyard_cli import config, jobfile, upload
 from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
-from trainyard_cli.main import script_args_as_options
+from trainyard_cli.main import _print_line, script_args_as_options
 from trainyard_cli.render import duration, human_bytes, human_number, money
 
 
@@ -292,3 +293,36 @@ def test_the_cli_needs_nothing_of_the_console() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_restarted_jobs_later_attempts_are_tagged_as_the_page_tags_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    tags = {("worker", 1): "worker-1"}
+    for attempt in (0, 1):
+        line = {"role": "worker", "index": 1, "attempt": attempt, "stream": "stdout"}
+        _print_line({**line, "text": f"step in run {attempt}"}, tags, as_json=False)
+    _print_line({**line, "text": "as JSON"}, tags, as_json=True)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[:2] == ["[worker-1] step in run 0", "[worker-1 · attempt 2] step in run 1"]
+    assert json.loads(printed[2])["tag"] == "worker-1"  # --json: the attempt is its own field
+    assert json.loads(printed[2])["attempt"] == 1
+
+
+def test_a_job_file_from_show_is_read_back_as_the_same_request(tmp_path: Path) -> None:
+    body = {
+        "name": "yes",  # YAML 1.1 would read a bare yes as true
+        "image": "pytorch:2.13-cpu",
+        "program": {"script": "train.py", "args": ["--lr", "0.1", "1e3"], "snapshot": "ab" * 32},
+        "roles": {"master": {"package": "cpu-1", "instances": 1}},
+        "env": {"NOTE": "on"},
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(jobfile.dump(body, "job 12"))
+    assert jobfile.read(path).body == body
+    assert script_args_as_options(["rerun", "12", "--", "--lr", "0.2"]) == [
+        "rerun",
+        "12",
+        "--arg=--lr",
+        "--arg=0.2",
+    ]

@@ -210,8 +210,9 @@ def test_it_says_when_no_node_agent_is_registered(
     assert job.reason == "waiting for a node agent to register"
     with django_capture_on_commit_callbacks(execute=True):
         node_service.node_heartbeat(
-            {"node": "gpu-7", "address": "10.0.0.7", "cpus": 16, "memory_gb": 64, "gpus": 0}
-        )
+            {"node": "gpu-7", "address": "10.0.0.7", "cpus": 16, "memory_gb": 64, "gpus": 0,
+             "protocol": contract.PROTOCOL_VERSION}
+        )  # fmt: skip
     job.refresh_from_db()
     assert job.reason == "starting on gpu-7"
     assert sent_tasks.named(contract.TASK_START_REPLICA)[0][2] == "node.gpu-7"

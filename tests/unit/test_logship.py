@@ -13,6 +13,7 @@ import redis
 
 from jobs.logstream import parse_entry
 from tests.conftest import wait_until
+from tests.tmpfs import fill, small_tmpfs
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
@@ -259,3 +260,39 @@ def test_the_trainer_is_never_blocked_by_an_absent_redis(tmp_path: Path) -> None
     assert spooled(spool_dir) == expected
     shipper.close(timeout=0.5)
     assert spooled(spool_dir) == expected  # closing keeps them for the next agent
+
+
+def test_a_full_disk_leaves_the_spool_whole_and_loses_no_line(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    """Redis away and the spool's disk full at once: the lines wait in memory (no torn record
+    on disk, the shipper goes on), reach the disk once there is room, and Redis once it is
+    back, every one in order."""
+    broken = redis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.1)
+    key = ReplicaKey(9, "master", 0, "n1")
+    with small_tmpfs("1m") as disk:
+        spool_dir = disk / "spool"
+        shipper = LogShipper(broken, spool_dir, retry_seconds=0.05)
+        shipper.put(key, "o", time.time(), ["before the disk filled"])
+        assert not shipper.flush(0.5)
+        filler = fill(disk)
+        for i in range(300):
+            shipper.put(key, "o", time.time(), [f"while full {i} " + "x" * 1000])
+        assert not shipper.flush(0.5)
+        assert shipper._thread.is_alive()
+        on_disk = [s.read_bytes() for s in spool_dir.glob("*.spool")]
+        assert all(data.endswith(b"\n") for data in on_disk)  # no torn record
+        assert [t for *_, t in spooled(spool_dir)] == ["before the disk filled"]
+        filler.unlink()  # room again: the next append takes what memory held
+        shipper.put(key, "o", time.time(), ["after room came back"])
+        expected = (
+            ["before the disk filled"]
+            + [f"while full {i} " + "x" * 1000 for i in range(300)]
+            + ["after room came back"]
+        )
+        wait_until("the held lines on disk", lambda: len(spooled(spool_dir)) == len(expected))
+        assert [t for *_, t in spooled(spool_dir)] == expected
+        shipper._sink = LogSink(client)  # Redis answers again
+        assert shipper.flush(10)
+        shipper.close()
+        assert [t for _, _, t in all_lines(client, 9)] == expected

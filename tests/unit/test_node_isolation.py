@@ -12,6 +12,7 @@ from jobs.services import scheduling
 from jobs.services.nodes import node_heartbeat
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import job_request
+from workers.contract import PROTOCOL_VERSION
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "redis_url", "sent_tasks")
 
@@ -20,7 +21,7 @@ def beat(name: str, isolation: str, reason: str = "") -> None:
     payload: dict[str, Any] = {
         "node": name, "address": "127.0.0.1", "cpus": 8, "gpus": 0, "memory_gb": 32,
         "incarnation": f"{name}-1", "running": [], "finished": [], "sent": 0,
-        "isolation": isolation, "isolation_reason": reason,
+        "isolation": isolation, "isolation_reason": reason, "protocol": PROTOCOL_VERSION,
     }  # fmt: skip
     node_heartbeat(payload)
 

@@ -287,7 +287,8 @@ def test_a_restarted_agent_fails_what_the_old_one_ran_and_the_reason_is_the_firs
     with django_capture_on_commit_callbacks(execute=True):
         node_service.node_heartbeat(
             {"node": "node-1", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0,
-             "incarnation": "b", "running": [], "finished": []}
+             "incarnation": "b", "running": [], "finished": [],
+             "protocol": contract.PROTOCOL_VERSION}
         )  # fmt: skip
     launched.refresh_from_db()
     assert launched.reason.startswith("node-1: its agent stopped unexpectedly (last heard at ")
@@ -434,3 +435,22 @@ def test_a_heartbeat_overtaken_by_a_newer_one_is_ignored(
     # A restarted agent's clock starts its own story: its first heartbeat always counts.
     node_service.node_heartbeat({**base, "incarnation": "b", "sent": 50.0, "running": late})
     assert Node.objects.get(name="node-1").running == late
+
+
+def test_a_restarted_agent_that_runs_the_replicas_on_keeps_the_job_running(
+    launched: Job, nodes: list[Node], django_capture_on_commit_callbacks: Capture
+) -> None:
+    """node-1's agent restarted and took its replicas over from their keepers: its first
+    heartbeat lists them, so they run on, now under the new incarnation."""
+    node1, _ = nodes
+    with django_capture_on_commit_callbacks(execute=True):
+        node_service.node_heartbeat(
+            {"node": "node-1", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0,
+             "incarnation": "b", "running": entries(launched, node1), "finished": []}
+        )  # fmt: skip
+    report = reconcile.run_pass()
+    launched.refresh_from_db()
+    assert launched.state == Job.State.RUNNING
+    there = launched.replicas.filter(node=node1)
+    assert {(r.state, r.incarnation) for r in there} == {(Replica.State.RUNNING, "b")}
+    assert report.ended == 0

@@ -113,8 +113,9 @@ def test_a_returning_node_lets_waiting_jobs_in(
     assert job.reason == "waiting: no node is ready (node-1 lost, node-2 lost)"
     with django_capture_on_commit_callbacks(execute=True):
         node_service.node_heartbeat(
-            {"node": "node-2", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0}
-        )
+            {"node": "node-2", "address": "127.0.0.1", "cpus": 8, "memory_gb": 32, "gpus": 0,
+             "protocol": contract.PROTOCOL_VERSION}
+        )  # fmt: skip
     job.refresh_from_db()
     assert placed(job) and job.reason == "starting on node-2"
     assert sent_tasks.named(contract.TASK_START_REPLICA)[-1][2] == "node.node-2"

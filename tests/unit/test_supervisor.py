@@ -407,7 +407,9 @@ def test_heartbeats_list_what_runs_and_what_ended_lately(
 
     payload = heartbeat_payload({"node": "n1", "cpus": 2}, supervisor)
 
-    assert set(payload) == {"node", "cpus", "incarnation", "running", "finished", "sent"}
+    assert set(payload) == {
+        "node", "cpus", "incarnation", "running", "finished", "sent", "disk_full", "protocol"
+    }  # fmt: skip
     assert payload["incarnation"] == supervisor.incarnation
     assert sorted(payload["running"], key=lambda r: r["job_id"]) == [
         {"job_id": 11, "attempt": 0, "role": "master", "index": 0, "state": "running",
@@ -539,3 +541,13 @@ def test_a_failures_reason_is_the_exception_its_traceback_ended_with(
     assert failed["reason"] == "RuntimeError: simulated failure in step 3 (exited with code 3)"
     # Killed without a word: only how it ended.
     assert last_exception(["epoch=1 loss: 0.5", "KeyError: 3"]) is None
+
+
+def test_the_exception_is_found_under_torchs_rank_prefix() -> None:
+    printed = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "train.py", line 9, in <module>',
+        "[rank1]: ValueError: bad shape [3, 4]",
+        "W1126 13:40:00.1 torch/distributed/elastic/multiprocessing/api.py] Sending SIGTERM",
+    ]
+    assert last_exception(printed) == "ValueError: bad shape [3, 4]"

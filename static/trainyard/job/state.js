@@ -22,6 +22,27 @@ export function renderJobState(state) {
   renderReplicas(state);
   renderAttempts(state);
   renderHealthEvents(state);
+  if (state.state === "failed") showFailureBanner();
+}
+
+// A job that fails while its page is open gets the banner its page leads with once failed:
+// the server renders it (jobs/services/failure.py), so it is fetched, not built a second way.
+let bannerAsked = false;
+async function showFailureBanner() {
+  if (bannerAsked || $("failure-banner")) return;
+  bannerAsked = true;
+  let html;
+  try {
+    const r = await fetch(window.location.href, { credentials: "same-origin" });
+    if (!r.ok) return;
+    html = await r.text();
+  } catch {
+    return;
+  }
+  const banner = new DOMParser().parseFromString(html, "text/html").getElementById("failure-banner");
+  if (!banner || $("failure-banner")) return;
+  document.querySelector(".heading").after(document.adoptNode(banner));
+  $("job-reason").hidden = true;
 }
 
 // Started, ended and how long it ran (ticking while it runs, "—" while it waits).
@@ -40,7 +61,8 @@ function renderReplicas(state) {
   for (const r of state.replicas) {
     const tr = document.createElement("tr");
     tr.dataset.tag = r.tag;
-    cells(tr, [`[${r.tag}]`, r.node || "–", r.state, r.exit_code ?? "", ""]);
+    // A process killed by a signal shows the signal's name (SIGTERM), never its number (-15).
+    cells(tr, [`[${r.tag}]`, r.node || "–", r.state, r.signal || (r.exit_code ?? ""), ""]);
     const badge = document.createElement("span");
     badge.className = `state state-${r.state}`;
     badge.textContent = r.state;

@@ -1,0 +1,69 @@
+"""Running a job again: the request that would submit it once more.
+
+One definition for the job page's "Run again" and "Edit and run again", the API's
+`GET /api/v1/jobs/ID/request` and so `trainyard rerun` and `trainyard show --job-file`: the
+body of `POST /api/v1/jobs` (jobs.schemas.JobIn) as the job was submitted, its code snapshot
+included. The new job goes through the same checks as any other (quota, snapshot ownership).
+"""
+
+from typing import Any
+
+from django.contrib.auth.models import AnonymousUser, User
+
+from jobs.healthrules import RuleError, parse_rules, rules_to_json
+from jobs.models import Job
+
+
+def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
+    """The job's request as `viewer` may copy it. Its owner gets every variable; anyone else
+    (an admin) gets none of those whose values are masked to them: a mask is not a value, and
+    the secret itself is never theirs to copy."""
+    program: dict[str, Any] = {"script": job.script, "args": list(job.args)}
+    if job.program.get("snapshot"):
+        program["snapshot"] = job.program["snapshot"]
+    own = getattr(viewer, "pk", None) == job.owner_id
+    seen = job.env_seen_by(viewer)
+    env = {k: v for k, v in job.env.items() if own or seen.get(k) == v}
+    body: dict[str, Any] = {
+        "name": job.name,
+        "image": job.image.name,
+        "program": program,
+        "roles": {
+            r.role: {"package": r.package.name, "instances": r.instances}
+            for r in job.roles.select_related("package").order_by("id")
+        },
+        "restart": {
+            "policy": job.restart_policy,
+            "max_restarts": job.max_restarts,
+            "backoff_seconds": job.restart_backoff_seconds,
+            "exclude_failed_node": job.exclude_failed_node,
+        },
+        "health_rules": list(job.health_rules),
+        "metrics": list(job.metric_definitions),
+    }
+    limits = {
+        "lines_per_second": (job.log_lines_per_second, job.image.log_lines_per_second),
+        "max_mb": (job.log_max_mb, job.image.log_max_mb),
+        "metric_points_per_second": (
+            job.metric_points_per_second,
+            job.image.metric_points_per_second,
+        ),
+    }
+    # Only limits the job set lower than its image's are its own; the others follow the image.
+    own_limits = {name: mine for name, (mine, image) in limits.items() if mine < image}
+    if own_limits:
+        body["log_limits"] = own_limits
+    if job.kvstore:
+        body["kvstore"] = job.kvstore
+    if env:
+        body["env"] = env
+    return body
+
+
+def has_image_health_rules(job: Job) -> bool:
+    """Whether the job's health rules are its image's defaults (as submission normalised
+    them): the form then leaves its rules empty, which means exactly that."""
+    try:
+        return bool(rules_to_json(parse_rules(job.image.health_rules)) == job.health_rules)
+    except RuleError:
+        return False

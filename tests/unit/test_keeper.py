@@ -1,0 +1,184 @@
+"""A replica's keeper on its own: it holds no secret of the agent, records exits, stops its
+processes when no agent claims it within its grace; and following its files by offset."""
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import process_alive
+from tests.tmpfs import fill, small_tmpfs
+from tests.unit.test_supervisor import wait_until
+from workers.filetail import FileTail
+from workers.keeperlink import KeeperLink, KeptProcess
+from workers.procrecords import ProcRecords
+
+SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
+
+
+@pytest.fixture
+def links() -> Iterator[list[KeeperLink]]:
+    made: list[KeeperLink] = []
+    yield made
+    for link in made:
+        for pid in link.pids():
+            if process_alive(pid):
+                os.kill(pid, 9)
+        link.kill()
+        link.release(wait=10)
+
+
+def start(
+    tmp_path: Path, argv: list[str], grace: float = 60.0, env: dict[str, str] | None = None
+) -> KeeperLink:
+    replica = {"spec": {"job_id": 5, "role": "worker", "index": 1}}
+    return KeeperLink.start(
+        tmp_path / "keeper",
+        [KeptProcess(argv, env or {"TRAINYARD_JOB_ID": "5"}, tmp_path)],
+        replica,
+        tmp_path / "procs",
+        grace_seconds=grace,
+        stop_grace_seconds=1.0,
+    )
+
+
+def test_the_keeper_holds_none_of_the_agents_secrets(
+    tmp_path: Path, links: list[KeeperLink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://node-1:agent-secret@127.0.0.1:1/0")
+    link = start(tmp_path, SLEEPER, env={"TRAINYARD_JOB_ID": "5", "PATH": "/usr/bin"})
+    links.append(link)
+    keeper = psutil.Process(int((link.state() or {})["keeper"]["pid"]))
+    assert "REDIS_URL" not in keeper.environ()
+    assert "agent-secret" not in " ".join(keeper.cmdline())
+    [trainer] = link.pids()
+    # What it was given (and the C locale's coercion by the death-signal shim's Python).
+    given = psutil.Process(trainer).environ()
+    given.pop("LC_CTYPE", None)
+    assert given == {"TRAINYARD_JOB_ID": "5", "PATH": "/usr/bin"}
+    # The spec that carried the trainer's environment is gone once read.
+    assert sorted(p.name for p in link.folder.iterdir() if p.name.endswith(".json")) == [
+        "replica.json",
+        "state.json",
+    ]
+
+
+def test_it_records_the_exit_and_ends_once_released(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    link = start(tmp_path, [sys.executable, "-c", "import sys; print('bye'); sys.exit(3)"])
+    wait_until(link.done, 30, "the keeper to see its process end")
+    [exited] = link.exits()
+    assert exited is not None and exited["code"] == 3
+    assert link.output("out", 0).read_text() == "bye\n"
+    assert ProcRecords(tmp_path / "procs").load() == []
+    link.release()
+    assert not link.alive()
+
+
+def test_unclaimed_for_its_grace_it_stops_its_processes_and_ends(tmp_path: Path) -> None:
+    link = start(tmp_path, SLEEPER, grace=1.0)
+    [trainer] = link.pids()
+    link.detach()  # as an agent that dies does
+    assert process_alive(trainer)
+    wait_until(lambda: not process_alive(trainer) and not link.alive(), 10, "the keeper's stop")
+    [exited] = link.exits()
+    assert exited is not None and exited["code"] == -15  # it obeyed the SIGTERM
+    assert exited["unclaimed"] is True
+    assert "no agent claimed it within 1 s" in (link.folder / "keeper.log").read_text()
+
+
+def test_a_file_is_followed_from_an_offset_in_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "out-0"
+    path.write_bytes(b"zero\none\ntwo\nthr")
+    got: list[tuple[list[str], int]] = []
+    ended = threading.Event()
+    tail = FileTail(path, 5, lambda ts, lines, offset: got.append((lines, offset)), ended.is_set)
+    tail.start()
+    wait_until(lambda: got, 10, "the first lines")
+    with open(path, "ab") as f:
+        f.write(b"ee\nfour")
+    ended.set()
+    tail.join(10)
+    assert [line for lines, _ in got for line in lines] == ["one", "two", "three", "four"]
+    assert got[0] == (["one", "two"], 13)
+    assert got[-1][1] == len(path.read_bytes())
+    assert json.dumps(got)  # plain data, as the shipper takes it
+
+
+def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
+    """A flooding trainer must not fill the disk through its keeper's files."""
+    path = tmp_path / "out-0"
+    line = b"x" * 99 + b"\n"
+    path.write_bytes(line * 20_000)  # 2 MB
+    got: list[int] = []
+    tail = FileTail(
+        path, 0, lambda ts, lines, offset: got.append(offset), lambda: True,
+        shipped=lambda: got[-1] if got else 0, discard_every=256 * 1024,
+    )  # fmt: skip
+    tail.run()
+    assert got[-1] == 2_000_000
+    assert tail.discarded > 1_000_000  # most of it; what was read last is still there
+    assert path.stat().st_size == 2_000_000  # offsets stay valid
+    assert path.stat().st_blocks * 512 < 2_000_000 - tail.discarded + 64 * 1024
+
+
+# Fills the disk its argument names, then dies of the ENOSPC (the traceback on stderr).
+FILL_AND_DIE = (
+    "import sys\n"
+    "print('filling', flush=True)\n"
+    "with open(sys.argv[1], 'wb', buffering=0) as f:\n"
+    "    while True:\n"
+    "        f.write(b'x' * 4096)\n"
+)
+
+
+def test_on_a_full_disk_it_still_records_the_exit_and_the_last_lines(
+    links: list[KeeperLink],
+) -> None:
+    """The trainer that fills the keeper's own disk dies of it: its traceback and its exit are
+    still written (room reserved beforehand), so the agent can say what killed it."""
+    with small_tmpfs("2m") as disk:
+        link = start(disk, [sys.executable, "-c", FILL_AND_DIE, str(disk / "blob")])
+        links.append(link)
+        wait_until(link.done, 30, "the keeper to see its process end")
+        [exited] = link.exits()
+        assert exited is not None and exited["code"] == 1
+        assert link.output("out", 0).read_text() == "filling\n"
+        err = link.output("err", 0).read_text()
+        assert "OSError: [Errno 28] No space left on device" in err
+        link.release(wait=10)
+
+
+def test_on_a_full_disk_output_waits_for_room_and_none_is_lost(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """More output than the room reserved for it on a full disk: the trainer waits on its
+    pipe (it cannot end: its output does not fit), and once there is room every line is in the
+    file, once, in order."""
+    go = tmp_path / "go"
+    printer = (
+        "import pathlib, sys, time\n"
+        f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.05)\n"
+        "for i in range(40000):\n"
+        "    print(f'line {i:08d}')\n"
+    )
+    with small_tmpfs("4m") as disk:
+        link = start(disk, [sys.executable, "-c", printer])
+        links.append(link)
+        filler = fill(disk)
+        go.touch()
+        out = link.output("out", 0)
+        wait_until(lambda: out.stat().st_size >= 200_000, 30, "the reserved room to be used")
+        assert not link.done()
+        filler.unlink()
+        wait_until(link.done, 30, "the keeper to see its process end")
+        [exited] = link.exits()
+        assert exited is not None and exited["code"] == 0
+        assert out.read_text().splitlines() == [f"line {i:08d}" for i in range(40000)]
+        link.release(wait=10)
