@@ -67,6 +67,11 @@ class FileTail(threading.Thread):
         self._quiet_since = time.monotonic()
         self._stopping = threading.Event()
 
+    @property
+    def read_to(self) -> int:
+        """How far into the file it has read: the lines handed on, and a line still open."""
+        return self.offset + len(self._pending)
+
     def stop(self) -> None:
         """Stop following now (the agent hands over): what is not read stays for the next."""
         self._stopping.set()

@@ -69,6 +69,11 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 # After its leader ended, how long the copier of a pipe that a leftover process still held
 # may take (that process is SIGKILLed first, so this is only a backstop).
 COPY_END_SECONDS = 5.0
+# How long a rank's exit record waits for the copiers of its pipes once its group is gone: the
+# agent works out a failure's reason from the stderr file as soon as the record is there, so
+# the traceback printed just before the exit must be in the file by then. Pipes close as soon
+# as the group is killed; a process that left the group and holds a pipe delays only this much.
+EXIT_AFTER_OUTPUT_SECONDS = 1.0
 GRACE_ENV = "TRAINYARD_KEEPER_GRACE_SECONDS"
 DEFAULT_GRACE_SECONDS = 60.0
 # The commands an agent sends, one per line.
@@ -343,6 +348,9 @@ class Keeper:
             kept.proc.wait()
             kept.reaped = True
             kept.code = code
+            ends = time.monotonic() + EXIT_AFTER_OUTPUT_SECONDS
+            for copier in kept.copiers:
+                copier.join(max(0.0, ends - time.monotonic()))
             ended = {"code": code, "at": time.time(), "unclaimed": self.unclaimed_stop}
             write_atomically(self.folder / exit_name(kept.rank), json.dumps(ended))
         if not self.done and all(k.reaped for k in self.kept):

@@ -87,6 +87,9 @@ KILL_WAIT_SECONDS = 5.0
 RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
 STDERR_TAIL_LINES = 20
+# How long a failure's reason waits for the failed rank's stderr reader to read its file to the
+# end (it polls the keeper's file; on a loaded machine it can lag the exit record).
+STDERR_CATCH_UP_SECONDS = 2.0
 # Outcomes remembered, so that a start or stop that comes again gets the same answer.
 FINISHED_KEEP_SECONDS = 600.0
 FINISHED_KEEP_MAX = 1000
@@ -159,6 +162,7 @@ class _ReplicaRun:
     stop_grace: float = STOP_GRACE_SECONDS
     handed_over: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
+    stderr_readers: dict[int, FileTail] = field(default_factory=dict)  # by local rank
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
     tails: list[MetricTail] = field(default_factory=list)
@@ -741,6 +745,8 @@ class Supervisor:
                 )
                 reader.start()
                 run.readers.append(reader)
+                if stream == "err":
+                    run.stderr_readers[rank] = reader
         for rank, path in enumerate(metrics_files):
             writer = self._writer(run, "metrics", rank)
             holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
@@ -990,8 +996,24 @@ class Supervisor:
             assert run.failed_local_rank is not None
             return f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
         # No @record: the exception its traceback ended with, if it printed one.
+        self._read_stderr_to_its_end(run)
         printed = last_exception(list(run.stderr_tail))
         return self._with_disk_reason(f"{printed} ({how})" if printed else how)
+
+    def _read_stderr_to_its_end(self, run: _ReplicaRun) -> None:
+        """Let the failed rank's stderr reader reach the end of its file: the keeper records an
+        exit only once the rank's output is in the file, but the reader polls, and a reason
+        worked out before it has read the traceback would miss the exception."""
+        reader = run.stderr_readers.get(run.failed_local_rank or 0)
+        if reader is None:
+            return
+        try:
+            size = reader.path.stat().st_size
+        except FileNotFoundError:
+            return
+        deadline = time.monotonic() + STDERR_CATCH_UP_SECONDS
+        while reader.read_to < size and reader.is_alive() and time.monotonic() < deadline:
+            time.sleep(MONITOR_INTERVAL_SECONDS / 5)
 
     # --- a full work disk (workers/diskspace.py) ---
 
