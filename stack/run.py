@@ -684,7 +684,10 @@ class Stack:
             else [f"node-{i}" for i in range(1, self.nodes + 1)]
         )
         # Fresh credentials for every agent, each a Redis user of its own (made now, Redis is up).
-        agent_urls = self.manage("agent_credentials", *names, *agents_redis_host).split()
+        # None with --nodes 0: a console whose nodes come from elsewhere (bench/fleet.py).
+        agent_urls = (
+            self.manage("agent_credentials", *names, *agents_redis_host).split() if names else []
+        )
         for i, (node, agent_url) in enumerate(zip(names, agent_urls, strict=True), start=1):
             address = "127.0.0.1"
             if self.network is not None:
