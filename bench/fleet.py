@@ -112,7 +112,7 @@ def simulated_seconds(spec: dict[str, Any], default: float) -> float:
     return default
 
 
-def decode(raw: bytes) -> tuple[str, dict[str, Any]]:
+def decode(raw: bytes | str) -> tuple[str, dict[str, Any]]:
     """(task name, kwargs) of a Celery protocol-2 message as kombu's Redis transport keeps it."""
     envelope = json.loads(raw)
     body = envelope["body"]
@@ -275,7 +275,7 @@ class FakeAgent:
     async def _live(self, run: _Run) -> None:
         config = self.fleet.config
         spec = run.spec
-        job_id, attempt, role, index = self.ident(spec)
+        job_id = self.ident(spec)[0]
         ends = time.monotonic() + simulated_seconds(spec, config.job_seconds)
         step = 0
         tick = 1.0
@@ -326,9 +326,11 @@ class FakeAgent:
         if self.runs.pop(ident, None) is None:
             return
         job_id, attempt, role, index = ident
-        report = {"job_id": job_id, "attempt": attempt, "role": role, "index": index,
-                  "node": self.node, "state": state, "exit_code": exit_code, "reason": reason,
-                  "stderr_tail": [], "ended_at": time.time(), "incarnation": self.incarnation}  # fmt: skip
+        report = {
+            "job_id": job_id, "attempt": attempt, "role": role, "index": index,
+            "node": self.node, "state": state, "exit_code": exit_code, "reason": reason,
+            "stderr_tail": [], "ended_at": time.time(), "incarnation": self.incarnation,
+        }  # fmt: skip
         self.finished[ident] = report
         if len(self.finished) > 200:
             self.finished.pop(next(iter(self.finished)))
