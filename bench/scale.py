@@ -68,7 +68,9 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
             port=free_port(),
             nodes=0,
             extra_env={"DATABASE_URL": database_url,
-                       "TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)},
+                       "TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
+                       # To measure the console worker without kept connections: set it to 0.
+                       **{k: v for k, v in os.environ.items() if k == "TRAINYARD_DB_CONN_MAX_AGE"}},
             announce=lambda line: None,
         )  # fmt: skip
         stack.prepare()
@@ -82,10 +84,13 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
             urls = provision(stack.manage, names)
             results["provision_seconds"] = time.perf_counter() - started
             worker = psutil.Process(stack.pid("console-worker"))
+            import redis
+
+            queue = redis.Redis.from_url(stack.redis_url)
             for size in sizes:
                 subset = {name: urls[name] for name in names[:size]}
                 config = FleetConfig(heartbeat_seconds=HEARTBEAT_SECONDS)
-                with FleetThread(subset, config):
+                with FleetThread(subset, config) as fleet:
                     # Warm: every node has been heard from once.
                     since = time.time()
                     deadline = time.monotonic() + 120
@@ -98,8 +103,11 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
                         time.sleep(0.5)
                     cpu_before = sum(worker.cpu_times()[:2])
                     window_started = time.perf_counter()
+                    sent_before = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
                     lags: dict[tuple[str, float], float] = {}
+                    backlog = 0  # the most messages waiting on the console's queue
                     while time.perf_counter() - window_started < INGEST_WINDOW_SECONDS:
+                        backlog = max(backlog, int(queue.llen("console")))
                         for name, sent, written in Node.objects.filter(
                             name__in=list(subset)
                         ).values_list("name", "heartbeat_sent", "last_heartbeat"):
@@ -108,6 +116,7 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
                         time.sleep(0.5)
                     wall = time.perf_counter() - window_started
                     cpu = sum(worker.cpu_times()[:2]) - cpu_before
+                    sent = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
                     silent_since = time.time() - 3 * HEARTBEAT_SECONDS
                     stale = Node.objects.filter(
                         name__in=list(subset), heartbeat_sent__lt=silent_since
@@ -118,6 +127,10 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
                     "lag_p99": _quantile(list(lags.values()), 0.99),
                     "heartbeats_seen": len(lags),
                     "stale_nodes": stale,
+                    # Whether the fleet itself kept up: heartbeats it sent a second, of N / 5.
+                    "sent_per_second": (sent - sent_before) / wall,
+                    "wanted_per_second": size / HEARTBEAT_SECONDS,
+                    "console_queue_max": backlog,
                 }
                 # The nodes of this size go silent; let the console settle before the next.
                 time.sleep(2)
@@ -283,6 +296,13 @@ def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) ->
             f"{_ms(at['lag_p50'])}/{_ms(at['lag_p99'])} ({at['stale_nodes']} stale)",
             "(figure only)", None,
         ), flush=True)  # fmt: skip
+        if "sent_per_second" in at:
+            print(
+                f"  {'':<46} fleet sent {at['sent_per_second']:.0f} of "
+                f"{at['wanted_per_second']:.0f} heartbeats/s; console queue at most "
+                f"{at['console_queue_max']} messages",
+                flush=True,
+            )
 
     with fresh() as url:
         small = _part("schedule", url, redis_url, "--nodes", "10", "--waiting", "10")
