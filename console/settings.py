@@ -162,7 +162,12 @@ DATABASES = {
     "default": dj_database_url.config(
         env="DATABASE_URL",
         default=f"sqlite:///{VAR_DIR / 'trainyard.sqlite3'}",
-        conn_max_age=0,
+        # How long a process keeps its database connection (seconds; 0: one per request or
+        # task). The console worker sets it (stack/run.py, deploy/): on PostgreSQL a new
+        # connection for each of 200 heartbeats a second was a fifth of its ingest time
+        # (issue 24). Checked before reuse, so a database that restarted costs one retry.
+        conn_max_age=env_int("TRAINYARD_DB_CONN_MAX_AGE", 0),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":

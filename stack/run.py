@@ -676,6 +676,8 @@ class Stack:
             [py, "-m", "celery", "-A", "console", "worker", "-Q", "console",
              "-n", f"console@{self.port}", "--pool", "threads", "--concurrency", "4",
              "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
+            # One connection per worker thread, kept, not one per task (docs/deploy.md).
+            env={KEEP_CONNECTIONS: self.extra_env.get(KEEP_CONNECTIONS, "60")},
         )  # fmt: skip
         spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
         names = (
@@ -782,6 +784,10 @@ class Stack:
             self.network.destroy()
             self.network = None
         self._pids.release()
+
+
+# The console worker keeps its database connections this many seconds (console/settings.py).
+KEEP_CONNECTIONS = "TRAINYARD_DB_CONN_MAX_AGE"
 
 
 def _port_in_use(port: int) -> bool:
