@@ -269,15 +269,36 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
-def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
-    from bench.admission import race_in_subprocess
-    from bench.reconcile import measure_in_subprocess
+GROUPS = ("ingest", "schedule", "admission", "list", "reconcile")
 
-    big_nodes, big_waiting, big_history = (200, 2000, 10_000) if quick else (1000, 10_000, 100_000)
-    sizes = [10, 200] if quick else [10, 1000, 2000]
+
+def report(
+    label: str,
+    fresh: Callable[[], Any],
+    redis_url: str,
+    quick: bool,
+    only: tuple[str, ...] = GROUPS,
+) -> None:
+    """Every group of figures, each on its own: one that fails says why and the rest go on."""
     print(f"== {label} ==", flush=True)
-    print(_line("figure", "small", "at scale", "", None).replace("n/a", ""))
+    for group in (_ingest_lines, _schedule_lines, _admission_lines, _list_lines, _reconcile_lines):
+        if group.__name__.strip("_").removesuffix("_lines") not in only:
+            continue
+        try:
+            group(label, fresh, redis_url, quick)
+        except Exception as exc:
+            reason = str(exc).strip().splitlines()
+            print(f"  {group.__name__.strip('_')}: NOT MEASURED ({reason[0] if reason else exc!r})")
 
+
+def _sizes(quick: bool) -> tuple[int, int, int, list[int]]:
+    if quick:
+        return 200, 2000, 10_000, [10, 200]
+    return 1000, 10_000, 100_000, [10, 1000, 2000]
+
+
+def _ingest_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+    sizes = _sizes(quick)[3]
     with fresh() as url:
         ingest_result = _part("ingest", url, redis_url, "--sizes", ",".join(map(str, sizes)))
     base = ingest_result["10"]
@@ -304,6 +325,9 @@ def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) ->
                 flush=True,
             )
 
+
+def _schedule_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+    big_nodes, big_waiting, _, _ = _sizes(quick)
     with fresh() as url:
         small = _part("schedule", url, redis_url, "--nodes", "10", "--waiting", "10")
     with fresh() as url:
@@ -315,6 +339,10 @@ def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) ->
         f"{_ms(big['steady'])} (first {_ms(big['first'])})", "<= 100 ms",
         big["steady"] <= 0.100,
     ), flush=True)  # fmt: skip
+
+
+def _admission_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+    from bench.admission import race_in_subprocess
 
     with fresh() as url:
         alone = race_in_subprocess(url, redis_url, label, "user", 1, 40, 10_000)
@@ -336,6 +364,9 @@ def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) ->
             rate >= 50 if label != "sqlite" else None,
         ), flush=True)  # fmt: skip
 
+
+def _list_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+    _, _, big_history, _ = _sizes(quick)
     with fresh() as url:
         small = _part("lists", url, redis_url, "--history", "1000")
     with fresh() as url:
@@ -347,6 +378,11 @@ def report(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) ->
             big[kind + "_p99"] <= 0.200,
         ), flush=True)  # fmt: skip
 
+
+def _reconcile_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+    from bench.reconcile import measure_in_subprocess
+
+    big_nodes, _, _, _ = _sizes(quick)
     with fresh() as url:
         small = measure_in_subprocess(url, redis_url, nodes=10, replicas=100)
     with fresh() as url:
@@ -376,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history", type=int, default=100_000)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
+    parser.add_argument("--groups", default=",".join(GROUPS), help="of: " + ", ".join(GROUPS))
     args = parser.parse_args(argv)
     if args.part is not None:
         if args.part == "ingest":
@@ -392,16 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
     from stack.redis_server import private_server
 
+    groups = tuple(args.groups.split(","))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         with private_server(tmp / "redis") as (redis_url, _):
+            print(_line("figure", "small", "at scale", "", None).replace("n/a", ""), flush=True)
             if args.only in (None, "sqlite"):
-                report("sqlite", lambda: fresh_sqlite(tmp), redis_url, args.quick)
+                report("sqlite", lambda: fresh_sqlite(tmp), redis_url, args.quick, groups)
             if args.only in (None, "postgresql"):
                 reason = postgres_unreachable_reason()
                 if reason is None:
-                    report("postgresql", fresh_postgres, redis_url, args.quick)
+                    report("postgresql", fresh_postgres, redis_url, args.quick, groups)
                 else:
                     print(f"== postgresql: SKIPPED ({reason}) ==")
     print(NOT_MEASURED)
