@@ -42,7 +42,10 @@ def two_consoles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Run
     require_postgres()
     with fresh_postgres() as url:
         folder = tmp_path_factory.mktemp("two-consoles")
-        with running_stack(folder, nodes=0, extra_env={"DATABASE_URL": url, **FAST_FAULTS}) as s:
+        # Fast faults, but a live node on a loaded machine must not be taken for lost.
+        timings = {**FAST_FAULTS, "TRAINYARD_NODE_STALE_SECONDS": "6",
+                   "TRAINYARD_NODE_LOST_SECONDS": "20"}  # fmt: skip
+        with running_stack(folder, nodes=0, extra_env={"DATABASE_URL": url, **timings}) as s:
             env = s.stack.env()
             port = free_port()
             extra = [
@@ -131,10 +134,7 @@ def test_two_webs_and_two_workers_place_each_replica_once_and_lose_no_job(
     assert not twice, twice  # no replica placed (or started) twice
     assert not [e for e in events if e.in_use_cpus > NODE_CPUS]  # no node over-committed
     by_state = Counter(j["state"] for j in jobs.values())
-    for job in jobs.values():
-        if job["state"] == "failed":
-            # Only the lost nodes fail jobs here: the reason names one.
-            assert any(n in job["reason"] for n in doomed), job
-        else:
-            assert job["state"] == "succeeded", job
-    assert by_state["succeeded"] > 0, by_state
+    failed = {i: j["reason"] for i, j in jobs.items() if j["state"] == "failed"}
+    # Only the lost nodes fail jobs here: each failed job's reason names one.
+    assert all(any(n in why for n in doomed) for why in failed.values()), failed
+    assert set(by_state) <= {"succeeded", "failed"} and by_state["succeeded"] > 0, by_state
