@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test bench lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster test bench bench-scale lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -37,6 +37,12 @@ mxnet-env: $(VENV)/.installed
 # Figures as ratios against a baseline measured in the same run; no thresholds, no asserts.
 bench: $(VENV)/.installed
 	$(PY) -m bench
+
+# Figures at a thousand nodes and ten thousand jobs (bench/scale.py): a simulated fleet of fake
+# agents (bench/fleet.py) against the real console, each figure beside its 10-node baseline and
+# its target. It loads the machine for several minutes; QUICK=1 for smaller sizes.
+bench-scale: $(VENV)/.installed
+	$(PY) -m bench.scale $(if $(QUICK),--quick)
 
 lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .

@@ -190,7 +190,7 @@ def run_race(
     ]
     for w in workers:
         w.start()
-    barrier.wait(timeout=120)
+    barrier.wait(timeout=600)  # 64 Django processes starting on 2 loaded cores take minutes
     started = time.perf_counter()
     outcomes = [o for _ in workers for o in results.get(timeout=600)]
     seconds = time.perf_counter() - started

@@ -45,7 +45,7 @@ def _fill(nodes: int, replicas: int) -> None:
     package = Package.objects.get(name="cpu-1")
     now = timezone.now()
     rows = Node.objects.bulk_create(
-        Node(name=f"n{i:03}", address="127.0.0.1", cpu=64, memory_gb=256, last_heartbeat=now)
+        Node(name=f"n{i:04}", address="127.0.0.1", cpu=64, memory_gb=256, last_heartbeat=now)
         for i in range(nodes)
     )
     jobs = Job.objects.bulk_create(
@@ -113,9 +113,9 @@ def measure(nodes: int = NODES, replicas: int = REPLICAS) -> dict[str, Any]:
         scheduling.schedule()
         schedules.append(time.perf_counter() - started)
     # One node goes silent: the pass that finds it fails the jobs that ran there.
-    Node.objects.filter(name="n000").update(last_heartbeat=timezone.now() - timedelta(hours=1))
+    Node.objects.filter(name="n0000").update(last_heartbeat=timezone.now() - timedelta(hours=1))
     lost = reconcile.run_pass(listening_since=listening)
-    assert lost.lost_nodes == ["n000"], lost.summary()
+    assert lost.lost_nodes == ["n0000"], lost.summary()
     return {
         "nodes": nodes,
         "replicas": replicas,
@@ -138,11 +138,13 @@ def summary(label: str, m: dict[str, Any]) -> str:
     )
 
 
-def measure_in_subprocess(database_url: str, redis_url: str) -> dict[str, Any]:
+def measure_in_subprocess(
+    database_url: str, redis_url: str, nodes: int = NODES, replicas: int = REPLICAS
+) -> dict[str, Any]:
     """In a fresh process: Django binds one database per process."""
     done = subprocess.run(
         [sys.executable, "-m", "bench.reconcile", "--database-url", database_url,
-         "--redis-url", redis_url, "--json"],
+         "--redis-url", redis_url, "--json", "--nodes", str(nodes), "--replicas", str(replicas)],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0 or not done.stdout.strip():
@@ -156,9 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", required=True, help="a fresh, empty database")
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--nodes", type=int, default=NODES)
+    parser.add_argument("--replicas", type=int, default=REPLICAS)
     args = parser.parse_args(argv)
     _django(args.database_url, args.redis_url)
-    result = measure()
+    result = measure(args.nodes, args.replicas)
     print(json.dumps(result) if args.json else summary("database", result), flush=True)
     return 0
 

@@ -164,7 +164,12 @@ DATABASES = {
     "default": dj_database_url.config(
         env="DATABASE_URL",
         default=f"sqlite:///{VAR_DIR / 'trainyard.sqlite3'}",
-        conn_max_age=0,
+        # How long a process keeps its database connection (seconds; 0: one per request or
+        # task). The console worker sets it (stack/run.py, deploy/): on PostgreSQL a new
+        # connection for each of 200 heartbeats a second was a fifth of its ingest time
+        # (issue 24). Checked before reuse, so a database that restarted costs one retry.
+        conn_max_age=env_int("TRAINYARD_DB_CONN_MAX_AGE", 0),
+        conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -302,6 +307,11 @@ TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
 # A node silent this long (while the console could hear it) is lost: its replicas fail.
 TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
+# A misbehaving agent cannot slow the others (jobs/services/heartbeat_limits.py): of one
+# agent's heartbeats one in this many seconds is taken, and a heartbeat listing more replicas
+# than this is refused, each with a log line.
+TRAINYARD_HEARTBEAT_MIN_SPACING_SECONDS = env_float("TRAINYARD_HEARTBEAT_MIN_SPACING_SECONDS", 0.5)
+TRAINYARD_HEARTBEAT_MAX_ENTRIES = env_int("TRAINYARD_HEARTBEAT_MAX_ENTRIES", 2000)
 # Node agents (docs/deploy.md): each has its own Redis ACL user and signs what it reports
 # (`manage.py agent_credentials NODE`). Off, a node without credentials is believed unsigned:
 # only for a development set-up whose agents use the console's own Redis URL. A node that has

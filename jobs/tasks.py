@@ -14,14 +14,29 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown
 from django.conf import settings
 
-from jobs.services import agent_access, nodes, reconcile, reports, restarts, retention, scheduling
+from jobs.services import (
+    agent_access,
+    heartbeat_limits,
+    nodes,
+    reconcile,
+    reports,
+    restarts,
+    retention,
+    scheduling,
+)
 from jobs.services.periodic import PeriodicPass
 from workers import contract
 
 
 @shared_task(name=contract.TASK_NODE_HEARTBEAT)
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    if agent_access.authentic(contract.TASK_NODE_HEARTBEAT, payload):
+    # The size first (checking a signature serialises the payload), the rate once it is known
+    # who sent it (heartbeat_limits).
+    if heartbeat_limits.too_large(payload):
+        return
+    if agent_access.authentic(contract.TASK_NODE_HEARTBEAT, payload) and not (
+        heartbeat_limits.too_soon(payload)
+    ):
         nodes.node_heartbeat(payload)
 
 

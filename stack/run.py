@@ -701,6 +701,8 @@ class Stack:
             [py, "-m", "celery", "-A", "console", "worker", "-Q", "console",
              "-n", f"console@{self.port}", "--pool", "threads", "--concurrency", "4",
              "--without-mingle", "--without-gossip", "--loglevel", "INFO"],
+            # One connection per worker thread, kept, not one per task (docs/deploy.md).
+            env={KEEP_CONNECTIONS: self.extra_env.get(KEEP_CONNECTIONS, "60")},
         )  # fmt: skip
         spawn("log-keeper", [py, str(ROOT / "manage.py"), "keep_logs"])
         names = (
@@ -709,7 +711,10 @@ class Stack:
             else [f"node-{i}" for i in range(1, self.nodes + 1)]
         )
         # Fresh credentials for every agent, each a Redis user of its own (made now, Redis is up).
-        agent_urls = self.manage("agent_credentials", *names, *agents_redis_host).split()
+        # None with --nodes 0: a console whose nodes come from elsewhere (bench/fleet.py).
+        agent_urls = (
+            self.manage("agent_credentials", *names, *agents_redis_host).split() if names else []
+        )
         for i, (node, agent_url) in enumerate(zip(names, agent_urls, strict=True), start=1):
             address = "127.0.0.1"
             if self.network is not None:
@@ -808,6 +813,10 @@ class Stack:
             self.network.destroy()
             self.network = None
         self._pids.release()
+
+
+# The console worker keeps its database connections this many seconds (console/settings.py).
+KEEP_CONNECTIONS = "TRAINYARD_DB_CONN_MAX_AGE"
 
 
 def _port_in_use(port: int) -> bool:

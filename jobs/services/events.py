@@ -63,33 +63,54 @@ def _get_sender() -> _Sender:
         return _sender
 
 
-class _StateEvent:
-    """Sends a job's state as it is once the transaction has committed."""
+class _StateEvents:
+    """Sends the state of every job the transaction changed, as each is once it has
+    committed: one hook per transaction, whose payloads are built together (a scheduling pass
+    that gives 10,000 waiting jobs a new reason builds them in a few queries, not 10,000
+    times a few)."""
 
-    def __init__(self, job_id: int, payload: Callable[[int], dict[str, Any] | None]) -> None:
-        self.job_id = job_id
-        self._payload = payload
+    def __init__(self, payloads: Callable[[list[int]], dict[int, dict[str, Any]]]) -> None:
+        self.payloads = payloads
+        self.job_ids: dict[int, None] = {}  # ordered: events leave in the order of the changes
         self.sent = False
 
     def __call__(self) -> None:
         self.sent = True
-        job = self._payload(self.job_id)
-        if job is not None:
-            message = {"type": "job.event", "payload": {"type": "state", "job": job}}
-            _get_sender().send(job_group(self.job_id), message)
+        for start in range(0, len(self.job_ids), _BATCH):
+            chunk = list(self.job_ids)[start : start + _BATCH]
+            found = self.payloads(chunk)
+            for job_id in chunk:
+                job = found.get(job_id)
+                if job is not None:
+                    message = {"type": "job.event", "payload": {"type": "state", "job": job}}
+                    _get_sender().send(job_group(job_id), message)
 
 
-def state_changed_on_commit(job_id: int, payload: Callable[[int], dict[str, Any] | None]) -> None:
+# Jobs whose payloads are built together (bounded: one query's IN list, and memory).
+_BATCH = 500
+
+
+def state_changed_on_commit(
+    job_id: int, payloads: Callable[[list[int]], dict[int, dict[str, Any]]]
+) -> None:
     """Tell the job's clients its state once this transaction commits, once per job.
 
     The payload is built at commit, not now, so it shows every write the transaction made
     (a state change and the replicas stopped after it), and several changes to one job in
-    one transaction become one event.
+    one transaction become one event. `payloads` builds the payloads of several jobs at once
+    (jobs.services.presenters.states_of).
     """
-    pending = transaction.get_connection().run_on_commit
-    if any(
-        isinstance(hook, _StateEvent) and hook.job_id == job_id and not hook.sent
-        for _, hook, _ in pending
-    ):
+    connection = transaction.get_connection()
+    hooks = connection.run_on_commit
+    # Django replaces its list of hooks on every commit, rollback and savepoint rolled back
+    # (and only appends to it otherwise): while the list is the one the batch was added to,
+    # the batch is in it. A batch kept across a savepoint rolled back may name a job whose
+    # change was undone: its clients are told its state as it is, which is harmless.
+    found: tuple[list[Any], _StateEvents] | None = getattr(connection, "_trainyard_events", None)
+    if found is not None and found[0] is hooks and not found[1].sent:
+        found[1].job_ids.setdefault(job_id, None)
         return
-    transaction.on_commit(_StateEvent(job_id, payload), robust=True)
+    batch = _StateEvents(payloads)
+    batch.job_ids[job_id] = None
+    transaction.on_commit(batch, robust=True)
+    connection._trainyard_events = (connection.run_on_commit, batch)

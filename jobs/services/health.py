@@ -164,7 +164,7 @@ def switched_off(
             message=message,
             outcome="the rule was switched off for this attempt",
         )
-        events.state_changed_on_commit(job.pk, presenters.state_of)
+        events.state_changed_on_commit(job.pk, presenters.states_of)
     if client is not None and where is not None:
         node = _node_of(job_id, attempt, where.role, where.index)
         _write_note(client, job_id, attempt, where.role, where.index, node, message)
@@ -212,7 +212,7 @@ def fired(job_id: int, attempt: int, firing: Firing, client: redis.Redis | None 
             message=firing.message,
             outcome=outcome,
         )
-        events.state_changed_on_commit(job.pk, presenters.state_of)
+        events.state_changed_on_commit(job.pk, presenters.states_of)
     return outcome
 
 

@@ -87,6 +87,9 @@ def waiting_jobs() -> list[Job]:
         Job.objects.select_for_update()
         .filter(state=Job.State.QUEUED, pk__in=unplaced)
         .order_by("created", "id")
+        # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
+        # read again whole for its start messages.
+        .only("id", "created", "owner_id", "state", "reason", "excluded_nodes")
     )
 
 
@@ -118,28 +121,44 @@ def schedule() -> list[int]:
         for replica in (
             Replica.objects.filter(job__in=waiting, state=Replica.State.PENDING)
             .select_related("package")
+            .only("id", "job_id", "role", "index", "state", "node_id",
+                  "package__id", "package__cpu", "package__gpus", "package__memory_gb")
             .order_by("id")
-        ):
+        ):  # fmt: skip
             unplaced[replica.job_id].append(replica)
+        # Until something is placed the rooms stay as they are, so jobs of one owner with the
+        # same demands and exclusions wait for the same reason: worked out once per pass, not
+        # once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
+        reasons: dict[tuple[object, ...], str] = {}
         for job in waiting:
             replicas = unplaced[job.pk]
             demands = demands_of(replicas)
             if blocker is not None and timezone.now() - blocker.created > grace:
-                behind = jobs_in_words([blocker.pk], _visible_to(job))
-                transitions.set_job_reason(
-                    job, f"waiting behind {behind}, which has waited longest"
-                )
+                key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
+                if key not in reasons:
+                    behind = jobs_in_words([blocker.pk], _visible_to(job))
+                    reasons[key] = f"waiting behind {behind}, which has waited longest"
+                transitions.set_job_reason(job, reasons[key])
                 continue
             # A restarted job may stay away from the nodes its earlier attempts failed on.
-            allowed = [room for room in rooms if room.node not in job.excluded_nodes]
-            assignment = place(demands, allowed)
+            allowed = (
+                [room for room in rooms if room.node not in job.excluded_nodes]
+                if job.excluded_nodes
+                else rooms
+            )
+            shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb) for d in demands))
+            key = ("unplaced", shape, tuple(job.excluded_nodes), job.owner_id)
+            assignment = None if key in reasons else place(demands, allowed)
             if assignment is None:
-                why = why_waiting(demands, allowed, views, held, _visible_to(job))
-                if job.excluded_nodes:
-                    why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
-                transitions.set_job_reason(job, why)
+                if key not in reasons:
+                    why = why_waiting(demands, allowed, views, held, _visible_to(job))
+                    if job.excluded_nodes:
+                        why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
+                    reasons[key] = why
+                transitions.set_job_reason(job, reasons[key])
                 blocker = blocker or job
                 continue
+            reasons.clear()  # the rooms change now
             by_name = {n.name: n for n in usable}
             by_room = {room.node: room for room in rooms}
             for demand in demands:
@@ -156,7 +175,7 @@ def schedule() -> list[int]:
             transitions.place_replicas(replicas, sent=timezone.now())
             placed = sorted({r.node.name for r in replicas if r.node is not None})
             transitions.set_job_reason(job, f"starting on {', '.join(placed)}")
-            specs = dispatch.build_specs(job)
+            specs = dispatch.build_specs(Job.objects.get(pk=job.pk))
             job_id = job.pk
             transaction.on_commit(
                 lambda j=job_id, s=specs: dispatch.send_starts(j, s),  # type: ignore[misc]

@@ -60,7 +60,7 @@ def move_job(
         return False
     job.refresh_from_db(fields=["state", "reason", "started", "finished", *also])
     if announce:
-        events.state_changed_on_commit(job.pk, presenters.state_of)
+        events.state_changed_on_commit(job.pk, presenters.states_of)
     return True
 
 
@@ -77,7 +77,7 @@ def set_job_reason(job: Job, reason: str) -> bool:
     moved = Job.objects.filter(pk=job.pk, state=job.state).update(reason=reason)
     if moved:
         job.reason = reason
-        events.state_changed_on_commit(job.pk, presenters.state_of)
+        events.state_changed_on_commit(job.pk, presenters.states_of)
     return bool(moved)
 
 
@@ -93,7 +93,7 @@ def move_replica(replica: Replica, to: str, **fields: Any) -> bool:
     replica.state = to
     for name, value in fields.items():
         setattr(replica, name, value)
-    events.state_changed_on_commit(replica.job_id, presenters.state_of)
+    events.state_changed_on_commit(replica.job_id, presenters.states_of)
     return True
 
 
@@ -114,7 +114,7 @@ def place_replicas(replicas: list[Replica], sent: datetime) -> None:
         replica.start_sent = sent
         replica.starts_sent = 1
     for job_id in {r.job_id for r in replicas}:
-        events.state_changed_on_commit(job_id, presenters.state_of)
+        events.state_changed_on_commit(job_id, presenters.states_of)
 
 
 def stop_unplaced(job: Job, attempt: int | None = None) -> int:
@@ -129,5 +129,5 @@ def stop_unplaced(job: Job, attempt: int | None = None) -> int:
         reason="the job ended before it ran" if attempt is None else "the attempt ended first",
     )
     if stopped:
-        events.state_changed_on_commit(job.pk, presenters.state_of)
+        events.state_changed_on_commit(job.pk, presenters.states_of)
     return stopped

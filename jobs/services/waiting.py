@@ -77,12 +77,15 @@ def _why_no_room(
     head = f"waiting: needs a node with {need} free"
     best: tuple[int, str, list[int], Room] | None = None
     by_name = {r.node: r for r in rooms_then}
+    held_on: dict[str, list[Holding]] = {}
+    for h in holdings:  # once, not once per node: a thousand nodes hold thousands of jobs
+        held_on.setdefault(h.node, []).append(h)
     for node in ready:
         whole = Room(node.name, node.cpu, node.gpus, node.memory_gb)
         room = by_name.get(node.name)
         if room is None or not whole.fits(demand):
             continue
-        ending = _jobs_to_end(demand, room, [h for h in holdings if h.node == node.name])
+        ending = _jobs_to_end(demand, room, held_on.get(node.name, []))
         if ending and (best is None or len(ending) < best[0]):
             best = (len(ending), node.name, ending, room)
     if best is None:

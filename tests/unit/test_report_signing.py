@@ -11,6 +11,7 @@ from django.contrib.auth.models import User
 
 from jobs import tasks
 from jobs.models import Job, Node, Replica
+from jobs.services import heartbeat_limits
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import SentTasks, give_credentials, job_request
 from workers import contract, credentials
@@ -23,6 +24,11 @@ def heartbeat(node: str, cpus: int) -> dict[str, Any]:
         "node": node, "address": "10.0.0.9", "cpus": cpus, "memory_gb": 32, "gpus": 0,
         "incarnation": "a", "running": [], "finished": [], "sent": time.time(),
     }  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_heartbeat_seen() -> None:
+    heartbeat_limits.forget()  # each test's heartbeat is an agent's first, not one too soon
 
 
 @pytest.fixture
