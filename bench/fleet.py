@@ -33,6 +33,7 @@ import redis.asyncio as aioredis
 from kombu.transport import memory
 
 from workers import contract, credentials
+from workers.agent import stamped
 from workers.logsink import _APPEND_LUA, DEFAULT_MAXLEN, LogBatch
 
 log = logging.getLogger("trainyard.fleet")
@@ -163,7 +164,9 @@ class FakeAgent:
     async def report(
         self, task: str, payload: dict[str, Any], expires: float | None = None
     ) -> None:
-        signed = credentials.sign(payload, self._key, task)
+        # Stamped with the protocol version as a real agent stamps it (one place):
+        # the console starts nothing on an agent that does not say it speaks its protocol.
+        signed = credentials.sign(stamped(payload), self._key, task)
         message = self.fleet.envelopes.console_message(task, signed, expires)
         await self.client.lpush(contract.CONSOLE_QUEUE, message)
 
