@@ -2,7 +2,8 @@
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import pytest
 from channels.db import database_sync_to_async
@@ -14,8 +15,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from console.asgi import application
 from jobs import logstream
 from jobs.consumers import JobConsumer
-from jobs.models import ApiToken, Job, Replica
-from jobs.redis_client import get_redis
+from jobs.models import ApiToken, Job, LogChunk, Replica
+from jobs.redis_client import get_async_redis, get_redis
 from jobs.services import logarchive, reports
 from jobs.services.presenters import job_state_payload
 from jobs.services.submission import check_job_request, submit_job
@@ -195,6 +196,43 @@ async def test_it_replays_from_the_database_after_redis_trimmed_the_stream(
     assert cursors(frames) == list(range(6, 51))
     assert not [f for f in frames if f["type"] == "gap"]
     await comm.disconnect()
+
+
+async def test_a_follower_in_redis_goes_back_to_the_database_for_what_the_keeper_trimmed(
+    job: Job,
+) -> None:
+    """The keeper archives and trims while a follower waits between two reads of the stream:
+    the next read starts past a hole, which the database fills, with no gap and no line lost
+    (the live relay's handover, driven step by step)."""
+    client = get_redis()
+    sink = LogSink(client)
+    key = contract.log_stream_key(job.pk)
+    reader = get_async_redis(blocking_seconds=1)
+    # A generator, which follow's annotation does not say: closed at the end.
+    follower = cast(
+        AsyncGenerator[list[logstream.Batch], None], logstream.follow(reader, job.pk, 0)
+    )
+    try:
+        append_lines(sink, job.pk, "master", 0, "node-1", ["a0", "a1"])
+        live = await anext(follower)  # nothing archived yet: from Redis
+        assert [(b.first, b.lines) for b in live] == [(1, ["a0", "a1"])]
+        # Suspended after those: the stream grows, the keeper archives all of it and trims
+        # exactly (an approximate trim may do the same), then more lines come.
+        append_lines(sink, job.pk, "master", 0, "node-1", ["b2"])
+        append_lines(sink, job.pk, "master", 0, "node-1", ["b3"], contract.STREAM_STDERR)
+        await database_sync_to_async(logarchive.archive_once)(client, block_ms=10)
+        client.xtrim(key, minid="5-0", approximate=False)
+        append_lines(sink, job.pk, "master", 0, "node-1", ["c4", "c5"])
+        got: list[logstream.Batch] = []
+        while not got or got[-1].last < 6:  # up to the newest line
+            got += await anext(follower)
+    finally:
+        await follower.aclose()
+        await reader.aclose()
+    assert [b.kind for b in got] == [LogChunk.Kind.LINES] * len(got), "no gap"
+    assert [(b.first + k, t) for b in got for k, t in enumerate(b.lines)] == [
+        (3, "b2"), (4, "b3"), (5, "c4"), (6, "c5"),
+    ]  # fmt: skip
 
 
 async def test_it_says_so_when_lines_are_kept_nowhere(job: Job, alice: User) -> None:
