@@ -10,8 +10,11 @@ import errno
 import os
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
+
+UNMOUNT_WAIT_SECONDS = 30.0  # a hang guard: a keeper ends within seconds of its processes
 
 
 @contextlib.contextmanager
@@ -32,8 +35,21 @@ def small_tmpfs(size: str) -> Iterator[Path]:
     try:
         yield folder
     finally:
-        subprocess.run(["umount", str(folder)], check=True)
-        folder.rmdir()
+        _unmount(folder)
+
+
+def _unmount(folder: Path) -> None:
+    """Unmount, waiting for what still has files open there (a keeper that is ending) to let
+    go; if something still holds it after the wait, detach it anyway, so that no test leaves a
+    mount behind, and fail naming the folder."""
+    deadline = time.monotonic() + UNMOUNT_WAIT_SECONDS
+    while subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+        if time.monotonic() > deadline:
+            subprocess.run(["umount", "--lazy", str(folder)], check=True)
+            folder.rmdir()
+            raise AssertionError(f"{folder} was still in use at the end of the test")
+        time.sleep(0.1)
+    folder.rmdir()
 
 
 def fill(folder: Path, name: str = "filler") -> Path:
