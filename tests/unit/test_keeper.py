@@ -1,9 +1,11 @@
 """A replica's keeper on its own: it holds no secret of the agent, records exits, stops its
 processes when no agent claims it within its grace; and following its files by offset."""
 
+import fcntl
 import json
 import os
 import sys
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +16,9 @@ import pytest
 from tests.conftest import process_alive
 from tests.tmpfs import fill, small_tmpfs
 from tests.unit.test_supervisor import wait_until
+from workers import keeper
 from workers.filetail import FileTail
-from workers.keeper import frame, read_output
+from workers.keeper import frame, read_frames, read_output
 from workers.keeperlink import KeeperLink, KeptProcess
 from workers.procrecords import ProcRecords
 
@@ -170,6 +173,101 @@ def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
     assert tail.discarded > size // 2  # most of it; what was read last is still there
     assert path.stat().st_size == size  # offsets stay valid
     assert path.stat().st_blocks * 512 < size - tail.discarded + 64 * 1024
+
+
+# Prints `count` numbered lines, alternating stdout and stderr (written straight to the pipes,
+# no buffering). With `wait`, before a line on the other stream it waits until the keeper has
+# read what it wrote (FIONREAD: the pipe is empty), which is what the keeper's order rests on.
+ALTERNATE = (
+    "import fcntl, os, sys, termios\n"
+    "def unread(fd):\n"
+    "    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), 'little')\n"
+    "count, wait = int(sys.argv[1]), sys.argv[2] == 'wait'\n"
+    "for i in range(count):\n"
+    "    fd = 1 + i % 2\n"
+    "    os.write(fd, f'line {i}\\n'.encode())\n"
+    "    while wait and unread(fd):\n"
+    "        os.sched_yield()\n"
+)
+
+
+def follow_all(path: Path) -> list[tuple[str, str]]:
+    got: list[tuple[str, str]] = []
+    tail = FileTail(
+        path, 0, lambda ts, stream, lines, end: got.extend((stream, line) for line in lines),
+        lambda: True,
+    )  # fmt: skip
+    tail.run()
+    return got
+
+
+def test_stdout_and_stderr_are_shipped_in_the_order_printed(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """One copier reads both pipes: a line the keeper read before the trainer wrote the next
+    one on the other stream comes before it, with its stream."""
+    count = 4000
+    link = start(tmp_path, [sys.executable, "-c", ALTERNATE, str(count), "wait"])
+    links.append(link)
+    wait_until(link.done, 60, "the keeper to see its process end")
+    assert follow_all(link.output(0)) == [
+        ("out" if i % 2 == 0 else "err", f"line {i}") for i in range(count)
+    ]
+
+
+def test_lines_printed_faster_than_read_keep_their_order_in_each_stream(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """Both pipes found ready at once are read one after the other: which line went into them
+    first, the pipes cannot tell. What holds then: each stream in its order, every line once,
+    each with its stream."""
+    count = 20_000
+    link = start(tmp_path, [sys.executable, "-c", ALTERNATE, str(count), "nowait"])
+    links.append(link)
+    wait_until(link.done, 60, "the keeper to see its process end")
+    got = follow_all(link.output(0))
+    printed = [("out" if i % 2 == 0 else "err", f"line {i}") for i in range(count)]
+    assert sorted(got, key=lambda entry: int(entry[1].split()[1])) == printed
+    for stream in ("out", "err"):
+        assert [e for e in got if e[0] == stream] == [e for e in printed if e[0] == stream]
+
+
+def test_a_partial_line_waits_in_the_keeper_for_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line printed in two writes, with a line on the other stream between them, stays one
+    line in one frame (it comes after that other line: it ended after it), so that no frame
+    ends inside a line and every frame's end is a point to resume from."""
+    monkeypatch.setattr(keeper, "PARTIAL_FLUSH_SECONDS", 3600.0)  # no flush on a quiet pipe
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    path = tmp_path / "output-0"
+    pipes = [
+        (os.fdopen(out_r, "rb", buffering=0), "out"),
+        (os.fdopen(err_r, "rb", buffering=0), "err"),
+    ]
+    copier = threading.Thread(target=keeper._copy, args=(pipes, path))
+    copier.start()
+
+    def written(fd: int, data: bytes) -> None:  # and read by the copier
+        os.write(fd, data)
+        wait_until(
+            lambda: not int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), "little"),
+            10,
+            "the copier to read",
+        )
+
+    written(out_w, b"loss")
+    written(err_w, b"a warning\n")
+    written(out_w, b" 0.5\nstep")
+    os.close(out_w)  # the pipe's end flushes what is left
+    os.close(err_w)
+    copier.join(30)
+    frames, used = read_frames(path.read_bytes())
+    assert used == path.stat().st_size
+    assert [(stream, data) for stream, data, _, _ in frames] == [
+        ("err", b"a warning\n"), ("out", b"loss 0.5\n"), ("out", b"step"),
+    ]  # fmt: skip
 
 
 # Fills the disk its argument names, then dies of the ENOSPC (the traceback on stderr).
