@@ -332,6 +332,11 @@ class Keeper:
             kept = _Kept(rank, proc, record)
             reserve_record(self.folder / exit_name(rank))
             pipes = [(proc.stdout, "out"), (proc.stderr, "err")]
+            # The output's room is taken now, before state.json says the processes run, not
+            # whenever the copier's thread gets to it: a disk that fills meanwhile still takes
+            # the trainer's last lines.
+            with open(self.folder / output_name(rank), "ab") as out:
+                _reserve_ahead(out.fileno(), out.tell())
             copier = threading.Thread(
                 target=_copy, args=(pipes, self.folder / output_name(rank)), daemon=True
             )
