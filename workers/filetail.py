@@ -1,10 +1,15 @@
-"""Following a keeper's output file (workers/keeper.py) from a byte offset, line by line.
+"""Following a keeper's output file (workers/keeper.py) from a byte offset, frame by frame.
 
-The same lines as workers/logship.pump_pipe makes of a pipe (cut at the newline byte, long lines
-in pieces, a partial line sent once the file has been quiet a moment), each chunk with the file
-offset its last line ends at. That offset is the chunk's sequence number in Redis (its writer
-is the file), so a new agent that starts from the offset the last line in Redis or in its spool
-ends at sends every line once: none lost, none twice.
+The keeper writes a rank's stdout and stderr to one file, in the order it read them, as frames
+of whole lines of one stream (the keeper holds a partial line until its newline, or cuts it
+as workers/logship.pump_pipe would: quiet a moment, too long, the pipe's end). Each frame is
+handed on whole, with its stream and the file offset it ends at: consecutive frames of a
+stream together, up to MAX_BATCH_LINES lines, in the file's order. That offset is the lines'
+sequence number in Redis (their writer is the file), and every offset handed on is the end of
+a frame all of whose lines have been handed on, with none of what follows: a new agent that
+starts from the offset the last lines in Redis or in its spool end at sends every line once,
+none lost, none twice. No partial line is held across frames here, so none can make a resume
+skip or repeat bytes.
 """
 
 import ctypes
@@ -15,13 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.logship import (
-    MAX_BATCH_LINES,
-    MAX_LINE_CHARS,
-    PARTIAL_FLUSH_SECONDS,
-    _decode,
-    _split_long,
-)
+from workers.keeper import read_frames
+from workers.logship import MAX_BATCH_LINES, MAX_LINE_CHARS, _decode, _split_long
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,26 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _BLOCK = 4096
 
-# (read time, lines, offset the last of them ends at)
-EmitLines = Callable[[float, list[str], int], None]
+# (read time, stream: "out" or "err", lines, offset the frame of the last of them ends at)
+EmitLines = Callable[[float, str, list[str], int], None]
+
+
+def frame_lines(data: bytes, cut: bool) -> list[str]:
+    """A frame's lines: cut at the newline byte, long ones in pieces; a last line with no
+    newline is a partial line the keeper flushed (marked as continued if it was `cut`)."""
+    if data.endswith(b"\n"):
+        pieces, rest = data[:-1].split(b"\n"), b""
+    else:
+        *pieces, rest = data.split(b"\n")
+    lines = _split_long([_decode(piece) for piece in pieces], MAX_LINE_CHARS)
+    if rest:
+        lines += _split_long([_decode(rest)], MAX_LINE_CHARS, last_continues=cut)
+    return lines
 
 
 class FileTail(threading.Thread):
-    """Follows `path` from `offset` until `ended()` holds and the file is read to its end."""
+    """Follows `path` from `offset` (a frame's end) until `ended()` holds and the file is read
+    to its end."""
 
     def __init__(
         self,
@@ -54,7 +68,7 @@ class FileTail(threading.Thread):
     ) -> None:
         super().__init__(name=name or f"tail-{path.name}", daemon=True)
         self.path = path
-        self.offset = offset  # where the lines handed on so far end
+        self.offset = offset  # where the frames handed on so far end
         # How far the file's lines are in Redis or the spool (what a new agent would not read
         # again): the file's bytes before that may be freed.
         self._shipped = shipped
@@ -63,13 +77,12 @@ class FileTail(threading.Thread):
         self.discarded = 0
         self._emit = emit
         self._ended = ended
-        self._pending = b""
-        self._quiet_since = time.monotonic()
+        self._pending = b""  # the start of a frame not yet whole in the file
         self._stopping = threading.Event()
 
     @property
     def read_to(self) -> int:
-        """How far into the file it has read: the lines handed on, and a line still open."""
+        """How far into the file it has read: the frames handed on, and one still open."""
         return self.offset + len(self._pending)
 
     def stop(self) -> None:
@@ -79,15 +92,15 @@ class FileTail(threading.Thread):
     def run(self) -> None:
         while not self._stopping.is_set():
             ended = self._ended()  # before the read: whatever it holds at the end is then read
-            got = self._read()
+            try:
+                got = self._read()
+            except ValueError as exc:
+                log.error("%s: stops following it: %s", self.path, exc)
+                return
             if got:
                 continue
             if ended:
-                if self._pending:
-                    self._emit_lines([_decode(self._pending)], len(self._pending))
                 return
-            if self._pending and time.monotonic() - self._quiet_since >= PARTIAL_FLUSH_SECONDS:
-                self._emit_lines([_decode(self._pending)], len(self._pending))
             self._stopping.wait(POLL_SECONDS)
 
     def _read(self) -> bool:
@@ -99,30 +112,29 @@ class FileTail(threading.Thread):
             return False
         if not data:
             return False
-        self._quiet_since = time.monotonic()
         self._read_since_discard += len(data)
         if self._shipped is not None and self._read_since_discard >= self._discard_every:
             self._read_since_discard = 0
             self._discard()
         data = self._pending + data
-        self._pending = b""
+        try:
+            frames, used = read_frames(data)
+        except ValueError as exc:
+            raise ValueError(f"at offset {self.offset}: {exc}") from None
+        self._pending = data[used:]
+        start = self.offset  # where `data` begins in the file
+        # Consecutive frames of one stream go together; the offset is always a frame's end.
+        stream, end = "", 0
         lines: list[str] = []
-        used = 0  # bytes of `data` the lines in `lines` cover
-        start = 0
-        while (cut := data.find(b"\n", start)) >= 0:
-            lines.extend(_split_long([_decode(data[start:cut])], MAX_LINE_CHARS))
-            start = used = cut + 1
-            if len(lines) >= MAX_BATCH_LINES:
-                self._emit_lines(lines, used)
-                data, lines, used, start = data[used:], [], 0, 0
-        rest = data[used:]
-        if lines:
-            self._emit_lines(lines, used)
-        if len(rest) > MAX_LINE_CHARS * 4:  # a line with no end in sight: send it in pieces
-            pieces = _split_long([_decode(rest)], MAX_LINE_CHARS, last_continues=True)
-            self._emit_lines(pieces, len(rest))
-            rest = b""
-        self._pending = rest
+        for frame_stream, payload, cut, frame_end in frames:
+            if lines and (frame_stream != stream or len(lines) >= MAX_BATCH_LINES):
+                self._emit_lines(stream, lines, start + end)
+                lines = []
+            stream = frame_stream
+            lines.extend(frame_lines(payload, cut))
+            end = frame_end
+        if frames:
+            self._emit_lines(stream, lines, start + end)
         return True
 
     def _discard(self) -> None:
@@ -145,8 +157,8 @@ class FileTail(threading.Thread):
         finally:
             os.close(fd)
 
-    def _emit_lines(self, lines: list[str], length: int) -> None:
-        """Hand on lines covering `length` bytes after the offset."""
-        self.offset += length
-        self._pending = b""
-        self._emit(time.time(), lines, self.offset)
+    def _emit_lines(self, stream: str, lines: list[str], end: int) -> None:
+        """Hand on lines whose frames end at `end` in the file."""
+        if lines:
+            self._emit(time.time(), stream, lines, end)
+        self.offset = end  # after: once read_to is at the end, its lines are handed on

@@ -8,9 +8,13 @@ its own), and holds what must not die with an agent:
 - the process groups: it is the leaders' parent, so it reads their exits without reaping
   (WNOWAIT) and signals a group only while its leader is unreaped, when the id cannot have been
   reused; it kills what is left in a group once its leader has ended;
-- the pipes: it copies each process's stdout and stderr, byte for byte, to `out-R` and `err-R`
-  in its folder, which agents follow by offset (a new agent resumes where the lines that
-  reached Redis or the agent's spool end, so none is lost or sent twice);
+- the pipes: one copier per process waits on its stdout and stderr together and appends what
+  it reads, in the order it reads it, to `output-R` in its folder as frames (`frame`: a stream
+  tag, a length, the bytes), each holding whole lines of one stream (a partial line waits in
+  the copier until its newline, or is cut as the agent would: quiet PARTIAL_FLUSH_SECONDS,
+  MAX_PARTIAL_BYTES long, or the pipe's end). Agents follow the file by offset, a frame's end
+  being a point to resume from (a new agent resumes where the lines that reached Redis or the
+  agent's spool end, so none is lost or sent twice);
 - the exit statuses: `exit-R` ({"code", "at", "unclaimed": whether the keeper stopped it for
   want of an agent}) once rank R's leader is reaped, then `done` once
   every process has ended and every byte it printed is in the files.
@@ -35,8 +39,10 @@ import ctypes
 import json
 import os
 import select
+import selectors
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -66,11 +72,11 @@ NO_ROOM_RETRY_SECONDS = 0.5
 # The room an exit record is written into, allocated when the keeper starts.
 EXIT_RESERVE_BYTES = 4096
 _FALLOC_FL_KEEP_SIZE = 0x01
-# After its leader ended, how long the copier of a pipe that a leftover process still held
+# After its leader ended, how long the copier of pipes that a leftover process still held
 # may take (that process is SIGKILLed first, so this is only a backstop).
 COPY_END_SECONDS = 5.0
-# How long a rank's exit record waits for the copiers of its pipes once its group is gone: the
-# agent works out a failure's reason from the stderr file as soon as the record is there, so
+# How long a rank's exit record waits for the copier of its pipes once its group is gone: the
+# agent works out a failure's reason from the output file as soon as the record is there, so
 # the traceback printed just before the exit must be in the file by then. Pipes close as soon
 # as the group is killed; a process that left the group and holds a pipe delays only this much.
 EXIT_AFTER_OUTPUT_SECONDS = 1.0
@@ -80,9 +86,52 @@ DEFAULT_GRACE_SECONDS = 60.0
 TERM, KILL, RELEASE = b"term", b"kill", b"release"
 
 
-def output_name(stream: str, rank: int) -> str:
-    """`out-0`, `err-1`: the file a rank's stdout or stderr goes to."""
-    return f"{stream}-{rank}"
+# A frame of a rank's output file: stream tag, length of the bytes that follow (big-endian).
+FRAME_HEADER = struct.Struct(">cI")
+# The tags: stdout, stderr; in upper case, the frame's last line was cut for its length and
+# continues in the next frame of its stream.
+STREAM_TAGS = {b"o": ("out", False), b"e": ("err", False), b"O": ("out", True), b"E": ("err", True)}
+_TAG_OF = {(stream, cut): tag for tag, (stream, cut) in STREAM_TAGS.items()}
+# A partial line (no newline yet) is written once its pipe has been quiet this long, or once it
+# is this long (as workers/logship.py cuts a pipe's lines).
+PARTIAL_FLUSH_SECONDS = 0.5
+MAX_PARTIAL_BYTES = 64 * 1024
+
+
+def output_name(rank: int) -> str:
+    """`output-0`: the file a rank's stdout and stderr go to, framed."""
+    return f"output-{rank}"
+
+
+def frame(stream: str, data: bytes, cut: bool = False) -> bytes:
+    return FRAME_HEADER.pack(_TAG_OF[stream, cut], len(data)) + data
+
+
+def read_frames(data: bytes) -> tuple[list[tuple[str, bytes, bool, int]], int]:
+    """The whole frames at the start of `data`, each (stream, bytes, cut, where it ends in
+    `data`), and how many bytes of `data` they take. Raises ValueError on what is no frame."""
+    frames = []
+    used = 0
+    while len(data) - used >= FRAME_HEADER.size:
+        tag, length = FRAME_HEADER.unpack_from(data, used)
+        if tag not in STREAM_TAGS:
+            raise ValueError(f"no frame at {used}: tag {tag!r}")
+        end = used + FRAME_HEADER.size + length
+        if end > len(data):
+            break
+        stream, cut = STREAM_TAGS[tag]
+        frames.append((stream, data[used + FRAME_HEADER.size : end], cut, end))
+        used = end
+    return frames, used
+
+
+def read_output(path: Path) -> dict[str, bytes]:
+    """A rank's output file, by stream: {"out": stdout's bytes, "err": stderr's}."""
+    frames, _ = read_frames(path.read_bytes())
+    out = {"out": b"", "err": b""}
+    for stream, data, _, _ in frames:
+        out[stream] += data
+    return out
 
 
 def exit_name(rank: int) -> str:
@@ -135,21 +184,29 @@ class _Kept:
     reaped: bool = False
 
 
-def _copy(pipe: Any, path: Path) -> None:
-    """Pipe to file, unchanged: the agent splits lines. Flushed at once (the agent follows the
-    file); not fsynced: a reboot ends the trainers and the keeper with them.
+def _copy(pipes: list[tuple[Any, str]], path: Path) -> None:
+    """A rank's pipes to its file, framed, in the order they are read: one thread waits on both,
+    so what the trainer printed on stdout and stderr keeps its order in the file as far as the
+    reads can tell (a line read before the next one on the other pipe was written comes before
+    it; two pipes found ready at once are read one after the other). Each frame holds whole
+    lines (see PARTIAL_FLUSH_SECONDS); flushed at once (the agent follows the file); not
+    fsynced: a reboot ends the trainers and the keeper with them.
 
     The file keeps room allocated past its end, so that a full disk still takes a trainer's
-    last lines. A write the disk has no room for even so is cut back to where it began (the
-    agent never reads part of it) and tried again until there is room; meanwhile the pipe is
+    last lines. A frame the disk has no room for even so is cut back to where it began (the
+    agent never reads part of it) and tried again until there is room; meanwhile the pipes are
     not read, so the trainer waits on its output rather than lose any."""
-    with open(path, "ab", buffering=0) as out:
-        fd = pipe.fileno()
+    with open(path, "ab", buffering=0) as out, selectors.DefaultSelector() as selector:
         _reserve_ahead(out.fileno(), out.tell())
         reserved_to = out.tell() + OUTPUT_RESERVE_BYTES
         told = False
-        while data := os.read(fd, COPY_BYTES):
-            while not _append(out, data):
+
+        def write(stream: str, data: bytes, cut: bool = False) -> None:
+            nonlocal reserved_to, told
+            if not data:
+                return
+            framed = frame(stream, data, cut)
+            while not _append(out, framed):
                 if not told:
                     _say(f"no room for {path.name} on its disk: its output waits until there is")
                     told = True
@@ -157,7 +214,38 @@ def _copy(pipe: Any, path: Path) -> None:
             if out.tell() + OUTPUT_RESERVE_BYTES // 2 > reserved_to:
                 _reserve_ahead(out.fileno(), out.tell())
                 reserved_to = out.tell() + OUTPUT_RESERVE_BYTES
-    pipe.close()
+
+        partial = {stream: b"" for _, stream in pipes}
+        last_read = {stream: time.monotonic() for _, stream in pipes}
+        for pipe, stream in pipes:
+            selector.register(pipe, selectors.EVENT_READ, stream)
+        while selector.get_map():
+            waiting = [last_read[s] + PARTIAL_FLUSH_SECONDS for s, held in partial.items() if held]
+            timeout = max(0.0, min(waiting) - time.monotonic()) if waiting else None
+            for key, _ in selector.select(timeout):
+                stream = key.data
+                data = os.read(key.fd, COPY_BYTES)
+                if not data:
+                    selector.unregister(key.fileobj)
+                    write(stream, partial[stream])
+                    partial[stream] = b""
+                    continue
+                last_read[stream] = time.monotonic()
+                data = partial[stream] + data
+                whole = data.rfind(b"\n") + 1
+                if len(data) - whole > MAX_PARTIAL_BYTES:  # a line with no end in sight
+                    write(stream, data, cut=True)
+                    partial[stream] = b""
+                else:
+                    write(stream, data[:whole])
+                    partial[stream] = data[whole:]
+            now = time.monotonic()
+            for stream, held in partial.items():
+                if held and now - last_read[stream] >= PARTIAL_FLUSH_SECONDS:
+                    write(stream, held)
+                    partial[stream] = b""
+    for pipe, _ in pipes:
+        pipe.close()
 
 
 def _append(out: Any, data: bytes) -> bool:
@@ -243,12 +331,17 @@ class Keeper:
             self.records.write(record)  # while the leader is our unreaped child
             kept = _Kept(rank, proc, record)
             reserve_record(self.folder / exit_name(rank))
-            for pipe, stream in ((proc.stdout, "out"), (proc.stderr, "err")):
-                copier = threading.Thread(
-                    target=_copy, args=(pipe, self.folder / output_name(stream, rank)), daemon=True
-                )
-                copier.start()
-                kept.copiers.append(copier)
+            pipes = [(proc.stdout, "out"), (proc.stderr, "err")]
+            # The output's room is taken now, before state.json says the processes run, not
+            # whenever the copier's thread gets to it: a disk that fills meanwhile still takes
+            # the trainer's last lines.
+            with open(self.folder / output_name(rank), "ab") as out:
+                _reserve_ahead(out.fileno(), out.tell())
+            copier = threading.Thread(
+                target=_copy, args=(pipes, self.folder / output_name(rank)), daemon=True
+            )
+            copier.start()
+            kept.copiers.append(copier)
             self.kept.append(kept)
 
     def write_state(self, error: str | None = None) -> None:

@@ -201,8 +201,9 @@ class KeeperLink:
     def done(self) -> bool:
         return (self.folder / keeper.DONE).exists()
 
-    def output(self, stream: str, rank: int) -> Path:
-        return self.folder / keeper.output_name(stream, rank)
+    def output(self, rank: int) -> Path:
+        """The rank's output file: its stdout and stderr, framed (keeper.read_frames)."""
+        return self.folder / keeper.output_name(rank)
 
     def log_tail(self) -> str:
         try:

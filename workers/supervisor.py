@@ -162,7 +162,8 @@ class _ReplicaRun:
     stop_grace: float = STOP_GRACE_SECONDS
     handed_over: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
-    stderr_readers: dict[int, FileTail] = field(default_factory=dict)  # by local rank
+    # The reader of each local rank's output file (its stderr in it), by local rank.
+    stderr_readers: dict[int, FileTail] = field(default_factory=dict)
     gpu_ids: list[int] = field(default_factory=list)
     thread: threading.Thread | None = None
     tails: list[MetricTail] = field(default_factory=list)
@@ -697,7 +698,7 @@ class Supervisor:
         link = run.keeper
         assert link is not None
         metrics_files = [str(f) for f in link.replica().get("metrics_files", [])]
-        writers = [self._writer(run, s, r) for r in range(link.ranks()) for s in ("out", "err")]
+        writers = [self._writer(run, "output", r) for r in range(link.ranks())]
         writers += [self._writer(run, "metrics", r) for r in range(len(metrics_files))]
         offsets: dict[str, int] = {}
         told = False
@@ -731,22 +732,20 @@ class Supervisor:
             for problem in problems:
                 self._note(run, problem)
         for rank in range(link.ranks()):
-            for stream in ("out", "err"):
-                writer = self._writer(run, stream, rank)
-                reader = FileTail(
-                    link.output(stream, rank),
-                    offsets.get(writer, 0),
-                    self._emitter(run, stream, writer),
-                    link.done,
-                    name=f"{run.spec.job_id}-{run.spec.tag}-{stream}{rank}",
-                    shipped=functools.partial(
-                        self._shipper.shipped_offset, run.spec.job_id, writer
-                    ),
-                )
-                reader.start()
-                run.readers.append(reader)
-                if stream == "err":
-                    run.stderr_readers[rank] = reader
+            # One file per rank, both its streams in the order the keeper read them, under one
+            # writer: a takeover resumes it from one offset.
+            writer = self._writer(run, "output", rank)
+            reader = FileTail(
+                link.output(rank),
+                offsets.get(writer, 0),
+                self._emitter(run, writer),
+                link.done,
+                name=f"{run.spec.job_id}-{run.spec.tag}-output{rank}",
+                shipped=functools.partial(self._shipper.shipped_offset, run.spec.job_id, writer),
+            )
+            reader.start()
+            run.readers.append(reader)
+            run.stderr_readers[rank] = reader
         for rank, path in enumerate(metrics_files):
             writer = self._writer(run, "metrics", rank)
             holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
@@ -774,11 +773,10 @@ class Supervisor:
         return emit
 
     def _emitter(
-        self, run: _ReplicaRun, stream: str, writer: str
-    ) -> Callable[[float, list[str], int], None]:
-        name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
-
-        def emit(ts: float, lines: list[str], offset: int) -> None:
+        self, run: _ReplicaRun, writer: str
+    ) -> Callable[[float, str, list[str], int], None]:
+        def emit(ts: float, stream: str, lines: list[str], offset: int) -> None:
+            name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
             if name == contract.STREAM_STDERR:
                 run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
             self._shipper.put(run.key, name, ts, lines, source=(writer, offset))
@@ -1001,7 +999,7 @@ class Supervisor:
         return self._with_disk_reason(f"{printed} ({how})" if printed else how)
 
     def _read_stderr_to_its_end(self, run: _ReplicaRun) -> None:
-        """Let the failed rank's stderr reader reach the end of its file: the keeper records an
+        """Let the failed rank's reader reach the end of its output file: the keeper records an
         exit only once the rank's output is in the file, but the reader polls, and a reason
         worked out before it has read the traceback would miss the exception."""
         reader = run.stderr_readers.get(run.failed_local_rank or 0)

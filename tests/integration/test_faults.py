@@ -29,6 +29,7 @@ from tests.conftest import (
     wait_until,
 )
 from workers import contract
+from workers.keeper import read_output
 
 pytestmark = pytest.mark.integration
 
@@ -135,8 +136,8 @@ def keepers(stack: RunningStack, job_id: int, node: str | None = None) -> dict[s
 
 def kept_lines(stack: RunningStack, node: str) -> int:
     """Lines the trainers of `node` printed so far, as their keepers hold them."""
-    folders = (stack.stack.var_dir / "agents" / node / "keepers").glob("*/out-*")
-    return sum(path.read_bytes().count(b"\n") for path in folders)
+    folders = (stack.stack.var_dir / "agents" / node / "keepers").glob("*/output-*")
+    return sum(read_output(path)["out"].count(b"\n") for path in folders)
 
 
 def metric_points(client: StackClient, job_id: int) -> list[dict[str, Any]]:

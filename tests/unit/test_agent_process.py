@@ -20,6 +20,7 @@ import redis
 from tests.conftest import FIXTURE_CODE_ROOT, job_processes, private_redis, process_alive
 from tests.unit.test_supervisor import spec, texts, tree_pids, wait_until
 from workers import agent, contract, sandbox
+from workers.keeper import read_output
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "t1"
@@ -266,10 +267,12 @@ def test_a_new_agent_takes_over_a_replica_and_ships_every_line_once(
     agents.pids.append(keeper)
     first.proc.send_signal(how)
     first.proc.wait(30)
-    out = next((first.workdir / NODE / "keepers").glob("*/out-0"))
+    out = next((first.workdir / NODE / "keepers").glob("*/output-0"))
     shipped = len(texts(client, 45))
     wait_until(
-        lambda: out.read_bytes().count(b"\n") > shipped + 20, 30, "lines printed with no agent"
+        lambda: b"".join(read_output(out).values()).count(b"\n") > shipped + 20,
+        30,
+        "lines printed with no agent",
     )
     assert process_alive(keeper)
 

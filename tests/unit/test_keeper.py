@@ -1,9 +1,11 @@
 """A replica's keeper on its own: it holds no secret of the agent, records exits, stops its
 processes when no agent claims it within its grace; and following its files by offset."""
 
+import fcntl
 import json
 import os
 import sys
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,9 @@ import pytest
 from tests.conftest import process_alive
 from tests.tmpfs import fill, small_tmpfs
 from tests.unit.test_supervisor import wait_until
+from workers import keeper
 from workers.filetail import FileTail
+from workers.keeper import frame, read_frames, read_output
 from workers.keeperlink import KeeperLink, KeptProcess
 from workers.procrecords import ProcRecords
 
@@ -75,7 +79,7 @@ def test_it_records_the_exit_and_ends_once_released(
     wait_until(link.done, 30, "the keeper to see its process end")
     [exited] = link.exits()
     assert exited is not None and exited["code"] == 3
-    assert link.output("out", 0).read_text() == "bye\n"
+    assert read_output(link.output(0)) == {"out": b"bye\n", "err": b""}
     assert ProcRecords(tmp_path / "procs").load() == []
     link.release()
     assert not link.alive()
@@ -93,39 +97,177 @@ def test_unclaimed_for_its_grace_it_stops_its_processes_and_ends(tmp_path: Path)
     assert "no agent claimed it within 1 s" in (link.folder / "keeper.log").read_text()
 
 
-def test_a_file_is_followed_from_an_offset_in_whole_lines(tmp_path: Path) -> None:
-    path = tmp_path / "out-0"
-    path.write_bytes(b"zero\none\ntwo\nthr")
-    got: list[tuple[list[str], int]] = []
+def test_a_file_is_followed_from_an_offset_frame_by_frame(tmp_path: Path) -> None:
+    path = tmp_path / "output-0"
+    zero, one, three = (
+        frame("out", b"zero\n"),
+        frame("err", b"one\ntwo\n"),
+        frame("out", b"three\n"),
+    )
+    path.write_bytes(zero + one + three[:7])  # the last frame not whole yet
+    got: list[tuple[str, list[str], int]] = []
     ended = threading.Event()
-    tail = FileTail(path, 5, lambda ts, lines, offset: got.append((lines, offset)), ended.is_set)
+    tail = FileTail(
+        path, len(zero), lambda ts, stream, lines, offset: got.append((stream, lines, offset)),
+        ended.is_set,
+    )  # fmt: skip
     tail.start()
     wait_until(lambda: got, 10, "the first lines")
+    assert got == [("err", ["one", "two"], len(zero + one))]
+    assert tail.read_to == len(zero + one + three[:7])
     with open(path, "ab") as f:
-        f.write(b"ee\nfour")
+        f.write(three[7:] + frame("out", b"four"))  # a partial line the keeper flushed
     ended.set()
     tail.join(10)
-    assert [line for lines, _ in got for line in lines] == ["one", "two", "three", "four"]
-    assert got[0] == (["one", "two"], 13)
-    assert got[-1][1] == len(path.read_bytes())
+    assert got[1:] == [("out", ["three", "four"], len(path.read_bytes()))]
     assert json.dumps(got)  # plain data, as the shipper takes it
+
+
+def test_from_any_offset_handed_on_the_rest_is_read_once(tmp_path: Path) -> None:
+    """Each offset handed on is a frame's end with every line before it handed on and none
+    after: a new agent resuming from the last one Redis saw sends each line once."""
+    path = tmp_path / "output-0"
+    frames = [
+        frame("out", b"a\nb\n"), frame("err", b"x\n"), frame("out", b"c"),  # c: flushed partial
+        frame("out", b"d\n" * 1500), frame("err", b"y" * 70_000, cut=True), frame("err", b"z\n"),
+    ]  # fmt: skip
+    path.write_bytes(b"".join(frames))
+
+    def follow(offset: int) -> list[tuple[str, str, int]]:
+        got: list[tuple[str, str, int]] = []
+
+        def emit(ts: float, stream: str, lines: list[str], end: int) -> None:
+            got.extend((stream, line, end) for line in lines)
+
+        FileTail(path, offset, emit, lambda: True).run()
+        return got
+
+    everything = follow(0)
+    assert [(stream, line[:3]) for stream, line, _ in everything[:4]] == [
+        ("out", "a"), ("out", "b"), ("err", "x"), ("out", "c"),
+    ]  # fmt: skip
+    assert everything[-1][:2] == ("err", "z")
+    # Cut for its length: every piece, the last one too, says the line goes on (in "z").
+    assert [line[:1] + line[-3:] for _, line, _ in everything[-6:-1]] == ["y ⏎…"] * 5
+    ends = sorted({end for _, _, end in everything})
+    assert ends[-1] == len(path.read_bytes())
+    assert all(end in {sum(map(len, frames[:k])) for k in range(1, 7)} for end in ends)
+    for offset in [0, *ends]:
+        resumed = follow(offset)
+        assert resumed == [entry for entry in everything if entry[2] > offset]
 
 
 def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
     """A flooding trainer must not fill the disk through its keeper's files."""
-    path = tmp_path / "out-0"
-    line = b"x" * 99 + b"\n"
-    path.write_bytes(line * 20_000)  # 2 MB
+    path = tmp_path / "output-0"
+    one = frame("out", b"x" * 99 + b"\n")
+    path.write_bytes(one * 20_000)  # 2 MB
     got: list[int] = []
     tail = FileTail(
-        path, 0, lambda ts, lines, offset: got.append(offset), lambda: True,
+        path, 0, lambda ts, stream, lines, offset: got.append(offset), lambda: True,
         shipped=lambda: got[-1] if got else 0, discard_every=256 * 1024,
     )  # fmt: skip
     tail.run()
-    assert got[-1] == 2_000_000
-    assert tail.discarded > 1_000_000  # most of it; what was read last is still there
-    assert path.stat().st_size == 2_000_000  # offsets stay valid
-    assert path.stat().st_blocks * 512 < 2_000_000 - tail.discarded + 64 * 1024
+    size = len(one) * 20_000
+    assert got[-1] == size
+    assert tail.discarded > size // 2  # most of it; what was read last is still there
+    assert path.stat().st_size == size  # offsets stay valid
+    assert path.stat().st_blocks * 512 < size - tail.discarded + 64 * 1024
+
+
+# Prints `count` numbered lines, alternating stdout and stderr (written straight to the pipes,
+# no buffering). With `wait`, before a line on the other stream it waits until the keeper has
+# read what it wrote (FIONREAD: the pipe is empty), which is what the keeper's order rests on.
+ALTERNATE = (
+    "import fcntl, os, sys, termios\n"
+    "def unread(fd):\n"
+    "    return int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), 'little')\n"
+    "count, wait = int(sys.argv[1]), sys.argv[2] == 'wait'\n"
+    "for i in range(count):\n"
+    "    fd = 1 + i % 2\n"
+    "    os.write(fd, f'line {i}\\n'.encode())\n"
+    "    while wait and unread(fd):\n"
+    "        os.sched_yield()\n"
+)
+
+
+def follow_all(path: Path) -> list[tuple[str, str]]:
+    got: list[tuple[str, str]] = []
+    tail = FileTail(
+        path, 0, lambda ts, stream, lines, end: got.extend((stream, line) for line in lines),
+        lambda: True,
+    )  # fmt: skip
+    tail.run()
+    return got
+
+
+def test_stdout_and_stderr_are_shipped_in_the_order_printed(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """One copier reads both pipes: a line the keeper read before the trainer wrote the next
+    one on the other stream comes before it, with its stream."""
+    count = 4000
+    link = start(tmp_path, [sys.executable, "-c", ALTERNATE, str(count), "wait"])
+    links.append(link)
+    wait_until(link.done, 60, "the keeper to see its process end")
+    assert follow_all(link.output(0)) == [
+        ("out" if i % 2 == 0 else "err", f"line {i}") for i in range(count)
+    ]
+
+
+def test_lines_printed_faster_than_read_keep_their_order_in_each_stream(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """Both pipes found ready at once are read one after the other: which line went into them
+    first, the pipes cannot tell. What holds then: each stream in its order, every line once,
+    each with its stream."""
+    count = 20_000
+    link = start(tmp_path, [sys.executable, "-c", ALTERNATE, str(count), "nowait"])
+    links.append(link)
+    wait_until(link.done, 60, "the keeper to see its process end")
+    got = follow_all(link.output(0))
+    printed = [("out" if i % 2 == 0 else "err", f"line {i}") for i in range(count)]
+    assert sorted(got, key=lambda entry: int(entry[1].split()[1])) == printed
+    for stream in ("out", "err"):
+        assert [e for e in got if e[0] == stream] == [e for e in printed if e[0] == stream]
+
+
+def test_a_partial_line_waits_in_the_keeper_for_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line printed in two writes, with a line on the other stream between them, stays one
+    line in one frame (it comes after that other line: it ended after it), so that no frame
+    ends inside a line and every frame's end is a point to resume from."""
+    monkeypatch.setattr(keeper, "PARTIAL_FLUSH_SECONDS", 3600.0)  # no flush on a quiet pipe
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    path = tmp_path / "output-0"
+    pipes = [
+        (os.fdopen(out_r, "rb", buffering=0), "out"),
+        (os.fdopen(err_r, "rb", buffering=0), "err"),
+    ]
+    copier = threading.Thread(target=keeper._copy, args=(pipes, path))
+    copier.start()
+
+    def written(fd: int, data: bytes) -> None:  # and read by the copier
+        os.write(fd, data)
+        wait_until(
+            lambda: not int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, bytes(4)), "little"),
+            10,
+            "the copier to read",
+        )
+
+    written(out_w, b"loss")
+    written(err_w, b"a warning\n")
+    written(out_w, b" 0.5\nstep")
+    os.close(out_w)  # the pipe's end flushes what is left
+    os.close(err_w)
+    copier.join(30)
+    frames, used = read_frames(path.read_bytes())
+    assert used == path.stat().st_size
+    assert [(stream, data) for stream, data, _, _ in frames] == [
+        ("err", b"a warning\n"), ("out", b"loss 0.5\n"), ("out", b"step"),
+    ]  # fmt: skip
 
 
 # Fills the disk its argument names, then dies of the ENOSPC (the traceback on stderr).
@@ -149,8 +291,9 @@ def test_on_a_full_disk_it_still_records_the_exit_and_the_last_lines(
         wait_until(link.done, 30, "the keeper to see its process end")
         [exited] = link.exits()
         assert exited is not None and exited["code"] == 1
-        assert link.output("out", 0).read_text() == "filling\n"
-        err = link.output("err", 0).read_text()
+        output = read_output(link.output(0))
+        assert output["out"] == b"filling\n"
+        err = output["err"].decode()
         assert "OSError: [Errno 28] No space left on device" in err
         link.release(wait=10)
 
@@ -173,12 +316,15 @@ def test_on_a_full_disk_output_waits_for_room_and_none_is_lost(
         links.append(link)
         filler = fill(disk)
         go.touch()
-        out = link.output("out", 0)
-        wait_until(lambda: out.stat().st_size >= 200_000, 30, "the reserved room to be used")
+        out = link.output(0)
+        # Most of the room: a frame that does not fit (up to a pipe's worth, 64 KiB) stays out.
+        used = keeper.OUTPUT_RESERVE_BYTES // 2
+        wait_until(lambda: out.stat().st_size >= used, 30, "the reserved room to be used")
         assert not link.done()
         filler.unlink()
         wait_until(link.done, 30, "the keeper to see its process end")
         [exited] = link.exits()
         assert exited is not None and exited["code"] == 0
-        assert out.read_text().splitlines() == [f"line {i:08d}" for i in range(40000)]
+        printed = read_output(out)["out"].decode().splitlines()
+        assert printed == [f"line {i:08d}" for i in range(40000)]
         link.release(wait=10)
