@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test bench bench-scale lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster test jstest bench bench-scale lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -27,8 +27,13 @@ cluster: $(VENV)/.installed sandbox
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
 # starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
-test: $(VENV)/.installed chromium sandbox
+test: jstest $(VENV)/.installed chromium sandbox
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
+
+# The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
+# seconds, and a failure stops `make test` before the long Python suite starts.
+jstest:
+	node --test tests/js/
 
 # Apache MXNet 1.9.1 for the kvstore images that name it (stack/runtimes.py); prints its python.
 mxnet-env: $(VENV)/.installed
@@ -48,7 +53,7 @@ lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
-	node_modules/.bin/eslint static/trainyard eslint.config.js
+	node_modules/.bin/eslint static/trainyard tests/js eslint.config.js
 
 # ESLint for the page scripts, from the npm registry, at the versions package-lock.json pins.
 node_modules/.installed: package.json package-lock.json

@@ -1,5 +1,5 @@
-// ESLint for the console's page scripts (`make lint`). Plain browser ES modules, no build
-// step; uPlot is the one global the vendored library brings.
+// ESLint for the console's page scripts and their unit tests (`make lint`). Plain browser ES
+// modules, no build step; uPlot is the one global the vendored library brings.
 import js from "@eslint/js";
 import globals from "globals";
 
@@ -21,6 +21,12 @@ export default [
       "prefer-const": "error",
       "no-implicit-globals": "error",
     },
+  },
+  {
+    // The page scripts' unit tests (tests/js, `make jstest`): the same rules, run by Node.
+    files: ["tests/js/**/*.js"],
+    languageOptions: { ecmaVersion: 2022, sourceType: "module", globals: globals.node },
+    rules: { eqeqeq: ["error", "always", { null: "ignore" }], "no-var": "error", "prefer-const": "error" },
   },
   {
     files: ["eslint.config.js"],

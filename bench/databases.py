@@ -2,12 +2,17 @@
 created on the server at TRAINYARD_TEST_POSTGRES (default 127.0.0.1:5432, user postgres) and
 dropped afterwards."""
 
+import json
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_ADMIN_URL = os.environ.get(
     "TRAINYARD_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -48,3 +53,17 @@ def fresh_postgres() -> Iterator[str]:
             admin.execute(
                 sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
             )
+
+
+def measured_in_fresh_process(module: str, *args: str) -> dict[str, Any]:
+    """Run `python -m module ARGS --json` and return the JSON of its last line: a measurement
+    against another database needs a process of its own, since Django binds one database per
+    process."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError(f"{module} {' '.join(args[:1])} did not run:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result

@@ -329,11 +329,11 @@ class FakeAgent:
         if self.runs.pop(ident, None) is None:
             return
         job_id, attempt, role, index = ident
-        report = {
-            "job_id": job_id, "attempt": attempt, "role": role, "index": index,
-            "node": self.node, "state": state, "exit_code": exit_code, "reason": reason,
-            "stderr_tail": [], "ended_at": time.time(), "incarnation": self.incarnation,
-        }  # fmt: skip
+        report = contract.exit_report(
+            job_id=job_id, attempt=attempt, role=role, index=index, node=self.node, state=state,
+            exit_code=exit_code, reason=reason, stderr_tail=[], ended_at=time.time(),
+            incarnation=self.incarnation,
+        )  # fmt: skip
         self.finished[ident] = report
         if len(self.finished) > 200:
             self.finished.pop(next(iter(self.finished)))
@@ -366,12 +366,12 @@ class FakeAgent:
             await self._exit(run, "stopped", -15, f"stopped: {reason}")
         for attempt, role, index in sorted(listed - known):
             ident = (job_id, attempt, role, index)
-            answer = self.finished.get(ident) or {
-                "job_id": job_id, "attempt": attempt, "role": role, "index": index,
-                "node": self.node, "state": "unknown", "exit_code": None,
-                "reason": f"not running on {self.node}", "stderr_tail": [],
-                "ended_at": time.time(), "incarnation": self.incarnation,
-            }  # fmt: skip
+            answer = self.finished.get(ident) or contract.exit_report(
+                job_id=job_id, attempt=attempt, role=role, index=index, node=self.node,
+                state=contract.REPLICA_UNKNOWN, exit_code=None,
+                reason=f"not running on {self.node}", stderr_tail=[], ended_at=time.time(),
+                incarnation=self.incarnation,
+            )  # fmt: skip
             await self.report(contract.TASK_REPLICA_EXITED, answer)
 
 

@@ -11,12 +11,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from bench.databases import measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = 200
@@ -142,15 +143,11 @@ def measure_in_subprocess(
     database_url: str, redis_url: str, nodes: int = NODES, replicas: int = REPLICAS
 ) -> dict[str, Any]:
     """In a fresh process: Django binds one database per process."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.reconcile", "--database-url", database_url,
-         "--redis-url", redis_url, "--json", "--nodes", str(nodes), "--replicas", str(replicas)],
-        cwd=ROOT, capture_output=True, text=True, check=False,
+    return measured_in_fresh_process(
+        "bench.reconcile",
+        "--database-url", database_url, "--redis-url", redis_url,
+        "--nodes", str(nodes), "--replicas", str(replicas),
     )  # fmt: skip
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(f"the reconciliation bench did not run:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.databases import measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_SECONDS = 5.0
@@ -249,15 +250,9 @@ def list_pages(history: int, requests: int = 30) -> dict[str, Any]:
 
 
 def _part(part: str, database_url: str, redis_url: str, *args: str) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.scale", part, "--database-url", database_url,
-         "--redis-url", redis_url, "--json", *args],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if done.returncode != 0 or not done.stdout.strip():
-        raise RuntimeError(f"bench.scale {part} did not run:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return measured_in_fresh_process(
+        "bench.scale", part, "--database-url", database_url, "--redis-url", redis_url, *args
+    )
 
 
 def _line(figure: str, small: str, large: str, target: str, met: bool | None) -> str:

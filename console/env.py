@@ -49,9 +49,9 @@ def env_float(name: str, default: float) -> float:
         raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a number") from None
 
 
-def env_list(name: str, default: str) -> list[str]:
-    """A comma-separated list; blanks dropped."""
-    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+def comma_list(value: str) -> list[str]:
+    """The items of a comma-separated setting, blanks dropped."""
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def env_either(name: str, older: str, default: str) -> str:

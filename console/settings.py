@@ -2,6 +2,7 @@
 
 import os
 import secrets
+import zoneinfo
 from pathlib import Path
 
 import dj_database_url
@@ -10,6 +11,7 @@ from redis.retry import Retry
 
 from console.env import (
     ImproperlyConfiguredEnv,
+    comma_list,
     env_bool,
     env_either,
     env_float,
@@ -55,15 +57,12 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_either("ALLOWED_HOSTS", "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(
-    ","
+ALLOWED_HOSTS = comma_list(
+    env_either("ALLOWED_HOSTS", "DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost")
 )
-ALLOWED_HOSTS = [h.strip() for h in ALLOWED_HOSTS if h.strip()]
-CSRF_TRUSTED_ORIGINS = [
-    o.strip()
-    for o in env_either("CSRF_TRUSTED_ORIGINS", "DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",")
-    if o.strip()
-]
+CSRF_TRUSTED_ORIGINS = comma_list(
+    env_either("CSRF_TRUSTED_ORIGINS", "DJANGO_CSRF_TRUSTED_ORIGINS", "")
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -207,6 +206,8 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# The admin writes times as the console's own pages do (console/formats).
+FORMAT_MODULE_PATH = ["console.formats"]
 USE_I18N = False
 USE_TZ = True
 
@@ -346,6 +347,17 @@ if not (
     raise ImproperlyConfiguredEnv(
         f"TRAINYARD_CURRENCY={TRAINYARD_CURRENCY!r} is not a three-letter currency code (USD, EUR)"
     )
+# The time zone the pages and the CLI show times in (an IANA name, e.g. Europe/Berlin), for a
+# team that wants one clock on every screen; empty: each reader's own zone.
+TRAINYARD_TIME_ZONE = env_str("TRAINYARD_TIME_ZONE", "").strip()
+if TRAINYARD_TIME_ZONE:
+    try:
+        zoneinfo.ZoneInfo(TRAINYARD_TIME_ZONE)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ImproperlyConfiguredEnv(
+            f"TRAINYARD_TIME_ZONE={TRAINYARD_TIME_ZONE!r} is not a time zone (e.g. Europe/Berlin, "
+            "UTC); leave it empty for each reader's own"
+        ) from None
 # A log websocket whose client has not taken one frame in this long is closed (code 4408) and
 # resumes from its cursor, rather than having the server buffer for it without bound.
 TRAINYARD_WS_SEND_TIMEOUT_SECONDS = env_int("TRAINYARD_WS_SEND_TIMEOUT_SECONDS", 20)

@@ -1,9 +1,10 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs import account_views, api, user_views, views
+from jobs import account_views, api, form_views, user_views, views
 from jobs.login_throttle import AdminLoginForm, LoginForm
 
 # Both login pages say how long to wait when the login throttle refuses an attempt.
@@ -12,11 +13,14 @@ admin.site.login_form = AdminLoginForm
 urlpatterns = [
     path("", views.job_list, name="job_list"),
     path("jobs/new/", views.new_job, name="new_job"),
+    path("jobs/new/preview/", form_views.job_preview, name="job_preview"),
+    path("jobs/new/health-rules/", form_views.health_rules_check, name="health_rules_check"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel, name="job_cancel"),
     path("jobs/<int:job_id>/again/", views.job_edit_again, name="job_edit_again"),
     path("jobs/<int:job_id>/run-again/", views.job_run_again, name="job_run_again"),
     path("jobs/<int:job_id>/retention/", views.job_retention, name="job_retention"),
+    path("compare/", views.compare_page, name="compare"),
     path("nodes/", views.node_list, name="node_list"),
     path("quotas/", views.quota_list, name="quota_list"),
     path("storage/", views.storage_page, name="storage"),
@@ -35,6 +39,8 @@ urlpatterns = [
     path("admin/password_change/", RedirectView.as_view(pattern_name="password_change")),
     path("admin/", admin.site.urls),
     path("healthz", views.healthz, name="healthz"),
+    # Browsers ask for /favicon.ico whatever a page links (the admin's pages link none).
+    path("favicon.ico", RedirectView.as_view(url=static("trainyard/favicon.svg"), permanent=True)),
     # API v1 (django-ninja): every api/v1/... path, plus openapi.json and docs.
     path("api/v1/", api.api.urls),
 ]

@@ -24,6 +24,8 @@ from jobs.models import (
 )
 from jobs.services import agent_access, deletion, nodes, revocation, scheduling, tokens
 
+# Named as the console is; templates/admin/base_site.html gives it the console's colours and a
+# way back to the console's own pages.
 admin.site.site_header = "Trainyard administration"
 admin.site.site_title = "Trainyard admin"
 admin.site.index_title = "Images, packages, quotas, nodes, jobs and users"
@@ -179,6 +181,11 @@ class NodeAdmin(admin.ModelAdmin):
     def status(self, node: Node) -> str:
         return node.status
 
+    # A node joins when its agent does (with its own credentials, reporting what the host
+    # has); one added here would be a row no agent answers for.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
     def save_model(self, request: HttpRequest, obj: Node, form: Any, change: bool) -> None:
         # An admin who edits the capacity means it: later heartbeats must not undo it.
         if change and any(f in form.changed_data for f in CAPACITY_FIELDS):
@@ -250,17 +257,24 @@ class AgentCredentialAdmin(admin.ModelAdmin):
         return False
 
 
-class JobRoleInline(admin.TabularInline):
-    model = JobRole
+class WrittenByServicesInline(admin.TabularInline):
+    """A job's rows that the services write as it is submitted and runs: shown, never added
+    by hand (an added role or replica would go around the quota and placement)."""
+
     extra = 0
     can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class JobRoleInline(WrittenByServicesInline):
+    model = JobRole
     readonly_fields = ("role", "package", "instances")
 
 
-class ReplicaInline(admin.TabularInline):
+class ReplicaInline(WrittenByServicesInline):
     model = Replica
-    extra = 0
-    can_delete = False
     readonly_fields = (
         "attempt",
         "role",
@@ -274,17 +288,13 @@ class ReplicaInline(admin.TabularInline):
     )
 
 
-class JobAttemptInline(admin.TabularInline):
+class JobAttemptInline(WrittenByServicesInline):
     model = JobAttempt
-    extra = 0
-    can_delete = False
     readonly_fields = ("number", "started", "finished", "nodes", "reason", "counted")
 
 
-class HealthEventInline(admin.TabularInline):
+class HealthEventInline(WrittenByServicesInline):
     model = HealthEvent
-    extra = 0
-    can_delete = False
     readonly_fields = ("at", "attempt", "rule", "action", "role", "index", "node", "value",
                        "message", "outcome")  # fmt: skip
 
@@ -304,6 +314,11 @@ class JobAdmin(admin.ModelAdmin):
     )
     list_filter = ("state", "image", "keep")
     search_fields = ("name", "owner__username")
+
+    # A job comes through the New-job form, the API or the CLI, which check it (its roles, the
+    # packages and the quota) and place it; one saved here would go around all of that.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
     # Deleting goes through the service, which also has the job's checkpoints removed; a job
     # that may still run cannot be deleted (cancel it first).

@@ -25,9 +25,11 @@ from ninja.security import APIKeyCookie, APIKeyHeader
 from jobs import logstream, text
 from jobs.access import get_job_for, visible_jobs
 from jobs.models import FrameworkImage, Job, JobRole, KVStoreMode, Node, Package, Replica
+from jobs.money import currency
 from jobs.schemas import (
     BaselineIn,
     CatalogOut,
+    CompareOut,
     DrainIn,
     ErrorsOut,
     JobIn,
@@ -38,6 +40,7 @@ from jobs.schemas import (
     LogPageOut,
     MeOut,
     MetricPageOut,
+    NodeDrainOut,
     NodeListOut,
     NodeStateOut,
     RetentionIn,
@@ -51,6 +54,8 @@ from jobs.services import (
     baselines,
     cluster,
     code_choices,
+    comparison,
+    counts,
     job_search,
     metric_export,
     nodes,
@@ -299,6 +304,7 @@ def job_as_dict(
             **({"snapshot": job.program["snapshot"]} if "snapshot" in job.program else {}),
         },
         "roles": roles,
+        "instances": _instances(job),
         "kvstore": job.kvstore or None,
         "totals": {
             "cpu": job.cpu_total,
@@ -327,6 +333,16 @@ def job_as_dict(
         "health_rules": job.health_rules,
         "env": job.env_seen_by(viewer),
         **presenters.job_state_payload(job, queue_positions),
+    }
+
+
+def _instances(job: Job) -> dict[str, Any]:
+    count = counts.instance_count(job)
+    return {
+        "total": count.total,
+        "trainers": count.trainers,
+        "platform": list(count.platform),
+        "text": count.text,
     }
 
 
@@ -367,6 +383,7 @@ def catalog_for(user: User) -> dict[str, Any]:
                     "backoff_seconds": i.restart_backoff_seconds,
                 },
                 "health_rules": i.health_rules,
+                "default_env": i.default_env,
             }
             for i in FrameworkImage.objects.filter(enabled=True)
         ],
@@ -394,6 +411,8 @@ def catalog_for(user: User) -> dict[str, Any]:
             for e in code_choices.examples()
         ],
         "currency": settings.TRAINYARD_CURRENCY,
+        "money": currency().as_dict(),
+        "time_zone": settings.TRAINYARD_TIME_ZONE or None,
         "code_root": str(settings.TRAINYARD_CODE_ROOT),
         "max_instances": settings.TRAINYARD_MAX_INSTANCES,
         "quota": quota_summary(user),
@@ -582,6 +601,9 @@ def _whole(name: str, raw: str | None, default: int | None) -> int | None:
     response={200: LogPageOut, **ERRORS},
     tags=["logs"],
     url_name="api_job_logs",
+    # more_before only on a page read backwards; a line has `shown` only when it shows other
+    # than its text, `hits` only in a search.
+    exclude_unset=True,
 )
 def job_logs(
     request: HttpRequest,
@@ -743,7 +765,7 @@ def job_baseline(request: HttpRequest, job_id: int, payload: BaselineIn) -> dict
     url_name="api_job_baseline_run",
 )
 def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]]:
-    """Launch a 1-worker copy of the job and make it the job's baseline."""
+    """Launch a 1-trainer copy of the job and make it the job's baseline."""
     job = get_job_for(request.user, job_id)
     try:
         baseline = baselines.launch_single_worker_baseline(_user(request), job)
@@ -751,6 +773,27 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]
         raise ApiError(400, "baseline", str(exc)) from None
     baseline.refresh_from_db()
     return Status(201, job_as_dict(baseline, request.user))
+
+
+@api.get(
+    "/compare",
+    response={200: CompareOut, **ERRORS},
+    tags=["metrics"],
+    url_name="api_compare",
+)
+def compare_jobs(
+    request: HttpRequest,
+    jobs: str | None = Query(None, description="2 to 5 job numbers, comma-separated: 12,15,19."),
+) -> dict[str, Any]:
+    """Jobs side by side: configuration rows (each saying whether the jobs differ there), the
+    figures of each, and the metric names they share with where to read each job's points.
+    404 names the jobs you cannot see (or that do not exist); nothing of them is answered."""
+    return comparison.compare(_user(request), jobs)
+
+
+@api.exception_handler(comparison.CompareError)
+def _not_comparable(request: HttpRequest, exc: comparison.CompareError) -> HttpResponse:
+    return errors_response(request, exc.status, exc.errors)
 
 
 # --- nodes --------------------------------------------------------------------------------------
@@ -796,7 +839,7 @@ def _admin_node(request: HttpRequest, name: str, doing: str) -> None:
 
 @api.post(
     "/nodes/{name}/drain",
-    response={200: NodeStateOut, **ERRORS},
+    response={200: NodeDrainOut, **ERRORS},
     tags=["nodes"],
     url_name="api_node_drain",
 )

@@ -31,6 +31,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import Http404
 from redis import RedisError
+from uvicorn.protocols.utils import ClientDisconnected
 
 from jobs import logstream
 from jobs.access import get_job_for
@@ -183,7 +184,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_UNAUTHENTICATED, reason=f"credentials revoked: {reason}")
 
     async def _relay_log(self, after: int) -> None:
-        client = get_async_redis(blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS)
+        # Named, so that an operator (and a test) can tell which job each follower reads.
+        client = get_async_redis(
+            blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS, name=f"log-follower-job-{self.job_id}"
+        )
         position = after
         try:
             async for batches in logstream.follow(client, self.job_id, after):
@@ -223,6 +227,10 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     else:
                         wire = [b.wire() for b in same]
                         await self._send({"type": "log", "batches": wire, "next": position})
+        except ClientDisconnected:
+            # The client went away first (`trainyard logs -f` closes as soon as it reads the
+            # end, a tab closes): nothing failed, and nothing is left to close.
+            log.debug("the client of job %s's log stream went away", self.job_id)
         except _TooSlow:
             # Worth a line: a proxy that buffers badly, or a tab left in the background, shows
             # up here again and again.
@@ -231,11 +239,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                 "within %s s (it resumes from the last frame it read)",
                 self.job_id, CLOSE_TOO_SLOW, settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS,
             )  # fmt: skip
-            await self.close(code=CLOSE_TOO_SLOW)
+            with contextlib.suppress(ClientDisconnected):
+                await self.close(code=CLOSE_TOO_SLOW)
         except Exception:
             # Redis away, say: the client reconnects from its cursor and loses nothing.
             log.exception("relaying the log of job %s failed", self.job_id)
-            await self.close(code=CLOSE_SERVER_ERROR)
+            with contextlib.suppress(ClientDisconnected):
+                await self.close(code=CLOSE_SERVER_ERROR)
         finally:
             await client.aclose()
 

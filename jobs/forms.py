@@ -8,9 +8,19 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 
-from jobs.models import Framework, FrameworkImage, KVStoreMode, Package, RestartPolicy
+from jobs.models import (
+    MAX_RESTARTS_LIMIT,
+    RESTART_BACKOFF_DEFAULT_SECONDS,
+    RESTART_BACKOFF_MAX_SECONDS,
+    Framework,
+    FrameworkImage,
+    KVStoreMode,
+    Package,
+    RestartPolicy,
+)
 from jobs.money import format_price
-from jobs.services import code_choices
+from jobs.schemas import RoleIn
+from jobs.services import code_choices, unservable
 
 # The program menu's values besides the examples' names and the code root's paths: "type a
 # path" (script_path says which), and "snapshot:SHA256" for the user's uploaded code
@@ -49,8 +59,80 @@ PS_FIELD_FOR_ERROR = {
     "roles.worker.instances": "workers",
 }
 
+# What the form offers when a user picks a restart on failure without saying how many.
+RESTARTS_WHEN_ON_FAILURE = 3
 
-class NewJobForm(forms.Form):
+
+class PackageSelect(forms.Select):
+    """A package menu whose packages the user could never run (jobs.services.unservable) are
+    offered disabled, saying why."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.unservable: dict[str, str] = {}
+
+    def create_option(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        option: dict[str, Any] = super().create_option(*args, **kwargs)
+        why = self.unservable.get(str(option["value"]))
+        if why:
+            option["attrs"].update(disabled=True, title=why, **{"data-unservable": why})
+            option["label"] = f"{option['label']} — unavailable: {why}"
+        return option
+
+
+def read_health_rules(text: str | None) -> Any:
+    """The health-rules box's JSON, None when it is empty (the image's rules). Only the JSON is
+    read here: jobs.healthrules judges the rules."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
+
+
+def roles_of(framework: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The request's roles from the form's fields: one package and count for PyTorch (instance
+    0 is the master), each role's own for a parameter-server image."""
+    if framework == Framework.KVSTORE:
+        return {
+            "server": {"package": data["server_package"], "instances": data["servers"]},
+            "worker": {"package": data["worker_package"], "instances": data["workers"]},
+        }
+    roles: dict[str, Any] = {"master": {"package": data["package"], "instances": 1}}
+    if data["instances"] > 1:
+        roles["worker"] = {"package": data["package"], "instances": data["instances"] - 1}
+    return roles
+
+
+def _fields_of(framework: str) -> tuple[str, ...]:
+    if framework == Framework.KVSTORE:
+        return ("kvstore", "server_package", "servers", "worker_package", "workers")
+    return ("package", "instances")
+
+
+class _ShapeForm(forms.Form):
+    """What the New-job form and its preview share: the framework of the chosen image, and the
+    fields that framework needs (one package and count for PyTorch, each role's for a
+    parameter-server image)."""
+
+    optional_fields: tuple[str, ...] = ()
+
+    def framework(self) -> str:
+        image = FrameworkImage.objects.filter(name=self.cleaned_data.get("image")).first()
+        return image.framework if image else Framework.PYTORCH
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name in _fields_of(self.framework()):
+            needed = name not in self.optional_fields
+            if needed and data.get(name) in (None, "") and name not in self.errors:
+                self.add_error(name, "This field is required.")
+        return data
+
+
+class NewJobForm(_ShapeForm):
     name = forms.CharField(max_length=200)
     image = forms.ChoiceField()
     script = forms.ChoiceField(
@@ -79,7 +161,7 @@ class NewJobForm(forms.Form):
         help_text="Split like a shell would, but never run through one.",
     )
     # PyTorch images: one package for every instance.
-    package = forms.ChoiceField(label="Resource package", required=False)
+    package = forms.ChoiceField(label="Resource package", required=False, widget=PackageSelect)
     instances = forms.IntegerField(
         min_value=1,
         initial=2,
@@ -90,9 +172,9 @@ class NewJobForm(forms.Form):
     kvstore = forms.ChoiceField(
         label="kvstore mode", choices=KVStoreMode.choices, initial="dist_sync", required=False
     )
-    server_package = forms.ChoiceField(label="Server package", required=False)
+    server_package = forms.ChoiceField(label="Server package", required=False, widget=PackageSelect)
     servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
-    worker_package = forms.ChoiceField(label="Worker package", required=False)
+    worker_package = forms.ChoiceField(label="Worker package", required=False, widget=PackageSelect)
     workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
     restart_policy = forms.ChoiceField(
         label="When an instance fails",
@@ -100,20 +182,29 @@ class NewJobForm(forms.Form):
         required=False,
     )
     max_restarts = forms.IntegerField(
-        label="Restarts at most", min_value=0, max_value=100, initial=3, required=False
+        label="Restarts at most",
+        min_value=0,
+        max_value=MAX_RESTARTS_LIMIT,
+        initial=RESTARTS_WHEN_ON_FAILURE,
+        required=False,
     )
     restart_backoff_seconds = forms.IntegerField(
-        label="Seconds between restarts", min_value=0, max_value=3600, initial=10, required=False
+        label="Seconds between restarts",
+        min_value=0,
+        max_value=RESTART_BACKOFF_MAX_SECONDS,
+        initial=RESTART_BACKOFF_DEFAULT_SECONDS,
+        required=False,
     )
     exclude_failed_node = forms.BooleanField(
         label="Restart away from the node that failed", required=False
     )
+    # The page's rule editor writes this box; it stays open to editing as JSON.
     health_rules = forms.CharField(
-        label="Health rules (JSON)",
+        label="Health rules",
         required=False,
         widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false"}),
-        help_text="Left empty: the image's rules. E.g. "
-        '[{"kind": "non-finite", "metric": "loss", "action": "stop"}] — see docs/health-rules.md.',
+        help_text="Left empty: the image's rules. As JSON, a list of rules such as "
+        '{"kind": "non-finite", "metric": "loss", "action": "stop"}.',
     )
 
     env = forms.CharField(
@@ -144,8 +235,16 @@ class NewJobForm(forms.Form):
             (p.name, f"{p.name} — {p.summary} · {format_price(p.price_per_hour)}/h")
             for p in Package.objects.filter(enabled=True)
         ]
+        reasons = (
+            unservable.unservable_packages(user)
+            if isinstance(user, User) and user.is_authenticated
+            else {}
+        )
         for name in ("package", "server_package", "worker_package"):
             self._choices(name, packages)
+            widget = self.fields[name].widget
+            assert isinstance(widget, PackageSelect)
+            widget.unservable = reasons
         self.fields["server_package"].initial = "server-2c12g"
         self.fields["worker_package"].initial = "cpu-1"
         instances = self.fields["instances"]
@@ -238,13 +337,7 @@ class NewJobForm(forms.Form):
             raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None
 
     def clean_health_rules(self) -> Any:
-        text = (self.cleaned_data.get("health_rules") or "").strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError as exc:
-            raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
+        return read_health_rules(self.cleaned_data.get("health_rules"))
 
     def clean_env(self) -> dict[str, str]:
         env: dict[str, str] = {}
@@ -257,22 +350,6 @@ class NewJobForm(forms.Form):
             env[name.strip()] = value
         return env
 
-    def framework(self) -> str:
-        image = FrameworkImage.objects.filter(name=self.cleaned_data.get("image")).first()
-        return image.framework if image else Framework.PYTORCH
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        needed = (
-            ("kvstore", "server_package", "servers", "worker_package", "workers")
-            if self.framework() == Framework.KVSTORE
-            else ("package", "instances")
-        )
-        for name in needed:
-            if data.get(name) in (None, "") and name not in self.errors:
-                self.add_error(name, "This field is required.")
-        return data
-
     def as_request(self) -> dict[str, Any]:
         data = self.cleaned_data
         request: dict[str, Any] = {
@@ -283,7 +360,9 @@ class NewJobForm(forms.Form):
         if data.get("restart_policy"):
             request["restart"] = {
                 "policy": data["restart_policy"],
-                "max_restarts": data["max_restarts"] if data["max_restarts"] is not None else 3,
+                "max_restarts": data["max_restarts"]
+                if data["max_restarts"] is not None
+                else RESTARTS_WHEN_ON_FAILURE,
                 "backoff_seconds": data["restart_backoff_seconds"]
                 if data["restart_backoff_seconds"] is not None
                 else 10,
@@ -293,17 +372,9 @@ class NewJobForm(forms.Form):
             request["health_rules"] = data["health_rules"]
         if data.get("env"):
             request["env"] = data["env"]
+        request["roles"] = roles_of(self.framework(), data)
         if self.framework() == Framework.KVSTORE:
-            request["roles"] = {
-                "server": {"package": data["server_package"], "instances": data["servers"]},
-                "worker": {"package": data["worker_package"], "instances": data["workers"]},
-            }
             request["kvstore"] = data["kvstore"]
-            return request
-        roles: dict[str, Any] = {"master": {"package": data["package"], "instances": 1}}
-        if data["instances"] > 1:
-            roles["worker"] = {"package": data["package"], "instances": data["instances"] - 1}
-        request["roles"] = roles
         return request
 
     def _program(self) -> dict[str, str]:
@@ -354,3 +425,44 @@ class RetentionForm(forms.Form):
         max_value=36500,
         help_text="Days its log and metrics stay after it ends; empty: the default; 0: forever.",
     )
+
+
+class JobShapeForm(_ShapeForm):
+    """The New-job form's image, packages and counts alone, for its preview before Launch."""
+
+    image = forms.CharField()
+    package = forms.CharField(required=False)
+    instances = forms.IntegerField(required=False, min_value=1)
+    kvstore = forms.CharField(required=False)
+    server_package = forms.CharField(required=False)
+    servers = forms.IntegerField(required=False, min_value=1)
+    worker_package = forms.CharField(required=False)
+    workers = forms.IntegerField(required=False, min_value=1)
+    args = forms.CharField(required=False, strip=False)
+
+    # A preview is asked while the form is filled in: no mode yet means the default one.
+    optional_fields = ("kvstore",)
+
+    def clean_args(self) -> list[str]:
+        """The arguments as far as they can be read so far: an unclosed quote while typing
+        hides the batch size from the preview, it is not an error before Launch."""
+        try:
+            return shlex.split(self.cleaned_data.get("args") or "")
+        except ValueError:
+            return []
+
+    def roles(self) -> dict[str, RoleIn]:
+        return {
+            role: RoleIn(**spec)
+            for role, spec in roles_of(self.framework(), self.cleaned_data).items()
+        }
+
+    def field_errors(self, errors: dict[str, list[str]]) -> dict[str, list[str]]:
+        """The services' errors by request field, as the form's fields they belong to (the
+        master's and the workers' one package: one message)."""
+        where = PS_FIELD_FOR_ERROR if self.framework() == Framework.KVSTORE else FIELD_FOR_ERROR
+        by_field: dict[str, list[str]] = {}
+        for field, messages in errors.items():
+            shown = by_field.setdefault(_form_field(where, field) or "__all__", [])
+            shown.extend(m for m in messages if m not in shown)
+        return by_field

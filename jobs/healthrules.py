@@ -28,7 +28,8 @@ Kinds (parameters in brackets have defaults):
   the metric all stayed below `below` over at least `minutes`, measured between the first and
   the latest sample of the run (the agent samples every 2 s). Judged when a sample arrives:
   the samples are the evidence, and a sampler that went quiet proves nothing. An instance
-  without samples (no GPU) never fires. Defaults from seed 003 (see jobs/services/figures.py).
+  without samples (no GPU) never fires. Defaults: the figures' low-utilisation rule
+  (jobs/services/figures.py).
 
 Firing once:
 - A rule whose action ends the attempt (stop, restart, restart-exclude-node) fires at most once
@@ -52,8 +53,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from workers import metricparse
 from workers.contract import tag_of
-from workers.userregex import MatchBudget, Pattern, UnsafeRegex, compile_pattern, search
+from workers.userregex import (
+    MAX_PATTERN_CHARS,
+    MatchBudget,
+    Pattern,
+    UnsafeRegex,
+    compile_pattern,
+    search,
+)
 
 ACTIONS: tuple[str, ...] = ("warn", "stop", "restart", "restart-exclude-node")
 KINDS: tuple[str, ...] = ("non-finite", "no-progress", "log-pattern", "throughput-drop", "gpu-idle")
@@ -64,9 +73,8 @@ REARMING_KINDS = frozenset(("throughput-drop", "gpu-idle"))
 MAX_RULES = 20
 MAX_NAME_CHARS = 100
 ANY_METRIC = "*"
-# The names the metrics protocol accepts (workers/metricparse.py); repeated here so this module
-# stays free of imports from the agent side.
-METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_./-]{0,63}$")
+# A rule names a metric by the names the metrics protocol accepts.
+METRIC_NAME = metricparse.NAME
 
 DEFAULT_NON_FINITE_METRIC = "loss"
 DEFAULT_MIN_SECONDS = 30.0
@@ -418,6 +426,126 @@ _PARAM_READERS = {
 }
 
 
+def parse_rule(item: object, position: int = 1) -> Rule:
+    """One rule on its own, as `parse_rules` reads the rule at `position`: for an editor that
+    checks each rule as it is written (the list's own checks, such as duplicates, are
+    `parse_rules`')."""
+    return _parse_rule(item, f"rule {position}")
+
+
+def check_each(data: object) -> dict[str, object]:
+    """What a rule editor shows while rules are written: each rule's verdict on its own
+    (`parse_rule`), then the list's (`parse_rules`: its length, duplicates), as
+    {"verdicts": [{"name", "rule"} or {"error"}], "error": the list's problem or None}.
+    `parse_rules` stays the judge when the job is submitted."""
+    verdicts: list[dict[str, object]] = []
+    if isinstance(data, list):
+        for position, item in enumerate(data[:MAX_RULES], start=1):
+            try:
+                rule = parse_rule(item, position)
+            except RuleError as exc:
+                verdicts.append({"error": str(exc)})
+            else:
+                verdicts.append({"name": rule.name, "rule": rule.to_json()})
+    error = None
+    if all("error" not in v for v in verdicts):
+        try:
+            parse_rules(data)
+        except RuleError as exc:
+            error = str(exc)
+    return {"verdicts": verdicts, "error": error}
+
+
+# ---------------------------------------------------------------------------------------------
+# Describing the kinds: what a rule editor offers, from the constants the parser applies.
+
+KIND_HELP = {
+    "non-finite": "A value of the metric is NaN or infinite.",
+    "no-progress": "No new step for a while: a rank that hangs. Give factor, minutes or both.",
+    "log-pattern": "A log line matches a regular expression (RE2).",
+    "throughput-drop": "A value falls below a fraction of that instance's recent average.",
+    "gpu-idle": "GPU utilisation stays low for a while.",
+}
+ACTION_HELP = {
+    "warn": "shown on the job page and in the log; nothing else",
+    "stop": "the job fails with the rule as its reason; never restarted",
+    "restart": "the whole job restarts, using up a restart",
+    "restart-exclude-node": "the whole job restarts, and later attempts avoid that node",
+}
+# Keyed by (kind, parameter): "minutes" means one thing to no-progress, another to gpu-idle.
+PARAM_HELP = {
+    ("non-finite", "metric"): 'The metric to watch; "*" for any metric.',
+    ("no-progress", "metric"): "Count only steps of this metric; empty: any metric.",
+    ("no-progress", "factor"): "Times the median time between steps so far.",
+    ("no-progress", "minutes"): "Minutes without a new step.",
+    ("no-progress", "min_seconds"): "Never fire sooner than this, whatever the factor says.",
+    ("log-pattern", "pattern"): f"The regular expression to look for, at most {MAX_PATTERN_CHARS} "
+    "characters; no backreferences or lookaround.",
+    ("log-pattern", "stream"): "Which of the instance's output streams to read.",
+    ("throughput-drop", "metric"): "The throughput metric to watch.",
+    ("throughput-drop", "fraction"): "Fire below this fraction of the recent average.",
+    ("gpu-idle", "metric"): "The utilisation metric the agent samples, in percent.",
+    ("gpu-idle", "below"): "Utilisation below this percentage counts as idle.",
+    ("gpu-idle", "minutes"): "How long every sample must stay below.",
+}
+# What the parser fills in when a parameter is left out (see the readers above).
+PARAM_DEFAULTS: dict[str, dict[str, object]] = {
+    "non-finite": {"metric": DEFAULT_NON_FINITE_METRIC},
+    "no-progress": {"min_seconds": DEFAULT_MIN_SECONDS},
+    "log-pattern": {"stream": "any"},
+    "throughput-drop": {"metric": DEFAULT_DROP_METRIC, "fraction": DEFAULT_DROP_FRACTION},
+    "gpu-idle": {
+        "metric": DEFAULT_GPU_METRIC,
+        "below": DEFAULT_GPU_BELOW,
+        "minutes": DEFAULT_GPU_MINUTES,
+    },
+}
+REQUIRED_PARAMS = {("log-pattern", "pattern")}
+
+
+def describe_kinds() -> dict[str, Any]:
+    """Every kind with its parameters (name, type, default, bounds, help), and the actions: the
+    New-job form's rule editor builds its fields from this, and the parser stays the judge."""
+    return {
+        "kinds": [
+            {
+                "kind": kind,
+                "help": KIND_HELP[kind],
+                "params": [_describe_param(kind, name) for name in PARAMS[kind]],
+            }
+            for kind in KINDS
+        ],
+        "actions": [{"action": action, "help": ACTION_HELP[action]} for action in ACTIONS],
+        "max_rules": MAX_RULES,
+        "max_name_chars": MAX_NAME_CHARS,
+    }
+
+
+def _describe_param(kind: str, name: str) -> dict[str, Any]:
+    described: dict[str, Any] = {
+        "name": name,
+        "default": _plain(PARAM_DEFAULTS[kind].get(name)),
+        "required": (kind, name) in REQUIRED_PARAMS,
+        "help": PARAM_HELP[(kind, name)],
+    }
+    if name in _BOUNDS:
+        bounds = _BOUNDS[name]
+        described.update(
+            type="number",
+            min=bounds.low,
+            max=bounds.high,
+            min_inclusive=bounds.low_inclusive,
+            bounds=bounds.description,
+        )
+    elif name == "stream":
+        described.update(type="choice", choices=list(STREAMS))
+    elif name == "metric":
+        described.update(type="metric", any=ANY_METRIC if kind == "non-finite" else None)
+    else:
+        described.update(type="text")
+    return described
+
+
 def _json_type(value: object) -> str:
     if value is None:
         return "null"
@@ -545,23 +673,33 @@ class _Progress:
 
 
 @dataclass
-class _LowRun:
-    """An unbroken run of samples below a gpu-idle rule's threshold."""
+class LowRun:
+    """The GPU-idle rule, the one way both its health rule and the job page's warning judge
+    it: an unbroken run of samples below `below`, which a sample at or above it ends."""
 
+    below: float
     since: float | None = None  # the first sample of the run
     last: float = 0.0  # the latest sample of the run
     mean: float = 0.0
     count: int = 0
 
-    def add(self, value: float, ts: float) -> None:
+    def sample(self, value: float, ts: float) -> bool:
+        """Take the next sample; False when it is not low, which ends the run."""
+        if value >= self.below:
+            self.since, self.last, self.mean, self.count = None, 0.0, 0.0, 0
+            return False
         if self.since is None:
             self.since = self.last = ts
         self.last = max(self.last, ts)
         self.count += 1
         self.mean += (value - self.mean) / self.count  # incremental: no sum to overflow
+        return True
 
     def seconds(self) -> float:
         return 0.0 if self.since is None else self.last - self.since
+
+    def lasted(self, minutes: float) -> bool:
+        return self.since is not None and self.seconds() >= minutes * 60
 
 
 @dataclass
@@ -570,7 +708,7 @@ class _Instance:
     index: int
     progress: dict[str, _Progress] = field(default_factory=dict)  # by metric, or ANY_METRIC
     recent: dict[str, deque[float]] = field(default_factory=dict)  # throughput values by metric
-    low_runs: dict[Rule, _LowRun] = field(default_factory=dict)
+    low_runs: dict[Rule, LowRun] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -788,13 +926,11 @@ class Watch:
             return None
         below = DEFAULT_GPU_BELOW if rule.below is None else rule.below
         minutes = DEFAULT_GPU_MINUTES if rule.minutes is None else rule.minutes
-        if value >= below:
-            instance.low_runs.pop(rule, None)  # the run is broken: the next one starts afresh
-            self._rearm(rule, instance)
+        run = instance.low_runs.setdefault(rule, LowRun(below))
+        if not run.sample(value, ts):
+            self._rearm(rule, instance)  # the run is broken: the next one starts afresh
             return None
-        run = instance.low_runs.setdefault(rule, _LowRun())
-        run.add(value, ts)
-        if run.seconds() < minutes * 60 or self._silenced(rule, instance):
+        if not run.lasted(minutes) or self._silenced(rule, instance):
             return None
         message = (
             f"{name} on {instance.label} stayed below {_fmt(below)}% for "
@@ -864,171 +1000,3 @@ class Watch:
     def _fire(self, rule: Rule, instance: _Instance, value: float | None, message: str) -> Firing:
         self._fired.add(self._silence_key(rule, instance))
         return Firing(rule, rule.action, instance.role, instance.index, value, message)
-
-    # -- state ---------------------------------------------------------------------------------
-
-    def to_state(self) -> dict[str, object]:
-        """Everything needed to go on after a console restart, as strict JSON (no NaN)."""
-        fired = [
-            [self._keys[rule], role, index]
-            for rule, role, index in self._fired
-            if rule in self._keys
-        ]
-        fired.sort(key=lambda entry: json.dumps(entry))
-        return {
-            "format": STATE_FORMAT,
-            "started_at": self.started_at,
-            "instances": [self._instance_state(i) for i in self._instances.values()],
-            "fired": fired,
-        }
-
-    def _instance_state(self, instance: _Instance) -> dict[str, object]:
-        return {
-            "role": instance.role,
-            "index": instance.index,
-            "progress": {
-                metric: {
-                    "max_step": progress.max_step,
-                    "last_ts": progress.last_ts,
-                    "intervals": list(progress.intervals),
-                }
-                for metric, progress in instance.progress.items()
-            },
-            "recent": {metric: list(values) for metric, values in instance.recent.items()},
-            "low_runs": {
-                self._keys[rule]: dataclasses.asdict(run)
-                for rule, run in instance.low_runs.items()
-                if run.since is not None and rule in self._keys
-            },
-        }
-
-    @classmethod
-    def from_state(cls, rules: list[Rule], state: dict[str, object]) -> "Watch":
-        """The Watch that `to_state` described, for these rules (memory of rules no longer
-        among them is dropped). A corrupt or foreign state gives a fresh Watch whose clock
-        starts at the first event or tick: never an exception."""
-        watch = cls(rules, None)
-        try:
-            watch._load(state)
-        # _BadState is what the readers raise; the others are a net, because a reader's
-        # oversight must not take the console down over one job's state.
-        except (_BadState, LookupError, TypeError, ValueError, ArithmeticError, RecursionError):
-            return cls(rules, None)
-        return watch
-
-    def _load(self, state: object) -> None:
-        data = _as_dict(state)
-        if data.get("format") != STATE_FORMAT:
-            raise _BadState("not a Watch state")
-        self.started_at = _as_float(data.get("started_at"), optional=True)
-        instances = _as_list(data.get("instances"))
-        if len(instances) > MAX_INSTANCES:
-            raise _BadState("too many instances")
-        by_key = {key: rule for rule, key in self._keys.items()}
-        for entry in instances:
-            self._load_instance(_as_dict(entry), by_key)
-        for entry in _as_list(data.get("fired")):
-            self._load_fired(entry, by_key)
-
-    def _load_instance(self, data: dict[str, object], by_key: dict[str, Rule]) -> None:
-        role, index = _as_str(data.get("role")), _as_index(data.get("index"))
-        instance = self._instance(role, index)
-        if instance is None:
-            raise _BadState("too many instances")
-        for metric, saved in _as_dict(data.get("progress")).items():
-            instance.progress[metric] = _load_progress(_as_dict(saved))
-        for metric, values in _as_dict(data.get("recent")).items():
-            recent = [_finite(v) for v in _as_list(values)]
-            instance.recent[metric] = deque(recent, maxlen=RECENT_VALUES)
-        for key, saved in _as_dict(data.get("low_runs")).items():
-            if key in by_key:
-                instance.low_runs[by_key[key]] = _load_low_run(_as_dict(saved))
-
-    def _load_fired(self, entry: object, by_key: dict[str, Rule]) -> None:
-        key, role, index = _as_list(entry, length=3)
-        rule = by_key.get(_as_str(key))
-        if rule is None:
-            return  # a rule since removed
-        if rule.action in ENDING_ACTIONS:
-            self._fired.add((rule, None, None))
-        else:
-            self._fired.add((rule, _as_str(role), _as_index(index)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a saved state: every value checked, anything odd is a _BadState.
-
-
-class _BadState(Exception):
-    pass
-
-
-def _as_dict(value: object) -> dict[str, object]:
-    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise _BadState("expected an object")
-    return value
-
-
-def _as_list(value: object, length: int | None = None) -> list[object]:
-    if not isinstance(value, list) or (length is not None and len(value) != length):
-        raise _BadState("expected a list")
-    return value
-
-
-def _as_str(value: object) -> str:
-    if not isinstance(value, str):
-        raise _BadState("expected a string")
-    return value
-
-
-def _as_index(value: object) -> int:
-    if not _is_whole(value):
-        raise _BadState("expected an instance index")
-    return value
-
-
-def _as_step(value: object) -> int | None:
-    if value is None:
-        return None
-    if not _is_whole(value):
-        raise _BadState("expected a step")
-    return value
-
-
-def _finite(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _BadState("expected a number")
-    try:
-        number = float(value)
-    except OverflowError:  # an int of 400 digits
-        raise _BadState("expected a float") from None
-    if not math.isfinite(number):
-        raise _BadState("expected a finite number")
-    return number
-
-
-def _as_float(value: object, optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    return _finite(value)
-
-
-def _load_progress(data: dict[str, object]) -> _Progress:
-    intervals = [max(0.0, _finite(v)) for v in _as_list(data.get("intervals"))]
-    return _Progress(
-        max_step=_as_step(data.get("max_step")),
-        last_ts=_as_float(data.get("last_ts"), optional=True),
-        intervals=deque(intervals, maxlen=MAX_INTERVALS),
-    )
-
-
-def _load_low_run(data: dict[str, object]) -> _LowRun:
-    count = data.get("count")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise _BadState("expected a count")
-    return _LowRun(
-        since=_finite(data.get("since")),
-        last=_finite(data.get("last")),
-        mean=_finite(data.get("mean")),
-        count=count,
-    )

@@ -19,6 +19,7 @@ import redis.asyncio
 from asgiref.sync import sync_to_async
 from django.db.models import F, Max, Sum
 
+from jobs import logshape
 from jobs.models import LogChunk, MetricPoint
 from jobs.redis_client import get_redis
 from workers import contract
@@ -37,17 +38,12 @@ STREAM_NAMES = {
     contract.STREAM_STDERR: "stderr",
     contract.STREAM_METRIC: METRIC,
 }
-STREAM_CODES = {name: code for code, name in STREAM_NAMES.items()}
 
 # What "jump to the first error" looks for: a traceback, "SomethingError:" / "...Exception:",
 # or a log level word in capitals.
 ERROR_PATTERN = re.compile(
     r"Traceback \(most recent call last\)|\w*(?:Error|Exception):|\b(?:ERROR|FATAL|CRITICAL)\b"
 )
-
-
-# Terminal escape sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte ones).
-_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +106,13 @@ class Batch:
         )  # fmt: skip
 
     def wire(self) -> dict[str, Any]:
-        """A websocket "log" frame's batch: line k has cursor first + k."""
+        """A websocket "log" frame's batch: line k has cursor first + k; `shown` has, under
+        "k", how line k shows when that is not simply its text (jobs/logshape.py)."""
+        shown = {
+            str(k): logshape.segments(t)
+            for k, t in enumerate(self.lines)
+            if not logshape.is_plain(t)
+        }
         return {
             "first": self.first,
             "role": self.role,
@@ -120,10 +122,13 @@ class Batch:
             "stream": self.stream,
             "ts": self.ts,
             "lines": self.lines,
+            **({"shown": shown} if shown else {}),
         }
 
     def line_dict(self, k: int) -> dict[str, Any]:
-        return {
+        """One line for HTTP; `shown`, when the text does not show as it is, says how it does."""
+        text = self.lines[k]
+        line = {
             "cursor": self.first + k,
             "role": self.role,
             "index": self.index,
@@ -131,8 +136,11 @@ class Batch:
             "node": self.node,
             "stream": self.stream,
             "ts": self.ts,
-            "text": self.lines[k],
+            "text": text,
         }
+        if not logshape.is_plain(text):
+            line["shown"] = logshape.segments(text)
+        return line
 
 
 def gap(after: int, upto: int) -> Batch:
@@ -327,6 +335,13 @@ class LineFilter:
     text: str | None = None  # case-insensitive substring
     errors: bool = False
 
+    def line(self, batch: Batch, k: int) -> dict[str, Any]:
+        """A matching line for HTTP; a search's also says where its hits are in what it shows."""
+        line = batch.line_dict(k)
+        if self.text:
+            line["hits"] = logshape.find(self.text, logshape.shown_text(batch.lines[k]))
+        return line
+
     def batch_may_match(self, batch: Batch) -> bool:
         return (
             batch.is_log
@@ -343,11 +358,10 @@ class LineFilter:
         ks: list[int] = list(range(len(batch.lines)))
         if not (self.text or self.errors):
             return ks
-        # Match what the viewer shows: the text without its colour codes.
-        shown = [_ESCAPES.sub("", t) if "\x1b" in t else t for t in batch.lines]
+        # Match what the viewer shows, not the text as written (jobs/logshape.py).
+        shown = [logshape.shown_text(t) for t in batch.lines]
         if self.text:
-            needle = self.text.casefold()
-            ks = [k for k in ks if needle in shown[k].casefold()]
+            ks = [k for k in ks if logshape.contains(self.text, shown[k])]
         if self.errors:
             ks = [k for k in ks if ERROR_PATTERN.search(shown[k])]
         return ks
@@ -370,7 +384,7 @@ def read_page(job_id: int, after: int, limit: int, where: LineFilter | None = No
         if batch.kind == LogChunk.Kind.END:
             return Page(lines, batch.last, True)
         for k in where.matching(batch):
-            lines.append(batch.line_dict(k))
+            lines.append(where.line(batch, k))
             if len(lines) == limit:
                 return Page(lines, batch.first + k, False)
         position = batch.last
@@ -384,7 +398,7 @@ def read_page_before(job_id: int, before: int, limit: int, where: LineFilter | N
     for whole in batches_before(job_id, before):
         batch = whole.before(before)
         for k in reversed(where.matching(batch)):
-            newest_first.append(batch.line_dict(k))
+            newest_first.append(where.line(batch, k))
             if len(newest_first) == limit:
                 lines = newest_first[::-1]
                 return Page(lines, before - 1, False, more_before=True)

@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.envvars import env_problems
 from jobs.text import validate_name
 from workers import contract
 from workers.contract import masked_env, tag_of
@@ -51,6 +52,13 @@ class RestartPolicy(models.TextChoices):
 
     NEVER = "never", "never: a failure ends the job"
     ON_FAILURE = "on-failure", "on failure: restart the whole job"
+
+
+# The bounds of a restart policy, read by the model, the API schema, the form and the
+# submission service alike.
+MAX_RESTARTS_LIMIT = 100
+RESTART_BACKOFF_DEFAULT_SECONDS = 10
+RESTART_BACKOFF_MAX_SECONDS = 3600
 
 
 def new_checkpoint_key() -> str:
@@ -97,12 +105,20 @@ class FrameworkImage(models.Model):
         max_length=20, choices=RestartPolicy.choices, default=RestartPolicy.NEVER
     )
     max_restarts = models.PositiveSmallIntegerField(default=0)
-    restart_backoff_seconds = models.PositiveIntegerField(default=10)
+    restart_backoff_seconds = models.PositiveIntegerField(default=RESTART_BACKOFF_DEFAULT_SECONDS)
     health_rules = models.JSONField(
         default=list,
         blank=True,
         help_text="Rules every job on this image starts with (see docs/health-rules.md): "
         '[{"kind": "non-finite", "metric": "loss", "action": "stop"}]',
+    )
+    default_env = models.JSONField(
+        "default variables",
+        default=dict,
+        blank=True,
+        help_text="Environment variables every trainer of a job on this image gets: "
+        '{"ACCELERATE_USE_CPU": "true"}. A job\'s own variable of the same name wins. Not '
+        "secret: every user sees them on the New job form and in the API.",
     )
     # Ceilings of what a job on this image may log (workers/logquota.py): a job takes these,
     # or lower values of its own. Lines over them are dropped and counted, never silently.
@@ -152,6 +168,8 @@ class FrameworkImage(models.Model):
             parse_rules(self.health_rules)
         except RuleError as exc:
             problems["health_rules"] = str(exc)
+        if bad_env := env_problems(self.default_env):
+            problems["default_env"] = " ".join(bad_env)
         paths = (
             [self.python, *self.python_per_node.values()]
             if isinstance(self.python_per_node, dict)
@@ -416,6 +434,20 @@ class CodeUpload(models.Model):
         return f"{self.name or self.snapshot} ({self.owner})"
 
 
+def batch_size_in(args: list[str]) -> int | None:
+    """The `--batch-size N` (or `--batch-size=N`) among a program's arguments, if any: by the
+    examples' convention, the batch of each machine, not the global one."""
+    for i, arg in enumerate(args):
+        value = None
+        if arg == "--batch-size" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--batch-size="):
+            value = arg.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            return int(value)
+    return None
+
+
 class Job(models.Model):
     class State(models.TextChoices):
         """A job's state. Allowed transitions (`Job.TRANSITIONS`):
@@ -476,11 +508,19 @@ class Job(models.Model):
     env = models.JSONField(
         default=dict, blank=True, help_text="The job's own environment variables {NAME: value}."
     )
+    # Frozen at submission, as the totals are: an admin's later change to the image's defaults
+    # reaches the next job (a rerun included), never one already submitted or restarting.
+    image_env = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The image's default variables when the job was submitted; its own win.",
+    )
     kvstore = models.CharField(
         max_length=20, choices=KVStoreMode.choices, blank=True, help_text="Parameter-server jobs."
     )
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
-    # Totals by seed 004's formula, frozen at submission so later catalog edits can't change them.
+    # Totals by the quota formula (CPU_total = Σ package.cpu × instances), frozen at submission
+    # so that later catalog edits cannot change them.
     cpu_total = models.PositiveIntegerField()
     gpus_total = models.PositiveIntegerField()
     memory_gb_total = models.PositiveIntegerField()
@@ -501,7 +541,7 @@ class Job(models.Model):
         max_length=20, choices=RestartPolicy.choices, default=RestartPolicy.NEVER
     )
     max_restarts = models.PositiveSmallIntegerField(default=0)
-    restart_backoff_seconds = models.PositiveIntegerField(default=10)
+    restart_backoff_seconds = models.PositiveIntegerField(default=RESTART_BACKOFF_DEFAULT_SECONDS)
     exclude_failed_node = models.BooleanField(
         default=False, help_text="Restart away from the node where the failure happened."
     )
@@ -574,17 +614,8 @@ class Job(models.Model):
 
     @property
     def per_worker_batch(self) -> int | None:
-        """The --batch-size the program was given, if it was (seed 004: per machine)."""
-        args = list(self.args)
-        for i, arg in enumerate(args):
-            value = None
-            if arg == "--batch-size" and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith("--batch-size="):
-                value = arg.split("=", 1)[1]
-            if value is not None and value.isdigit():
-                return int(value)
-        return None
+        """The --batch-size the program was given, if it was: the batch of each machine."""
+        return batch_size_in(self.args)
 
     def env_seen_by(self, viewer: object) -> dict[str, str]:
         """Its environment as `viewer` may see it: every value for its owner; for anyone else

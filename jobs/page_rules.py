@@ -8,17 +8,14 @@ follow.
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 
-from jobs import models
+from jobs import consumers, logshape
 from jobs.models import Job
 from jobs.money import currency
 from jobs.services import totals
 from workers import contract
-
-# How seed 004 writes each sum in the formula the New-job page shows.
-FORMULA_NAMES = {"cpu": "CPU_total", "gpus": "GPU_total", "memory_gb": "Memory_total"}
-FORMULA_UNITS = {"cpu": "", "gpus": "", "memory_gb": " GB"}
 
 
 def page_rules() -> dict[str, Any]:
@@ -29,22 +26,23 @@ def page_rules() -> dict[str, Any]:
             # Waiting for room: no process has started, so there is no log yet.
             "waiting": [str(s) for s in Job.WAITING_STATES],
         },
-        # Seed 004: total = Σ package[resource] × instances per role, over the roles the user
-        # asks for; the platform's own roles (a parameter-server job's scheduler) are not charged.
+        # The rows of the New-job page's totals table; the totals themselves, the formula and
+        # the advice come from the server's preview (jobs/services/preview.py).
         "quota": {
-            "resources": [
-                {
-                    "key": r,
-                    "label": totals.RESOURCE_LABELS[r],
-                    "formula_name": FORMULA_NAMES[r],
-                    "unit": FORMULA_UNITS[r],
-                }
-                for r in totals.RESOURCES
-            ],
-            "uncharged_roles": list(models.PLATFORM_ROLES),
+            "resources": [{"key": r, "label": totals.RESOURCE_LABELS[r]} for r in totals.RESOURCES],
         },
         # What prices are in: {"code": "USD", "symbol": "$", "prefix": "$"}.
         "money": currency().as_dict(),
+        # The zone times are shown in; null: the reader's own.
+        "time_zone": settings.TRAINYARD_TIME_ZONE or None,
+        # How the log viewer compares text: as str.casefold, which lowercases all but these.
+        "log": {"casefold": logshape.casefold_exceptions()},
+        # The codes the job stream closes with, for the page to say why (jobs/consumers.py).
+        "close_codes": {
+            "unauthenticated": consumers.CLOSE_UNAUTHENTICATED,
+            "not_found": consumers.CLOSE_NOT_FOUND,
+            "too_slow": consumers.CLOSE_TOO_SLOW,
+        },
     }
 
 

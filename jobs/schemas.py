@@ -3,14 +3,17 @@
 document is generated from them. What a value *means* (a known package, role rules, the quota)
 is checked by the services layer, not here.
 
-Output schemas allow extra keys: a presenter that adds a field is never cut short by a schema
-that has not caught up (extend, don't break).
+Answer schemas declare every key the API sends and refuse any other: a presenter that adds a
+key must declare it here, so the OpenAPI document says all that clients receive (a test calls
+the real views and checks their answers against the document).
 """
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from jobs.models import MAX_RESTARTS_LIMIT, RESTART_BACKOFF_MAX_SECONDS, Job, Replica
 
 # --- requests -----------------------------------------------------------------------------------
 
@@ -44,8 +47,8 @@ class RoleIn(BaseModel):
 
 class RestartIn(_In):
     policy: StrictStr | None = Field(default=None, description='"never" or "on-failure".')
-    max_restarts: StrictInt | None = Field(default=None, ge=0, le=100)
-    backoff_seconds: StrictInt | None = Field(default=None, ge=0, le=3600)
+    max_restarts: StrictInt | None = Field(default=None, ge=0, le=MAX_RESTARTS_LIMIT)
+    backoff_seconds: StrictInt | None = Field(default=None, ge=0, le=RESTART_BACKOFF_MAX_SECONDS)
     exclude_failed_node: StrictBool | None = None
 
 
@@ -114,13 +117,67 @@ class DrainIn(_In):
 
 
 class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
+
+
+# What each state means at a glance, the way the pages' badges colour it: clients (the CLI)
+# colour by this and stop waiting at the states the document lists as ended, instead of
+# keeping their own copy of the states.
+STATE_TONES = {
+    "pending": "waiting",
+    "queued": "waiting",
+    "assigned": "working",
+    "running": "working",
+    "restarting": "retrying",
+    "succeeded": "good",
+    "failed": "bad",
+    "cancelled": "muted",
+    "stopped": "muted",
+}
+
+
+def _states_field(states: Iterable[str], ended: Iterable[str]) -> Any:
+    """A state: one of `states` (an enum in the document), with `x-ended` naming those after
+    which nothing changes and `x-tones` what each means at a glance."""
+    names = [str(s) for s in states]
+    extra: dict[str, Any] = {
+        "enum": names,
+        "x-ended": [str(s) for s in ended],
+        "x-tones": {name: STATE_TONES[name] for name in names},
+    }
+    return Field(json_schema_extra=extra)
+
+
+class QuotaExcessOut(_Out):
+    """How far a job goes over one resource of the tightest quota that binds it."""
+
+    requested: int
+    left: int
+    limit: int
+    over_by: int
+    scope: str
+    formula: str
+
+
+class FitsWithOut(_Out):
+    role: str
+    instances: int = Field(description="The number of this role's instances that would fit.")
 
 
 class ErrorsOut(_Out):
     """Every refusal: {"errors": {field: [message, ...]}}, plus details for some (quota)."""
 
     errors: dict[str, list[str]]
+    quota: dict[str, QuotaExcessOut] | None = Field(
+        default=None,
+        description="A job refused for its quota: by resource (cpu, gpus, memory_gb, jobs), "
+        "how far it goes over.",
+    )
+    fits_with: FitsWithOut | None = Field(
+        default=None,
+        description="A job refused for its quota or for the nodes' room: the count of workers "
+        "that neither refuses.",
+    )
 
 
 class ProgramOut(_Out):
@@ -219,7 +276,7 @@ class ReplicaOut(_Out):
     index: int
     tag: str
     node: str | None
-    state: str
+    state: str = _states_field(Replica.State.values, Replica.FINAL_STATES)
     exit_code: int | None
     signal: str | None = Field(
         default=None,
@@ -251,6 +308,15 @@ class HealthEventOut(_Out):
     outcome: str
 
 
+class InstancesOut(_Out):
+    total: int = Field(description="Every process the job runs, the platform's own included.")
+    trainers: int = Field(description="The instances asked for, over the roles: what is charged.")
+    platform: list[str] = Field(
+        description='Roles the platform adds, one instance each (a parameter-server "scheduler").'
+    )
+    text: str = Field(description='As the pages and the CLI say it: "5 (4 trainers + scheduler)".')
+
+
 class JobOut(_Out):
     id: int
     name: str
@@ -258,6 +324,7 @@ class JobOut(_Out):
     image: str
     program: ProgramOut
     roles: dict[str, RoleOut]
+    instances: InstancesOut
     kvstore: str | None
     totals: TotalsOut
     created: str
@@ -277,7 +344,7 @@ class JobOut(_Out):
     env: dict[str, str] = Field(
         default_factory=dict, description="The job's own variables (secret-looking ones masked)."
     )
-    state: str
+    state: str = _states_field(Job.State.values, Job.TERMINAL_STATES)
     reason: str
     queue_position: int | None
     started: str | None
@@ -330,6 +397,11 @@ class ImageOut(_Out):
     kvstore_modes: list[str]
     restart: RestartDefaultsOut
     health_rules: list[HealthRuleOut]
+    default_env: dict[str, str] = Field(
+        description="Variables every trainer of a job on this image gets; a job's own "
+        "variable of the same name wins. Taken when the job is submitted (a rerun takes the "
+        "image's defaults of its own time)."
+    )
 
 
 class PackageOut(_Out):
@@ -388,30 +460,56 @@ class MeOut(_Out):
     quota: QuotaOut | None
 
 
+class MoneyOut(_Out):
+    """How prices are written, as the pages write them, so that every client says "$0.15"."""
+
+    code: str = Field(description="ISO 4217, as `currency`.")
+    symbol: str = Field(description='"$"; the code itself where it has no symbol of its own.')
+    prefix: str = Field(
+        description='What goes before an amount: "$", or "CHF" and a no-break space.'
+    )
+
+
 class CatalogOut(_Out):
     images: list[ImageOut]
     packages: list[PackageOut]
     examples: list[ExampleOut]
     currency: str = Field(description="The ISO 4217 code prices are in, e.g. USD.")
+    money: MoneyOut
+    time_zone: str | None = Field(
+        description="The IANA time zone the console shows times in; null: each reader's own."
+    )
     code_root: str
     max_instances: int
     quota: QuotaOut | None
 
 
 class LogLineOut(_Out):
+    """One line. `attempt` counts from 0 (the job's first run), as the log's separators do.
+    `text` is as the trainer wrote it; `shown`, present when that is not how it shows, is what
+    the viewer shows: [text, CSS classes] runs (jobs/logshape.py). A search (`q`) answer says
+    in `hits` where the matches are: [start, end) code points of the shown text."""
+
     cursor: int
     role: str
     index: int
+    attempt: int
     node: str
     stream: str
     ts: float
     text: str
+    shown: list[tuple[str, str]] | None = None
+    hits: list[tuple[int, int]] | None = None
 
 
 class LogPageOut(_Out):
+    """A page of lines; a page read backwards (`before=`) also says whether older lines are
+    left (`more_before`)."""
+
     lines: list[LogLineOut]
     next: int
     complete: bool
+    more_before: bool | None = None
 
 
 class MetricPointOut(_Out):
@@ -459,9 +557,12 @@ class ThroughputOut(_Out):
 
 
 class ProgressOut(_Out):
-    fraction: float
-    eta_seconds: float | None = Field(description="None once the job has ended.")
-    by: str = Field(description="What the fraction counts: steps or epochs.")
+    fraction: float = Field(description="1 once done.")
+    eta_seconds: float | None = Field(description="None once done or once the job has ended.")
+    by: str = Field(description="What the fraction counts: epochs (when declared) or steps.")
+    reached: float = Field(description="The furthest epoch (or step) any process reported.")
+    total: float = Field(description="The declared total epochs (or steps).")
+    done: bool = Field(description="The last epoch (or step) was reported, or the job succeeded.")
 
 
 class VerdictOut(_Out):
@@ -472,6 +573,17 @@ class VerdictOut(_Out):
     loss_distance: float | None
     lr_distance: float | None
     reasons: list[str]
+    curves_judged: bool = Field(
+        description="False where the baseline ran another trainer count: its curves differ "
+        "by design, and only the final accuracy is judged (`note` says why)."
+    )
+    note: str | None
+    target_eval_accuracy: float | None = Field(
+        description="The baseline's final eval accuracy less the tolerance, where curves are "
+        "not judged."
+    )
+    seconds_to_target: float | None
+    baseline_seconds_to_target: float | None
 
 
 class SpeedupOut(_Out):
@@ -514,10 +626,14 @@ class TrainingReportOut(_Out):
     elapsed_seconds: float
     price_per_hour: float
     cost_so_far: float
+    reported: bool = Field(description="Whether the trainer has reported any metric yet.")
     throughput: ThroughputOut | None
     samples_per_dollar: float | None
     gpu: str = Field(description='"none" or "present".')
     low_gpu_utilisation: list[str]
+    low_gpu_warning: str = Field(
+        description="What the job page says about low_gpu_utilisation; empty when it is empty."
+    )
     progress: ProgressOut | None
     baseline: AgainstBaselineOut | None
     scaling: ScalingOut
@@ -587,6 +703,10 @@ class NodeStateOut(_Out):
     status: str
 
 
+class NodeDrainOut(NodeStateOut):
+    evicted_jobs: list[int] = Field(description="The ids of the jobs moved away (evict: true).")
+
+
 # --- pydantic errors as messages a person understands ------------------------------------------
 
 WHOLE_NUMBER = "Give a whole number from {low} to {high}."
@@ -609,8 +729,8 @@ MESSAGES: dict[str, str] = {
     "kvstore": "The kvstore mode is a string: dist_sync, dist_device_sync or dist_async.",
     "restart": 'Give {"policy": "never" | "on-failure", "max_restarts": N}.',
     "restart.policy": 'The policy is "never" or "on-failure".',
-    "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=100),
-    "restart.backoff_seconds": WHOLE_NUMBER.format(low=0, high=3600),
+    "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=MAX_RESTARTS_LIMIT),
+    "restart.backoff_seconds": WHOLE_NUMBER.format(low=0, high=RESTART_BACKOFF_MAX_SECONDS),
     "restart.exclude_failed_node": "Give true or false.",
     "log_limits": 'Give {"lines_per_second": N, "max_mb": N, "metric_points_per_second": N}.',
     "log_limits.lines_per_second": "Give a whole number of lines per second, at least 1.",
@@ -644,3 +764,67 @@ def field_errors(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> dict[st
     for field, names in unknown.items():
         by_field.setdefault(field, []).append(f"Unknown field(s): {', '.join(sorted(names))}.")
     return by_field
+
+
+# --- comparing runs -----------------------------------------------------------------------------
+
+
+class _Declared(BaseModel):
+    """An answer whose every field is declared here: nothing reaches a client unannounced."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class CurveFiguresOut(_Declared):
+    final: float | None = Field(description="The last value, averaged over the processes.")
+    best: float | None = Field(
+        description="The lowest loss or the highest eval accuracy; null for other curves."
+    )
+
+
+class CompareFiguresOut(_Declared):
+    """The job page's figures for one job (see GET /api/v1/jobs/ID/metrics/summary)."""
+
+    duration_seconds: float | None = Field(description="Null when it never started.")
+    cost: float = Field(description="In the console's currency, so far.")
+    price_per_hour: float
+    global_sps: float | None = Field(description="Samples/s, summed over the processes.")
+    per_worker_sps: float | None
+    samples_per_dollar: float | None
+    baseline: int | None = Field(description="The job its speedup is measured against.")
+    speedup: float | None
+    global_speedup: float | None
+    efficiency: float | None
+    progress: float | None = Field(description="0 to 1, by steps or epochs.")
+    curves: dict[str, CurveFiguresOut] = Field(description="By metric name.")
+
+
+class ComparedJobOut(_Declared):
+    id: int
+    name: str
+    state: str
+    page: str = Field(description="The job's page.")
+    metrics: str = Field(
+        description="Where its metric points are: GET it as /api/v1/jobs/ID/metrics."
+    )
+    metric_names: list[str]
+    figures: CompareFiguresOut
+
+
+class CompareRowOut(_Declared):
+    key: str = Field(description='Stable: "program.args", "role.worker", "env.NAME"...')
+    label: str
+    group: str = Field(description="Job, Program, Roles, Variables or Policies.")
+    values: list[str] = Field(description="One per job, in the jobs' order.")
+    differs: bool = Field(
+        description="The values are not all equal (masked values compare as shown)."
+    )
+
+
+class CompareOut(_Declared):
+    """2 to 5 jobs side by side: their figures, the metric names they share (one chart
+    each), and their configuration as rows."""
+
+    jobs: list[ComparedJobOut]
+    charts: list[str] = Field(description="Metric names every job has, one chart each.")
+    rows: list[CompareRowOut]

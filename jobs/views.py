@@ -26,9 +26,11 @@ from redis.retry import Retry
 from jobs.access import get_job_for, staff_required, visible_jobs
 from jobs.api import catalog_for
 from jobs.forms import NewJobForm, RetentionForm
+from jobs.healthrules import describe_kinds, parse_stored_rules
 from jobs.models import FrameworkImage, Job, Node
 from jobs.services import (
     cluster,
+    comparison,
     failure,
     job_search,
     outcomes,
@@ -36,8 +38,10 @@ from jobs.services import (
     rerun,
     retention,
     storage,
+    totals,
     transitions,
 )
+from jobs.services.batching import batch_note, mode_note
 from jobs.services.durations import format_duration
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.tokens import user_for_token
@@ -58,7 +62,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     else:
         problems = {}
     jobs = job_search.apply(visible_jobs(request.user), where)
-    page = [] if problems else list(jobs.prefetch_related("replicas")[:LIST_PAGE])
+    page = [] if problems else list(jobs.prefetch_related("replicas", "roles")[:LIST_PAGE])
     positions = presenters.queue_positions(page)
     rows = [
         (job, presenters.listed_queue_position(job, positions), _first_line(job.reason))
@@ -137,9 +141,9 @@ def _job_form_page(
             return redirect("job_detail", job_id=job.pk)
     catalog = catalog_for(request.user)  # type: ignore[arg-type]
     formulas = [
-        {"label": RESOURCE_FORMULA_NAMES[r], **detail}
+        {"label": totals.FORMULA_NAMES[r], **detail}
         for r, detail in over.items()
-        if r in RESOURCE_FORMULA_NAMES
+        if r in totals.FORMULA_NAMES
     ]
     return render(
         request,
@@ -149,20 +153,16 @@ def _job_form_page(
             "catalog": catalog,
             "over": formulas,
             "snapshot_scripts": form.snapshot_scripts(),
+            "health_rule_kinds": describe_kinds(),
             "again": again,
         },
     )
-
-
-# Seed 004 writes the totals as CPU_Total and GPU_Total.
-RESOURCE_FORMULA_NAMES = {"cpu": "CPU_total", "gpus": "GPU_total", "memory_gb": "Memory_total"}
 
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
     workers = sum(r.instances for r in job.roles.all() if r.role == "worker")
-    batch = job.per_worker_batch
     return render(
         request,
         "jobs/job_detail.html",
@@ -172,13 +172,40 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "state": presenters.job_state_payload(job),
             "roles": job.roles.all(),
             "workers": workers,
-            "global_batch": workers * batch if batch else None,
+            "batch_note": batch_note(job.kvstore, workers, job.per_worker_batch),
+            "mode_note": mode_note(job.kvstore),
             "env": job.env_seen_by(request.user),
+            # Rules refused by checks made since the job was stored are not shown: they are off.
+            "health_rules": parse_stored_rules(job.health_rules)[0],
+            # The image's defaults its trainers got: those its own variables did not replace.
+            "image_env": {k: v for k, v in job.image_env.items() if k not in job.env},
             "retention_days": retention.retention_days(job),
             "retention_expires": retention.expires_at(job),
             "default_retention_days": settings.TRAINYARD_LOG_RETENTION_DAYS,
         },
     )
+
+
+@login_required
+def compare_page(request: HttpRequest) -> HttpResponse:
+    """2 to 5 jobs side by side (`?jobs=12,15,19`): the configuration here, with the rows that
+    differ marked; the curves and figures come from GET /api/v1/compare (static/trainyard/
+    compare.js)."""
+    raw = request.GET.get("jobs", "")
+    try:
+        jobs = comparison.jobs_for(request.user, comparison.parse_ids(raw))
+    except comparison.CompareError as exc:
+        refused = {"problems": exc.errors["jobs"], "jobs": [], "rows": []}
+        return render(request, "jobs/compare.html", refused, status=exc.status)
+    rows = comparison.configuration_rows(jobs, request.user)
+    context: dict[str, object] = {
+        "problems": [],
+        "jobs": jobs,
+        "ids": ",".join(str(job.pk) for job in jobs),
+        "rows": rows,
+        "differing": len(comparison.differing(rows)),
+    }
+    return render(request, "jobs/compare.html", context)
 
 
 @login_required
@@ -337,6 +364,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         {
             "rows": rows,
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
+            "lost_seconds": settings.TRAINYARD_NODE_LOST_SECONDS,
             "min_protocol": contract.MIN_AGENT_PROTOCOL,
             "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
             "any_unisolated": any(not row.node.isolated for row in rows),

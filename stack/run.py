@@ -58,7 +58,7 @@ STOP_TIMEOUT_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
-class RestartPolicy:
+class ChildRestarts:
     """When a process that exited is started again, and how long a stop may take."""
 
     first_delay: float = 1.0
@@ -176,7 +176,7 @@ class ChildSupervisor:
         log_dir: Path,
         env: Callable[[], dict[str, str]],
         cwd: Path = ROOT,
-        policy: RestartPolicy | None = None,
+        policy: ChildRestarts | None = None,
         announce: Callable[[str], None] | None = None,
         on_spawn: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -184,7 +184,7 @@ class ChildSupervisor:
         # Told each child's name and new pid while it is still our unreaped child.
         self._on_spawn = on_spawn or (lambda name, pid: None)
         self._spawner = _Spawner()
-        self.policy = policy or RestartPolicy()
+        self.policy = policy or ChildRestarts()
         self._env = env
         self._cwd = cwd
         self._announce = announce or _print_line
@@ -553,7 +553,7 @@ class Stack:
     trainer_python: str | None = None  # the agents' --trainer-python; None: their own Python
     code_root: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)  # for every child
-    restart_policy: RestartPolicy = field(default_factory=RestartPolicy)
+    child_restarts: ChildRestarts = field(default_factory=ChildRestarts)
     # The agents' stop timeout; every other process has the restart policy's.
     agent_stop_timeout: float = AGENT_STOP_TIMEOUT_SECONDS
     announce: Callable[[str], None] | None = None  # restart lines; None: print them
@@ -579,7 +579,7 @@ class Stack:
             self.var_dir / "logs",
             self.env,
             ROOT,
-            self.restart_policy,
+            self.child_restarts,
             self.announce,
             on_spawn=self._pids.child_started,
         )

@@ -3,7 +3,7 @@
     python -m stack.runtimes mxnet          # or: make mxnet-env
     → /root/.cache/trainyard/runtimes/mxnet-1.9.1-py311/bin/python
 
-Apache MXNet 1.9.1, the framework of seed 004's parameter-server pages, cannot live in the
+Apache MXNet 1.9.1, whose parameter-server jobs the `kvstore-ps` images run, cannot live in the
 agent's environment: it needs NumPy below 1.24, and the agent's trainers have NumPy 2. Its
 image therefore names an interpreter of its own, made here: a virtualenv with exactly the
 pinned packages, built once and reused while the recipe is unchanged (a stamp in it records

@@ -273,10 +273,10 @@ class StackClient:
 
     def upload(self, folder: Path, name: str) -> str:
         """Upload a folder as a code snapshot; its SHA-256, which is the console's name for
-        exactly the files that workers.snapshot packs from it."""
-        from workers.snapshot import pack_folder
+        exactly the files `trainyard submit` uploads from it."""
+        from tests.snapshots import snapshot_of
 
-        packed = pack_folder(folder)
+        packed = snapshot_of(folder)
         response = self.http.post(
             "/api/v1/snapshots",
             files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},

@@ -5,6 +5,7 @@ Reads retry while the console cannot be reached (a web server restarting, a prox
 outright, so that it was surely never received and cannot happen twice.
 """
 
+import functools
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from trainyard_cli.errors import (
     CliError,
     field_messages,
 )
+from trainyard_cli.states import Vocabulary, from_openapi
 
 API = "/api/v1"
 USER_AGENT = "trainyard-cli/1"
@@ -110,6 +112,11 @@ class Api:
                 "console?",
                 UNAVAILABLE,
             ) from None
+
+    @functools.cached_property
+    def states(self) -> Vocabulary:
+        """The job and instance states the console declares (read once per command)."""
+        return from_openapi(self.get("/openapi.json"))
 
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})

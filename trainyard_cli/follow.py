@@ -19,6 +19,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import connect
 
 from trainyard_cli.errors import NOT_LOGGED_IN, UNAVAILABLE, CliError
+from trainyard_cli.render import duration
 
 # The console sends a heartbeat frame when nothing else happens for a while; a connection
 # silent for much longer than that is dead even if TCP has not noticed.
@@ -38,6 +39,9 @@ class Line:
     ts: float
     text: str
     attempt: int = 0
+    # How the line shows, when that is not simply its text: [[text, css classes], ...], as the
+    # console shaped it (escape sequences and overwritten parts gone).
+    shown: list[list[str]] | None = None
 
 
 @dataclass
@@ -97,7 +101,7 @@ def follow(
             follower.on_note(f"connection lost ({problem}); resuming after line {follower.cursor}")
         elif now - down_since > reconnect_for:
             raise CliError(
-                f"Lost the console for {reconnect_for:.0f} s: {problem}. Resume with "
+                f"Lost the console for {duration(reconnect_for)}: {problem}. Resume with "
                 f"`trainyard logs {job_id} -f --since {follower.cursor}`.",
                 UNAVAILABLE,
             )
@@ -165,6 +169,7 @@ def _relay(batch: dict[str, Any], follower: Follower) -> None:
             batch["ts"],
             text,
             batch.get("attempt", 0),
+            batch.get("shown", {}).get(str(k)),
         )
         follower.on_line(line)
         follower.cursor = cursor

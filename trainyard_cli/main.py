@@ -40,6 +40,15 @@ app = typer.Typer(
 
 Json = Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")]
 JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` shows it.")]
+# What `submit` and `rerun` both take.
+Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
+MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
+Follow = Annotated[
+    bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
+]
+Wait = Annotated[
+    bool, typer.Option("--wait", help="Wait for the job to end; exit 0 only if it succeeded.")
+]
 
 WAIT_POLL_SECONDS = 1.0
 MAX_TAIL = 10_000  # the API's largest page of log lines
@@ -138,10 +147,8 @@ def submit(
     env: Annotated[
         list[str] | None, typer.Option(help="NAME=VALUE for the job's processes; repeatable.")
     ] = None,
-    restart: Annotated[
-        str | None, typer.Option(help='Restart policy: "never" or "on-failure".')
-    ] = None,
-    max_restarts: Annotated[int | None, typer.Option(help="Restarts allowed.")] = None,
+    restart: Restart = None,
+    max_restarts: MaxRestarts = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -154,13 +161,8 @@ def submit(
         bool,
         typer.Option("--no-upload", help="Run a script the console has (built-in examples)."),
     ] = False,
-    follow_log: Annotated[
-        bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option("--wait", help="Wait for the job to end; exit 0 only if it succeeded."),
-    ] = False,
+    follow_log: Follow = False,
+    wait: Wait = False,
     json_output: Json = False,
 ) -> None:
     """Submit a job: from a job file, from flags, or both. Arguments after `--` go to the
@@ -221,7 +223,7 @@ def _submitted(
     if json_output:
         render.print_json(job)
     else:
-        _say_outcome(job)
+        _say_outcome(api, job)
     if wait and job["state"] != "succeeded":
         raise typer.Exit(JOB_DID_NOT_SUCCEED)
 
@@ -279,8 +281,8 @@ def _take_back(api: Api, sha256: str) -> None:
         render.note(f"The code uploaded for it stays ({exc.message}).")
 
 
-def _say_outcome(job: dict[str, Any]) -> None:
-    line = Text(f"Job {job['id']} ").append(render.state_text(job["state"]))
+def _say_outcome(api: Api, job: dict[str, Any]) -> None:
+    line = Text(f"Job {job['id']} ").append(render.state_text(job["state"], api.states.job))
     seconds = render.job_seconds(job)
     if seconds is not None:
         line.append(f" after {render.duration(seconds)}")
@@ -298,7 +300,7 @@ def _wait_for_end(api: Api, job_id: int, quiet: bool) -> dict[str, Any]:
     try:
         while True:
             job = api.get(f"/jobs/{job_id}")
-            if job["state"] in render.TERMINAL_STATES:
+            if job["state"] in api.states.job.ended:
                 return job
             if job["state"] != last and not quiet and not render.err.is_terminal:
                 render.note(f"job {job_id}: {job['state']}")
@@ -327,7 +329,10 @@ def _print_line(line: dict[str, Any], tags: dict[tuple[str, int], str], as_json:
         render.print_json_line({**line, "tag": tag})  # the attempt is its own field there
     else:
         render.log_line(
-            render.with_attempt(tag, line.get("attempt") or 0), line["text"], line["stream"]
+            render.with_attempt(tag, line.get("attempt") or 0),
+            line["text"],
+            line["stream"],
+            line.get("shown"),
         )
 
 
@@ -380,21 +385,14 @@ def rerun(
     env: Annotated[
         list[str] | None, typer.Option(help="NAME=VALUE, added or replaced; repeatable.")
     ] = None,
-    restart: Annotated[
-        str | None, typer.Option(help='Restart policy: "never" or "on-failure".')
-    ] = None,
-    max_restarts: Annotated[int | None, typer.Option(help="Restarts allowed.")] = None,
+    restart: Restart = None,
+    max_restarts: MaxRestarts = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
     ] = None,
-    follow_log: Annotated[
-        bool, typer.Option("--follow", "-f", help="Stream the new job's log until it ends.")
-    ] = False,
-    wait: Annotated[
-        bool,
-        typer.Option("--wait", help="Wait for the new job to end; exit 0 only if it succeeded."),
-    ] = False,
+    follow_log: Follow = False,
+    wait: Wait = False,
     json_output: Json = False,
 ) -> None:
     """Run a job again as a new job: the same code snapshot, program, roles, restart policy,
@@ -467,6 +465,7 @@ def list_jobs(
     if json_output:
         render.print_json(jobs)
         return
+    _console_display(api)
     if not jobs:
         filtered = any(v is not None for v in where.values())
         render.note(
@@ -483,7 +482,7 @@ def list_jobs(
         row: list[Any] = [
             j["id"],
             j["name"],
-            _state_with_place(j),
+            _state_with_place(api, j),
             j["image"],
             render.instances(j),
             render.local_time(j["created"]),
@@ -502,9 +501,9 @@ def _queue_place(job: dict[str, Any]) -> str | None:
     return f"number {job['queue_position']}" if job.get("queue_position") else None
 
 
-def _state_with_place(job: dict[str, Any]) -> Text:
+def _state_with_place(api: Api, job: dict[str, Any]) -> Text:
     place = _queue_place(job)
-    return render.state_text(job["state"]).append(f" ({place})" if place else "")
+    return render.state_text(job["state"], api.states.job).append(f" ({place})" if place else "")
 
 
 def _first_line(text: str) -> str:
@@ -538,6 +537,7 @@ def show(
     if json_output:
         render.print_json(job)
         return
+    currency = _console_display(api)
     totals = job["totals"]
     roles = ", ".join(
         f"{name} {r['instances']} × {r['package']}" for name, r in job["roles"].items()
@@ -546,7 +546,7 @@ def show(
     code = f" (code {program['snapshot'][:12]})" if program.get("snapshot") else ""
     fields = [
         ("Job", f"{job['id']} {job['name']}"),
-        ("State", render.state_text(job["state"])),
+        ("State", render.state_text(job["state"], api.states.job)),
         ("Reason", job["reason"] or "—"),
         ("Owner", job["owner"]),
         ("Image", job["image"] + (f", kvstore {job['kvstore']}" if job["kvstore"] else "")),
@@ -555,7 +555,7 @@ def show(
         (
             "Resources",
             f"{totals['cpu']} CPU, {totals['gpus']} GPU, {totals['memory_gb']} GB, "
-            f"{render.money(totals['price_per_hour'], _currency(api))} per hour",
+            f"{render.money(totals['price_per_hour'], currency)} per hour",
         ),
         ("Created", render.local_time(job["created"])),
         ("Started", render.local_time(job["started"])),
@@ -575,13 +575,82 @@ def show(
             [
                 r["tag"],
                 r["node"] or "—",
-                render.state_text(r["state"]),
+                render.state_text(r["state"], api.states.replica),
                 "" if r["exit_code"] is None else r["exit_code"],
                 r["reason"],
             ]
             for r in job["replicas"]
         ],
     )
+
+
+@app.command()
+def compare(
+    job_ids: Annotated[
+        list[int], typer.Argument(help="2 to 5 job numbers, as `trainyard ls` shows them.")
+    ],
+    differences: Annotated[
+        bool, typer.Option("--differences", help="Only the configuration rows that differ.")
+    ] = False,
+    json_output: Json = False,
+) -> None:
+    """Jobs side by side: their figures, then their configuration with the rows that differ
+    marked `≠` (the console decides which: the compare page marks the same rows)."""
+    api = _api()
+    answer = api.get("/compare", jobs=",".join(str(i) for i in job_ids))
+    if json_output:
+        render.print_json(answer)
+        return
+    jobs = answer["jobs"]
+    heads = [f"#{j['id']} {j['name']}" for j in jobs]
+    figure_rows = _figure_rows(answer, _console_display(api))
+    render.table(
+        ["FIGURE", *heads],
+        [[label, *(cell(j["figures"]) for j in jobs)] for label, cell in figure_rows],
+    )
+    render.out.print()
+    rows = [r for r in answer["rows"] if r["differs"] or not differences]
+    render.table(
+        ["", "CONFIGURATION", *heads],
+        [["≠" if r["differs"] else "", r["label"], *r["values"]] for r in rows],
+    )
+    differing = sum(r["differs"] for r in answer["rows"])
+    render.note(f"{differing} of {len(answer['rows'])} configuration rows differ.")
+    render.note(f"Curves: {api.page_url('/compare/?jobs=' + ','.join(str(j['id']) for j in jobs))}")
+
+
+def _figure_rows(
+    answer: dict[str, Any], currency: str
+) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+    """The compare page's figures table, row by row: a label and how to read it of a job."""
+
+    def curve(name: str, which: str) -> Callable[[dict[str, Any]], str]:
+        return lambda f: render.human_number((f["curves"].get(name) or {}).get(which))
+
+    def ratio(key: str) -> Callable[[dict[str, Any]], str]:
+        return lambda f: render.ratio(f[key])
+
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("duration", lambda f: render.duration(f["duration_seconds"]))
+    ]
+    for name in answer["charts"]:
+        rows.append((f"{name}, final", curve(name, "final")))
+        if any(
+            (j["figures"]["curves"].get(name) or {}).get("best") is not None for j in answer["jobs"]
+        ):
+            rows.append((f"{name}, best", curve(name, "best")))
+    rows += [
+        ("samples/s, global", lambda f: render.human_number(f["global_sps"])),
+        ("samples/s, per trainer", lambda f: render.human_number(f["per_worker_sps"])),
+        ("speedup vs baseline", ratio("speedup")),
+        ("scaling efficiency", ratio("efficiency")),
+        ("cost", lambda f: render.money(f["cost"], currency)),
+        (
+            f"samples per {currency or 'unit'}",
+            lambda f: render.human_number(f["samples_per_dollar"]),
+        ),
+    ]
+    return rows
 
 
 def _retention_text(retention: dict[str, Any] | None) -> str:
@@ -628,12 +697,16 @@ def set_retention(
     if json_output:
         render.print_json(job)
         return
+    _console_display(api)
     render.out.print(f"Job {job_id}: {_retention_text(job.get('retention'))}")
 
 
-def _currency(api: Api) -> str:
-    """The code prices are in (a console setting), as the catalog says."""
-    return str(api.get("/catalog").get("currency", ""))
+def _console_display(api: Api) -> str:
+    """Write as the console's settings say, through its catalog: times in its time zone (if it
+    names one); the answer is the prefix render.money writes before a price."""
+    catalog = api.get("/catalog")
+    render.show_times_in(catalog.get("time_zone"))
+    return render.currency_prefix(catalog)
 
 
 @app.command()
@@ -780,7 +853,7 @@ def nodes(json_output: Json = False) -> None:
                 use(n, "gpus"),
                 use(n, "memory_gb"),
                 ", ".join(str(j) for j in n["jobs"]) or "—",
-                render.local_time(n["last_heartbeat"]),
+                render.ago(n["last_heartbeat"]),
             ]
             for n in answer
         ],
@@ -839,7 +912,7 @@ def packages(json_output: Json = False) -> None:
                 f"{p['gpus']} {p['gpu_model']}".strip() if p["gpus"] else "0",
                 p["memory_gb"],
                 p["processes"],
-                render.money(p["price_per_hour"], catalog.get("currency", "")),
+                render.money(p["price_per_hour"], render.currency_prefix(catalog)),
                 ", ".join(p["roles"]) or "any",
             ]
             for p in answer

@@ -1,4 +1,7 @@
-"""How answers read in a terminal: tables, local times, durations, tagged log lines.
+"""How answers read in a terminal: tables, local times, durations, prices, counts, tagged log
+lines. The CLI's one formatter: every time, duration, price and count it prints is written here,
+the same way the pages write it (static/trainyard/format.js, jobs/money.py), with the console's
+currency from its catalog.
 
 Everything the user asked for goes to stdout; notes and progress go to stderr, so that
 `trainyard logs 42 > run.log` and `--json | jq` get only data. Rich leaves colour out when the
@@ -8,27 +11,21 @@ output is not a terminal, or when NO_COLOR is set.
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, tzinfo
+from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainyard_cli.states import States
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True)  # notes: one line each, never cut
 if not out.is_terminal:
     out.width = 200  # a file or a pipe: rows stay whole for grep and cut
-
-STATE_STYLES = {
-    "succeeded": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "running": "cyan",
-    "queued": "blue",
-    "pending": "blue",
-}
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def print_json(value: Any) -> None:
@@ -45,8 +42,9 @@ def note(text: str, style: str = "dim") -> None:
     err.print(Text(text, style=style))
 
 
-def state_text(state: str) -> Text:
-    return Text(state, style=STATE_STYLES.get(state, ""))
+def state_text(state: str, states: States) -> Text:
+    """A job's or instance's state, coloured by what the console says it means."""
+    return Text(state, style=states.style(state))
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -58,10 +56,25 @@ def parse_time(value: str | None) -> datetime | None:
         return None
 
 
+# The zone times are written in: the console's (its catalog's time_zone), else None for this
+# computer's own, as the pages use the reader's.
+_shown_zone: tzinfo | None = None
+
+
+def show_times_in(name: str | None) -> None:
+    """Write times from now on in the zone the console names (TRAINYARD_TIME_ZONE); None, or a
+    zone this computer does not know, keeps this computer's own."""
+    global _shown_zone
+    try:
+        _shown_zone = ZoneInfo(name) if name else None
+    except (ZoneInfoNotFoundError, ValueError):
+        _shown_zone = None
+
+
 def local_time(value: str | None) -> str:
-    """An ISO time from the API in this computer's time zone, e.g. 2026-11-25 09:14:03."""
+    """An ISO time from the API in the shown zone, e.g. 2026-11-25 09:14:03."""
     moment = parse_time(value)
-    return moment.astimezone().strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
+    return moment.astimezone(_shown_zone).strftime("%Y-%m-%d %H:%M:%S") if moment else "—"
 
 
 def duration(seconds: float | None) -> str:
@@ -87,8 +100,13 @@ def job_seconds(job: dict[str, Any], now: datetime | None = None) -> float | Non
     return (finished - started).total_seconds()
 
 
-def instances(job: dict[str, Any]) -> int:
-    return sum(role["instances"] for role in job.get("roles", {}).values())
+def instances(job: dict[str, Any]) -> str:
+    """ "3", "5 (4 trainers + scheduler)": the console's own count, as the job list says it
+    (a scheduler is an instance too); a console too old to say gets the roles' sum."""
+    counted = job.get("instances")
+    if isinstance(counted, dict) and "text" in counted:
+        return str(counted["text"])
+    return str(sum(role["instances"] for role in job.get("roles", {}).values()))
 
 
 def table(
@@ -128,23 +146,50 @@ def tags_of(job: dict[str, Any]) -> dict[tuple[str, int], str]:
     return {(r["role"], r["index"]): r["tag"] for r in job.get("replicas", [])}
 
 
-def log_line(tag: str, text: str, stream: str) -> None:
-    """One line as `[tag] text`; the trainer's text is printed as it is, never as markup."""
+def log_line(tag: str, text: str, stream: str, shown: list[list[str]] | None = None) -> None:
+    """One line as `[tag] text`, never as markup. On a terminal, the text as the console shaped
+    it (`shown`: no escape sequence of the trainer's reaches the terminal, and a line a progress
+    bar overwrote shows its last state, as on the page); into a file or a pipe, as printed."""
     if out.is_terminal:
         line = Text(f"[{tag}] ", style="bold magenta" if stream == "stderr" else "bold cyan")
-        line.append(text)
+        line.append("".join(part[0] for part in shown) if shown is not None else text)
         out.print(line, markup=False, highlight=False, emoji=False)
     else:
         sys.stdout.write(f"[{tag}] {text}\n")
         sys.stdout.flush()
 
 
-def money(amount: str, currency: str = "") -> str:
-    """The API's decimal string as a price: "0.0500" → "0.05", "3.0000" → "3.00", "0.1234"
-    stays; with the currency's code before it when known ("USD 0.05")."""
-    whole, _, cents = amount.partition(".")
-    cents = cents.rstrip("0").ljust(2, "0")
-    return f"{currency} {whole}.{cents}".strip()
+def money(amount: str | float | None, prefix: str = "") -> str:
+    """The API's decimal string as the pages write a price (jobs/money.py): "0.0500" with
+    prefix "$" → "$0.05", "3.0000" → "$3.00", "1234.5" → "$1,234.50", "0.0125" stays
+    (prices are stored with four decimals; the third and fourth show only when they count).
+    `prefix` is the console's, from its catalog (currency_prefix); "—" for no amount."""
+    if amount is None:
+        return "—"
+    value = Decimal(str(amount)).quantize(Decimal("0.0001"))
+    text = f"{value:,.4f}"
+    while text.endswith("0") and len(text.partition(".")[2]) > 2:
+        text = text[:-1]
+    return f"{prefix}{text}"
+
+
+def currency_prefix(catalog: dict[str, Any]) -> str:
+    """What goes before an amount, as the console's settings say: "$", "€", or "CHF" and a
+    no-break space; a console too old to say writes its currency's code before it."""
+    written = catalog.get("money")
+    if isinstance(written, dict) and "prefix" in written:
+        return str(written["prefix"])
+    code = catalog.get("currency") or ""
+    return f"{code}\u00a0" if code else ""
+
+
+def ago(value: str | None, now: datetime | None = None) -> str:
+    """An ISO time from the API as how long ago it was, as the pages say it: "5 s ago",
+    "3 min 05 s ago"; "never" for none."""
+    moment = parse_time(value)
+    if moment is None:
+        return "never"
+    return f"{duration(((now or datetime.now(moment.tzinfo)) - moment).total_seconds())} ago"
 
 
 def human_bytes(size: int) -> str:
@@ -153,6 +198,11 @@ def human_bytes(size: int) -> str:
         if size >= unit:
             return f"{size / unit:.3g} {suffix}"
     return f"{size} B"
+
+
+def ratio(value: float | None) -> str:
+    """A speedup or an efficiency as the compare page writes it: 1.85; None → —."""
+    return "—" if value is None else f"{value:.2f}"
 
 
 def human_number(value: float | None) -> str:

@@ -3,7 +3,9 @@
 Each name is defined once here so that the two sides cannot drift apart.
 """
 
-# --- How logs, charts and pages name an instance (seed 004): `[master]`, `[scheduler]`, and
+from typing import Any
+
+# --- How logs, charts and pages name an instance: `[master]`, `[scheduler]`, and
 # `[worker-1]`, `[server-0]` for roles with several instances. The console's pages get this
 # rule from the server (jobs.page_rules), not from a copy of their own.
 SOLO_ROLES = ("master", "scheduler")
@@ -119,6 +121,41 @@ def masked_env(env: dict[str, str]) -> dict[str, str]:
 PROTOCOL_VERSION = 1
 MIN_AGENT_PROTOCOL = 1
 PROTOCOL_FIELD = "protocol"
+
+# The state of a replica the console asked about and this node does not know.
+REPLICA_UNKNOWN = "unknown"
+
+
+def exit_report(
+    *,
+    job_id: int,
+    attempt: int,
+    role: str,
+    index: int,
+    node: str,
+    state: str,
+    exit_code: int | None,
+    reason: str,
+    stderr_tail: list[str],
+    ended_at: float | None,
+    incarnation: str,
+) -> dict[str, Any]:
+    """What TASK_REPLICA_EXITED carries: how one replica ended on a node (or that the node does
+    not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike."""
+    return {
+        "job_id": job_id,
+        "attempt": attempt,
+        "role": role,
+        "index": index,
+        "node": node,
+        "state": state,
+        "exit_code": exit_code,
+        "reason": reason,
+        "stderr_tail": stderr_tail,
+        "ended_at": ended_at,
+        "incarnation": incarnation,
+    }
+
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
 CONSOLE_QUEUE = "console"

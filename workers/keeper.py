@@ -81,7 +81,10 @@ COPY_END_SECONDS = 5.0
 # as the group is killed; a process that left the group and holds a pipe delays only this much.
 EXIT_AFTER_OUTPUT_SECONDS = 1.0
 GRACE_ENV = "TRAINYARD_KEEPER_GRACE_SECONDS"
-DEFAULT_GRACE_SECONDS = 60.0
+# Shorter than the console's lost-node time (TRAINYARD_NODE_LOST_SECONDS, 45 s) with the 5 s
+# from SIGTERM to SIGKILL to spare: by the time the console gives a node's jobs up and may start
+# them again elsewhere, their old trainers are gone, so two attempts never write one checkpoint.
+DEFAULT_GRACE_SECONDS = 30.0
 # The commands an agent sends, one per line.
 TERM, KILL, RELEASE = b"term", b"kill", b"release"
 

@@ -140,7 +140,7 @@ class MetricTail(threading.Thread):
 
 
 @dataclass
-class Watched:
+class SampledInstance:
     """One instance the sampler measures: its top processes and the GPUs it was given."""
 
     pids: list[int]
@@ -156,7 +156,7 @@ class SystemSampler(threading.Thread):
 
     def __init__(
         self,
-        instances: Callable[[], list[Watched]],
+        instances: Callable[[], list[SampledInstance]],
         interval: float = SYSTEM_SAMPLE_SECONDS,
         gpu_usage: Callable[[list[int]], list[tuple[float, float]]] | None = None,
     ) -> None:
@@ -172,33 +172,33 @@ class SystemSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._stopped.wait(self._interval):
-            for watched in self._instances():
+            for instance in self._instances():
                 try:
-                    self.sample(watched)
+                    self.sample(instance)
                 except Exception:
                     log.exception("sampling an instance failed")
 
-    def sample(self, watched: Watched) -> None:
+    def sample(self, instance: SampledInstance) -> None:
         """One sample of one instance (the first call only primes the CPU counters)."""
         cpu = 0.0
         rss = 0
         alive: dict[int, psutil.Process] = {}
-        for pid in watched.pids:
+        for pid in instance.pids:
             try:
-                top = watched.processes.get(pid) or psutil.Process(pid)
+                top = instance.processes.get(pid) or psutil.Process(pid)
                 tree = [top, *top.children(recursive=True)]
             except psutil.Error:
                 continue
             for proc in tree:
-                known = watched.processes.get(proc.pid, proc)
+                known = instance.processes.get(proc.pid, proc)
                 try:
                     cpu += known.cpu_percent(None)
                     rss += known.memory_info().rss
                 except psutil.Error:
                     continue
                 alive[proc.pid] = known
-        primed = bool(watched.processes)
-        watched.processes = alive
+        primed = bool(instance.processes)
+        instance.processes = alive
         if not alive or not primed:
             return
         now = time.time()
@@ -206,8 +206,8 @@ class SystemSampler(threading.Thread):
             Point("cpu_percent", round(cpu, 1), None, None, now),
             Point("memory_mb", round(rss / 2**20, 1), None, None, now),
         ]
-        if watched.gpu_ids and self._gpu_usage is not None:
-            usage = self._gpu_usage(watched.gpu_ids)
+        if instance.gpu_ids and self._gpu_usage is not None:
+            usage = self._gpu_usage(instance.gpu_ids)
             if usage:
                 points.append(
                     Point(
@@ -216,7 +216,7 @@ class SystemSampler(threading.Thread):
                 )
                 points.append(Point("gpu_memory_mb", sum(m for _, m in usage), None, None, now))
                 if len(usage) > 1:  # and each GPU's own, where the instance has several
-                    for gpu, (util, memory) in zip(watched.gpu_ids, usage, strict=False):
+                    for gpu, (util, memory) in zip(instance.gpu_ids, usage, strict=False):
                         points.append(Point(f"gpu{gpu}_util_percent", util, None, None, now))
                         points.append(Point(f"gpu{gpu}_memory_mb", memory, None, None, now))
-        watched.emit(now, points)
+        instance.emit(now, points)

@@ -17,7 +17,6 @@ import gzip
 import hashlib
 import io
 import os
-import stat
 import tarfile
 import tempfile
 import threading
@@ -310,31 +309,6 @@ def canonical(archive: IO[bytes], max_unpacked_bytes: int = MAX_UNPACKED_BYTES) 
             return extracted
 
         return _pack(files, open_member)
-
-
-def pack_folder(folder: Path, max_unpacked_bytes: int = MAX_UNPACKED_BYTES) -> Packed:
-    """A folder as a canonical archive (links, special files and names an upload may not
-    have refused, as on upload)."""
-    root = folder.resolve()
-    files: list[Member] = []
-    total = 0
-    for path in sorted(root.rglob("*")):
-        relative = _member_path(path.relative_to(root).as_posix())
-        mode = path.lstat().st_mode
-        if stat.S_ISDIR(mode):
-            continue
-        if stat.S_ISLNK(mode):
-            raise SnapshotError(f"{relative!r}: a link (links are not taken)")
-        if not stat.S_ISREG(mode):
-            raise SnapshotError(f"{relative!r}: not a regular file")
-        size = path.stat().st_size
-        total += size
-        if total > max_unpacked_bytes:
-            raise SnapshotError(f"its files come to more than {max_unpacked_bytes / 2**20:,.0f} MB")
-        files.append(Member(relative, size, bool(mode & 0o111)))
-        if len(files) > MAX_MEMBERS:
-            raise SnapshotError(f"more than {MAX_MEMBERS:,} files")
-    return _pack(files, lambda relative: (root / relative).open("rb"))
 
 
 def _pack(files: list[Member], open_member: Callable[[str], IO[bytes]]) -> Packed:

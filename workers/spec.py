@@ -85,7 +85,7 @@ class ReplicaSpec:
 
     @property
     def tag(self) -> str:
-        """How logs name this instance: `master`, `worker-1`, as in seed 004."""
+        """How logs name this instance: `master`, `worker-1`, `server-0`."""
         return tag_of(self.role, self.index)
 
     def to_dict(self) -> dict[str, Any]:

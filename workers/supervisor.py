@@ -29,7 +29,6 @@ import functools
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -67,12 +66,13 @@ from workers.launcher import (
 )
 from workers.logquota import LogLimits
 from workers.logship import FILE_WRITER_PREFIX, LogShipper, ReplicaKey
-from workers.metricfeed import MetricTail, SystemSampler, Watched
+from workers.metricfeed import MetricTail, SampledInstance, SystemSampler
 from workers.metricparse import Point, RegexScanner, compile_definitions
 from workers.procrecords import ProcRecords, Reaped, reap_all
 from workers.programs import ProgramError, resolve_program, resolve_under_root
 from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
+from workers.tracebacks import last_exception
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class ReplicaState(enum.Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
-    UNKNOWN = "unknown"
+    UNKNOWN = contract.REPLICA_UNKNOWN
 
 
 # What heartbeats call a replica that is ending: a stop was requested, or its processes ended
@@ -170,7 +170,7 @@ class _ReplicaRun:
     # Its regex metrics, matched on the pipe readers' threads (never the heartbeat's), under
     # a CPU budget of their own.
     regex_metrics: RegexScanner | None = None
-    watched: Watched | None = None
+    sampled: SampledInstance | None = None
     started_report: dict[str, Any] | None = None
     ended_at: float | None = None  # unix time the outcome was decided (first failure seen)
     containers: list[str] = field(default_factory=list)  # names, for jobs on container images
@@ -236,29 +236,6 @@ def recorded_error(path: Path) -> str | None:
     if len(one_line) > MAX_RECORDED_MESSAGE:
         one_line = one_line[: MAX_RECORDED_MESSAGE - 1] + "…"
     return one_line
-
-
-TRACEBACK_START = "Traceback (most recent call last):"
-EXCEPTION_LINE = re.compile(
-    r"^(?:[A-Za-z_]\w*\.)*(?:[A-Za-z_]\w*(?:Error|Exception)|KeyboardInterrupt|SystemExit)"
-    r"(?::\s.*)?$"
-)
-
-
-# torch.distributed (2.4 and later) prefixes what a rank prints to stderr with "[rank1]: "
-# (or "[default1]:" under some launchers): the traceback is under it.
-RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
-
-
-def last_exception(lines: list[str]) -> str | None:
-    """The last line of the last Python traceback in `lines` ("ValueError: ..."), or None;
-    lines prefixed with torch's "[rankN]: " are read without it."""
-    lines = [RANK_PREFIX.sub("", line) for line in lines]
-    for i in range(len(lines) - 1, -1, -1):
-        line = lines[i].rstrip()
-        if EXCEPTION_LINE.match(line) and any(x.startswith(TRACEBACK_START) for x in lines[:i]):
-            return line[:MAX_RECORDED_MESSAGE]
-    return None
 
 
 def describe_exit(code: int) -> str:
@@ -331,7 +308,7 @@ class Supervisor:
         self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
         self._lock = threading.Lock()
         self._closing: _Closing | None = None
-        self._sampler = SystemSampler(self._watched, gpu_usage=inventory.gpu_usage)
+        self._sampler = SystemSampler(self._sampled_instances, gpu_usage=inventory.gpu_usage)
         self._sampler.start()
 
     # --- what Celery tasks call ---
@@ -758,7 +735,7 @@ class Supervisor:
             holder.append(tail)
             tail.start()
             run.tails.append(tail)
-        run.watched = Watched(
+        run.sampled = SampledInstance(
             link.pids(), run.gpu_ids, lambda ts, points: self._ship_points(run, ts, points)
         )
 
@@ -943,11 +920,11 @@ class Supervisor:
         """A message from the agent about this instance, in the instance's own log."""
         self._shipper.put_system(run.key, time.time(), [f"[trainyard] {message}"])
 
-    def _watched(self) -> list[Watched]:
+    def _sampled_instances(self) -> list[SampledInstance]:
         with self._lock:
             runs = list(self._runs.values())
         return [
-            r.watched for r in runs if r.state == ReplicaState.RUNNING and r.watched is not None
+            r.sampled for r in runs if r.state == ReplicaState.RUNNING and r.sampled is not None
         ]
 
     def _monitor(self, run: _ReplicaRun) -> int | None:
@@ -1090,19 +1067,19 @@ class Supervisor:
             waiting_for=f"log lines of {spec.job_id}/{spec.tag} to reach Redis",
         ):
             log.warning("log lines of %s/%s left in the spool", spec.job_id, spec.tag)
-        report = {
-            "job_id": spec.job_id,
-            "attempt": spec.attempt,
-            "role": spec.role,
-            "index": spec.index,
-            "node": self.node,
-            "state": run.state.value,
-            "exit_code": exit_code,
-            "reason": reason,
-            "stderr_tail": list(run.stderr_tail),
-            "ended_at": run.ended_at,
-            "incarnation": self.incarnation,
-        }
+        report = contract.exit_report(
+            job_id=spec.job_id,
+            attempt=spec.attempt,
+            role=spec.role,
+            index=spec.index,
+            node=self.node,
+            state=run.state.value,
+            exit_code=exit_code,
+            reason=reason,
+            stderr_tail=list(run.stderr_tail),
+            ended_at=run.ended_at,
+            incarnation=self.incarnation,
+        )
         with self._lock:
             self._runs.pop(run.ident, None)
             self._free_gpus |= set(run.gpu_ids)
@@ -1231,19 +1208,19 @@ class Supervisor:
             self._finished.popitem(last=False)
 
     def _unknown_report(self, job_id: int, attempt: int, role: str, index: int) -> dict[str, Any]:
-        return {
-            "job_id": job_id,
-            "attempt": attempt,
-            "role": role,
-            "index": index,
-            "node": self.node,
-            "state": ReplicaState.UNKNOWN.value,
-            "exit_code": None,
-            "reason": f"not running on {self.node}",
-            "stderr_tail": [],
-            "ended_at": time.time(),
-            "incarnation": self.incarnation,
-        }
+        return contract.exit_report(
+            job_id=job_id,
+            attempt=attempt,
+            role=role,
+            index=index,
+            node=self.node,
+            state=ReplicaState.UNKNOWN.value,
+            exit_code=None,
+            reason=f"not running on {self.node}",
+            stderr_tail=[],
+            ended_at=time.time(),
+            incarnation=self.incarnation,
+        )
 
 
 def _replica_idents(replicas: list[dict[str, Any]]) -> list[tuple[int, str, int]]:

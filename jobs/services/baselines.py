@@ -1,8 +1,10 @@
 """Baselines: the earlier run a job is compared with, and which runs are fair to compare.
 
-Any earlier job can be a curve baseline (seed 000's "curve fitting"). Speedup, efficiency and
-samples-per-dollar ratios only mean something against a single-worker run of the same image,
-program and package, so the console says when a baseline is not one, and offers to launch one.
+Any earlier job can be a curve baseline ("curve fitting": a good run's curves, which a new run
+should lie on); one on another trainer count is expected to draw other curves, and is judged on
+its final accuracy instead. Speedup, efficiency and samples-per-dollar ratios only mean
+something against a single-trainer run of the same image, program and package, so the console
+says when a baseline is not one, and offers to launch one.
 """
 
 import logging
@@ -12,7 +14,7 @@ from django.db import transaction
 
 from jobs.access import visible_jobs
 from jobs.models import Job, JobRole
-from jobs.services import submission
+from jobs.services import figures, submission
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,8 @@ def compute_role(job: Job) -> JobRole | None:
 
 
 def worker_count(job: Job) -> int:
-    """Training processes: every PyTorch instance (master included), or a PS job's workers."""
+    """Trainers: every PyTorch instance (the master is rank 0 and trains like the others), or
+    a parameter-server job's workers (its scheduler and servers do not train)."""
     roles = {r.role: r for r in job.roles.all()}
     if job.kvstore:
         return roles["worker"].instances if "worker" in roles else 0
@@ -57,8 +60,30 @@ def why_not_a_speedup_baseline(job: Job, baseline: Job) -> str | None:
             "so throughput ratios would compare different things"
         )
     if worker_count(baseline) != 1:
-        return f"job {baseline.pk} ran {worker_count(baseline)} workers; speedup needs 1"
+        return (
+            f"job {baseline.pk} ran {worker_count(baseline)} trainers; speedup needs a "
+            "1-trainer run"
+        )
     return None
+
+
+def _trainers(n: int) -> str:
+    return f"{n} trainer{'' if n == 1 else 's'}"
+
+
+def curves_differ_by_design(job: Job, baseline: Job) -> figures.Different | None:
+    """Why `baseline`'s loss and learning-rate curves are not expected to lie on the job's, or
+    None where they are. On another trainer count each step averages another number of samples
+    (another global batch) and takes another share of an epoch, and the examples scale their
+    learning rate with it: the curves differ by design, while the final accuracy should not."""
+    ours, theirs = worker_count(job), worker_count(baseline)
+    if ours == theirs:
+        return None
+    return figures.Different(
+        f"The baseline's curves differ by design: it ran {_trainers(theirs)} and this job "
+        f"{_trainers(ours)}, so each step averaged a different global batch. The runs are "
+        "compared on what should still match: the final accuracy, and the time to reach it."
+    )
 
 
 def set_baseline(user: User, job: Job, baseline_id: int | None) -> Job:
@@ -77,7 +102,7 @@ def set_baseline(user: User, job: Job, baseline_id: int | None) -> Job:
 
 
 def launch_single_worker_baseline(user: User, job: Job) -> Job:
-    """Submit a 1-worker copy of `job` (same image, program, arguments and package) and make it
+    """Submit a 1-trainer copy of `job` (same image, program, arguments and package) and make it
     the job's baseline; quota rules apply as for any submission."""
     role = compute_role(job)
     if role is None:
@@ -92,7 +117,7 @@ def launch_single_worker_baseline(user: User, job: Job) -> Job:
     else:
         roles = {"master": {"package": role.package.name, "instances": 1}}
     request = {
-        "name": f"{job.name} · 1-worker baseline"[:200],
+        "name": f"{job.name} · 1-trainer baseline"[:200],
         "image": job.image.name,
         "program": {
             "script": job.script,
@@ -109,5 +134,5 @@ def launch_single_worker_baseline(user: User, job: Job) -> Job:
     with transaction.atomic():
         baseline = submission.submit_job(user, checked)
         set_baseline(user, job, baseline.pk)
-    log.info("job %s: launched 1-worker baseline %s", job.pk, baseline.pk)
+    log.info("job %s: launched 1-trainer baseline %s", job.pk, baseline.pk)
     return baseline

@@ -115,7 +115,8 @@ def _attempt_fields(job: Job, instances: int) -> dict[str, Any]:
         "max_restarts": job.max_restarts,
         "checkpoint_key": job.checkpoint_key,
         "container_image": job.image.container_image,
-        "extra_env": dict(job.env),
+        # The image's defaults as they were at submission, under the job's own variables.
+        "extra_env": {**job.image_env, **job.env},
         "owner": job.owner_id,
         "log_limits": _log_limits(job, instances).to_dict(),
     }

@@ -27,3 +27,10 @@ def format_duration(seconds: float) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+def format_ago(moment: datetime, now: datetime) -> str:
+    """ "5 s ago", "3 min 05 s ago": how long since `moment`, in the units of format_duration
+    (never "0 minutes ago" for a heartbeat five seconds old). A moment a little ahead of this
+    clock (another host's) reads "0 s ago" rather than as the future."""
+    return f"{format_duration((now - moment).total_seconds())} ago"

@@ -1,17 +1,21 @@
 """The figures a distributed run is judged by, from its metric points: pure arithmetic, no I/O.
 
-Definitions, from the seed documents:
+Definitions, as practitioners of distributed training use them:
 - throughput: samples per second. A process reports its own (`samples_per_sec`); a process's
   throughput over the run is the median of its reports (robust to the slow first steps), the
-  run's global throughput the sum over its processes, its per-worker throughput the mean.
-- speedup (seed 000): "the average per-card throughput of the multi-card run divided by the
+  run's global throughput the sum over its processes, its per-trainer throughput the mean. A
+  trainer is a process that trains: every rank of a PyTorch job (its master is rank 0), the
+  workers of a parameter-server job; the `workers` fields below count trainers.
+- speedup: "the average per-card throughput of the multi-card run divided by the
   throughput of the single-card run", e.g. 600 / 800 = 0.75. Beside it: global speedup, the
-  run's global throughput over the single-worker run's (what "N× faster" means), and scaling
-  efficiency, global speedup over the worker count. With a 1-worker baseline the efficiency
-  equals seed 000's speedup; both names are shown because readers know one or the other.
-- samples per dollar (seed 003): samples per second × 3600 / price per hour.
-- GPU utilisation under 80 % means a bottleneck (seed 003).
-- curve fitting (seed 000): a run matches a known-good baseline when its loss, learning-rate and
+  run's global throughput over the single-trainer run's (what "N× faster" means), and scaling
+  efficiency, global speedup over the trainer count. With a 1-trainer baseline the efficiency
+  equals that speedup; both names are shown because readers know one or the other.
+- samples per dollar: samples per second × 3600 / price per hour.
+- GPU utilisation under 80 % means a bottleneck (input, communication): judged as the gpu-idle
+  health rule judges it with its defaults (healthrules.LowRun), and worded here for the page to
+  show.
+- curve fitting: a run matches a known-good baseline when its loss, learning-rate and
   eval-accuracy curves lie on the baseline's and it ends at the same eval accuracy.
 """
 
@@ -22,16 +26,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jobs.healthrules import DEFAULT_GPU_BELOW, DEFAULT_GPU_MINUTES, LowRun
 from workers.contract import tag_of
 
 Point = dict[str, Any]  # {name, value, step?, epoch?, ts, role, index, ...}
 
-GPU_BOTTLENECK_PERCENT = 80.0
-GPU_BOTTLENECK_SECONDS = 60.0
+# Declarations of the run's length: not reports of how far it is.
+DECLARATIONS = ("total_steps", "total_epochs")
 ACCURACY_TOLERANCE = 0.01  # final eval accuracy within 1 point
 LOSS_TOLERANCE = 0.10  # summed gap between the loss curves over the baseline's sum
 CURVE_BINS = 20
-# Adding workers stops paying when one more worker adds less than this share of a worker.
+# Adding trainers stops paying when one more adds less than this share of one trainer's
+# throughput.
 MARGINAL_GAIN_WORTH_IT = 0.5
 
 
@@ -47,7 +53,7 @@ def named(points: Iterable[Point], name: str) -> list[Point]:
 class Throughput:
     global_sps: float
     per_worker_sps: float
-    workers: int  # processes that reported throughput
+    workers: int  # trainer processes that reported throughput
 
 
 def throughput(points: Iterable[Point]) -> Throughput | None:
@@ -63,9 +69,9 @@ def throughput(points: Iterable[Point]) -> Throughput | None:
 
 @dataclass(frozen=True)
 class Scaling:
-    speedup: float  # seed 000: per-worker throughput / the baseline's per-worker throughput
+    speedup: float  # per-trainer throughput / the baseline's per-trainer throughput
     global_speedup: float  # global throughput / the baseline's global throughput
-    efficiency: float  # global speedup / (workers / baseline workers)
+    efficiency: float  # global speedup / (trainers / the baseline's trainers)
 
 
 def scaling(run: Throughput, baseline: Throughput) -> Scaling:
@@ -171,6 +177,13 @@ def final_value(points: Iterable[Point], name: str) -> float | None:
     return sum(at_last) / len(at_last)
 
 
+def time_to_accuracy(points: Iterable[Point], target: float, started: float) -> float | None:
+    """Seconds from `started` to the first eval_accuracy report at or above `target`; None if
+    the run never got there."""
+    reached = [p["ts"] for p in named(points, "eval_accuracy") if p["value"] >= target]
+    return max(0.0, min(reached) - started) if reached else None
+
+
 @dataclass(frozen=True)
 class Verdict:
     matches: bool | None  # None: not enough data to say
@@ -180,6 +193,13 @@ class Verdict:
     loss_distance: float | None
     lr_distance: float | None
     reasons: list[str]
+    # False where the baseline trained differently by design (another trainer count, so
+    # another global batch): its curves are shown but not judged, and `note` says why.
+    curves_judged: bool = True
+    note: str | None = None
+    target_accuracy: float | None = None
+    seconds_to_target: float | None = None
+    baseline_seconds_to_target: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -190,7 +210,27 @@ class Verdict:
             "loss_distance": self.loss_distance,
             "lr_distance": self.lr_distance,
             "reasons": self.reasons,
+            "curves_judged": self.curves_judged,
+            "note": self.note,
+            "target_eval_accuracy": self.target_accuracy,
+            "seconds_to_target": self.seconds_to_target,
+            "baseline_seconds_to_target": self.baseline_seconds_to_target,
         }
+
+
+@dataclass(frozen=True)
+class Different:
+    """Why a baseline's curves are not expected to lie on the run's (None: they are)."""
+
+    note: str
+
+
+@dataclass(frozen=True)
+class Starts:
+    """When each run started (epoch seconds), to time how long each took to reach accuracy."""
+
+    run: float
+    baseline: float
 
 
 def compare_with_baseline(
@@ -198,7 +238,13 @@ def compare_with_baseline(
     baseline: Sequence[Point],
     accuracy_tolerance: float = ACCURACY_TOLERANCE,
     loss_tolerance: float = LOSS_TOLERANCE,
+    different: Different | None = None,
+    starts: Starts | None = None,
 ) -> Verdict:
+    """Whether `run` trained as `baseline` did. Where the two train alike, the final accuracy
+    and the loss curves must agree. Where they differ by design (`different`), the curves are
+    expected to differ and only what should still agree is judged: the final accuracy; the
+    time each took to reach the baseline's accuracy is given beside it (with `starts`)."""
     axis = axis_of(run, baseline)
     accuracy = final_value(run, "eval_accuracy")
     base_accuracy = final_value(baseline, "eval_accuracy")
@@ -215,6 +261,20 @@ def compare_with_baseline(
         )
     else:
         reasons.append("no eval_accuracy in one of the runs")
+    if different is not None:
+        target, ours, theirs = _time_to_target(
+            run, baseline, base_accuracy, accuracy_tolerance, starts
+        )
+        if target is not None:
+            reasons.append(_time_to_target_reason(target, ours, theirs))
+        if loss is not None:
+            reasons.append(f"loss curves {loss:.1%} apart by {axis} (not judged: see the note)")
+        matches = checks[0] if checks else None
+        return Verdict(
+            matches, axis, accuracy, base_accuracy, loss, lr, reasons,
+            curves_judged=False, note=different.note, target_accuracy=target,
+            seconds_to_target=ours, baseline_seconds_to_target=theirs,
+        )  # fmt: skip
     if loss is not None:
         ok = loss <= loss_tolerance
         checks.append(ok)
@@ -228,6 +288,39 @@ def compare_with_baseline(
     return Verdict(matches, axis, accuracy, base_accuracy, loss, lr, reasons)
 
 
+def _time_to_target(
+    run: Sequence[Point],
+    baseline: Sequence[Point],
+    base_accuracy: float | None,
+    tolerance: float,
+    starts: Starts | None,
+) -> tuple[float | None, float | None, float | None]:
+    """The target (the baseline's final accuracy, less the tolerance) and the seconds each run
+    took to reach it."""
+    if base_accuracy is None or starts is None:
+        return None, None, None
+    target = base_accuracy - tolerance
+    return (
+        target,
+        time_to_accuracy(run, target, starts.run),
+        time_to_accuracy(baseline, target, starts.baseline),
+    )
+
+
+def _time_to_target_reason(target: float, ours: float | None, theirs: float | None) -> str:
+    if ours is None:
+        baseline = "" if theirs is None else f" (the baseline did in {theirs:.0f} s)"
+        return f"has not reached eval accuracy {target:.4f}{baseline}"
+    said = f"reached eval accuracy {target:.4f} in {ours:.0f} s"
+    if theirs is None:
+        return f"{said}; the baseline never did"
+    if ours > 0 and theirs > 0:
+        ratio = theirs / ours
+        faster = f"{ratio:.1f}× sooner" if ratio >= 1 else f"took {1 / ratio:.1f}× as long"
+        return f"{said} vs {theirs:.0f} s for the baseline ({faster})"
+    return f"{said} vs {theirs:.0f} s for the baseline"
+
+
 # --- progress and health -------------------------------------------------------------------------
 
 
@@ -235,40 +328,71 @@ def compare_with_baseline(
 class Progress:
     fraction: float
     eta_seconds: float | None
-    by: str  # "step" or "epoch"
+    by: str  # "epoch" or "step"
+    reached: float  # the furthest epoch (or step) any process reported
+    total: float  # the declared total
+    done: bool  # the last epoch (or step) was reported, or the job succeeded
 
 
-def progress(points: Sequence[Point], elapsed_seconds: float) -> Progress | None:
-    """How far the run is, from its declared total steps (or epochs) and the furthest step (or
-    epoch) any process reported; the ETA assumes the pace so far."""
-    for by, total_name in (("step", "total_steps"), ("epoch", "total_epochs")):
+# Epochs first: they are what the charts' axis, the examples' log lines ("epoch=30/30") and a
+# user count in; steps where a run declares only those.
+_PROGRESS_AXES = (("epoch", "total_epochs"), ("step", "total_steps"))
+
+
+def progress(points: Sequence[Point], succeeded: bool = False) -> Progress | None:
+    """How far the run is: the furthest epoch (or step) any process reported over the declared
+    total. A job that succeeded is done whatever it reported. The ETA assumes the pace between
+    the first and the latest report (start-up is not progress)."""
+    for by, total_name in _PROGRESS_AXES:
         totals = named(points, total_name)
-        reached = [p[by] for p in points if p.get(by) is not None and p["name"] not in (
-            "total_steps", "total_epochs")]  # fmt: skip
-        if not totals or not reached:
+        reports = [p for p in points if p.get(by) is not None and p["name"] not in DECLARATIONS]
+        if not totals or not reports:
             continue
-        total = max(p["value"] for p in totals)
+        total = float(max(p["value"] for p in totals))
         if total <= 0:
             continue
-        fraction = min(1.0, max(reached) / total)
-        eta = elapsed_seconds * (1 - fraction) / fraction if fraction > 0 else None
-        return Progress(fraction, eta, by)
+        reached = float(max(p[by] for p in reports))
+        done = succeeded or reached >= total
+        fraction = 1.0 if done else reached / total
+        return Progress(
+            fraction, None if done else _eta(reports, by, total), by, reached, total, done
+        )
     return None
 
 
+def _eta(reports: Sequence[Point], by: str, total: float) -> float | None:
+    first = min(reports, key=lambda p: p["ts"])
+    last = max(reports, key=lambda p: (p[by], p["ts"]))
+    gained, seconds = last[by] - first[by], last["ts"] - first["ts"]
+    if gained <= 0 or seconds <= 0:
+        return None
+    return (total - last[by]) * seconds / gained
+
+
 def low_gpu_utilisation(points: Sequence[Point], now: float) -> list[str]:
-    """Instances whose every GPU sample in the last minute was under 80 %, with a minute of
-    samples to go by."""
-    recent: dict[tuple[str, int], list[Point]] = defaultdict(list)
-    for p in named(points, "gpu_util_percent"):
-        recent[_process(p)].append(p)
-    slow = []
-    for (role, index), samples in sorted(recent.items()):
-        window = [p for p in samples if p["ts"] >= now - GPU_BOTTLENECK_SECONDS]
-        covered = bool(window) and min(p["ts"] for p in samples) <= now - GPU_BOTTLENECK_SECONDS
-        if covered and all(p["value"] < GPU_BOTTLENECK_PERCENT for p in window):
-            slow.append(tag_of(role, index))
-    return slow
+    """Instances whose GPU samples have stayed under the gpu-idle rule's default threshold for
+    its default time, as its health rule judges it (LowRun), up to a sample that recent."""
+    runs: dict[tuple[str, int], LowRun] = {}
+    for p in sorted(named(points, "gpu_util_percent"), key=lambda p: p["ts"]):
+        if isinstance(p["value"], int | float):  # a sample that was not finite says nothing
+            runs.setdefault(_process(p), LowRun(DEFAULT_GPU_BELOW)).sample(p["value"], p["ts"])
+    recent = now - DEFAULT_GPU_MINUTES * 60
+    return [
+        tag_of(role, index)
+        for (role, index), run in sorted(runs.items())
+        if run.lasted(DEFAULT_GPU_MINUTES) and run.last >= recent
+    ]
+
+
+def low_gpu_warning(slow: Sequence[str]) -> str:
+    """What the job page says about the instances low_gpu_utilisation found ("" for none)."""
+    if not slow:
+        return ""
+    span = "a minute" if DEFAULT_GPU_MINUTES == 1 else f"{DEFAULT_GPU_MINUTES:g} minutes"
+    return (
+        f"⚠ GPU utilisation under {DEFAULT_GPU_BELOW:g} % for {span} on {', '.join(slow)}: "
+        "the GPUs wait on something else (input, the network, the CPU)"
+    )
 
 
 # --- scaling across runs -----------------------------------------------------------------------
@@ -288,8 +412,8 @@ class ScalingRow:
 def scaling_rows(
     runs: Sequence[tuple[int, Throughput, float]], single: Throughput | None
 ) -> tuple[list[ScalingRow], str]:
-    """One row per run (job id, throughput, price per hour), by worker count, and a hint: where
-    one more worker started to add less than half a worker's throughput."""
+    """One row per run (job id, throughput, price per hour), by trainer count, and a hint: what
+    adding trainers gave, and how many to use."""
     rows = []
     for job_id, tp, price in sorted(runs, key=lambda r: (r[1].workers, r[0])):
         sc = scaling(tp, single) if single is not None else None
@@ -304,21 +428,61 @@ def scaling_rows(
                 samples_per_dollar(tp.global_sps, price),
             )
         )
-    hint = ""
+    return rows, scaling_hint(rows, single)
+
+
+def _trainers(n: int) -> str:
+    return f"{n} trainer{'' if n == 1 else 's'}"
+
+
+MINUS = "\u2212"  # the typeset minus sign a printed figure carries, not a hyphen
+
+
+def _share(gained: float) -> str:
+    """A share of one trainer's throughput, as a signed percentage."""
+    percent = round(gained * 100)
+    return f"{MINUS if percent < 0 else ''}{abs(percent)} %"
+
+
+def scaling_hint(rows: Sequence[ScalingRow], single: Throughput | None) -> str:
+    """What the rows mean for the next run, in a sentence: from one trainer count to the next,
+    how much of one trainer's throughput each added trainer gave (measured against the
+    1-trainer run), and so how many trainers to use."""
     best: dict[int, ScalingRow] = {}
-    for row in rows:  # the best run at each worker count
+    for row in rows:  # the best run at each trainer count
         if row.workers not in best or row.global_sps > best[row.workers].global_sps:
             best[row.workers] = row
     counts = sorted(best)
-    unit = single.global_sps if single is not None else None
+    if not counts:
+        return ""
+    if single is None:
+        return (
+            "Speedup and efficiency need a 1-trainer run of this program: "
+            "launch a 1-trainer baseline to measure them."
+        )
+    if len(counts) == 1:
+        return (
+            f"Only runs on {_trainers(counts[0])} so far: run this program on another "
+            "trainer count to see how it scales."
+        )
+    fastest = max(counts, key=lambda n: best[n].global_sps)
+    gains = []
     for low, high in itertools.pairwise(counts):
-        if unit is None:
-            break
-        gained = (best[high].global_sps - best[low].global_sps) / (high - low) / unit
-        if gained < MARGINAL_GAIN_WORTH_IT:
-            hint = (
-                f"Going from {low} to {high} workers added {gained:.2f} of a worker's "
-                f"throughput per worker: adding workers stops paying around {low}."
+        gained = (best[high].global_sps - best[low].global_sps) / (high - low) / single.global_sps
+        if gained < 0:
+            return (
+                f"Going from {low} to {_trainers(high)}, each added trainer lowered total "
+                f"throughput ({_share(gained)} of one trainer's); this program ran fastest "
+                f"with {_trainers(fastest)} — try fewer."
             )
-            break
-    return rows, hint
+        if gained < MARGINAL_GAIN_WORTH_IT:
+            return (
+                f"Going from {low} to {_trainers(high)}, each added trainer gave only "
+                f"{_share(gained)} of one trainer's throughput: beyond {_trainers(low)} you "
+                f"pay for more than you gain — use {low} unless finishing sooner is worth it."
+            )
+        gains.append(gained)
+    return (
+        f"Each added trainer gave {_share(min(gains))} or more of one trainer's throughput, up "
+        f"to {_trainers(counts[-1])}: adding trainers still pays — try more to finish sooner."
+    )

@@ -46,7 +46,7 @@ PROGRESS_ROLES: dict[str, frozenset[str] | None] = {
 
 
 @dataclass
-class _Watched:
+class _AttemptWatch:
     attempt: int
     watch: Watch
 
@@ -56,7 +56,7 @@ class HealthMonitor:
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
-        self._watched: dict[int, _Watched] = {}
+        self._by_job: dict[int, _AttemptWatch] = {}
 
     def refresh(self) -> None:
         """Watch the jobs that run now, each for its current attempt; forget the others."""
@@ -66,15 +66,15 @@ class HealthMonitor:
             if not job.health_rules:
                 continue
             seen.add(job.pk)
-            current = self._watched.get(job.pk)
+            current = self._by_job.get(job.pk)
             if current is None or current.attempt != job.attempt:
-                self._watched[job.pk] = _Watched(job.attempt, _watch_for(job))
-        for job_id in set(self._watched) - seen:
-            del self._watched[job_id]
+                self._by_job[job.pk] = _AttemptWatch(job.attempt, _watch_for(job))
+        for job_id in set(self._by_job) - seen:
+            del self._by_job[job_id]
 
     def entries(self, job_id: int, entries: Iterable[tuple[str, dict[str, str]]]) -> None:
         """New stream entries of a job, in order, as the keeper read them."""
-        watched = self._watched.get(job_id)
+        watched = self._by_job.get(job_id)
         if watched is None:
             return
         firings: list[Firing] = []
@@ -107,7 +107,7 @@ class HealthMonitor:
     def tick(self, now: float | None = None) -> None:
         """Judge the rules that fire on silence, for every watched job."""
         now = time.time() if now is None else now
-        for job_id, watched in list(self._watched.items()):
+        for job_id, watched in list(self._by_job.items()):
             self._act(job_id, watched.attempt, watched.watch.tick(now))
 
     def _act(self, job_id: int, attempt: int, firings: list[Firing]) -> None:
@@ -223,19 +223,25 @@ def _json_number(value: float | None) -> float | str | None:
     return str(value)
 
 
+# What each action that ends the attempt is, as a cause of its end (restarts.decide).
+RULE_CAUSES = {
+    "stop": restarts.Cause.RULE_STOP,
+    "restart": restarts.Cause.RULE_RESTART,
+    "restart-exclude-node": restarts.Cause.RULE_RESTART_AWAY,
+}
+
+
 def _apply(job: Job, firing: Firing, node: str) -> str:
-    why = f"health rule: {firing.message}"
     if firing.action == "warn":
         return "warned"
-    if firing.action == "stop":
-        outcomes.fail(job, restarts.final_reason(job, why), "stopped by health rule")
-        return "stopped the job"
-    exclude = [node] if firing.action == "restart-exclude-node" and node else []
-    if restarts.may_restart(job):
-        restarts.begin(job, why, exclude=exclude)
-        away = f", away from {node}" if exclude else ""
+    cause = RULE_CAUSES[firing.action]
+    why = f"health rule: {firing.message}"
+    decision = outcomes.end_attempt(job, cause, why, "stopped by health rule", node=node)
+    if decision.restart:
+        away = f", away from {node}" if decision.exclude else ""
         return f"restarting the job{away} (restart {job.restarts_used} of {job.max_restarts})"
-    outcomes.fail(job, restarts.final_reason(job, why), "stopped by health rule")
+    if cause is restarts.Cause.RULE_STOP:
+        return "stopped the job"
     return "stopped the job: no restart left"
 
 

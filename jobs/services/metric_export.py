@@ -1,5 +1,5 @@
-"""A job's metrics as files other tools read: CSV, and TensorBoard event files (seed 000 compares
-a run with its baseline as `tensorboard --logdir run:PATH,baseline:PATH`)."""
+"""A job's metrics as files other tools read: CSV, and TensorBoard event files (so a run and its
+baseline can be compared as `tensorboard --logdir run:PATH,baseline:PATH`)."""
 
 import csv
 import io

@@ -119,10 +119,9 @@ def drain(names: list[str], evict: bool = False, grace_seconds: float = EVICT_GR
             if not there:
                 continue
             why = f"{', '.join(there)} drained with eviction{who}"
-            if restarts.may_restart(job, counts=False):
-                restarts.begin(job, why, counts=False, grace_seconds=grace_seconds)
-            else:
-                outcomes.fail(job, f"{why}; its restart policy is never", "evicted", grace_seconds)
+            outcomes.end_attempt(
+                job, restarts.Cause.EVICTION, why, "evicted", grace_seconds=grace_seconds
+            )
             evicted.append(job_id)
     scheduling.request_schedule()
     return evicted

@@ -99,12 +99,36 @@ def _ended_by_a_rule(job: Job) -> bool:
 def attempt_failed(job: Job, replica: Replica) -> None:
     """One instance down means the distributed job cannot go on: restart the whole job if its
     policy allows, else fail it."""
-    cause = root_cause(job)
-    if restarts.may_restart(job):
-        exclude = [replica.node.name] if job.exclude_failed_node and replica.node else []
-        restarts.begin(job, cause, exclude=exclude)
+    node = replica.node.name if replica.node else ""
+    end_attempt(
+        job, restarts.Cause.INSTANCE_FAILED, root_cause(job), f"{replica.tag} failed", node=node
+    )
+
+
+def end_attempt(
+    job: Job,
+    cause: "restarts.Cause",
+    why: str,
+    stop_reason: str,
+    *,
+    node: str = "",
+    grace_seconds: float | None = None,
+) -> "restarts.Decision":
+    """End the job's current attempt for `cause` and carry out what restarts.decide says
+    follows: the next attempt, or the job's failure (its agents told `stop_reason`). The old
+    attempt's processes get `grace_seconds` between SIGTERM and SIGKILL (None: the agent's)."""
+    decision = restarts.decide(job, cause, why, node)
+    if decision.restart:
+        restarts.begin(
+            job,
+            decision.why,
+            exclude=list(decision.exclude),
+            counts=decision.counts,
+            grace_seconds=grace_seconds,
+        )
     else:
-        fail(job, restarts.final_reason(job, cause), f"{replica.tag} failed")
+        fail(job, restarts.final_reason(job, decision.why), stop_reason, grace_seconds)
+    return decision
 
 
 def fail(job: Job, reason: str, stop_reason: str, grace_seconds: float | None = None) -> None:

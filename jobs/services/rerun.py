@@ -4,6 +4,8 @@ One definition for the job page's "Run again" and "Edit and run again", the API'
 `GET /api/v1/jobs/ID/request` and so `trainyard rerun` and `trainyard show --job-file`: the
 body of `POST /api/v1/jobs` (jobs.schemas.JobIn) as the job was submitted, its code snapshot
 included. The new job goes through the same checks as any other (quota, snapshot ownership).
+It carries the job's own variables, not its image's defaults: the new job takes the image's
+defaults as they are when it is submitted, like any other job.
 """
 
 from typing import Any

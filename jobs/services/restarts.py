@@ -9,13 +9,19 @@ their rows (and their log lines keep their attempt), so the job page lists every
     running --(failure, restarts left)--> restarting --(old processes gone, back-off over)-->
     queued --(every new replica started)--> running
 
+Whether an attempt's end restarts the job or fails it is decided in one place, `decide`, for
+every cause (see `Cause`); the callers only say what happened, and outcomes.end_attempt carries
+the decision out.
+
 The new attempt is not placed while any process of the old one may still run: it would meet
 them in the checkpoint folder, and on the nodes' capacity. A restarting job keeps its quota.
 
 Every function here runs inside a transaction that holds the job's row lock.
 """
 
+import enum
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
@@ -36,12 +42,64 @@ def current_replicas(job: Job) -> "QuerySet[Replica]":
     return job.replicas.filter(attempt=job.attempt)
 
 
-def may_restart(job: Job, counts: bool = True) -> bool:
-    """Whether the job's policy allows one more restart (an eviction always may, unless the
-    policy is never)."""
-    if job.restart_policy != RestartPolicy.ON_FAILURE:
-        return False
-    return job.restarts_left > 0 or not counts
+class Cause(enum.Enum):
+    """What ended an attempt. Each says whether it may restart the job at all, whether the
+    restart uses up one of the budget's, and which node the next attempts avoid."""
+
+    # An instance failed: its trainer exited non-zero, or its node was lost, or its agent died
+    # and none came back within the keepers' grace (outcomes.replica_ended sees them alike).
+    INSTANCE_FAILED = "instance failed"
+    RULE_STOP = "health rule: stop"
+    RULE_RESTART = "health rule: restart"
+    RULE_RESTART_AWAY = "health rule: restart-exclude-node"
+    # The platform took the nodes (an admin's drain with eviction): not the job's failure.
+    EVICTION = "eviction"
+    # To come: a job of a higher priority class takes the nodes; ruled like an eviction, so
+    # its caller only has to say why and call outcomes.end_attempt.
+    PREEMPTION = "preemption"
+
+    @property
+    def may_restart(self) -> bool:
+        return self is not Cause.RULE_STOP
+
+    @property
+    def counts(self) -> bool:
+        """Whether a restart for this cause uses up one of the job's restarts."""
+        return self not in (Cause.EVICTION, Cause.PREEMPTION)
+
+    def avoids_node(self, job: Job) -> bool:
+        """Whether the next attempts avoid the node where the attempt ended."""
+        if self is Cause.RULE_RESTART_AWAY:
+            return True
+        return self is Cause.INSTANCE_FAILED and job.exclude_failed_node
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What follows an attempt's end: a restart (counted or not, avoiding `exclude`) or the
+    job's failure; `why` is the cause in words, as the job's reason will say it."""
+
+    restart: bool
+    why: str
+    counts: bool = True
+    exclude: tuple[str, ...] = ()
+
+
+def decide(job: Job, cause: Cause, why: str, node: str = "") -> Decision:
+    """The one restart decision, torch elastic's: restart while the budget lasts, else fail.
+
+    A cause that is not the job's own (eviction, preemption) restarts it without using the
+    budget, unless the policy is never, and then the reason says so. `node` is where the
+    attempt ended (the failed instance's node), "" when unknown or not one.
+    """
+    if not cause.may_restart or job.restart_policy != RestartPolicy.ON_FAILURE:
+        if not cause.counts:
+            why = f"{why}; its restart policy is never"
+        return Decision(False, why, counts=cause.counts)
+    if cause.counts and job.restarts_left <= 0:
+        return Decision(False, why)
+    exclude = (node,) if node and cause.avoids_node(job) else ()
+    return Decision(True, why, counts=cause.counts, exclude=exclude)
 
 
 def begin(

@@ -8,7 +8,6 @@ rules, paths under the code root, the quota and the nodes' capacity.
 Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +17,14 @@ from django.db import transaction
 from pydantic import ValidationError as PydanticValidationError
 
 from jobs import text
+from jobs.envvars import MAX_ENV_VARS, env_problems
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
     DEFAULT_LOG_LINES_PER_SECOND,
     DEFAULT_LOG_MAX_MB,
     DEFAULT_METRIC_POINTS_PER_SECOND,
     PLATFORM_ROLES,
+    RESTART_BACKOFF_DEFAULT_SECONDS,
     CodeSnapshot,
     Framework,
     FrameworkImage,
@@ -38,7 +39,6 @@ from jobs.models import (
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, snapshots, transitions
 from jobs.services.totals import RoleRequest, Totals, compute_totals
-from workers.contract import is_reserved_env_name
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
     BUILTIN_EXAMPLES,
@@ -50,18 +50,20 @@ from workers.programs import (
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-MAX_RESTARTS = 100
-MAX_ENV_VARS = 100
-MAX_ENV_VALUE_LENGTH = 4096
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MAX_BACKOFF_SECONDS = 3600
+
+
+def first_index(role: str, kvstore: bool) -> int:
+    """The index of a role's first instance: a PyTorch job's workers follow its master, rank 0
+    (`[master]`, `[worker-1]`, …); a parameter-server job's roles count from 0 (`[server-0]`,
+    `[worker-0]`, …)."""
+    return 1 if role == "worker" and not kvstore else 0
 
 
 @dataclass(frozen=True)
 class RestartSettings:
     policy: str = RestartPolicy.NEVER
     max_restarts: int = 0
-    backoff_seconds: int = 10
+    backoff_seconds: int = RESTART_BACKOFF_DEFAULT_SECONDS
     exclude_failed_node: bool = False
 
     @classmethod
@@ -178,28 +180,9 @@ def _check_snapshot_program(
 
 def _check_env(raw: dict[str, str] | None, errors: _Errors) -> dict[str, str]:
     env = dict(raw or {})
-    if len(env) > MAX_ENV_VARS:
-        errors.add("env", f"{len(env)} variables; at most {MAX_ENV_VARS}.")
-        return {}
-    for name, value in sorted(env.items()):
-        if not ENV_NAME.match(name):
-            errors.add(
-                "env",
-                f"{name[:60]!r} is not a variable name (letters, digits and _, not starting "
-                "with a digit).",
-            )
-        elif is_reserved_env_name(name):
-            errors.add(
-                "env",
-                f"{name} is set by the platform (see the README's \"What a trainer process "
-                'gets"); pick another name.',
-            )
-        if len(value) > MAX_ENV_VALUE_LENGTH:
-            errors.add(
-                "env",
-                f"The value of {name[:60]} must be at most {MAX_ENV_VALUE_LENGTH} characters.",
-            )
-    return env
+    for problem in env_problems(env):
+        errors.add("env", problem)
+    return {} if len(env) > MAX_ENV_VARS else env
 
 
 # Fewest instances of each role the user asks for, per framework; roles not listed are optional.
@@ -412,6 +395,22 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     )
 
 
+def check_job_shape(
+    image_name: str, roles: dict[str, RoleIn]
+) -> tuple[FrameworkImage, list[RoleRequest]]:
+    """The image and roles of a request on their own, checked as `check_job_request` checks
+    them: what the New-job form's preview needs before the rest is filled in."""
+    errors = _Errors()
+    image = FrameworkImage.objects.filter(name=image_name, enabled=True).first()
+    if image is None:
+        errors.add("image", f"Unknown framework image {image_name!r}.")
+    checked = _check_roles(roles, image, errors)
+    if errors.by_field:
+        raise ValidationFailed(errors.by_field)
+    assert image is not None
+    return image, checked
+
+
 def submit_job(user: User, request: JobRequest) -> Job:
     """Admit the request and write the job, or raise ValidationFailed with every reason.
 
@@ -484,6 +483,7 @@ def create_job(
         snapshot=snapshot,
         args=args,
         env=env or {},
+        image_env=FrameworkImage.objects.values_list("default_env", flat=True).get(pk=image_id),
         state=Job.State.PENDING,
         cpu_total=totals.cpu,
         gpus_total=totals.gpus,
@@ -508,9 +508,7 @@ def create_job(
         JobRole.objects.create(
             job=job, role=role.role, package=role.package, instances=role.instances
         )
-        # Seed 004's names: [master], [worker-1]... for PyTorch; [server-0], [worker-0]...
-        # for parameter-server jobs.
-        first = 1 if role.role == "worker" and not kvstore else 0
+        first = first_index(role.role, bool(kvstore))
         Replica.objects.bulk_create(
             Replica(job=job, role=role.role, index=i, package=role.package)
             for i in range(first, first + role.instances)
@@ -533,32 +531,47 @@ def _admission_failure(
         # The tightest scope per resource is the one to report in the machine-readable part.
         for e in sorted(over, key=lambda e: -e.over_by):
             detail["quota"].setdefault(e.resource, e.as_dict())
-    # Too much for the quota, or more instances than the nodes could ever hold together: the
-    # count of workers that neither refuses is the one change that gets the job in.
-    fits = _workers_that_fit(request, scopes) if over or "roles" in never else None
-    if fits is not None:
-        errors.setdefault("quota" if over else "roles", []).append(
-            f"It fits with {fits} worker{'s' if fits != 1 else ''} "
-            f"({fits + _other_instances(request)} instances in all)."
-        )
-        detail["fits_with"] = {"role": "worker", "instances": fits}
+    advice = fits_advice(request.roles, request.image.framework, scopes, over, never)
+    if advice is not None:
+        errors.setdefault("quota" if over else "roles", []).append(advice.message)
+        detail["fits_with"] = {"role": "worker", "instances": advice.workers}
     return ValidationFailed(errors, detail)
 
 
-def _workers_that_fit(request: JobRequest, scopes: list[quota.Scope]) -> int | None:
-    """The most workers, fewer than asked, that the quota allows and the nodes could hold with
-    the other roles; None when no count the framework accepts does."""
-    fits = quota.largest_fitting(request.roles, scopes, placeable=_placeable)
-    asked = next((r.instances for r in request.roles if r.role == "worker"), 0)
-    least = MIN_INSTANCES[request.image.framework].get("worker", 0)
+@dataclass(frozen=True)
+class FitsAdvice:
+    """The count of workers that gets a refused request in."""
+
+    workers: int
+    instances: int  # in all, the other roles included
+
+    @property
+    def message(self) -> str:
+        plural = "s" if self.workers != 1 else ""
+        return f"It fits with {self.workers} worker{plural} ({self.instances} instances in all)."
+
+
+def fits_advice(
+    roles: list[RoleRequest],
+    framework: str,
+    scopes: list[quota.Scope],
+    over: list[quota.Excess],
+    never: dict[str, str],
+) -> FitsAdvice | None:
+    """Too much for the quota, or more instances than the nodes could ever hold together: the
+    count of workers that neither refuses is the one change that gets the job in. None when
+    the request is not refused for either, or no count the framework accepts fits. Submission
+    says it with its refusal, the New-job form's preview before Launch."""
+    if not over and "roles" not in never:
+        return None
+    fits = quota.largest_fitting(roles, scopes, placeable=_placeable)
+    asked = next((r.instances for r in roles if r.role == "worker"), 0)
+    least = MIN_INSTANCES[framework].get("worker", 0)
     if fits is None or not least <= fits < asked:
         return None
-    return fits
+    others = sum(r.instances for r in roles if r.role != "worker")
+    return FitsAdvice(fits, fits + others)
 
 
 def _placeable(roles: list[RoleRequest]) -> bool:
     return not scheduling.why_never_placeable(roles)
-
-
-def _other_instances(request: JobRequest) -> int:
-    return sum(r.instances for r in request.roles if r.role != "worker")

@@ -1,4 +1,4 @@
-"""Resource totals of a request by seed 004's formula: CPU_total = Σ package.cpu × instances."""
+"""Resource totals of a request by the quota formula: CPU_total = Σ package.cpu × instances."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -8,6 +8,9 @@ from jobs.models import Package
 
 RESOURCES = ("cpu", "gpus", "memory_gb")
 RESOURCE_LABELS = {"cpu": "CPU cores", "gpus": "GPUs", "memory_gb": "memory (GB)", "jobs": "jobs"}
+# How each sum is named in the formula the New-job page shows.
+FORMULA_NAMES = {"cpu": "CPU_total", "gpus": "GPU_total", "memory_gb": "Memory_total"}
+FORMULA_UNITS = {"cpu": "", "gpus": "", "memory_gb": " GB"}
 
 
 @dataclass(frozen=True)
@@ -41,3 +44,10 @@ def compute_totals(roles: Iterable[RoleRequest]) -> Totals:
         formulas[resource] = f"{expr} = {sums[resource]}"
     price = sum((r.package.price_per_hour * r.instances for r in roles), Decimal(0))
     return Totals(sums["cpu"], sums["gpus"], sums["memory_gb"], price, formulas)
+
+
+def formula_text(totals: Totals) -> str:
+    """Every sum written out, e.g. "CPU_total = server 2×1 + worker 12×2 = 26; ..."."""
+    return "; ".join(
+        f"{FORMULA_NAMES[r]} = {totals.formulas[r]}{FORMULA_UNITS[r]}" for r in RESOURCES
+    )

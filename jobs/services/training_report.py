@@ -12,6 +12,7 @@ from jobs import logstream
 from jobs.access import visible_jobs
 from jobs.models import Job, MetricPoint
 from jobs.services import baselines, figures
+from workers.metricparse import is_system_metric
 
 # Runs of the same program compared in the scaling table, newest first.
 SCALING_RUNS = 20
@@ -39,12 +40,22 @@ def _throughput_of(job_ids: list[int]) -> dict[int, figures.Throughput]:
     return found
 
 
-def report(user: User, job: Job) -> dict[str, Any]:
-    points, _ = logstream.metric_points(job.pk)
+def report(
+    user: User,
+    job: Job,
+    points: list[dict[str, Any]] | None = None,
+    with_scaling: bool = True,
+) -> dict[str, Any]:
+    """`points`, the job's metric points where the caller has read them already.
+    `with_scaling=False` leaves out the scaling table ("scaling": None), which reads the metric
+    points of the user's other runs of the program: for callers that do not show it."""
+    if points is None:
+        points, _ = logstream.metric_points(job.pk)
     now = time.time()
     elapsed = elapsed_seconds(job, now)
     price = float(job.price_per_hour)
     tp = figures.throughput(points)
+    slow_gpus = figures.low_gpu_utilisation(points, now)
     out: dict[str, Any] = {
         "workers": baselines.worker_count(job),
         "elapsed_seconds": elapsed,
@@ -53,10 +64,14 @@ def report(user: User, job: Job) -> dict[str, Any]:
         "throughput": None,
         "samples_per_dollar": None,
         "gpu": "none" if job.gpus_total == 0 else "present",
-        "low_gpu_utilisation": figures.low_gpu_utilisation(points, now),
+        "low_gpu_utilisation": slow_gpus,
+        "low_gpu_warning": figures.low_gpu_warning(slow_gpus),
+        # Whether the trainer has reported anything yet (the agent's own samples aside): the
+        # page shows no figure until it has.
+        "reported": any(not is_system_metric(p["name"]) for p in points),
         "progress": None,
         "baseline": None,
-        "scaling": _scaling(user, job),
+        "scaling": _scaling(user, job) if with_scaling else None,
     }
     if tp is not None:
         out["throughput"] = {
@@ -65,12 +80,15 @@ def report(user: User, job: Job) -> dict[str, Any]:
             "workers_reporting": tp.workers,
         }
         out["samples_per_dollar"] = figures.samples_per_dollar(tp.global_sps, price)
-    progress = figures.progress(points, elapsed)
+    progress = figures.progress(points, succeeded=job.state == Job.State.SUCCEEDED)
     if progress is not None:
         out["progress"] = {
             "fraction": progress.fraction,
             "eta_seconds": progress.eta_seconds if job.is_active else None,
             "by": progress.by,
+            "reached": progress.reached,
+            "total": progress.total,
+            "done": progress.done,
         }
     if job.baseline_id is not None:
         out["baseline"] = _against_baseline(job, points, tp)
@@ -86,7 +104,12 @@ def _against_baseline(
     result: dict[str, Any] = {
         "id": baseline.pk,
         "name": baseline.name,
-        "verdict": figures.compare_with_baseline(points, base_points).as_dict(),
+        "verdict": figures.compare_with_baseline(
+            points,
+            base_points,
+            different=baselines.curves_differ_by_design(job, baseline),
+            starts=_starts(job, baseline),
+        ).as_dict(),
         "speedup": None,
         "why_no_speedup": baselines.why_not_a_speedup_baseline(job, baseline),
     }
@@ -107,9 +130,15 @@ def _against_baseline(
     return result
 
 
+def _starts(job: Job, baseline: Job) -> figures.Starts | None:
+    if job.started is None or baseline.started is None:
+        return None
+    return figures.Starts(job.started.timestamp(), baseline.started.timestamp())
+
+
 def _scaling(user: User, job: Job) -> dict[str, Any]:
-    """How global throughput changed with the worker count over the user's runs of the same
-    program (same image, script and package), with a hint where more workers stop paying."""
+    """How global throughput changed with the trainer count over the user's runs of the same
+    program (same image, script and package), with a hint on how many trainers to use."""
     # Roles fetched in two queries, not two per candidate: this runs on every page refresh.
     prefetch_related_objects([job], "roles")
     candidates = [

@@ -16,7 +16,8 @@ from django.utils.safestring import SafeString
 
 from jobs.models import Job
 from jobs.money import currency, format_price
-from jobs.services.durations import format_duration, run_seconds
+from jobs.services.counts import instance_count
+from jobs.services.durations import format_ago, format_duration, run_seconds
 from workers.logquota import human_bytes
 
 register = template.Library()
@@ -34,6 +35,18 @@ def money(amount: Decimal | float | int | None) -> str:
 def thousands(number: int | None) -> str:
     """12,345: counts of lines read at a glance."""
     return f"{number or 0:,}"
+
+
+@register.filter
+def instances(job: Job) -> str:
+    """`{{ job|instances }}`: "3", "5 (4 trainers + scheduler)", as the API and the CLI say it."""
+    return instance_count(job).text
+
+
+@register.filter
+def ago(moment: datetime | None) -> str:
+    """`{{ node.last_heartbeat|ago }}`: "5 s ago", "3 min 05 s ago"; "never" for no moment."""
+    return "never" if moment is None else format_ago(moment, django_timezone.now())
 
 
 @register.filter
@@ -56,13 +69,21 @@ def local_time(moment: datetime | None, element_id: str = "") -> SafeString:
     id_attr = format_html(' id="{}"', element_id) if element_id else ""
     if moment is None:
         return format_html('<time class="local-time"{}>{}</time>', id_attr, NOTHING_YET)
-    utc = moment.astimezone(UTC)
     return format_html(
-        '<time class="local-time" datetime="{}"{}>{} UTC</time>',
-        utc.isoformat(),
+        '<time class="local-time" datetime="{}"{}>{}</time>',
+        moment.astimezone(UTC).isoformat(),
         id_attr,
-        utc.strftime("%Y-%m-%d %H:%M:%S"),
+        utc_time(moment),
     )
+
+
+@register.filter
+def utc_time(moment: datetime | None) -> str:
+    """`title="{{ token.last_used|utc_time }}"`: "2025-03-07 14:05:09 UTC", as a page shows
+    a time before its script puts it in the reader's zone; "—" for none."""
+    if moment is None:
+        return NOTHING_YET
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @register.simple_tag

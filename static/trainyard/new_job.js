@@ -1,23 +1,23 @@
-// New job form: the fields of the chosen image's framework, the program picker, and live
-// totals by seed 004's formula (total = Σ package × instances per role) against what the quota
-// has left. The formula's terms and the instance names are the server's (rules.js).
+// New job form: the fields of the chosen image's framework, the program picker, the health-rule
+// editor (rule_editor.js), and live totals (total = Σ package × instances per role) against what
+// the quota has left. The totals, price, formula, advice, the instances' names and what a
+// parameter-server job's batch size means are the server's answer (POST data-preview, the
+// functions Launch is judged by): this script computes none of them.
 //
 // The program picker offers the built-in examples (with what each does and takes), the
 // scripts under the code root, the user's uploaded code (then a script in it) and a typed
 // path. It only helps choose: the server checks whatever is sent.
 import { formatPrice } from "./format.js";
-import { isCharged, quotaResources, tagOf } from "./rules.js";
+import { startRuleEditor } from "./rule_editor.js";
 
 {
   const catalog = JSON.parse(document.getElementById("catalog").textContent);
   const form = document.getElementById("new-job");
-  const packages = Object.fromEntries(catalog.packages.map((p) => [p.name, p]));
   const images = Object.fromEntries(catalog.images.map((i) => [i.name, i]));
   // The first example written for each framework (digits-ddp for PyTorch) is its default.
   const exampleFor = {};
   for (const e of catalog.examples) exampleFor[e.framework] ??= e.name;
   const value = (name) => form.elements[name].value;
-  const count = (name) => parseInt(value(name), 10);
   const frameworkOf = Object.fromEntries(catalog.examples.map((e) => [e.name, e.framework]));
   // The menu's values besides examples and paths under the code root (jobs/forms.py).
   const PATH = "__path__";
@@ -97,84 +97,107 @@ import { isCharged, quotaResources, tagOf } from "./rules.js";
     }
   }
 
-  // [(role, package, instances)] as the request will be made; the scheduler is not charged.
-  function roleTerms(fw) {
-    if (fw === "kvstore") {
-      return [["server", packages[value("server_package")], count("servers")],
-              ["worker", packages[value("worker_package")], count("workers")]];
+  // The chosen image's default variables (rendered by the server, one line per image).
+  function showImageEnv() {
+    for (const line of document.querySelectorAll(".image-env[data-image]")) {
+      line.hidden = line.dataset.image !== value("image");
     }
-    const n = count("instances");
-    const pkg = packages[value("package")];
-    return n > 1 ? [["master", pkg, 1], ["worker", pkg, n - 1]] : [["master", pkg, 1]];
   }
 
-  function chargedTerms(fw) {
-    return roleTerms(fw).filter(([role]) => isCharged(role));
+  // The fields the preview needs; a change to any other does not ask the server again.
+  const SHAPE = ["image", "package", "instances", "kvstore", "server_package", "servers",
+    "worker_package", "workers", "args"];
+  const PREVIEW_WAIT_MS = 250; // typing "12" asks once, not for "1" and then "12"
+  let previewWaiting = null;
+  let previewAsked = null;
+  let previewNumber = 0;
+
+  function askPreview() {
+    const body = new URLSearchParams();
+    body.set("csrfmiddlewaretoken", value("csrfmiddlewaretoken"));
+    for (const name of SHAPE) body.set(name, value(name));
+    const key = body.toString();
+    if (key === previewAsked) return;
+    previewAsked = key;
+    // Numbered at the change: an answer about the fields as they were before it is dropped.
+    const number = ++previewNumber;
+    clearTimeout(previewWaiting);
+    previewWaiting = setTimeout(() => fetchPreview(body, number), PREVIEW_WAIT_MS);
   }
 
-  function tags(fw, terms) {
-    const list = (role, n, from) => {
-      const out = [];
-      for (let i = from; i < from + Math.min(n, 3); i++) out.push(`[${tagOf(role, i)}]`);
-      if (n > 3) out.push("…", `[${tagOf(role, from + n - 1)}]`);
-      return out;
-    };
-    if (fw === "kvstore") {
-      return [`[${tagOf("scheduler", 0)}]`, ...list("server", terms[0][2], 0), ...list("worker", terms[1][2], 0)];
+  // Answers can arrive out of order: only the latest change's answer is shown.
+  async function fetchPreview(body, number) {
+    const totals = document.getElementById("totals");
+    totals.setAttribute("aria-busy", "true");
+    let answer;
+    try {
+      const response = await fetch(form.dataset.preview, {
+        method: "POST", body, credentials: "same-origin", headers: { Accept: "application/json" },
+      });
+      answer = { ok: response.ok, ...(await response.json()) };
+    } catch (error) {
+      answer = { ok: false, errors: { __all__: [`No preview: ${error.message}`] } };
     }
-    return [`[${tagOf("master", 0)}]`, ...(terms[1] ? list("worker", terms[1][2], 1) : [])];
+    if (number !== previewNumber) return;
+    totals.removeAttribute("aria-busy");
+    showPreview(answer);
   }
 
-  function batchNote(workers) {
-    const match = value("args").match(/--batch-size[ =](\d+)/);
-    const b = match ? parseInt(match[1], 10) : null;
-    const mode = value("kvstore");
-    if (mode === "dist_async") return "dist_async: each push updates the parameters at once; workers never wait for each other.";
-    const global = b ? `${workers} × ${b} = ${workers * b}` : `${workers} × the per-worker batch`;
-    const device = mode === "dist_device_sync" ? " On CPU, dist_device_sync behaves exactly like dist_sync." : "";
-    return `Batch size means per worker: global batch = ${global}.${device}`;
+  function showPreview(answer) {
+    const rows = document.querySelectorAll("#totals tbody tr");
+    const advice = document.getElementById("advice");
+    const lines = [];
+    if (!answer.ok) {
+      rows.forEach((r) => { r.querySelector(".need").textContent = "–"; r.classList.remove("over"); });
+      for (const [field, messages] of Object.entries(answer.errors || {})) {
+        const label = document.querySelector(`#field-${field} label`);
+        for (const m of messages) lines.push(label ? `${label.textContent}: ${m}` : m);
+      }
+      for (const id of ["price", "formula", "roles-preview"]) document.getElementById(id).textContent = "";
+      document.getElementById("ps-notes").hidden = true;
+    } else {
+      rows.forEach((row) => {
+        const res = row.dataset.resource;
+        const need = answer.need[res];
+        const left = answer.left ? answer.left[res] : null;
+        row.querySelector(".need").textContent = need;
+        row.querySelector(".left").textContent = left === null ? "no quota" : left;
+        const over = left === null || need > left;
+        row.classList.toggle("over", over);
+        row.title = over && left !== null ? `over by ${need - left}` : "";
+      });
+      document.getElementById("price").textContent = formatPrice(Number(answer.price_per_hour));
+      document.getElementById("formula").textContent = answer.formula;
+      document.getElementById("roles-preview").textContent = `Instances: ${answer.instances.join(" ")}`;
+      const notes = document.getElementById("ps-notes");
+      notes.hidden = !answer.notes;
+      notes.textContent = answer.notes || "";
+      lines.push(...answer.over, ...answer.never);
+    }
+    advice.replaceChildren(...lines.map((text) => {
+      const p = document.createElement("p");
+      p.textContent = text;
+      return p;
+    }));
+    if (answer.fits_with) {
+      const fits = document.createElement("p");
+      fits.id = "fits-with";
+      fits.textContent = answer.fits_with;
+      advice.append(fits);
+    }
+    advice.hidden = !advice.childElementCount;
   }
 
   function update() {
     const fw = framework();
     showFields(fw);
     showRestartDefault();
-    const terms = roleTerms(fw);
-    const rows = document.querySelectorAll("#totals tbody tr");
-    if (terms.some(([, pkg, n]) => !pkg || !Number.isInteger(n) || n < 1)) {
-      rows.forEach((r) => { r.querySelector(".need").textContent = "–"; });
-      return;
-    }
-    const charged = chargedTerms(fw);
-    const sum = (res) => charged.reduce((acc, [, pkg, n]) => acc + pkg[res] * n, 0);
-    const need = { jobs: 1 };
-    for (const r of quotaResources) need[r.key] = sum(r.key);
-    const quota = catalog.quota;
-    rows.forEach((row) => {
-      const res = row.dataset.resource;
-      row.querySelector(".need").textContent = need[res];
-      const left = quota ? quota.left[res] : null;
-      row.querySelector(".left").textContent = left === null ? "no quota" : left;
-      const over = left === null || need[res] > left;
-      row.classList.toggle("over", over);
-      row.title = over && left !== null ? `over by ${need[res] - left}` : "";
-    });
-    const price = charged.reduce((acc, [, pkg, n]) => acc + parseFloat(pkg.price_per_hour) * n, 0);
-    document.getElementById("price").textContent = formatPrice(price);
-    const expr = (res) => charged.map(([role, pkg, n]) => `${role} ${pkg[res]}×${n}`).join(" + ") || "0";
-    document.getElementById("formula").textContent = quotaResources
-      .map((r) => `${r.formula_name} = ${expr(r.key)} = ${need[r.key]}${r.unit}`)
-      .join("; ");
-    document.getElementById("roles-preview").textContent = `Instances: ${tags(fw, terms).join(" ")}`;
-    const notes = document.getElementById("ps-notes");
-    notes.hidden = fw !== "kvstore";
-    if (fw === "kvstore") {
-      notes.textContent = "The scheduler (1 instance) is not charged: it only coordinates, beside server-0. " +
-        batchNote(terms[1][2]);
-    }
+    showImageEnv();
+    askPreview();
   }
 
   form.addEventListener("input", update);
   form.addEventListener("change", update);
   update();
+  startRuleEditor(form, () => (images[value("image")] || {}).health_rules || []);
 }

@@ -1,4 +1,5 @@
-// Times in the reader's own time zone, and durations that tick while a job runs.
+// Times in the zone the console shows them in (the reader's own unless TRAINYARD_TIME_ZONE
+// names one), and durations that tick while a job runs.
 //
 // The server renders each time as <time class="local-time" datetime="ISO">… UTC</time> and
 // each duration as <span class="duration" data-started data-finished|data-now data-prefix>
@@ -6,10 +7,9 @@
 // are rewritten in local time, and running durations count on every second. They count on the
 // server's clock, learnt from data-now: a browser whose clock is off still shows how long the
 // job has really run.
-import { formatDuration, formatLocalTime } from "./format.js";
+import { formatDuration, formatLocalTime, shownZone } from "./format.js";
 
 const TICK_MS = 1000;
-const zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
 let skewMs = 0; // the server's clock minus this browser's
 
 // Show `iso` in `el` (a <time>) in local time; "—" for none.
@@ -23,7 +23,7 @@ export function setTime(el, iso) {
   }
   el.setAttribute("datetime", iso);
   el.textContent = formatLocalTime(date);
-  el.title = `${zone}; ${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+  el.title = `${shownZone}; ${date.toISOString().slice(0, 19).replace("T", " ")} UTC`;
 }
 
 // How long from `started` to `finished`, or to now while there is no finish; "—" before a

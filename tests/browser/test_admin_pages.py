@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import admin_page
+from tests.browser.conftest import admin_page, keep_screenshot
 from tests.conftest import RunningStack, pytorch_request, running_stack, signal_file, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -128,6 +128,12 @@ def test_the_admin_listings_show_the_real_rows(admin: Page, admin_stack: Running
     ]
 
     jobs = listing(admin, admin_stack, "job")
+    # Trainyard's admin, in its colours, where a job cannot be added around the form's checks.
+    expect(admin.locator("#site-name")).to_have_text("Trainyard administration")
+    expect(admin.locator("#header")).to_have_css("background-color", "rgb(17, 24, 39)")
+    expect(admin.locator("a[href$='/jobs/job/add/'], a[href$='/jobs/node/add/']")).to_have_count(0)
+    expect(admin.locator("a[href$='/jobs/quota/add/']").first).to_be_visible()  # others stay
+    keep_screenshot(admin, "admin-jobs")
     row = next(r for r in jobs if r["id"] == str(job["id"]))
     assert (row["name"], row["owner"], row["image"], row["state"], row["cpu_total"]) == (
         "listed",

@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Browser, Dialog, expect
 
 from tests.browser.conftest import user_page
+from tests.browser.training_page import shown_while_empty
 from tests.conftest import TERMINAL, RunningStack, StackClient, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -70,6 +71,8 @@ def test_a_queued_job_cancelled_from_its_page_never_starts(
             expect(page.locator("#job-state")).to_have_text("queued")
             # (What it waits for names the other jobs' ends, which may change meanwhile.)
             expect(page.locator("#job-reason")).to_have_text(re.compile(r"^waiting: "))
+            # Nothing to show yet: no empty figure card, chart or bar takes room.
+            assert shown_while_empty(page) == {"cards": [], "empty_charts": [], "others": []}
             page.click("#cancel")
             # The form posts and comes back to the page, which says so: no dialog asks first.
             page.wait_for_url(f"{stack.url}/jobs/{waiting['id']}/")

@@ -10,6 +10,7 @@ import pytest
 from playwright.sync_api import Browser, expect
 
 from tests.browser.conftest import admin_page, keep_screenshot, user_page
+from tests.browser.training_page import shown_while_empty
 from tests.conftest import RunningStack, StackClient, pytorch_request
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -49,6 +50,8 @@ def test_a_failed_jobs_page_leads_with_the_banner_and_the_signal_name(
             "SIGTERM"
         )
         expect(page.locator("#banner-run-again")).to_be_visible()
+        # It failed before reporting any metric: no empty figure card, chart or bar.
+        assert shown_while_empty(page) == {"cards": [], "empty_charts": [], "others": []}
         keep_screenshot(page, "job-failed-banner")
 
 

@@ -5,15 +5,18 @@ words. The pages looked at are kept for the user guide (keep_screenshot)."""
 import re
 from collections.abc import Iterator
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
+from jobs.money import format_price
 from jobs.services.durations import format_duration
 from tests.browser.conftest import keep_screenshot, user_page, wait_in_page
 from tests.conftest import RunningStack, StackClient, pytorch_request, signal_file
+from trainyard_cli import render
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -101,6 +104,12 @@ def test_the_job_page_and_list_show_start_end_and_duration(
     assert abs(float(duration.get_attribute("data-seconds") or "nan") - took) < 0.001
     expect(page.locator("#training-status")).to_contain_text("points")
     expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^(< )?\$\d"))
+    # A chart's time reads as every other time on the page (uPlot's own would be ":47.000").
+    page.locator("#chart-samples-per-sec .u-over").hover()
+    when = page.locator("#chart-samples-per-sec .u-legend .u-series").first.locator(".u-value")
+    expect(when).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+    # "node-1" stays one word however narrow the Instances table's column.
+    expect(page.locator("#replicas td.node-name").first).to_have_css("white-space", "nowrap")
     assert "seed" not in plain_words(page).lower()
     keep_screenshot(page, "job-finished")
 
@@ -109,6 +118,7 @@ def test_the_job_page_and_list_show_start_end_and_duration(
     row = page.locator(f"tr[data-job='{job['id']}']")
     expect(row.locator(".duration")).to_have_text(format_duration(took))
     expect(row.locator("time")).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+    expect(row.locator("td.instances")).to_have_text(job["instances"]["text"])  # as `ls` says
     assert "seed" not in plain_words(page).lower()
     keep_screenshot(page, "job-list")
 
@@ -118,3 +128,38 @@ def test_the_job_page_and_list_show_start_end_and_duration(
     expect(page.locator("#price")).to_have_text("$0.10")
     assert "seed" not in plain_words(page).lower()
     keep_screenshot(page, "new-job")
+
+
+def test_the_pages_formatter_writes_what_the_servers_and_the_clis_write(
+    hana_page: Page, stack: RunningStack
+) -> None:
+    """static/trainyard/format.js, jobs/ and trainyard_cli/render.py are three copies of one
+    voice (the browser, the server and a laptop without Django each need their own): the same
+    figures come out the same from each."""
+    page = hana_page
+    page.goto(f"{stack.url}/")
+    seconds = [0, 9.9, 65, 3599, 7500]
+    prices = ["0.0500", "0.0125", "3.0000", "1234.5000"]
+    written = page.evaluate(
+        """async ([seconds, prices]) => {
+            const f = await import("/static/trainyard/format.js");
+            return {
+              durations: seconds.map(f.formatDuration),
+              prices: prices.map((p) => f.formatPrice(Number(p))),
+              time: f.formatLocalTime(new Date(Date.UTC(2025, 2, 7, 6, 5, 9))),
+              clock: f.formatClockTime(new Date(Date.UTC(2025, 2, 7, 6, 5, 9))),
+              ticks: f.formatTimeTicks([1741327509, 1741327509.2, 1741327509.4]),
+              wide: f.formatTimeTicks([1741327500, 1741327510]),
+            };
+        }""",
+        [seconds, prices],
+    )
+    assert written["durations"] == [format_duration(s) for s in seconds]
+    assert written["durations"] == [render.duration(s) for s in seconds]
+    assert written["prices"] == [format_price(Decimal(p)) for p in prices]
+    assert written["prices"] == [render.money(p, "$") for p in prices]
+    assert written["time"] == local("2025-03-07T06:05:09+00:00") == "2025-03-07 14:05:09"
+    assert written["clock"] == "14:05:09"
+    # A chart's axis over less than a second tells its ticks apart; over more, whole seconds.
+    assert written["ticks"] == ["14:05:09.0", "14:05:09.2", "14:05:09.4"]
+    assert written["wide"] == ["14:05:00", "14:05:10"]

@@ -35,7 +35,7 @@ def test_launch_from_the_form_and_see_worker_lines_live(
     page.fill("#id_args", "--epochs 8")
     page.select_option("#id_package", "cpu-1")
     page.fill("#id_instances", "3")
-    # The totals follow seed 004's formula as the form is filled.
+    # The totals follow the quota formula as the form is filled.
     totals = page.locator("#totals")
     expect(totals.locator("tr[data-resource=cpu] .need")).to_have_text("3")
     expect(totals.locator("tr[data-resource=cpu] .left")).to_have_text("32")

@@ -24,7 +24,7 @@ from workers.contract import log_stream_key
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-MAX_WINDOW = 5000  # elements (lines and notices) the viewer keeps in the DOM (job/logview.js)
+MAX_WINDOW = 5000  # elements (lines and notices) the viewer keeps in the DOM (job/log/state.js)
 TAIL = 2000  # lines the viewer loads at first, and when a filter changes
 SPEW_LINES = 50_000
 
@@ -227,6 +227,36 @@ def test_search_highlights_and_finds_lines_outside_the_window(
     expect(focus).to_contain_text("needle-early: the first line of rank 0")
     expect(focus.locator("mark.match")).to_have_text("needle-early")
     expect(focus).to_be_in_viewport()
+
+
+def test_search_finds_only_what_a_line_shows(
+    page: Page, stack: RunningStack, showcase: dict[str, Any]
+) -> None:
+    """Rank 0 printed "far-needle" twice before the lines loaded at first: once shown, split by
+    a colour code; then once overwritten by a carriage return, nearer the window. The server
+    finds the shown one and the viewer marks it; the overwritten one is no match."""
+    log = open_finished_job(page, stack, showcase["id"])
+    search = page.locator("#log-search")
+    status = page.locator("#search-status")
+    focus = log.locator(".line.focus")
+
+    search.fill("FAR-needle")
+    expect(status).to_have_text("none loaded")
+    page.click("#search-prev")
+    expect(focus).to_have_text(re.compile(r"^\[master\] far-needle: loaded$"))
+    expect(focus).to_be_in_viewport()
+    marks = focus.locator("mark.match")
+    assert "".join(marks.all_text_contents()) == "far-needle"
+    expect(focus.locator("span.ansi-bold mark.match")).to_have_text("far-")
+    # The overwritten line, just after it, shows only what overwrote it, unmarked.
+    overwritten = log.locator(".line", has_text="still loading")
+    expect(overwritten).to_have_text(re.compile(r"^\[master\] still loading$"))
+    expect(overwritten.locator("mark")).to_have_count(0)
+    expect(status).to_have_text("1 of 1 loaded")
+    page.click("#search-prev")
+    expect(status).to_have_text("no more above")
+    page.click("#search-next")
+    expect(status).to_have_text("no more below")
 
 
 def test_jump_to_first_error_scrolls_to_the_traceback(

@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, expect
 
+from jobs import consumers
 from jobs.models import Job
 from jobs.services import dispatch, totals
 from jobs.services.submission import check_job_request, submit_job
@@ -63,33 +64,36 @@ def test_the_new_job_form_follows_the_servers_tag_and_quota_rules(
     expect(page.locator("#totals tbody tr")).to_have_count(4)  # three resources and jobs
 
     # The server changes its rules: instances are named role/index, master included, and
-    # the quota no longer counts GPUs.
+    # the formula names its sums otherwise (the page shows the preview's formula as it comes).
     monkeypatch.setattr(contract, "SOLO_ROLES", ("scheduler",))
     monkeypatch.setattr(contract, "TAG_FORMAT", "{role}/{index}")
-    monkeypatch.setattr(totals, "RESOURCES", ("cpu", "memory_gb"))
+    monkeypatch.setattr(
+        totals, "FORMULA_NAMES", {"cpu": "CPU_sum", "gpus": "GPU_sum", "memory_gb": "Memory_sum"}
+    )
     page.reload()
     three_instances(page)
     expect(page.locator("#roles-preview")).to_have_text(
         "Instances: [master/0] [worker/1] [worker/2]"
     )
     expect(page.locator("#formula")).to_have_text(
-        "CPU_total = master 1×1 + worker 1×2 = 3; Memory_total = master 2×1 + worker 2×2 = 6 GB"
+        "CPU_sum = master 1×1 + worker 1×2 = 3; GPU_sum = master 0×1 + worker 0×2 = 0; "
+        "Memory_sum = master 2×1 + worker 2×2 = 6 GB"
     )
-    expect(page.locator("#totals tbody tr")).to_have_count(3)
-    expect(page.locator("#totals tbody tr[data-resource=gpus]")).to_have_count(0)
 
 
-def test_the_job_page_follows_the_servers_terminal_states(
-    alices_page: Page,
-    live_server: Any,
-    alice: User,
-    redis_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # A job that waits: no node registered and no Celery message sent, so it stays as it is.
+@pytest.fixture
+def waiting_job(alice: User, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> Job:
+    """A job that waits: no node registered and no Celery message sent, so it stays as it is."""
     monkeypatch.setattr(dispatch.app, "send_task", lambda *args, **kwargs: None)
     job = submit_job(alice, check_job_request(pytorch_request("waits", "digits-ddp", 2)))
     assert job.state not in Job.TERMINAL_STATES
+    return job
+
+
+def test_the_job_page_follows_the_servers_terminal_states(
+    alices_page: Page, live_server: Any, waiting_job: Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = waiting_job
     page = alices_page
     page.goto(f"{live_server.url}/jobs/{job.pk}/")
     # The script has run (it fills the Instances table) and kept Cancel: the job can still end.
@@ -108,3 +112,17 @@ def test_the_job_page_follows_the_servers_terminal_states(
     expect(page.locator("#replicas tbody tr[data-tag=worker-1]")).to_have_count(1)
     expect(page.locator("#cancel-form")).to_have_count(0)
     expect(page.locator("#log")).to_have_attribute("data-empty", "No lines yet.")
+
+
+def test_the_job_page_reads_the_websocket_close_codes_from_the_server(
+    alices_page: Page, live_server: Any, waiting_job: Job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # This live server speaks no websocket, so every attempt closes abnormally (1006) and the
+    # page, knowing no such code, keeps reconnecting. Once the server says 1006 is its code
+    # for a job that does not exist, the page says so: it reads the codes, it keeps none.
+    page = alices_page
+    page.goto(f"{live_server.url}/jobs/{waiting_job.pk}/")
+    expect(page.locator("#log-status")).to_contain_text("reconnecting")
+    monkeypatch.setattr(consumers, "CLOSE_NOT_FOUND", 1006)
+    page.reload()
+    expect(page.locator("#log-status")).to_contain_text("no such job")

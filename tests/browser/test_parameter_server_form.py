@@ -29,7 +29,7 @@ def test_launch_a_parameter_server_job_and_filter_its_roles(
     page.select_option("#id_worker_package", "cpu-1")
     page.fill("#id_workers", "2")
     page.select_option("#id_kvstore", "dist_sync")
-    # Seed 004's example shape: server 2 cores × 1 + worker 1 core × 2.
+    # A parameter-server shape: server 2 cores × 1 + worker 1 core × 2.
     expect(page.locator("#formula")).to_contain_text("CPU_total = server 2×1 + worker 1×2 = 4")
     expect(page.locator("#ps-notes")).to_contain_text("scheduler (1 instance) is not charged")
     expect(page.locator("#ps-notes")).to_contain_text("global batch = 2 × 32 = 64")
@@ -38,7 +38,7 @@ def test_launch_a_parameter_server_job_and_filter_its_roles(
     )
     page.click("#launch")
     page.wait_for_url(re.compile(r"/jobs/\d+/$"))
-    expect(page.locator("#global-batch")).to_contain_text("global = 2 workers × 32 = 64")
+    expect(page.locator("#global-batch")).to_contain_text("global batch = 2 × 32 = 64")
     log = page.locator("#log")
     expect(log.locator(".line[data-tag=scheduler]").first).to_be_visible()
     expect(log.locator(".line[data-tag=server-0]").first).to_be_visible()

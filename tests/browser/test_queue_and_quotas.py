@@ -6,7 +6,7 @@ import re
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.browser.conftest import user_page
+from tests.browser.conftest import keep_screenshot, user_page
 from tests.conftest import RunningStack, pytorch_request, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -76,3 +76,11 @@ def test_the_quota_page_shows_each_users_use_against_the_limit(
     page.goto(f"{stack.url}/nodes/")
     expect(page.locator("#nodes tr[data-node=node-1] .state")).to_have_text("ready")
     expect(page.locator("#nodes tr[data-node=node-2] .state")).to_have_text("ready")
+    # A heartbeat a few seconds old says so in seconds (Django's timesince said "0 minutes").
+    beat = page.locator("#nodes tr[data-node=node-1] td.heartbeat")
+    expect(beat).to_have_text(re.compile(r"^\d+ s ago$"))
+    expect(page.locator("#nodes tr[data-node=node-1] td.node-name")).to_have_css(
+        "white-space", "nowrap"
+    )
+    expect(page.locator("#node-timing")).to_contain_text("heartbeat for")
+    keep_screenshot(page, "nodes")

@@ -1,6 +1,8 @@
 """What a person sees when a health rule restarts their job: the rule that fired, the attempts,
 and the log of both attempts, live on the job page."""
 
+import re
+
 import pytest
 from playwright.sync_api import Browser, expect
 
@@ -36,6 +38,12 @@ def test_a_hang_shows_the_rule_that_fired_and_each_attempt(
         attempts = page.locator("#attempts tbody tr")
         expect(attempts).to_have_count(2)
         expect(attempts.nth(0)).to_contain_text("health rule: no new step on master")
+        # Its times as every other time on the page (the runs table wrote "12:23:38 PM"), its
+        # nodes each whole.
+        started = attempts.nth(0).locator("td").nth(1)
+        expect(started).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))
+        node = attempts.nth(0).locator(".node-name").first
+        expect(node).to_have_css("white-space", "nowrap")
         expect(page.locator("#log")).to_contain_text("finished on attempt 1")
         expect(page.locator("#log")).to_contain_text("attempt 2")
         page.screenshot(path=str(fault_stack.stack.var_dir / "restarts-page.png"), full_page=True)

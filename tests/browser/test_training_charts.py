@@ -1,5 +1,7 @@
-"""The job page's training section: a 2-worker run against its 1-worker baseline shows speedup,
-efficiency and the curve verdict, and its loss chart is really drawn (pixels on the canvas)."""
+"""The job page's training section: a 2-trainer run watched live shows its figures as its first
+points arrive and its progress at 100 % when its log shows the last epoch; against its
+1-trainer baseline it shows speedup, efficiency and the verdict, and its loss chart is really
+drawn (pixels on the canvas)."""
 
 import re
 import shutil
@@ -10,11 +12,13 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import wait_in_page
+from tests.browser.training_page import summaries_shown
 from tests.conftest import RunningStack, pytorch_request, signal_file
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-DIGITS_ARGS = ["--epochs", "8"]
+EPOCHS = 8
+DIGITS_ARGS = ["--epochs", str(EPOCHS)]
 SCREENSHOT_FOR_REVIEW = Path("/tmp/training_page.png")
 NO_FIGURE = "\u2013"  # the en dash a card shows for a figure it cannot give yet
 
@@ -56,23 +60,57 @@ def loss_chart_drawn(page: Page) -> dict[str, int]:
 @pytest.fixture(scope="module")
 def one_and_two_workers(stack: RunningStack) -> dict[str, Any]:
     """digits-ddp on 1 and then on 2 instances (one after the other, so they never share the
-    cores), the 2-instance run compared with the 1-instance one."""
+    cores), the 2-instance run compared with the 1-instance one. The 2-instance run is only
+    submitted here: the first test watches it run; `finished` waits for its end."""
     admin = stack.admin
     one = admin.submit(pytorch_request("charts, 1 worker", "digits-ddp", 1, args=DIGITS_ARGS))
     assert admin.wait_finished(one["id"])["state"] == "succeeded"
     two = admin.submit(pytorch_request("charts, 2 workers", "digits-ddp", 2, args=DIGITS_ARGS))
-    assert admin.wait_finished(two["id"])["state"] == "succeeded"
     response = admin.http.post(f"/api/v1/jobs/{two['id']}/baseline", json={"baseline": one["id"]})
     assert response.status_code == 200, response.text
-    summary = response.json()
-    assert summary["baseline"]["speedup"] is not None, summary["baseline"]
-    return {"one": one["id"], "two": two["id"], "summary": summary}
+
+    def finished() -> dict[str, Any]:
+        """The run's summary once it has succeeded."""
+        assert admin.wait_finished(two["id"])["state"] == "succeeded"
+        summary: dict[str, Any] = admin.http.get(f"/api/v1/jobs/{two['id']}/metrics/summary").json()
+        assert summary["baseline"]["speedup"] is not None, summary["baseline"]
+        return summary
+
+    return {"one": one["id"], "two": two["id"], "finished": finished}
 
 
-def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
+def test_it_shows_figures_as_they_arrive_and_100_percent_at_the_last_epoch(
+    page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any]
+) -> None:
+    """Watched from its submission: the figure cards appear as the first values arrive (no
+    reload), and when the log shows the last epoch the bar reads 100 %, as the charts do."""
+    two = one_and_two_workers["two"]
+    page.goto(f"{stack.url}/jobs/{two}/")
+    summaries_shown(page)
+    page.evaluate("() => { window.sameDocument = true; }")  # gone if the page reloads
+
+    expect(page.locator("#fig-global-sps")).to_be_visible()
+    expect(page.locator("#fig-cost")).to_be_visible()
+    last_epoch = page.locator("#log .line", has_text=f"epoch={EPOCHS}/{EPOCHS} loss=")
+    expect(last_epoch).to_be_visible()
+    expect(page.locator("#progress-text")).to_contain_text(f"100 % · epoch {EPOCHS} of {EPOCHS}")
+    expect(page.locator("#training-progress .progress-track")).to_have_attribute(
+        "aria-valuenow", "100"
+    )
+    expect(last_epoch).to_be_visible()  # both at once, on the same page
+    expect(page.locator("#job-state")).to_have_text("succeeded")
+    expect(page.locator("#progress-text")).to_have_text(
+        f"100 % · epoch {EPOCHS} of {EPOCHS} · done"
+    )
+    assert page.evaluate("() => window.sameDocument === true"), "the page reloaded"
+    one_and_two_workers["finished"]()
+
+
+def test_it_charts_a_2_trainer_run_against_its_1_trainer_baseline(
     page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any], tmp_path: Path
 ) -> None:
     one, two = one_and_two_workers["one"], one_and_two_workers["two"]
+    summary = one_and_two_workers["finished"]()
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{stack.url}/jobs/{two}/")
@@ -82,33 +120,41 @@ def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
     counts = loss_chart_drawn(page)
     assert counts["opaque"] > 500 and counts["run"] > 100 and counts["baseline"] > 100, counts
 
-    # The figures against the 1-worker baseline: numbers, not placeholders.
+    # The figures against the 1-trainer baseline: numbers, not placeholders, with one × each.
     expect(page.locator("#fig-speedup .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d$"))
+    expect(page.locator("#fig-global-speedup .figure-label")).to_have_text("Global speedup")
     expect(page.locator("#fig-global-speedup .figure-value")).to_have_text(
         re.compile(r"^\d+\.\d\d×$")
     )
+    expect(page.locator("#fig-efficiency .figure-label")).to_have_text("Scaling efficiency")
     expect(page.locator("#fig-efficiency .figure-value")).to_have_text(re.compile(r"^\d+ %$"))
+    expect(page.locator("#fig-per-worker-sps .figure-label")).to_have_text("Per-trainer throughput")
     expect(page.locator("#fig-global-sps .figure-value")).to_have_text(re.compile(r"^[\d,]+$"))
     expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^(< )?\$\d+\.\d+$"))
     expect(page.locator("#fig-spd-ratio .figure-value")).to_have_text(re.compile(r"^\d+\.\d\d×$"))
-    speedup = one_and_two_workers["summary"]["baseline"]["speedup"]
+    speedup = summary["baseline"]["speedup"]
     expect(page.locator("#fig-efficiency .figure-value")).to_have_text(
         f"{round(speedup['efficiency'] * 100)} %"
     )
 
     # The verdict the console gave (tested for its own sake in test_training_metrics), with its
-    # reasons, and the baseline picked in the picker.
-    verdict = one_and_two_workers["summary"]["baseline"]["verdict"]
-    said = "match" if verdict["matches"] else "differ from"
-    expect(page.locator("#verdict-badge")).to_have_text(f"curves {said} baseline #{one}")
+    # reasons, and the baseline picked in the picker. A 1-trainer baseline draws other curves
+    # by design: judged on its final accuracy, with a neutral note, never "curves differ".
+    verdict = summary["baseline"]["verdict"]
+    assert verdict["curves_judged"] is False
+    said = "matches" if verdict["matches"] else "differs from"
+    expect(page.locator("#verdict-badge")).to_have_text(f"final accuracy {said} baseline #{one}")
     expect(page.locator("#verdict-reasons li")).to_have_text(verdict["reasons"])
     assert verdict["reasons"][0].startswith("final eval accuracy")
+    expect(page.locator("#verdict-note")).to_have_text(verdict["note"])
+    expect(page.locator("#verdict-note")).to_contain_text("differ by design")
     expect(page.locator("#baseline-select")).to_have_value(str(one))
     expect(page.locator("#baseline-launch")).to_be_hidden()
 
     expect(page.locator("#progress-text")).to_contain_text("100 %")
     expect(page.locator("#gpu-status span")).to_have_text("no GPU")
     expect(page.locator("#chart-gpu .chart-empty")).to_have_text("no GPU")
+    expect(page.locator("#chart-gpu")).to_be_hidden()  # nothing to draw: no room taken
     expect(page.locator("#chart-samples-per-sec canvas")).to_be_visible()
     # The agent samples every few seconds: a short run may end before its first CPU figure
     # (the first sample only primes the counters). The chart shows what the API has.
@@ -116,9 +162,12 @@ def test_it_charts_a_2_worker_run_against_its_1_worker_baseline(
     if cpu_points["points"]:
         expect(page.locator("#chart-cpu canvas")).to_be_visible()
     else:
-        expect(page.locator("#chart-cpu .chart-empty")).to_have_text("no points yet")
+        expect(page.locator("#chart-cpu")).to_be_hidden()
+    expect(page.locator("#scaling th").first).to_have_text("Trainers")
     expect(page.locator(f"#scaling tr.current[data-job='{two}']")).to_be_visible()
     expect(page.locator(f"#scaling tr[data-job='{one}']")).to_be_visible()
+    expect(page.locator("#scaling-hint")).to_have_text(summary["scaling"]["hint"])
+    assert " trainer" in summary["scaling"]["hint"], summary["scaling"]
     expect(page.locator("#exports-hint")).to_have_text(
         f"tar xzf trainyard-job-{two}-tb.tar.gz; tar xzf trainyard-job-{one}-tb.tar.gz; "
         f"tensorboard --logdir run:job-{two},baseline:job-{one}"
@@ -133,6 +182,7 @@ def test_it_changes_the_baseline_from_the_picker(
     page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any]
 ) -> None:
     one, two = one_and_two_workers["one"], one_and_two_workers["two"]
+    one_and_two_workers["finished"]()
     page.goto(f"{stack.url}/jobs/{two}/")
     loss_chart_drawn(page)
 
@@ -151,7 +201,7 @@ def test_it_changes_the_baseline_from_the_picker(
     expect(page.locator("#baseline-error")).to_have_text("")
 
 
-def test_it_launches_a_1_worker_baseline_for_a_program_without_one(
+def test_it_launches_a_1_trainer_baseline_for_a_program_without_one(
     page: Page, stack: RunningStack
 ) -> None:
     admin = stack.admin
@@ -172,7 +222,7 @@ def test_it_launches_a_1_worker_baseline_for_a_program_without_one(
     expect(button).to_be_visible()
     button.click()
     link = page.locator("#baseline-launched a")
-    expect(link).to_have_text(re.compile(r"^#\d+ printed on 2 · 1-worker baseline$"))
+    expect(link).to_have_text(re.compile(r"^#\d+ printed on 2 · 1-trainer baseline$"))
     href = link.get_attribute("href") or ""
     baseline = int(href.strip("/").rsplit("/", 1)[-1])
     assert admin.job(job["id"])["baseline"] == baseline

@@ -294,6 +294,12 @@ def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:
     assert worker_only.startswith("[worker-1] ") and "[master]" not in worker_only
     row = next(r for r in cli("ls").stdout.splitlines() if r.split()[0] == str(job_id))
     assert row.split()[1:3] == ["cli-job-file", "succeeded"]
+    # Counts, money and times as the pages write them: the list's count, "$0.05", "5 s ago".
+    assert row.split()[4] == next(j for j in listed if j["id"] == job_id)["instances"]["text"]
+    assert re.search(r"\$\d+\.\d{2,4} per hour", cli("show", str(job_id)).stdout)
+    packages = cli("packages").stdout
+    assert "$" in packages and "USD" not in packages
+    assert re.search(r"\b\d+ s ago\b", cli("nodes").stdout)
     assert cli("show", "999999").returncode == 4
     assert cli("cancel", str(job_id)).returncode == 2  # it has ended
 
@@ -360,3 +366,45 @@ def test_logs_follow_resumes_across_a_web_server_restart(
         assert [x for x in seen if x.endswith("9\n") == on_stderr] == [
             x for x in expected if x.endswith("9\n") == on_stderr
         ]
+
+
+def test_compare_prints_figures_and_marks_the_rows_that_differ(cli: Any, project: Path) -> None:
+    """The module's finished jobs where earlier tests left some (they differ in their
+    arguments); two short ones of its own otherwise."""
+    finished = [
+        j for j in cli.api.http.get("/api/v1/jobs", params={"state": "succeeded"}).json()["jobs"]
+    ]
+    by_args = {tuple(j["program"]["args"]): j["id"] for j in reversed(finished)}
+    while len(by_args) < 2:
+        args = ["--epochs", str(len(by_args) + 1)]
+        submitted = json.loads(
+            cli("submit", "job.yaml", "--wait", "--json", "--", *args, cwd=project).stdout
+        )
+        by_args[tuple(args)] = submitted["id"]
+    one, two = list(by_args.values())[:2]
+
+    result = cli("compare", str(one), str(two))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    [args_row] = [line for line in lines if "Arguments" in line]
+    assert args_row.startswith("≠"), args_row
+    [image_row] = [line for line in lines if " Image " in line]
+    assert not image_row.startswith("≠") and image_row.count("pytorch:2.13-cpu") == 2
+    [loss_row] = [line for line in lines if line.startswith("loss, final")]
+    assert len(loss_row.split()) == 4  # "loss," "final" and one value per job
+    assert "configuration rows differ" in result.stderr
+
+    answer = json.loads(cli("compare", str(one), str(two), "--json").stdout)
+    assert [j["id"] for j in answer["jobs"]] == [one, two]
+    assert "loss" in answer["charts"]
+    rows = {r["key"]: r for r in answer["rows"]}
+    assert rows["program.args"]["differs"] and not rows["image"]["differs"]
+    only = cli("compare", str(one), str(two), "--differences").stdout
+    assert "Arguments" in only and " Image " not in only
+
+    # One job, or one that is not there: the console's words, and nothing printed.
+    alone = cli("compare", str(one))
+    assert alone.returncode == 2 and "Pick 2 to 5 jobs to compare" in alone.stderr
+    missing = cli("compare", str(one), "999999")
+    assert missing.returncode == 4 and "No such job: 999999." in missing.stderr
+    assert missing.stdout == ""

@@ -45,7 +45,7 @@ from tests.conftest import (
     wait_until,
 )
 from tests.integration.test_escape import assert_reaches_nothing, run_probe
-from workers.snapshot import pack_folder
+from tests.snapshots import snapshot_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -294,7 +294,7 @@ def test_a_queued_job_runs_the_snapshot_it_was_submitted_with_and_agents_fetch_i
         log = (cluster.stack.var_dir / "logs" / f"{node}.log").read_text()
         assert log.count(f"fetched code snapshot {v1}") == 1, node
         cached = cluster.stack.var_dir / "agents" / node / "snapshots" / f"{v1}.tar.gz"
-        assert cached.read_bytes() == pack_folder(CODE).archive
+        assert cached.read_bytes() == snapshot_of(CODE).archive
 
 
 def test_a_host_cut_off_the_network_is_a_lost_node(

@@ -1,6 +1,6 @@
-"""Seed 004's own framework, as submitted: real Apache MXNet 1.9.1 with 2 servers and 2 workers
-under Trainyard's agents, through an image that names the interpreter its trainers run with
-(the environment `make mxnet-env` builds: MXNet cannot live beside the agent's NumPy 2)."""
+"""The parameter server's own framework, as submitted: real Apache MXNet 1.9.1 with 2 servers and 2
+workers under Trainyard's agents, through an image that names the interpreter its trainers run
+with (the environment `make mxnet-env` builds: MXNet cannot live beside the agent's NumPy 2)."""
 
 import re
 from typing import Any

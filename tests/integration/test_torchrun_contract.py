@@ -152,3 +152,21 @@ def test_a_lightning_size_mismatch_fails_with_lightnings_own_message(user: Stack
         ": ValueError: You set `devices=1` and `num_nodes=1` in Lightning, but the product "
         "(1 * 1) does not match the world size (3). (exited with code 1)"
     ), job["reason"]
+
+
+# --- HuggingFace accelerate: one group on CPU with the CPU starter image's default variable ---
+
+
+def test_an_accelerate_script_trains_as_one_group_on_the_cpu_starter_image(
+    user: StackClient,
+) -> None:
+    """The image sets ACCELERATE_USE_CPU=true; without it each instance would train alone
+    (world size 1, parameters of its own)."""
+    job = user.wait_finished(
+        user.submit(pytorch_request("accelerate", "accelerate_ddp.py", 3))["id"]
+    )
+    assert job["state"] == "succeeded", job["reason"]
+    lines = [x["text"] for x in user.logs(job["id"]) if x["text"].startswith("accelerate rank=")]
+    ranks = sorted(line.split(" checksum=")[0] for line in lines)
+    assert ranks == [f"accelerate rank={r} world_size=3 type=MULTI_CPU" for r in range(3)]
+    assert len({line.split(" checksum=")[1] for line in lines}) == 1, lines

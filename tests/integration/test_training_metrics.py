@@ -30,7 +30,7 @@ def digits_one_and_two(stack: RunningStack) -> dict[int, dict[str, Any]]:
     return runs
 
 
-def test_a_2_worker_run_shows_speedup_and_efficiency_against_its_1_worker_baseline(
+def test_a_2_trainer_run_shows_speedup_and_efficiency_against_its_1_trainer_baseline(
     stack: RunningStack, digits_one_and_two: dict[int, dict[str, Any]]
 ) -> None:
     admin = stack.admin
@@ -47,24 +47,32 @@ def test_a_2_worker_run_shows_speedup_and_efficiency_against_its_1_worker_baseli
     assert speed["efficiency"] == pytest.approx(speed["global_speedup"] / 2)
     verdict = summary["baseline"]["verdict"]
     assert verdict["axis"] == "epoch" and verdict["final_eval_accuracy"] > 0.9
-    # Both end at the same accuracy; per epoch, 2 workers take half the steps, so their loss
-    # curve runs above the baseline's early on: the verdict reports both, honestly.
-    accuracy_reason, loss_reason = verdict["reasons"]
+    # Both end at the same accuracy; per epoch, 2 trainers take half the steps (a global batch
+    # twice as large), so their loss curve runs above the baseline's early on. That is by
+    # design: the verdict judges the final accuracy, times both runs to it, and shows the loss
+    # distance without judging it.
+    accuracy_reason, time_reason, loss_reason = verdict["reasons"]
     assert "within" in accuracy_reason, verdict["reasons"]
+    assert verdict["matches"] is True and verdict["curves_judged"] is False
+    assert "differ by design" in verdict["note"] and "1 trainer" in verdict["note"]
+    target = verdict["target_eval_accuracy"]
+    assert target == pytest.approx(verdict["baseline_eval_accuracy"] - 0.01)
+    assert verdict["seconds_to_target"] > 0 and verdict["baseline_seconds_to_target"] > 0
+    assert time_reason.startswith(f"reached eval accuracy {target:.4f} in "), time_reason
     early_two, early_one = (early_loss(admin, job) for job in (two, one))
     assert early_two > early_one, (early_two, early_one)
     distance = verdict["loss_distance"]
     assert distance > 0
-    said = re.fullmatch(r"loss curves (\d+\.\d)% apart by epoch \((within|over) 10%\)", loss_reason)
+    said = re.fullmatch(
+        r"loss curves (\d+\.\d)% apart by epoch \(not judged: see the note\)", loss_reason
+    )
     assert said, loss_reason
     assert float(said.group(1)) == pytest.approx(distance * 100, abs=0.051)
-    assert (said.group(2) == "within") == (distance <= 0.10)
-    assert verdict["matches"] == (said.group(2) == "within"), "accuracy agrees: loss decides"
     assert summary["cost_so_far"] > 0 and summary["samples_per_dollar"] > 0
     assert summary["progress"]["fraction"] == pytest.approx(1.0)
     print(
         f"\ndigits-ddp: 1 worker {base_sps:.0f} samples/s; 2 workers {tp['global_sps']:.0f} "
-        f"samples/s global, {tp['per_worker_sps']:.0f} per worker; speedup (seed 000) "
+        f"samples/s global, {tp['per_worker_sps']:.0f} per worker; speedup "
         f"{speed['speedup']:.2f}, global {speed['global_speedup']:.2f}x, efficiency "
         f"{speed['efficiency']:.0%}; verdict: {'; '.join(verdict['reasons'])}"
     )

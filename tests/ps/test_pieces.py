@@ -36,14 +36,14 @@ def test_gloo_errors_are_cut_down_to_what_happened() -> None:
 
 def test_headers_carry_step_counts_and_learning_rates_exactly() -> None:
     lr = 0.1 * 0.5 * (1 + 0.3)  # not representable in float32
-    kind, sender, a, b, c = protocol.parse_header(
+    header = protocol.parse_header(
         protocol.message(protocol.Kind.PUSH, 4, protocol.ALL_SLOTS, lr, 2**40 + 1)
     )
-    assert (kind, sender, a, b, c) == (protocol.Kind.PUSH, 4, -1, lr, 2**40 + 1)
+    assert header == protocol.Header(protocol.Kind.PUSH, 4, -1, lr, 2**40 + 1)
     grads = [torch.arange(3.0), torch.ones(2)]
     inline = protocol.message(protocol.Kind.PUSHPULL, 3, protocol.ALL_SLOTS, lr, 1, inline=grads)
     assert protocol.inline_part(inline, 5).tolist() == [0.0, 1.0, 2.0, 1.0, 1.0]
-    assert protocol.parse_header(inline)[0] == protocol.Kind.PUSHPULL
+    assert protocol.parse_header(inline).kind == protocol.Kind.PUSHPULL
     spec = sgd(lr=0.05, momentum=0.9, nesterov=True)
     assert OptimizerSpec.from_json(protocol.tensor_json(protocol.json_tensor(spec.to_json()))) == (
         spec

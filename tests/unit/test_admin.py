@@ -18,8 +18,8 @@ pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes")
 
 
 # Per model: the model, what names each of its rows in the change list, and the inputs its add
-# form must have.
-MANAGED: dict[str, tuple[type[Model], Callable[[Any], list[str]], set[str]]] = {
+# form must have (None: it has none, rows come only through the services that check them).
+MANAGED: dict[str, tuple[type[Model], Callable[[Any], list[str]], set[str] | None]] = {
     "frameworkimage": (
         FrameworkImage,
         lambda image: [image.name],
@@ -36,16 +36,8 @@ MANAGED: dict[str, tuple[type[Model], Callable[[Any], list[str]], set[str]]] = {
         lambda quota: [str(quota)],
         {"is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs"},
     ),
-    "node": (
-        Node,
-        lambda node: [node.name],
-        {"state", "labels", "cpu", "gpus", "memory_gb", "capacity_set_by_admin"},
-    ),
-    "job": (
-        Job,
-        lambda job: [job.name, job.owner.username],
-        {"owner", "name", "image", "program", "args", "health_rules"},
-    ),
+    "node": (Node, lambda node: [node.name], None),
+    "job": (Job, lambda job: [job.name, job.owner.username], None),
 }  # fmt: skip
 
 
@@ -69,8 +61,43 @@ def test_it_lists_and_opens_every_managed_model(
     shown = [name for row in rows for name in names_of(row)]
     assert [name for name in shown if escape(name) not in page] == []
     add = client.get(f"/admin/jobs/{model}/add/")
-    assert add.status_code == 200
-    assert fields - input_names(add.content.decode()) == set()
+    if fields is None:
+        assert add.status_code == 403
+        assert f"/admin/jobs/{model}/add/" not in page
+    else:
+        assert add.status_code == 200
+        assert fields - input_names(add.content.decode()) == set()
+
+
+def test_it_names_the_admin_trainyard_in_its_colours(client: Client, charlie_admin: User) -> None:
+    client.force_login(charlie_admin)
+    index = client.get("/admin/").content.decode()
+    assert (
+        "<title>Images, packages, quotas, nodes, jobs and users | Trainyard admin</title>" in index
+    )
+    assert 'class="trainyard-brand">Trainyard administration</a>' in index
+    assert "trainyard/admin.css" in index
+    assert "Django administration" not in index
+
+
+def test_it_offers_no_way_to_add_a_job_or_its_rows_by_hand(
+    client: Client, charlie_admin: User, alice: User
+) -> None:
+    """A job, its roles and replicas come only through the form, the API or the CLI, which
+    check them; the admin shows them and adds none (no "Add job", no "Add another role")."""
+    job = submit_job(alice, check_job_request(job_request()))
+    client.force_login(charlie_admin)
+    assert client.get("/admin/jobs/job/add/").status_code == 403
+    refused = client.post("/admin/jobs/job/add/", {"owner": alice.pk, "name": "around"})
+    assert refused.status_code == 403
+    assert Job.objects.count() == 1
+    change = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    # Each inline's formset allows no new form (Django then draws no "Add another" link).
+    assert re.findall(r'name="(\w+)-MAX_NUM_FORMS" value="(\d+)"', change) == [
+        (prefix, "0") for prefix in ("roles", "attempts", "health_events", "replicas")
+    ]
+    assert 'href="/admin/jobs/job/add/"' not in client.get("/admin/jobs/job/").content.decode()
+    assert 'href="/admin/jobs/job/add/"' not in client.get("/admin/").content.decode()
 
 
 def test_it_lets_admins_give_a_user_a_quota(
@@ -166,3 +193,13 @@ def test_a_jobs_page_lists_its_attempts_and_the_health_rules_that_fired(
     client.force_login(charlie_admin)
     page = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     assert "attempt 1 of job" in page and "loss is nan on master" in page
+
+
+def test_it_writes_times_as_the_consoles_pages_do(
+    client: Client, charlie_admin: User, alice: User
+) -> None:
+    job = submit_job(alice, check_job_request(job_request()))
+    client.force_login(charlie_admin)
+    listing = client.get("/admin/jobs/job/").content.decode()
+    assert job.created.strftime("%Y-%m-%d %H:%M:%S") in listing
+    assert not re.search(r"[ap]\.m\.", listing)  # not the locale's "5:41 p.m."

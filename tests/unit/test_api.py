@@ -181,3 +181,24 @@ def test_it_pages_through_logs_filtered_by_instance(
         "text": "<b>w</b>",
     }
     assert api(client, "get", f"{base}?after=x", token).status_code == 400
+
+
+def test_a_log_search_matches_what_a_line_shows_and_says_where(
+    client: Client, bob: User, bobs_job: Job
+) -> None:
+    sink = LogSink(get_redis())
+    lines = ["hidden NEEDLE 10%\r\x1b[2Kdone", "a \x1b[1mvisible\x1b[0m-needle\r", "Needle"]
+    append_lines(sink, bobs_job.pk, "master", 0, "node-1", lines)
+    token = ApiToken.issue(bob)
+    base = f"/api/v1/jobs/{bobs_job.pk}/logs"
+    found = api(client, "get", f"{base}?q=needle", token).json()["lines"]
+    assert [line["cursor"] for line in found] == [2, 3]
+    assert found[0]["text"] == lines[1]
+    assert found[0]["shown"] == [["a ", ""], ["visible", "ansi-bold"], ["-needle", ""]]
+    assert found[0]["hits"] == [[10, 16]]
+    assert "shown" not in found[1] and found[1]["hits"] == [[0, 6]]
+    assert api(client, "get", f"{base}?q=hidden", token).json()["lines"] == []
+    # Without a search, a line says how it shows only when that is not its text.
+    every = api(client, "get", f"{base}?after=0", token).json()["lines"]
+    assert every[0]["shown"] == [["done", ""]]
+    assert "shown" not in every[2] and "hits" not in every[2]

@@ -5,6 +5,7 @@ the command itself against the real stack."""
 import json
 import stat
 import tarfile
+from datetime import UTC, datetime
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,16 @@ from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
 from trainyard_cli.main import _print_line, script_args_as_options
-from trainyard_cli.render import duration, human_bytes, human_number, money
+from trainyard_cli.render import (
+    ago,
+    currency_prefix,
+    duration,
+    human_bytes,
+    human_number,
+    instances,
+    money,
+    ratio,
+)
 
 
 @pytest.fixture
@@ -273,9 +283,40 @@ def test_numbers_and_durations_read_well() -> None:
     assert duration(9.9) == "9 s"  # as the pages count: whole seconds elapsed
     assert duration(252) == "4 min 12 s"
     assert duration(3 * 3600 + 300) == "3 h 05 min"
-    assert money("0.0500", "USD") == "USD 0.05"
-    assert money("3.0000", "EUR") == "EUR 3.00"
-    assert money("0.1234") == "0.1234"
+
+
+def test_prices_read_as_the_pages_write_them_in_the_consoles_currency() -> None:
+    """`$0.15`, as the web says, never `USD 0.15`: the prefix is the console's (its catalog)."""
+    dollars = currency_prefix({"currency": "USD", "money": {"code": "USD", "prefix": "$"}})
+    assert dollars == "$"
+    assert money("0.0500", dollars) == "$0.05"
+    assert money("3.0000", dollars) == "$3.00"
+    assert money("0.1234", dollars) == "$0.1234"
+    assert money("1234.5000", dollars) == "$1,234.50"
+    assert money(0.0500000001, dollars) == "$0.05"  # a figure's float, as compare has it
+    assert money(None, dollars) == "—"
+    assert ratio(1.849) == "1.85" and ratio(None) == "—"
+    assert money("0.0500", currency_prefix({"money": {"prefix": "CHF\u00a0"}})) == "CHF\u00a00.05"
+    # A console from before it said how it writes money: its code, as a page would for CHF.
+    assert money("0.0500", currency_prefix({"currency": "USD"})) == "USD\u00a00.05"
+
+
+def test_how_long_ago_reads_as_the_pages_say_it() -> None:
+    now = datetime(2026, 11, 25, 12, 0, 5, tzinfo=UTC)
+    assert ago("2026-11-25T12:00:00+00:00", now) == "5 s ago"  # never "0 minutes ago"
+    assert ago("2026-11-25T11:56:55+00:00", now) == "3 min 10 s ago"
+    assert ago("2026-11-25T12:00:05.500000+00:00", now) == "0 s ago"  # a clock a little ahead
+    assert ago(None, now) == "never"
+
+
+def test_instances_are_counted_as_the_console_counts_them() -> None:
+    ps_job = {
+        "roles": {"server": {"instances": 2}, "worker": {"instances": 2}},
+        "instances": {"total": 5, "trainers": 4, "platform": ["scheduler"],
+                      "text": "5 (4 trainers + scheduler)"},
+    }  # fmt: skip
+    assert instances(ps_job) == "5 (4 trainers + scheduler)"
+    assert instances({"roles": {"master": {"instances": 1}, "worker": {"instances": 2}}}) == "3"
 
 
 def test_the_cli_needs_nothing_of_the_console() -> None:
@@ -326,3 +367,34 @@ def test_a_job_file_from_show_is_read_back_as_the_same_request(tmp_path: Path) -
         "--arg=--lr",
         "--arg=0.2",
     ]
+
+
+def test_a_terminal_gets_the_line_as_the_console_shaped_it_and_a_pipe_as_printed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from trainyard_cli import render
+
+    raw = "epoch 1 10%\repoch 1 \x1b[31m100%\x1b[0m \x1b]0;pwned\x07"
+    # As the console sends it (jobs/logshape.py): the last state, escapes gone, colours apart.
+    shown = [["epoch 1 ", ""], ["100%", "ansi-red"], [" ", ""]]
+    # The websocket carries it per batch, under the line's number.
+    seen: list[Line] = []
+    follower = Follower(on_line=seen.append, on_state=lambda job: None, on_note=lambda text: None)
+    batch = {"first": 7, "role": "master", "index": 0, "node": "n", "stream": "stdout", "ts": 0.0}
+    _relay({**batch, "lines": ["plain", raw], "shown": {"1": shown}}, follower)
+    assert [line.shown for line in seen] == [None, shown]
+
+    terminal = StringIO()
+    monkeypatch.setattr(render, "out", Console(file=terminal, force_terminal=True, width=200))
+    render.log_line("master", raw, "stdout", shown)
+    written = terminal.getvalue()
+    assert "epoch 1 100%" in written and "10%" not in written and "pwned" not in written
+    assert "\x1b]0;" not in written and "\r" not in written
+
+    monkeypatch.setattr(render, "out", Console(file=StringIO(), force_terminal=False))
+    render.log_line("master", raw, "stdout", shown)
+    assert capsys.readouterr().out == f"[master] {raw}\n"  # into a file: every byte printed

@@ -11,6 +11,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from redis.exceptions import ConnectionError as RedisConnectionError
+from uvicorn.protocols.utils import ClientDisconnected
 
 from console.asgi import application
 from jobs import logstream
@@ -382,3 +383,47 @@ async def test_with_redis_still_away_the_client_is_told_to_come_back(
     monkeypatch.setattr(layer, "group_add", _FlakyGroupAdd(layer.group_add, failures=2))
     token = await database_sync_to_async(ApiToken.issue)(alice)
     assert await communicator(job.pk, token).connect() == (False, 1011)
+
+
+@pytest.mark.parametrize("gone_at", ["log", "close"])
+async def test_a_client_that_went_away_is_no_error(
+    job: Job,
+    alice: User,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    gone_at: str,
+) -> None:
+    """uvicorn raises ClientDisconnected on a send to a client that has gone: in the middle of
+    the log, or as the server closes after the end while `trainyard logs -f`, having read the
+    end, closes too. Normal: no ERROR, no traceback in the web server's log."""
+    caplog.set_level(logging.DEBUG, logger="jobs.consumers")
+    consumers: list[JobConsumer] = []
+    original_send, original_close = JobConsumer.send_json, JobConsumer.close
+
+    async def send_json(self: JobConsumer, content: Any, close: bool = False) -> None:
+        consumers.append(self)
+        if gone_at == "log" and content.get("type") == "log":
+            raise ClientDisconnected
+        await original_send(self, content, close)
+
+    async def close(self: JobConsumer, code: int | bool | None = None, reason: Any = None) -> None:
+        if gone_at == "close":
+            raise ClientDisconnected
+        await original_close(self, code, reason)
+
+    monkeypatch.setattr(JobConsumer, "send_json", send_json)
+    monkeypatch.setattr(JobConsumer, "close", close)
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    sink = LogSink(get_redis())
+    append_lines(sink, job.pk, "master", 0, "node-1", ["x"] * 10)
+    sink.append_end(job.pk, "job succeeded")
+    comm = communicator(job.pk, token)
+    assert (await comm.connect())[0]
+    follower = consumers[0].follower
+    assert follower is not None
+    await asyncio.wait_for(follower, 5)
+    assert [r.getMessage() for r in caplog.records if r.name == "jobs.consumers"] == [
+        f"the client of job {job.pk}'s log stream went away"
+    ]
+    assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "jobs.consumers")
+    await comm.disconnect()

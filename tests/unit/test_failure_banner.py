@@ -52,7 +52,10 @@ def test_it_names_the_instance_node_and_signal_and_shows_the_last_lines(
     client.force_login(alice)
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     banner = html[html.index('id="failure-banner"') : html.index("</section>")]
-    assert "<strong>Instance</strong> [worker-1] · <strong>Node</strong> node-" in banner
+    assert (
+        '<strong>Instance</strong> [worker-1] · <strong>Node</strong> <span class="node-name">node-'
+        in banner
+    )
     assert '<span id="failure-how">killed by signal SIGTERM</span>' in banner
     assert "-15" not in banner
     assert "&lt;b&gt;ValueError&lt;/b&gt;: bad batch" in banner  # a trainer's text is text

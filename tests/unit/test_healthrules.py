@@ -1,20 +1,16 @@
 """Health rules: parsing says exactly what is wrong whatever JSON arrives, and a Watch fires when,
 and only when, a rule's condition holds. Pure: no Django, no clock, no sleeps."""
 
-import copy
 import json
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from jobs.healthrules import (
     ACTIONS,
     KINDS,
-    MAX_INSTANCES,
-    MAX_INTERVALS,
     MAX_RULES,
     Firing,
     Rule,
@@ -45,12 +41,6 @@ def step_every(
     for step in range(steps):
         assert watch.metric(role, index, "loss", 1.0, step, step * seconds) == []
     return (steps - 1) * seconds
-
-
-def restored(watch: Watch, rules: list[Rule]) -> Watch:
-    """The Watch a restarted console builds from the state it saved (through strict JSON)."""
-    state = json.loads(json.dumps(watch.to_state(), allow_nan=False))
-    return Watch.from_state(rules, state)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -847,195 +837,3 @@ def test_each_instance_has_its_own_idle_run() -> None:
     gpu(watch, [(0.0, 10.0)], index=0)
     assert gpu(watch, [(60.0, 10.0)], index=1) == []
     assert [f.index for f in gpu(watch, [(60.0, 10.0)], index=0)] == [0]
-
-
-# ---------------------------------------------------------------------------------------------
-# to_state / from_state
-
-
-ALL_RULES = [
-    {"kind": "non-finite", "action": "stop"},
-    {"kind": "no-progress", "factor": 10, "minutes": 30, "min_seconds": 0, "action": "restart"},
-    OOM,
-    DROP,
-    GPU_IDLE,
-]
-
-
-def busy_watch() -> tuple[Watch, list[Rule]]:
-    rules = parse_rules(ALL_RULES)
-    watch = Watch(rules, started_at=0.0, instances=[("master", 0), ("worker", 1)])
-    step_every(watch, seconds=1.0, steps=11)
-    throughput(watch, [100] * 5, role="master", index=0)  # old steps: no progress
-    gpu(watch, [(0.0, 10.0), (30.0, 10.0)])
-    return watch, rules
-
-
-def test_the_state_is_strict_json() -> None:
-    watch, _ = busy_watch()
-    watch.metric("master", 0, "loss", NAN, 11, 11.0)  # the NaN fires; it is not remembered
-    json.dumps(watch.to_state(), allow_nan=False)
-
-
-def test_a_state_reads_back_as_itself() -> None:
-    watch, rules = busy_watch()
-    watch.metric("worker", 1, "loss", NAN, 10**30, 12.0)  # an absurd step is no progress
-    watch.line("worker", 1, "RuntimeError: CUDA out of memory", "stderr", 13.0)
-    assert restored(watch, rules).to_state() == watch.to_state()
-
-
-def test_a_no_progress_timer_survives_a_console_restart() -> None:
-    watch, rules = busy_watch()
-    again = restored(watch, rules)
-    assert again.tick(19.99) == []
-    assert messages(again.tick(20.0)) == messages(watch.tick(20.0))
-    assert again.tick(20.0) == []
-
-
-def test_a_never_stepping_instance_is_still_caught_after_a_restart() -> None:
-    rules = [one_rule(kind="no-progress", minutes=30, action="restart")]
-    watch = Watch(rules, started_at=100.0, instances=[("master", 0)])
-    again = restored(watch, rules)
-    assert again.started_at == 100.0
-    assert again.tick(1899.0) == []
-    assert [f.role for f in again.tick(1900.0)] == ["master"]
-
-
-def test_firings_stay_silenced_and_averages_and_idle_runs_go_on() -> None:
-    watch, rules = busy_watch()
-    assert len(watch.metric("master", 0, "loss", NAN, 11, 11.0)) == 1
-    again = restored(watch, rules)
-    assert again.metric("master", 0, "loss", NAN, 12, 12.0) == []  # stopped already
-    assert [f.value for f in throughput(again, [40], "master", 0)] == [40]  # average survived
-    assert [f.value for f in gpu(again, [(60.0, 10.0)])] == [10.0]  # the run from 0 s survived
-
-
-def test_a_restart_keeps_a_re_armed_warning_armed() -> None:
-    rules = [one_rule(**DROP)]
-    watch = Watch(rules, started_at=0.0)
-    throughput(watch, [100] * 5 + [40, 100])
-    assert len(throughput(restored(watch, rules), [30])) == 1
-
-
-def test_memory_of_rules_no_longer_there_is_dropped() -> None:
-    watch, _ = busy_watch()
-    watch.metric("master", 0, "loss", NAN, 11, 11.0)
-    edited = parse_rules([{"kind": "non-finite", "action": "warn"}, DROP])
-    again = restored(watch, edited)
-    assert len(again.metric("master", 0, "loss", NAN, 12, 12.0)) == 1  # a new rule, armed
-    assert len(throughput(again, [40], "master", 0)) == 1
-    state: Any = again.to_state()
-    assert [instance["low_runs"] for instance in state["instances"]] == [{}, {}, {}]  # no gpu rule
-
-
-def test_the_state_stays_small_on_a_long_run() -> None:
-    rules = parse_rules(ALL_RULES)
-    watch = Watch(rules, started_at=0.0)
-    for step in range(20_000):
-        watch.metric("master", 0, "loss", 1.0, step, step * 0.5)
-        watch.metric("master", 0, "samples_per_sec", 100.0, step, step * 0.5)
-    state: Any = watch.to_state()
-    (instance,) = state["instances"]
-    assert len(instance["progress"]["*"]["intervals"]) == MAX_INTERVALS
-    assert len(instance["recent"]["samples_per_sec"]) == 20
-    assert len(json.dumps(state)) < 5_000
-
-
-def test_a_stray_feed_cannot_grow_the_watch_without_bound() -> None:
-    watch = Watch([one_rule(**OOM)], started_at=0.0)
-    for index in range(MAX_INSTANCES + 10):
-        watch.line("worker", index, "hello", "stdout", 1.0)
-    assert watch.line("worker", MAX_INSTANCES + 5, "CUDA out of memory", "stderr", 2.0) == []
-    state: Any = watch.to_state()
-    assert len(state["instances"]) == MAX_INSTANCES
-
-
-def good_state() -> Any:
-    watch, _ = busy_watch()
-    watch.metric("worker", 1, "loss", NAN, 3, 3.0)
-    return json.loads(json.dumps(watch.to_state()))
-
-
-def corrupted(change: str) -> object:
-    state = good_state()
-    instances = state["instances"]
-    progress = instances[0]["progress"]
-    if change == "started_at":
-        state["started_at"] = "yesterday"
-    elif change == "format":
-        state["format"] = "someone.else/1"
-    elif change == "instances":
-        state["instances"] = {"master": 0}
-    elif change == "index":
-        instances[0]["index"] = "0"
-    elif change == "role":
-        instances[0]["role"] = None
-    elif change == "intervals":
-        progress["*"]["intervals"] = ["1.0"]
-    elif change == "huge":
-        progress["*"]["last_ts"] = 10**400
-    elif change == "step":
-        progress["*"]["max_step"] = 2.5
-    elif change == "fired":
-        state["fired"] = [["rule", "master"]]
-    elif change == "low_runs":
-        instances[1]["low_runs"] = {"x": {"since": 0, "last": 1, "mean": 2, "count": 0}}
-    elif change == "recent":
-        instances[1]["recent"] = {"samples_per_sec": [True]}
-    return state
-
-
-@pytest.mark.parametrize(
-    "state",
-    [None, [], "state", 7, {}, {"format": None}]
-    + [
-        corrupted(change)
-        for change in (
-            "started_at",
-            "format",
-            "instances",
-            "index",
-            "role",
-            "intervals",
-            "huge",
-            "step",
-            "fired",
-            "recent",
-        )
-    ],
-)
-def test_a_corrupt_or_foreign_state_gives_a_fresh_watch_that_starts_its_clock_now(
-    state: object,
-) -> None:
-    rules = [one_rule(kind="no-progress", minutes=30, action="restart")]
-    watch = Watch.from_state(rules, state)  # type: ignore[arg-type]
-    assert watch.started_at is None and watch.to_state()["instances"] == []
-    # Not "hung since 1970": the clock starts at the first thing it sees.
-    assert watch.tick(1_000_000.0) == []
-    watch.line("master", 0, "back", "stdout", 1_000_000.0)
-    assert watch.tick(1_000_000.0 + 1799) == []
-    assert len(watch.tick(1_000_000.0 + 1800)) == 1
-
-
-def test_restoring_a_state_never_raises_whatever_is_in_it() -> None:
-    rules = parse_rules(ALL_RULES)
-    rng = random.Random(7)
-    base = good_state()
-    deep = deeply_nested(50_000)
-
-    def mutate(value: object) -> object:
-        if isinstance(value, dict) and value and rng.random() < 0.7:
-            key = rng.choice(list(value))
-            value[key] = mutate(value[key])
-            return value
-        if isinstance(value, list) and value and rng.random() < 0.7:
-            position = rng.randrange(len(value))
-            value[position] = mutate(value[position])
-            return value
-        return rng.choice([*ODD_VALUES, deep])
-
-    for _ in range(2000):
-        state = mutate(copy.deepcopy(base))
-        watch = Watch.from_state(rules, state)  # type: ignore[arg-type]
-        json.dumps(watch.to_state(), allow_nan=False)
-        watch.tick(100.0)

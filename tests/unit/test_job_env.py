@@ -45,7 +45,8 @@ def test_every_instance_gets_the_jobs_variables(
     assert response.status_code == 201, response.content
     assert Job.objects.get().env == ENV
     specs = [kw["spec"] for _, kw, _ in sent_tasks.named(contract.TASK_START_REPLICA)]
-    assert [s["extra_env"] for s in specs] == [ENV, ENV]
+    # Under the image's defaults (tests/unit/test_image_env.py).
+    assert [s["extra_env"] for s in specs] == [{"ACCELERATE_USE_CPU": "true", **ENV}] * 2
 
 
 def test_the_owner_sees_the_values_and_an_admin_sees_secrets_masked(

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_until
-from workers.metricfeed import MetricTail, SystemSampler, Watched
+from workers.metricfeed import MetricTail, SampledInstance, SystemSampler
 from workers.metricparse import (
     BadMetric,
     Point,
@@ -190,7 +190,7 @@ def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> 
             asked_for_gpus.append(ids)
             return [(50.0, 1000.0)]  # what a GPU would say, were one given
 
-        watched = Watched([proc.pid], gpu_ids=[], emit=sink.on_points)
+        watched = SampledInstance([proc.pid], gpu_ids=[], emit=sink.on_points)
         sampler = SystemSampler(lambda: [watched], gpu_usage=gpu_usage)
         top = psutil.Process(proc.pid)
         # Only the grandchild spins; its parent waits for it.
@@ -254,7 +254,7 @@ def test_an_instance_with_several_gpus_gets_their_mean_and_each_gpus_own_figures
     try:
         sink = Sink()
         usage = {2: (90.0, 1000.0), 5: (70.0, 3000.0)}
-        watched = Watched([proc.pid], gpu_ids=[2, 5], emit=sink.on_points)
+        watched = SampledInstance([proc.pid], gpu_ids=[2, 5], emit=sink.on_points)
         sampler = SystemSampler(lambda: [watched], gpu_usage=lambda ids: [usage[i] for i in ids])
         sampler.sample(watched)  # primes the CPU counters
         sampler.sample(watched)

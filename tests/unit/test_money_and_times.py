@@ -10,7 +10,7 @@ from django.template import Context, Template
 
 from jobs.models import Job
 from jobs.money import currency, format_price
-from jobs.services.durations import format_duration, run_seconds
+from jobs.services.durations import format_ago, format_duration, run_seconds
 
 T0 = datetime(2025, 3, 7, 14, 5, 9, 250000, tzinfo=UTC)
 
@@ -103,3 +103,60 @@ def test_a_job_that_never_started_has_no_duration() -> None:
 def test_money_and_currency_symbol_in_templates(settings: Any) -> None:
     settings.TRAINYARD_CURRENCY = "EUR"
     assert render("{{ p|money }} · per {% currency_symbol %}", p=Decimal("0.2")) == "€0.20 · per €"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.4, "0 s ago"), (-2, "0 s ago"), (5, "5 s ago"), (190, "3 min 10 s ago"),
+     (7500, "2 h 05 min ago")],
+)  # fmt: skip
+def test_how_long_ago_reads_in_the_units_of_a_duration(seconds: float, text: str) -> None:
+    """A heartbeat 5 s old is "5 s ago", never Django's "0 minutes ago"."""
+    assert format_ago(T0 - timedelta(seconds=seconds), now=T0) == text
+
+
+def test_templates_say_how_long_ago_and_the_utc_time_behind_it() -> None:
+    moment = datetime.now(UTC) - timedelta(seconds=5, milliseconds=200)
+    assert render("{{ t|ago }}", t=moment) == "5 s ago"
+    assert render("{{ t|ago }}", t=None) == "never"
+    assert render("{{ t|utc_time }}", t=T0) == "2025-03-07 14:05:09 UTC"
+    assert render("{{ t|utc_time }}", t=None) == "—"
+
+
+def test_the_console_can_name_the_time_zone_that_pages_and_the_cli_show(
+    settings: Any, client: Any, django_user_model: Any
+) -> None:
+    from jobs.page_rules import page_rules
+    from trainyard_cli import render
+
+    assert page_rules()["time_zone"] is None  # by default each reader's own zone
+    settings.TRAINYARD_TIME_ZONE = "Asia/Tokyo"
+    assert page_rules()["time_zone"] == "Asia/Tokyo"
+    client.force_login(django_user_model.objects.create_user("tz-reader"))
+    assert client.get("/api/v1/catalog").json()["time_zone"] == "Asia/Tokyo"
+
+    render.show_times_in("Asia/Tokyo")
+    try:
+        assert render.local_time("2025-03-07T14:05:09+00:00") == "2025-03-07 23:05:09"
+        render.show_times_in("No/Such_Zone")  # a zone this computer lacks: its own clock
+        assert render.local_time("2025-03-07T14:05:09+00:00") == (
+            T0.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+        )
+    finally:
+        render.show_times_in(None)
+
+
+def test_a_time_zone_setting_that_names_no_zone_stops_the_console_with_why() -> None:
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", "import console.settings"],
+        env={**os.environ, "TRAINYARD_TIME_ZONE": "Mars/Olympus_Mons"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "TRAINYARD_TIME_ZONE='Mars/Olympus_Mons' is not a time zone" in result.stderr

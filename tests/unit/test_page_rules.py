@@ -7,7 +7,8 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs.models import PLATFORM_ROLES, Job
+from jobs import consumers
+from jobs.models import Job
 from jobs.page_rules import page_rules
 from jobs.services.submission import check_job_request, submit_job
 from tests.conftest import set_quota
@@ -47,4 +48,8 @@ def test_the_rules_are_the_ones_the_server_applies() -> None:
     assert set(rules["states"]["terminal"]) == set(Job.TERMINAL_STATES)
     assert set(rules["states"]["waiting"]) == {"pending", "queued"}
     assert [r["key"] for r in rules["quota"]["resources"]] == ["cpu", "gpus", "memory_gb"]
-    assert rules["quota"]["uncharged_roles"] == list(PLATFORM_ROLES) == ["scheduler"]
+    assert rules["close_codes"] == {
+        "unauthenticated": consumers.CLOSE_UNAUTHENTICATED,
+        "not_found": consumers.CLOSE_NOT_FOUND,
+        "too_slow": consumers.CLOSE_TOO_SLOW,
+    }

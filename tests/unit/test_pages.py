@@ -181,3 +181,38 @@ def test_an_admin_sees_a_jobs_secret_looking_variables_masked(
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "<code>HF_TOKEN=••••••••</code>" in page and "hf_secret" not in page
     assert "<code>SEED=7</code>" in page
+
+
+def test_an_unknown_page_or_someone_elses_job_is_the_consoles_own_not_found_page(
+    client: Client, alice: User
+) -> None:
+    bob = User.objects.create_user("bob-pages", password="pw")
+    theirs = submit_job(bob, check_job_request(job_request(), bob))
+    client.force_login(alice)
+    for path in ("/jobs/", "/no-such-page/", f"/jobs/{theirs.pk}/"):
+        r = client.get(path)
+        html = r.content.decode()
+        assert r.status_code == 404, path
+        assert "<h1>Not found</h1>" in html and "trainyard/trainyard.css" in html, path
+        assert "Log out alice" in html, path  # the console's own page, with its navigation
+        assert "bob-pages" not in html and "digits" not in html, path
+    # The API keeps its JSON answer.
+    r = client.get("/api/v1/no-such-operation")
+    assert r.status_code == 404 and r.json()["errors"]["request"]
+
+
+def test_a_staff_page_tells_an_ordinary_user_no_in_the_consoles_own_page(
+    client: Client, alice: User
+) -> None:
+    client.force_login(alice)
+    r = client.get("/storage/")
+    assert r.status_code == 403
+    html = r.content.decode()
+    assert "<h1>Not allowed</h1>" in html and "trainyard/trainyard.css" in html
+
+
+def test_the_server_error_page_renders_with_nothing_from_the_request_or_the_database() -> None:
+    from django.template.loader import render_to_string
+
+    html = render_to_string("500.html")  # what Django's server_error does: no request context
+    assert "Something went wrong on the console" in html and "trainyard/trainyard.css" in html

@@ -16,8 +16,9 @@ from django.test import Client
 
 from jobs.models import ApiToken, CodeSnapshot, CodeUpload, Job
 from jobs.services import snapshots
+from tests.snapshots import snapshot_of
 from tests.unit.helpers import SentTasks, job_request
-from workers import contract, snapshot
+from workers import contract
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
@@ -60,11 +61,11 @@ def test_it_stores_an_upload_once_by_its_files_hash(
     root = folder(tmp_path / "proj")
     first = upload(client, alice, packed(root), name="mlp")
     assert first.status_code == 201, first.content
-    sha = snapshot.pack_folder(root).sha256
+    sha = snapshot_of(root).sha256
     assert first.json() | {"uploaded": "-"} == {
         "sha256": sha,
         "name": "mlp",
-        "size": len(snapshot.pack_folder(root).archive),
+        "size": len(snapshot_of(root).archive),
         "unpacked_size": len("print('version 1')\n") + len("X = 1\n"),
         "file_count": 2,
         "uploaded": "-",

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 
-from stack.run import Child, ChildState, ChildSupervisor, RestartPolicy
+from stack.run import Child, ChildRestarts, ChildState, ChildSupervisor
 from tests.conftest import process_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
@@ -66,7 +66,7 @@ class Supervised:
             folder,
             env=lambda: dict(os.environ),
             cwd=folder,
-            policy=RestartPolicy(**{"poll_interval": 0.02, **policy}),
+            policy=ChildRestarts(**{"poll_interval": 0.02, **policy}),
             announce=self.lines.append,
         )
 

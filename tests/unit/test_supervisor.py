@@ -24,7 +24,7 @@ from workers.agent import heartbeat_payload, make_celery, make_reporter
 from workers.logship import LogShipper
 from workers.procrecords import ProcRecord, record_of
 from workers.spec import ReplicaSpec
-from workers.supervisor import Supervisor, describe_exit, last_exception
+from workers.supervisor import Supervisor, describe_exit
 
 
 class Reports:
@@ -539,15 +539,3 @@ def test_a_failures_reason_is_the_exception_its_traceback_ended_with(
     supervisor.start(spec("fail.py"))
     failed = reports.wait_for(contract.TASK_REPLICA_EXITED)
     assert failed["reason"] == "RuntimeError: simulated failure in step 3 (exited with code 3)"
-    # Killed without a word: only how it ended.
-    assert last_exception(["epoch=1 loss: 0.5", "KeyError: 3"]) is None
-
-
-def test_the_exception_is_found_under_torchs_rank_prefix() -> None:
-    printed = [
-        "[rank1]: Traceback (most recent call last):",
-        '[rank1]:   File "train.py", line 9, in <module>',
-        "[rank1]: ValueError: bad shape [3, 4]",
-        "W1126 13:40:00.1 torch/distributed/elastic/multiprocessing/api.py] Sending SIGTERM",
-    ]
-    assert last_exception(printed) == "ValueError: bad shape [3, 4]"

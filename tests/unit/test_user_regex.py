@@ -251,12 +251,12 @@ def test_the_keeper_switches_off_a_stored_rule_re2_refuses_and_says_so_on_the_jo
     monitor = health.HealthMonitor(get_redis())
     with django_capture_on_commit_callbacks(execute=True):
         monitor.refresh()
-        monitor._watched.clear()
+        monitor._by_job.clear()
         monitor.refresh()  # as after a keeper restart: said once all the same
     (event,) = HealthEvent.objects.filter(job=job)
     assert event.action == health.SWITCHED_OFF
     assert "rule 1: 'pattern' uses backreferences" in event.message
-    assert [r.pattern for r in monitor._watched[job.pk].watch.rules] == ["FATAL"]
+    assert [r.pattern for r in monitor._by_job[job.pk].watch.rules] == ["FATAL"]
 
 
 def test_volume_alone_never_switches_a_cheap_pattern_off() -> None:

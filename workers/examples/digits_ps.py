@@ -127,7 +127,7 @@ def set_up(
         data.train, num_replicas=workers, rank=me, shuffle=True, seed=args.seed
     )
     loader = DataLoader(data.train, batch_size=args.batch_size, sampler=sampler)
-    # Seed 004: the batch size is per machine; a sync update sees W of them, an async one 1.
+    # The batch size is per machine; a sync update sees W of them, an async one 1.
     batch = (
         f"global_batch={workers * args.batch_size}" if sync else f"update_batch={args.batch_size}"
     )

@@ -1,7 +1,7 @@
 """Trainyard's parameter-server runtime: MXNet's kvstore interface on torch.distributed.
 
 MXNet is retired, but its parameter-server jobs are still how many people think about
-distributed training (seed 004): 1 scheduler, S servers that hold the parameters and run the
+distributed training: 1 scheduler, S servers that hold the parameters and run the
 optimizer, W workers that compute gradients, and a kvstore mode (dist_sync, dist_device_sync,
 dist_async). This package keeps that interface and its environment (DMLC_ROLE,
 DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER) so that the same job

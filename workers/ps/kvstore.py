@@ -12,7 +12,7 @@
 Keys are ints or strings; a value is a tensor or, for a worker with several devices, a list of
 tensors (one per device) that is averaged before it is pushed. Gradients are means over their
 batch and the servers average them over workers, so the update is the one a single machine
-would make with the global batch of W x b (what seed 004 means by "batch size is per machine").
+would make with the global batch of W x b (the batch size a user gives is per machine).
 
 dist_sync averages a worker's devices on the CPU; dist_device_sync averages them on the first
 device and ships only the result (less host traffic on GPU workers). With one CPU device, as
@@ -64,7 +64,7 @@ class KVStore:
         self._barriers = 0
         self._closed = False
         for server in topo.server_ranks:
-            self._send(server, self._header(Kind.MODE, protocol.mode_code(mode)), "mode")
+            self._send(server, self._header(Kind.MODE, value=protocol.mode_code(mode)), "mode")
 
     # --- MXNet's kvstore interface ------------------------------------------------------------
 
@@ -164,7 +164,9 @@ class KVStore:
         """Tell the servers this worker finished `epoch` (1-based) of `epochs`, so that they log
         their traffic per epoch."""
         for server in self._topo.server_ranks:
-            self._send(server, self._header(Kind.EPOCH, epoch, epochs), f"end of epoch {epoch}")
+            self._send(
+                server, self._header(Kind.EPOCH, count=epochs, step=epoch), f"end of epoch {epoch}"
+            )
 
     def describe_sharding(self) -> str:
         held: dict[int, tuple[int, int]] = {}
@@ -279,12 +281,12 @@ class KVStore:
     def _header(
         self,
         kind: Kind,
-        a: float = 0.0,
-        b: float = 0.0,
-        c: float = 0.0,
+        count: int = 0,
+        value: float = 0.0,
+        step: int = 0,
         inline: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return protocol.message(kind, self._topo.rank, a, b, c, inline)
+        return protocol.message(kind, self._topo.rank, count, value, step, inline)
 
     def _send(self, server: int, head: torch.Tensor, what: str, *follow: torch.Tensor) -> None:
         """A request: its header on the request tag, its follow-ups on the data tag."""

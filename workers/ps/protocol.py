@@ -2,17 +2,20 @@
 
 Every request is one float32 message that starts with a header; what follows depends on it.
 
-    header    float32[10] viewed as float64[5] = [kind, sender rank, a, b, c]: float64 so that a
-              step count and a learning rate both travel exactly, stored in float32 words so
-              that a header and gradients can share one message
-    MODE      a = mode code                     every worker, once: servers learn sync/async
+    header    float32[10] viewed as float64[5] = [kind, sender rank, count, value, step]:
+              float64 so that a step count and a learning rate both travel exactly, stored in
+              float32 words so that a header and gradients can share one message. `count` says
+              how many (slots, bytes, epochs), `value` carries a number (a mode's code, the
+              learning rate), `step` says which (training step, epoch).
+    MODE      value = mode code                 every worker, once: servers learn sync/async
                                                 and catch workers started with different modes
-    OPTIMIZER a = n bytes  -> uint8[n] JSON     worker 0; answered with ACK
-    INIT      a = n slots  -> int64[n, 2] (slot, elements) -> float32 values; answered with ACK
-    PUSH      a = n slots, b = lr, c = step; gradients inline, or -> int64[n] slots -> float32
-    PULL      a = n slots, c = step; [-> int64[n] slots]; answered with float32 values
+    OPTIMIZER count = n bytes  -> uint8[n] JSON worker 0; answered with ACK
+    INIT      count = n slots  -> int64[n, 2] (slot, elements) -> float32 values; answered with ACK
+    PUSH      count = n slots, value = lr, step; gradients inline, or -> int64[n] slots -> float32
+    PULL      count = n slots, step; [-> int64[n] slots]; answered with float32 values
     PUSHPULL  as PUSH; answered as PULL once the push is applied (one round trip, not two)
-    EPOCH     a = epoch (1-based), b = epochs   a worker finished an epoch (servers log traffic)
+    EPOCH     step = epoch (1-based), count = epochs: a worker finished an epoch (servers log
+              traffic)
     STOP                                        a worker is done with this server
     ACK       (server -> worker, header only)
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import enum
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -62,18 +66,27 @@ class Kind(enum.IntEnum):
     ACK = 9
 
 
+@dataclass(frozen=True)
+class Header:
+    kind: Kind
+    sender: int
+    count: int  # how many: slots (ALL_SLOTS: every one held), bytes, epochs
+    value: float  # a number: the mode's code, the learning rate
+    step: int  # which: the training step, the epoch
+
+
 def message(
     kind: Kind,
     sender: int,
-    a: float = 0.0,
-    b: float = 0.0,
-    c: float = 0.0,
+    count: int = 0,
+    value: float = 0.0,
+    step: int = 0,
     inline: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """A header, followed by the concatenation of `inline` (flat float32 tensors) if given."""
     size = sum(t.numel() for t in inline) if inline else 0
     buffer = torch.empty(HEADER_WORDS + size, dtype=VALUE_DTYPE)
-    fields = [float(kind), float(sender), a, b, c]
+    fields = [float(kind), float(sender), float(count), float(value), float(step)]
     buffer[:HEADER_WORDS].view(torch.float64).copy_(torch.tensor(fields, dtype=torch.float64))
     if inline:
         torch.cat(inline, out=buffer[HEADER_WORDS:])
@@ -84,9 +97,9 @@ def empty_message(inline_capacity: int = 0) -> torch.Tensor:
     return torch.empty(HEADER_WORDS + inline_capacity, dtype=VALUE_DTYPE)
 
 
-def parse_header(buffer: torch.Tensor) -> tuple[Kind, int, float, float, float]:
-    kind, sender, a, b, c = buffer[:HEADER_WORDS].view(torch.float64).tolist()
-    return Kind(int(kind)), int(sender), a, b, c
+def parse_header(buffer: torch.Tensor) -> Header:
+    kind, sender, count, value, step = buffer[:HEADER_WORDS].view(torch.float64).tolist()
+    return Header(Kind(int(kind)), int(sender), int(count), value, int(step))
 
 
 def inline_part(buffer: torch.Tensor, size: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 One thread, one loop: receive a request header from any worker, read the request's follow-ups
 from that worker, act, reply. Keeping everything on one thread means no locks, and "no two
-updates happen on the same weight at the same time" (seed 004's dist_async rule) holds trivially.
+updates happen on the same weight at the same time" (dist_async's one promise) holds trivially.
 
 dist_sync / dist_device_sync: each slot collects one push from every worker per round, then the
 mean of those gradients takes one optimizer step (the same averaged gradient a DDP rank would
@@ -97,10 +97,12 @@ class Server:
             # Unbounded: a dead worker is caught by the heartbeats, while a live one may pause
             # (evaluate, checkpoint) for as long as it likes between requests.
             self.transport.wait(op, timeout=UNBOUNDED)
-            kind, src, a, b, c = protocol.parse_header(head)
-            if src not in self.topo.worker_ranks:
-                raise ProtocolError(f"a {kind.name} request claims to come from rank {src}")
-            self._handle(src, kind, a, b, c, head)
+            header = protocol.parse_header(head)
+            if header.sender not in self.topo.worker_ranks:
+                raise ProtocolError(
+                    f"a {header.kind.name} request claims to come from rank {header.sender}"
+                )
+            self._handle(header, head)
             self._reap_replies(block=False)
         self._reap_replies(block=True)
         for worker in self.topo.worker_ranks:
@@ -108,27 +110,26 @@ class Server:
             self.totals.add(self.since_epoch[worker])
         print(f"{self.name} finished {self._figures(self.totals)}", flush=True)
 
-    def _handle(
-        self, src: int, kind: Kind, a: float, b: float, c: float, message: torch.Tensor
-    ) -> None:
-        inline = kind in (Kind.PUSH, Kind.PUSHPULL) and int(a) == protocol.ALL_SLOTS
+    def _handle(self, header: protocol.Header, message: torch.Tensor) -> None:
+        src, kind = header.sender, header.kind
+        inline = kind in (Kind.PUSH, Kind.PUSHPULL) and header.count == protocol.ALL_SLOTS
         # Gloo does not say how long a message received into a longer buffer was; the header does.
         words = protocol.HEADER_WORDS + (self.capacity if inline else 0)
         self.transport.count_in(src, words * message.element_size())
         if kind == Kind.MODE:
-            self._on_mode(src, protocol.mode_name(int(a)))
+            self._on_mode(src, protocol.mode_name(int(header.value)))
         elif kind == Kind.OPTIMIZER:
-            self._on_optimizer(src, int(a))
+            self._on_optimizer(src, header.count)
         elif kind == Kind.INIT:
-            self._on_init(src, int(a))
+            self._on_init(src, header.count)
         elif kind in (Kind.PUSH, Kind.PUSHPULL):
-            slots = self._on_push(src, int(a), b, int(c), message)
+            slots = self._on_push(src, header.count, header.value, header.step, message)
             if kind == Kind.PUSHPULL:
-                self._answer_pull(src, slots, int(c))
+                self._answer_pull(src, slots, header.step)
         elif kind == Kind.PULL:
-            self._on_pull(src, int(a), int(c))
+            self._on_pull(src, header.count, header.step)
         elif kind == Kind.EPOCH:
-            self._on_epoch(src, int(a), int(b))
+            self._on_epoch(src, header.step, header.count)
         elif kind == Kind.STOP:
             self._on_stop(src)
         else:

@@ -25,12 +25,14 @@ DEFAULT_HEALTH_RULES: list[dict[str, object]] = [
     {"kind": "gpu-idle", "metric": "gpu_util_percent", "below": 80, "minutes": 1, "action": "warn"},
 ]
 
-IMAGES = [
+IMAGES: list[dict[str, Any]] = [
     {
         "name": "pytorch:2.13-cpu",
         "framework": Framework.PYTORCH,
         "description": "PyTorch 2.13 DDP: gloo on CPU, NCCL where the package has GPUs.",
         "health_rules": DEFAULT_HEALTH_RULES,
+        # HuggingFace accelerate would otherwise run each CPU instance as a group of its own.
+        "default_env": {"ACCELERATE_USE_CPU": "true"},
     },
     {
         "name": "kvstore-ps:2.13",
@@ -41,7 +43,8 @@ IMAGES = [
     },
 ]
 
-# Seed 004's example packages, plus small CPU ones that fit a laptop.
+# The packages of a typical parameter-server set-up (a 2-core server, a 2-GPU worker), plus
+# small CPU ones that fit a laptop.
 PACKAGES = [
     {"name": "cpu-1", "cpu": 1, "memory_gb": 2, "price_per_hour": Decimal("0.05")},
     {"name": "cpu-2", "cpu": 2, "memory_gb": 4, "price_per_hour": Decimal("0.10")},

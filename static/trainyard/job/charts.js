@@ -6,12 +6,17 @@
 // "trainyard:metric" events, which the page's websocket code dispatches for each metric frame,
 // and are deduplicated by cursor (the socket replays the history the HTTP load already gave).
 // Charts are redrawn at most every DRAW_EVERY_MS, in an animation frame, however fast points
-// come. While the job is active the summary is refreshed every SUMMARY_EVERY_MS, and once more
-// when it ends.
+// come. The figures, the progress bar and the verdict are the server's: the page only shows
+// them. It asks again for them soon after live points arrive (at most every
+// SUMMARY_AFTER_POINTS_MS), so that the bar keeps up with the charts and the log, every
+// SUMMARY_EVERY_MS while the job is active, and once more when it ends. A figure, chart or
+// table with nothing to show yet takes no room.
 //
 // Everything shown is built with createElement / textContent: metric names and job names are
-// data, never markup.
+// data, never markup. Curves are averaged, aligned and drawn by ../plot.js, which the compare
+// page shares.
 import { formatCompact, formatCount, formatDuration, formatMoney, formatPrice, perMoney } from "../format.js";
+import { align, chartSlot, COLOURS, curve, render, resizeWith, showEmpty } from "../plot.js";
 import { isTerminal, tagOf as tagOfInstance } from "../rules.js";
 
 function startCharts() {
@@ -19,15 +24,13 @@ function startCharts() {
   if (!section || typeof uPlot === "undefined") return;
 
   const SUMMARY_EVERY_MS = 5000;
+  const SUMMARY_AFTER_POINTS_MS = 1000;
   const DRAW_EVERY_MS = 250;
-  const RESIZE_SETTLE_MS = 150;
   // Without socket frames for this long while the job runs, fetch new points over HTTP too.
   const SOCKET_QUIET_MS = 10000;
-  const CHART_HEIGHT = 220;
   // Names with a chart of their own, and the declared totals, which only feed the progress bar.
   const OWN_CHART = new Set(["loss", "lr", "eval_accuracy", "samples_per_sec", "cpu_percent", "memory_mb", "gpu_util_percent"]);
   const NOT_CHARTED = new Set(["total_steps", "total_epochs"]);
-  const COLOURS = ["#2855d8", "#d97706", "#059669", "#c026d3", "#dc2626", "#0891b2", "#65a30d", "#7c3aed"];
   const RUN_COLOUR = "#2855d8";
   const BASELINE_COLOUR = "#a3aab8";
   const GLOBAL_COLOUR = "#1d2330";
@@ -82,18 +85,6 @@ function startCharts() {
     return (ROLE_ORDER[a.role] ?? 9) - (ROLE_ORDER[b.role] ?? 9) || a.role.localeCompare(b.role) || Number(a.index || 0) - Number(b.index || 0);
   }
 
-  // (x, mean over processes) of one metric by `axis` ("step", "epoch" or "ts"), sorted by x.
-  function curve(points, axis) {
-    const at = new Map();
-    for (const p of points || []) {
-      const x = p[axis];
-      if (x === undefined || x === null) continue;
-      const acc = at.get(x);
-      if (acc) { acc[0] += p.value; acc[1]++; } else at.set(x, [p.value, 1]);
-    }
-    return [...at.entries()].map(([x, [sum, n]]) => [Number(x), sum / n]).sort((a, b) => a[0] - b[0]);
-  }
-
   function perTag(points, axis) {
     const tags = new Map();
     for (const p of points || []) {
@@ -105,84 +96,10 @@ function startCharts() {
     return [...tags.entries()].sort((a, b) => byInstance(a[1][0], b[1][0])).map(([tag, pts]) => [tag, curve(pts, axis)]);
   }
 
-  // uPlot wants one sorted x array and every series aligned to it (null where a series has no
-  // point; spanGaps draws across those).
-  function align(curves) {
-    const xs = [...new Set(curves.flatMap((c) => c.map(([x]) => x)))].sort((a, b) => a - b);
-    const where = new Map(xs.map((x, i) => [x, i]));
-    const data = [xs];
-    for (const c of curves) {
-      const ys = new Array(xs.length).fill(null);
-      for (const [x, y] of c) ys[where.get(x)] = y;
-      data.push(ys);
-    }
-    return data;
-  }
-
   // --- the charts ---------------------------------------------------------------------------
   const charts = {};
   for (const fig of section.querySelectorAll("figure.chart")) {
-    charts[fig.dataset.chart] = { fig, plotEl: fig.querySelector(".chart-plot"), emptyEl: fig.querySelector(".chart-empty"), plot: null, sig: "" };
-  }
-
-  const AXIS_STYLE = { stroke: "#6b7385", grid: { stroke: "#eef0f4", width: 1 }, ticks: { stroke: "#dde1e8", width: 1 }, font: "12px system-ui, sans-serif" };
-
-  function showEmpty(chart, text) {
-    if (chart.plot) { chart.plot.destroy(); chart.plot = null; chart.sig = ""; }
-    chart.plotEl.hidden = true;
-    chart.emptyEl.hidden = false;
-    chart.emptyEl.textContent = text;
-    chart.fig.classList.add("empty");
-    chart.fig.dataset.points = "0";
-  }
-
-  // spec: {axis, series: [{label, stroke, width, dash}], data: [xs, ...ys]}
-  function render(chart, spec) {
-    chart.fig.hidden = false;
-    if (!spec || spec.data[0].length === 0) return showEmpty(chart, "no points yet");
-    chart.emptyEl.hidden = true;
-    chart.plotEl.hidden = false;
-    chart.fig.classList.remove("empty");
-    chart.fig.dataset.points = String(spec.data[0].length); // x values drawn: for tests and tools
-    const sig = JSON.stringify([spec.axis, spec.series.map((s) => s.label)]);
-    if (chart.plot && chart.sig === sig) {
-      chart.plot.setData(spec.data);
-      return;
-    }
-    if (chart.plot) chart.plot.destroy();
-    const time = spec.axis === "ts";
-    const opts = {
-      width: Math.max(200, chart.plotEl.clientWidth),
-      height: CHART_HEIGHT,
-      scales: { x: { time } },
-      cursor: { drag: { x: true, y: false } },
-      legend: { live: true },
-      series: [
-        time ? { label: "time" } : { label: spec.axis, value: (u, v) => (v == null ? "–" : formatValue(v)) },
-        ...spec.series.map((s) => ({
-          label: s.label,
-          stroke: s.stroke,
-          width: s.width || 1.5,
-          dash: s.dash,
-          spanGaps: true,
-          value: (u, v) => (v == null ? "–" : formatValue(v)),
-        })),
-      ],
-      axes: [
-        { ...AXIS_STYLE, ...(time ? {} : { label: spec.axis, labelSize: 18, labelFont: "12px system-ui, sans-serif" }) },
-        { ...AXIS_STYLE, size: 64 },
-      ],
-    };
-    chart.plot = new uPlot(opts, spec.data, chart.plotEl);
-    chart.sig = sig;
-  }
-
-  function formatValue(v) {
-    const a = Math.abs(v);
-    if (a >= 1000) return int.format(v);
-    if (a >= 10) return v.toFixed(1);
-    if (a >= 0.01 || a === 0) return v.toFixed(3);
-    return v.toPrecision(3);
+    charts[fig.dataset.chart] = chartSlot(fig);
   }
 
   // Loss, lr, eval accuracy: this run's mean over processes, over the baseline's in grey, both
@@ -305,15 +222,7 @@ function startCharts() {
     }), wait);
   }
 
-  let resizeTimer = null;
-  window.addEventListener("resize", () => {
-    clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(() => {
-      for (const chart of Object.values(charts)) {
-        if (chart.plot) chart.plot.setSize({ width: Math.max(200, chart.plotEl.clientWidth), height: CHART_HEIGHT });
-      }
-    }, RESIZE_SETTLE_MS);
-  });
+  resizeWith(() => Object.values(charts));
 
   // --- the summary --------------------------------------------------------------------------
   function setFigure(id, value, title) {
@@ -328,17 +237,18 @@ function startCharts() {
     const tp = s.throughput;
     const b = s.baseline;
     const sp = b && b.speedup;
-    const noSpeedup = b ? b.why_no_speedup || "" : "needs a 1-worker baseline";
+    const noSpeedup = b ? b.why_no_speedup || "" : "needs a 1-trainer baseline";
     setFigure("fig-global-sps", tp ? formatCount(tp.global_sps) : "–");
-    setFigure("fig-per-worker-sps", tp ? formatCount(tp.per_worker_sps) : "–", tp ? `${tp.workers_reporting} processes reporting` : "");
+    setFigure("fig-per-worker-sps", tp ? formatCount(tp.per_worker_sps) : "–", tp ? `${tp.workers_reporting} training process${tp.workers_reporting === 1 ? "" : "es"} reporting` : "");
     setFigure("fig-speedup", sp ? two.format(sp.speedup) : "–", sp ? "" : noSpeedup);
     setFigure("fig-global-speedup", sp ? `${two.format(sp.global_speedup)}×` : "–", sp ? "" : noSpeedup);
     setFigure("fig-efficiency", sp ? `${int.format(sp.efficiency * 100)} %` : "–", sp ? "" : noSpeedup);
-    // A short run on a cheap package costs fractions of a cent: formatMoney shows them.
-    setFigure("fig-cost", formatMoney(s.cost_so_far), `${formatDuration(s.elapsed_seconds)} at ${formatPrice(s.price_per_hour)} per hour`);
+    // A short run on a cheap package costs fractions of a cent: formatMoney shows them. Before
+    // the trainer reports anything (queued, or failed at start-up) there is no figure to show.
+    setFigure("fig-cost", s.reported ? formatMoney(s.cost_so_far) : "–", `${formatDuration(s.elapsed_seconds)} at ${formatPrice(s.price_per_hour)} per hour`);
     const free = s.price_per_hour <= 0;
     const spd = s.samples_per_dollar;
-    setFigure("fig-samples-per-dollar", spd != null ? formatCompact(spd) : free ? "free" : "–", free ? "the package costs nothing per hour" : spd != null ? `${formatCount(spd)} samples ${perMoney}` : "");
+    setFigure("fig-samples-per-dollar", spd != null ? formatCompact(spd) : free && tp ? "free" : "–", free ? "the package costs nothing per hour" : spd != null ? `${formatCount(spd)} samples ${perMoney}` : "");
     const ratio = sp && sp.samples_per_dollar_ratio;
     setFigure("fig-spd-ratio", ratio != null ? `${two.format(ratio)}×` : "–", ratio != null ? "" : noSpeedup);
 
@@ -349,22 +259,21 @@ function startCharts() {
     renderGpuStatus();
   }
 
+  // The server's figures, as they are: how far (by epoch where the run declared its epochs, as
+  // its log counts them), and done once the last one is reported or the job succeeded.
   function renderProgress(p) {
     const fill = $("progress-fill");
     const text = $("progress-text");
-    if (!p) {
-      fill.style.width = "0";
-      fill.parentElement.setAttribute("aria-valuenow", "0");
-      text.textContent = "no progress reported yet";
-      return;
-    }
+    $("training-progress").hidden = !p;
+    if (!p) return;
     const pct = Math.max(0, Math.min(100, p.fraction * 100));
     fill.style.width = `${pct}%`;
     fill.parentElement.setAttribute("aria-valuenow", String(Math.round(pct)));
-    let line = `${int.format(pct)} % of the ${p.by}s`;
-    if (p.eta_seconds != null) line += ` · ETA ${formatDuration(p.eta_seconds)}`;
-    else if (p.fraction >= 1) line += " · done";
-    else if (isTerminal(state)) line += ` · stopped (${state})`;
+    const reached = p.by === "epoch" ? Math.floor(p.reached) : p.reached;
+    let line = `${int.format(Math.floor(pct))} % · ${p.by} ${int.format(reached)} of ${int.format(p.total)}`;
+    if (isTerminal(state)) line += state === "succeeded" ? " · done" : ` · stopped (${state})`;
+    else if (p.done) line += " · finishing";
+    else if (p.eta_seconds != null) line += ` · ETA ${formatDuration(p.eta_seconds)}`;
     text.textContent = line;
   }
 
@@ -393,7 +302,7 @@ function startCharts() {
     const slow = summary ? summary.low_gpu_utilisation || [] : [];
     warning.hidden = slow.length === 0;
     warning.textContent = slow.length
-      ? `⚠ GPU utilisation under 80 % for a minute on ${slow.join(", ")}: the GPUs wait on something else (input, the network, the CPU)`
+      ? summary.low_gpu_warning
       : "";
   }
 
@@ -413,15 +322,22 @@ function startCharts() {
     if (!b) {
       verdictEl.dataset.matches = "";
       badge.textContent = "no baseline: pick one to compare the curves";
+      $("verdict-note").hidden = true;
       return;
     }
     const v = b.verdict;
     verdictEl.dataset.matches = v.matches === true ? "true" : v.matches === false ? "false" : "null";
+    // A baseline on another trainer count draws other curves by design (the server says so in
+    // a note): what is judged then is the final accuracy.
+    const what = v.curves_judged === false ? "final accuracy" : "curves";
     badge.textContent =
-      v.matches === true ? `curves match baseline #${b.id}` :
-      v.matches === false ? `curves differ from baseline #${b.id}` :
+      v.matches === true ? `${what} match${what === "curves" ? "" : "es"} baseline #${b.id}` :
+      v.matches === false ? `${what} differ${what === "curves" ? "" : "s"} from baseline #${b.id}` :
       `not enough data yet to compare with baseline #${b.id}`;
     badge.title = `compared by ${v.axis}`;
+    const verdictNote = $("verdict-note");
+    verdictNote.hidden = !v.note;
+    verdictNote.textContent = v.note || "";
     for (const r of v.reasons || []) {
       const li = document.createElement("li");
       li.textContent = r;
@@ -429,7 +345,7 @@ function startCharts() {
     }
   }
 
-  function workersOf(j) {
+  function trainersOf(j) {
     const roles = j.roles || {};
     if (j.kvstore) return roles.worker ? roles.worker.instances : 0;
     return Object.values(roles).reduce((n, r) => n + r.instances, 0);
@@ -442,8 +358,8 @@ function startCharts() {
     let found = false;
     for (const j of jobsList) {
       if (j.id === jobId) continue;
-      const w = workersOf(j);
-      options.push(new Option(`#${j.id} ${j.name} · ${w} worker${w === 1 ? "" : "s"} · ${j.state}`, String(j.id)));
+      const n = trainersOf(j);
+      options.push(new Option(`#${j.id} ${j.name} · ${n} trainer${n === 1 ? "" : "s"} · ${j.state}`, String(j.id)));
       if (j.id === current) found = true;
     }
     if (current !== null && !found) options.push(new Option(`#${current} ${summary.baseline.name}`, String(current)));
@@ -456,25 +372,10 @@ function startCharts() {
   }
 
   function renderScaling(scaling) {
-    const body = $("scaling").querySelector("tbody");
     const rows = (scaling && scaling.rows) || [];
-    if (!rows.length) {
-      const tr = document.createElement("tr");
-      tr.className = "empty-row";
-      const td = document.createElement("td");
-      td.colSpan = 7;
-      td.className = "muted";
-      td.textContent = "no runs with throughput yet";
-      tr.appendChild(td);
-      body.replaceChildren(tr);
-    } else {
-      body.replaceChildren(...rows.map(scalingRow));
-    }
-    $("scaling-hint").textContent = scaling && scaling.hint
-      ? scaling.hint
-      : scaling && !scaling.has_single_worker_run
-        ? "Speedup and efficiency need a 1-worker run of this program."
-        : "";
+    $("scaling-section").hidden = rows.length === 0;
+    $("scaling").querySelector("tbody").replaceChildren(...rows.map(scalingRow));
+    $("scaling-hint").textContent = (scaling && scaling.hint) || "";
   }
 
   function scalingRow(r) {
@@ -548,9 +449,31 @@ function startCharts() {
     if (typeof page.next === "number" && page.next > run.next) run.next = page.next;
   }
 
+  // Answers can overtake each other: only one newer than the last shown is shown.
+  let summaryAsked = 0;
+  let summaryShown = 0;
+  let lastSummaryAt = 0;
   async function loadSummary() {
-    summary = await api(`/api/v1/jobs/${jobId}/metrics/summary`);
+    const asked = ++summaryAsked;
+    lastSummaryAt = Date.now();
+    const answer = await api(`/api/v1/jobs/${jobId}/metrics/summary`);
+    if (asked < summaryShown) return;
+    summaryShown = asked;
+    summary = answer;
     applySummary();
+    section.dataset.summaries = String(asked); // summaries shown so far: for tests and tools
+  }
+
+  // New points may move the figures: ask for them again soon, not on every point.
+  let summaryQueued = false;
+  function summarySoon() {
+    if (summaryQueued) return;
+    summaryQueued = true;
+    const wait = Math.max(0, lastSummaryAt + SUMMARY_AFTER_POINTS_MS - Date.now());
+    setTimeout(() => {
+      summaryQueued = false;
+      loadSummary().catch(() => {}); // a blip: the next points or tick ask again
+    }, wait);
   }
 
   function applySummary() {
@@ -656,7 +579,7 @@ function startCharts() {
   document.addEventListener("trainyard:metric", (ev) => {
     lastSocketPointsAt = Date.now();
     const detail = ev.detail || {};
-    addPoints(run, detail.points);
+    if (addPoints(run, detail.points)) summarySoon();
     if (typeof detail.next === "number" && detail.next > run.next) run.next = detail.next;
   });
 

@@ -1,8 +1,10 @@
 // The job page's one websocket (/ws/jobs/ID/): state, log, metric, gap and end frames, each
 // handed to `onFrame`. It reconnects on its own: at once after the server dropped a client too
-// slow to read (4408), with a growing delay after any other loss, and it closes a link that
-// has gone silent (the server speaks at least every ~5 s). `from()` says where to resume, so
-// a reconnect brings no gap and no repeat.
+// slow to read, with a growing delay after any other loss, and it closes a link that has gone
+// silent (the server speaks at least every ~5 s). `from()` says where to resume, so a
+// reconnect brings no gap and no repeat. The close codes are the server's (rules.js).
+import { closeCodes } from "../rules.js";
+
 const STALE_SOCKET_MS = 20000;
 
 export function openJobStream(jobId, { from, onFrame, onStatus, isEnded }) {
@@ -25,10 +27,11 @@ export function openJobStream(jobId, { from, onFrame, onStatus, isEnded }) {
     ws.onclose = (ev) => {
       if (socket === ws) socket = null;
       if (isEnded()) return;
-      // 4401: logged out, or what opened the stream was revoked since (the reason says which).
-      if (ev.code === 4401) onStatus(`${ev.reason || "logged out"}: log in again to see the log`);
-      else if (ev.code === 4404) onStatus("no such job");
-      else if (ev.code === 4408) {
+      // Logged out, or what opened the stream was revoked since (the reason says which).
+      if (ev.code === closeCodes.unauthenticated) {
+        onStatus(`${ev.reason || "logged out"}: log in again to see the log`);
+      } else if (ev.code === closeCodes.not_found) onStatus("no such job");
+      else if (ev.code === closeCodes.too_slow) {
         // The server dropped us for falling behind: pick up again from our cursor at once.
         onStatus("catching up…");
         setTimeout(connect, 0);

@@ -2,11 +2,11 @@
 // Cancel button (gone once the job has ended), when it started and ended, the Instances
 // table, the runs of a restarted job and the health rules that fired. Everything is built
 // with textContent: reasons and rule messages are data, never markup.
+import { formatCount, formatLocalTime } from "../format.js";
 import { isTerminal } from "../rules.js";
 import { setDuration, setTime } from "../times.js";
 
 const $ = (id) => document.getElementById(id);
-const number = new Intl.NumberFormat("en-US");
 
 export function renderJobState(state) {
   const stateEl = $("job-state");
@@ -67,6 +67,7 @@ function renderReplicas(state) {
     badge.className = `state state-${r.state}`;
     badge.textContent = r.state;
     tr.children[2].replaceChildren(badge);
+    tr.children[1].className = "node-name";
     if (r.reason) {
       // How this instance ended, beside the job's own reason (which names the first cause).
       const why = document.createElement("small");
@@ -89,8 +90,19 @@ function cells(tr, values) {
   }
 }
 
+// The same "2026-11-25 12:23:38" as every other time on the page, in the reader's zone.
 function when(iso) {
-  return iso ? new Date(iso).toLocaleTimeString() : "–";
+  return iso ? formatLocalTime(new Date(iso)) : "–";
+}
+
+// "node-1, node-2": the list may wrap between names, never inside one.
+function nodeNames(names) {
+  return names.flatMap((name, i) => {
+    const span = document.createElement("span");
+    span.className = "node-name";
+    span.textContent = name;
+    return i ? [", ", span] : [span];
+  });
 }
 
 // One row per run of the whole job; a restart adds one, with why the one before ended.
@@ -105,7 +117,8 @@ function renderAttempts(state) {
     let why = a.reason ? a.reason.split("\n")[0] : "";
     if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
     else if (a.reason && !a.counted) why += " (not counted against the restarts)";
-    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), (a.nodes || []).join(", ") || "–", why]);
+    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), "–", why]);
+    if (a.nodes && a.nodes.length) tr.children[3].replaceChildren(...nodeNames(a.nodes));
     tr.lastElementChild.title = a.reason || "";
     body.appendChild(tr);
   }
@@ -141,7 +154,7 @@ function renderReplicaCounts() {
   for (const tr of document.querySelectorAll("#replicas tbody tr")) {
     const c = replicaCounts[tr.dataset.tag];
     const td = tr.lastElementChild;
-    td.textContent = number.format(c ? c.stdout + c.stderr : 0);
-    td.title = c ? `${number.format(c.stdout)} stdout, ${number.format(c.stderr)} stderr` : "";
+    td.textContent = formatCount(c ? c.stdout + c.stderr : 0);
+    td.title = c ? `${formatCount(c.stdout)} stdout, ${formatCount(c.stderr)} stderr` : "";
   }
 }

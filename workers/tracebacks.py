@@ -1,0 +1,38 @@
+"""The exception a trainer's last Python traceback ended with, read from its stderr lines: what
+a failure's reason names when the trainer did not record one (torch's @record).
+
+Read as Python prints a traceback: a "Traceback (most recent call last):" line, frames indented
+under it, then the exception at the margin, its message running on over indented lines. The
+tail the agent keeps may begin mid-traceback (a deep stack through DDP is longer than the
+tail), so frame lines alone also mark one. torch.distributed (2.4 and later) prefixes every
+line an initialised rank's uncaught exception prints with "[rank1]: " (launchers that tee
+output, "[default1]:"); the lines are read without it.
+"""
+
+import re
+
+TRACEBACK_START = "Traceback (most recent call last):"
+FRAME = re.compile(r'^\s+File "[^"]*", line \d+')
+# "ValueError: boom", "torch.distributed.DistBackendError: ...", "KeyboardInterrupt", a
+# class of any name: the line at the margin after the frames.
+EXCEPTION_HEAD = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+MAX_EXCEPTION_CHARS = 500
+
+
+def last_exception(lines: list[str]) -> str | None:
+    """The first line of the exception the last traceback in `lines` ended with
+    ("ValueError: boom"), or None when they hold no traceback."""
+    found = None
+    in_traceback = False
+    for raw in lines:
+        line = RANK_PREFIX.sub("", raw).rstrip()
+        if line.startswith(TRACEBACK_START) or FRAME.match(line):
+            in_traceback = True
+        elif not line.strip():
+            in_traceback = False  # Python prints no blank line inside a traceback
+        elif in_traceback and not line[0].isspace():
+            in_traceback = False
+            if EXCEPTION_HEAD.match(line):
+                found = line[:MAX_EXCEPTION_CHARS]
+    return found
