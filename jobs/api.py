@@ -43,6 +43,7 @@ from jobs.schemas import (
     NodeDrainOut,
     NodeListOut,
     NodeStateOut,
+    QueueOut,
     RetentionIn,
     SnapshotDetailOut,
     SnapshotListOut,
@@ -61,6 +62,7 @@ from jobs.services import (
     nodes,
     outcomes,
     presenters,
+    queue,
     quota,
     rerun,
     retention,
@@ -826,6 +828,18 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 else None,
             }
             for row in cluster.node_rows(request.user)
+        ]
+    }
+
+
+@api.get("/queue", response={200: QueueOut, **ERRORS}, tags=["nodes"], url_name="api_queue")
+def queue_list(request: HttpRequest) -> dict[str, Any]:
+    """Every job waiting for room, in the order the scheduler takes them, and why each waits.
+    Another user's job shows its place, size and submission time only."""
+    return {
+        "jobs": [
+            {**dataclasses.asdict(e), "submitted": e.submitted.isoformat()}
+            for e in queue.entries(request.user)
         ]
     }
 

@@ -698,6 +698,28 @@ class NodeListOut(_Out):
     nodes: list[NodeOut]
 
 
+class QueueEntryOut(_Out):
+    position: int = Field(description="1 for the job the scheduler tries first.")
+    job_id: int | None = Field(
+        description="The job's id; null for another user's job (administrators see all)."
+    )
+    name: str | None = Field(description="null for another user's job.")
+    owner: str | None = Field(description="null for another user's job.")
+    cpu: int
+    gpus: int
+    memory_gb: int
+    submitted: str
+    reason: str | None = Field(
+        description="Why it waits, as its job page says; null for another user's job."
+    )
+
+
+class QueueOut(_Out):
+    jobs: list[QueueEntryOut] = Field(
+        description="Every job waiting for room, in the order the scheduler takes them."
+    )
+
+
 class NodeStateOut(_Out):
     node: str
     status: str

@@ -861,6 +861,34 @@ def nodes(json_output: Json = False) -> None:
 
 
 @app.command()
+def queue(json_output: Json = False) -> None:
+    """The jobs waiting for room, in the order the scheduler takes them, and why yours wait
+    (another user's job shows only its place, size and submission time)."""
+    entries = _api().get("/queue")["jobs"]
+    if json_output:
+        render.print_json(entries)
+        return
+    if not entries:
+        render.out.print("No job is waiting.")
+        return
+    render.table(
+        ["PLACE", "ID", "NAME", "OWNER", "CPU/GPU/GB", "SUBMITTED", "WHY IT WAITS"],
+        [
+            [
+                str(e["position"]),
+                "—" if e["job_id"] is None else str(e["job_id"]),
+                e["name"] or "another user's job",
+                e["owner"] or "—",
+                f"{e['cpu']} / {e['gpus']} / {e['memory_gb']}",
+                render.local_time(e["submitted"]),
+                e["reason"] or "—",
+            ]
+            for e in entries
+        ],
+    )
+
+
+@app.command()
 def quota(json_output: Json = False) -> None:
     """What you may still start: every quota that binds you, used against its limit."""
     summary = _api().get("/me")["quota"]
