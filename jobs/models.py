@@ -657,7 +657,8 @@ class Job(models.Model):
 
     @property
     def priority_name(self) -> str:
-        return self.priority_class.name if self.priority_class_id else PriorityClass.DEFAULT_NAME
+        pclass = self.priority_class if self.priority_class_id else None
+        return pclass.name if pclass is not None else PriorityClass.DEFAULT_NAME
 
     @property
     def restarts_left(self) -> int:

@@ -81,11 +81,11 @@ class PreemptionPass:
             by_job: dict[int, list[Held]] = {}
             for h in self.held:
                 by_job.setdefault(h.job_id, []).append(Held(h.node, h.cpu, h.gpus, h.memory_gb))
-            jobs = Job.objects.filter(pk__in=list(by_job), state=Job.State.RUNNING).only(
-                "id", "priority", "priority_class_id", "preempted_by", "attempt", "started",
-                "owner_id",
-            )  # fmt: skip
-            jobs = list(jobs)
+            jobs = list(
+                Job.objects.filter(pk__in=list(by_job), state=Job.State.RUNNING).only(
+                    "id", "priority", "priority_class_id", "preempted_by", "attempt", "started"
+                )
+            )
             started = {
                 (a.job_id, a.number): a.started
                 for a in JobAttempt.objects.filter(job__in=jobs).only("job_id", "number", "started")

@@ -62,9 +62,7 @@ class Preemptor:
     preempted_by: frozenset[int] = field(default_factory=frozenset)
 
 
-def eligible(
-    preemptor: Preemptor, job: Running, now: datetime, min_run_seconds: float
-) -> bool:
+def eligible(preemptor: Preemptor, job: Running, now: datetime, min_run_seconds: float) -> bool:
     """Whether `job` may be evicted for `preemptor` at all."""
     if not preemptor.may_preempt or not job.may_be_preempted:
         return False

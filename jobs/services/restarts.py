@@ -117,15 +117,17 @@ def begin(
     """End the current attempt because of `why` and prepare the next one.
 
     `exclude` names nodes the next attempts avoid; `counts=False` (an eviction, a preemption:
-    `uncounted` says which) does not use up a restart. The old attempt's processes get SIGTERM, then SIGKILL after `grace_seconds`
-    (the agent's default when None).
+    `uncounted` says which) does not use up a restart. The old attempt's processes get SIGTERM,
+    then SIGKILL after `grace_seconds` (the agent's default when None).
     """
     now = timezone.now()
     old = job.attempt
     used = job.restarts_used + (1 if counts else 0)
     excluded, kept = _exclusions(job, exclude or [])
     backoff = timedelta(seconds=job.restart_backoff_seconds)
-    label = f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
+    label = (
+        f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
+    )
     wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
     note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
     moved = transitions.move_job(

@@ -94,9 +94,16 @@ def waiting_jobs() -> list[Job]:
         # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
         # read again whole for its start messages.
         .only(
-            "id", "created", "owner_id", "state", "reason", "excluded_nodes",
-            "priority", "priority_class_id", "preempted_by",
-        )  # fmt: skip
+            "id",
+            "created",
+            "owner_id",
+            "state",
+            "reason",
+            "excluded_nodes",
+            "priority",
+            "priority_class_id",
+            "preempted_by",
+        )
     )
 
 
@@ -105,9 +112,10 @@ def schedule() -> list[int]:
 
     A job that does not fit and whose priority class may preempt evicts the running jobs
     jobs.services.preemption chooses, and the room they free is reserved for it until they
-    have stopped and it starts (jobs.services.preempt_pass). A job that does not fit now does not hold back smaller jobs behind it that do (backfill),
-    unless it has waited longer than TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue
-    is strictly first come, first served until it starts, so a large job is never starved.
+    have stopped and it starts (jobs.services.preempt_pass). A job that does not fit now does
+    not hold back smaller jobs behind it that do (backfill), unless it has waited longer than
+    TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue is strictly first come, first
+    served until it starts, so a large job is never starved.
     """
     dispatched: list[int] = []
     if not Replica.objects.filter(
