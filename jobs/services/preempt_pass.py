@@ -142,7 +142,8 @@ class PreemptionPass:
         self._reserve(demands, allowed, freeing)
         waiting_for = jobs_in_words(sorted(v.job_id for v in freeing), may_name)
         verb = "preempted" if not evicted else "preempting"
-        return Outcome(f"{verb} {waiting_for}: starts once they have stopped", evicted)
+        once = "it has" if len(freeing) == 1 else "they have"
+        return Outcome(f"{verb} {waiting_for}: starts once {once} stopped", evicted)
 
     @staticmethod
     def _reserve(demands: list[Demand], allowed: list[Room], freeing: list[Running]) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 from django.db.models import Model, Q, QuerySet
 
 from jobs.models import Job, Replica
+from jobs.services.queue_order import ORDER_BY
 
 
 def state_of(job_id: int) -> dict[str, Any] | None:
@@ -143,7 +144,7 @@ def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     if not list(jobs):
         return {}
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    ranking = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
+    ranking = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
     return {pk: place for place, pk in enumerate(ranking.values_list("pk", flat=True), 1)}
 
 
@@ -155,8 +156,12 @@ def queue_position(job: Job) -> int | None:
     ):
         return None
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    # Ahead in the queue's order (jobs.services.queue_order): a higher priority, or the same
+    # one and submitted earlier.
     ahead = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).filter(
-        Q(created__lt=job.created) | Q(created=job.created, pk__lt=job.pk)
+        Q(priority__gt=job.priority)
+        | Q(priority=job.priority, created__lt=job.created)
+        | Q(priority=job.priority, created=job.created, pk__lt=job.pk)
     )
     return ahead.count() + 1
 
