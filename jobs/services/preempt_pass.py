@@ -106,6 +106,9 @@ class PreemptionPass:
                 )
         return self._running
 
+    def has_victims_stopping(self, job: Job) -> bool:
+        return bool(self.stopping().get(job.pk))
+
     def make_room(
         self,
         job: Job,
@@ -131,7 +134,7 @@ class PreemptionPass:
             self.now,
             settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS,
         )
-        if victims is None:
+        if victims is None or not (victims or pending):
             return None
         evicted = [v.job_id for v in victims if _evict(v.job_id, job, self.classes())]
         if len(evicted) != len(victims):

@@ -168,12 +168,17 @@ def schedule() -> list[int]:
             key = ("unplaced", shape, tuple(job.excluded_nodes), job.owner_id)
             assignment = None if key in reasons else place(demands, allowed)
             if assignment is None and preemption.may_preempt(job):
-                made = preemption.make_room(job, demands, allowed, _visible_to(job))
+                # Jobs alike find no victims alike, until the rooms change (as `reasons`).
+                alike = ("no victims", key, job.priority, tuple(job.preempted_by))
+                made = None
+                if alike not in reasons or preemption.has_victims_stopping(job):
+                    made = preemption.make_room(job, demands, allowed, _visible_to(job))
                 if made is not None:
                     reasons.clear()  # the rooms changed: room is reserved for this job
                     transitions.set_job_reason(job, made.reason)
                     blocker = blocker or job
                     continue
+                reasons[alike] = ""
             if assignment is None:
                 if key not in reasons:
                     why = why_waiting(demands, allowed, views, held, _visible_to(job))

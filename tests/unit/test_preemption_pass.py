@@ -164,3 +164,23 @@ def test_a_job_preempted_once_is_not_preempted_again_before_its_minimum_run(
         for s in Job.objects.filter(pk__in=[j.pk for j in lows]).values_list("state", flat=True)
     )
     assert high.reason.startswith("waiting: ")
+
+
+def test_the_new_job_form_offers_the_classes_and_launches_with_one(
+    client: Any, alice: User, nodes: list[Any], sent_tasks: SentTasks
+) -> None:
+    client.force_login(alice)
+    html = client.get("/jobs/new/").content.decode()
+    assert '<option value="high">high — may preempt</option>' in html
+    assert '<option value="normal" selected>normal</option>' in html
+    form = {
+        "name": "digits", "image": "pytorch:2.13-cpu", "script": "digits-ddp", "script_path": "",
+        "args": "", "package": "cpu-1", "instances": "1", "priority": "low",
+    }  # fmt: skip
+    assert client.post("/jobs/new/", form).status_code == 302
+    assert Job.objects.get().priority_name == "low"
+    refused = client.post("/jobs/new/", dict(form, priority="urgent"))
+    assert "Select a valid choice" in refused.content.decode()
+    assert Job.objects.count() == 1
+    html = client.get(f"/jobs/{Job.objects.get().pk}/").content.decode()
+    assert '<div id="priority-summary"><strong>Priority</strong> low</div>' in html
