@@ -332,6 +332,11 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
+# Preemption (jobs.services.preemption): a job preempted once is not preempted again until its
+# next attempt has run this long (no preemption loops), and a victim's processes get this long
+# between SIGTERM and SIGKILL to save a checkpoint.
+TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = env_int("TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 600)
+TRAINYARD_PREEMPTION_GRACE_SECONDS = env_int("TRAINYARD_PREEMPTION_GRACE_SECONDS", 30)
 # Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
 # user namespaces and not root): there a training script can read what the agent can, other
 # users' jobs included (docs/security.md). Off in production unless an admin turns it on.

@@ -19,6 +19,7 @@ from jobs.models import (
     JobRole,
     Node,
     Package,
+    PriorityClass,
     Quota,
     Replica,
 )
@@ -63,10 +64,20 @@ class PackageAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
 
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    """Jobs keep the value their class had when they were submitted: an edit orders the jobs
+    submitted after it; what a class may do (preempt, be preempted) applies at once."""
+
+    list_display = ("name", "value", "may_preempt", "may_be_preempted", "description")
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs")
-    fields = ("is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs")
+    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority")
+    fields = (
+        "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
+    )  # fmt: skip
 
 
 @admin.register(ApiToken)

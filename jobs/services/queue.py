@@ -15,6 +15,7 @@ from django.db.models import QuerySet
 
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
+from jobs.services.queue_order import ORDER_BY
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def waiting_in_order() -> "QuerySet[Job]":
     """The jobs waiting for room (queued, with an instance not yet placed), first the one the
     scheduler takes first."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
+    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
 
 
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
