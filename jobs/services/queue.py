@@ -24,6 +24,7 @@ class QueueEntry:
     job_id: int | None  # None: the viewer may not see the job
     name: str | None
     owner: str | None
+    priority: str  # the job's priority class: the queue's first order
     cpu: int
     gpus: int
     memory_gb: int
@@ -45,9 +46,9 @@ def waiting_in_order() -> "QuerySet[Job]":
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
     jobs = list(
         waiting_in_order()
-        .select_related("owner")
+        .select_related("owner", "priority_class")
         .only(
-            "id", "name", "owner__username", "cpu_total", "gpus_total", "memory_gb_total",
+            "id", "name", "owner__username", "priority_class__name", "priority", "cpu_total", "gpus_total", "memory_gb_total",
             "created", "reason",
         )
     )  # fmt: skip
@@ -63,6 +64,7 @@ def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
         job_id=job.pk if shown else None,
         name=job.name if shown else None,
         owner=job.owner.get_username() if shown else None,
+        priority=job.priority_class.name if job.priority_class_id else str(job.priority),
         cpu=job.cpu_total,
         gpus=job.gpus_total,
         memory_gb=job.memory_gb_total,
