@@ -76,7 +76,18 @@ class Run:
     """One run's times (unix seconds), by stage name, and the trainer's own times."""
 
     times: dict[str, float] = field(default_factory=dict)
-    trainer: dict[str, float] = field(default_factory=dict)
+    trainer: dict[str, float] = field(default_factory=dict)  # rank 0's
+    other: dict[str, float] = field(default_factory=dict)  # rank 1's
+
+    def read(self, text: str, now: float) -> None:
+        """Take in one line of ddp_steps.py's stdout, read by the client at `now`."""
+        if text.startswith("first ") and "first line" not in self.times:
+            self.times["first line"] = now
+            self.trainer = _fields(text)
+        elif text.startswith("rank1 "):
+            self.other = _fields(text)
+        elif text.startswith("last "):
+            self.times["last line"] = now
 
     @property
     def first_line(self) -> float:
@@ -107,13 +118,7 @@ def torchrun() -> Run:
     assert proc.stdout is not None
     with proc.stdout:
         for raw in proc.stdout:
-            now = time.time()
-            text = raw.decode(errors="replace")
-            if text.startswith("first ") and "first line" not in run.times:
-                run.times["first line"] = now
-                run.trainer = _fields(text)
-            elif text.startswith("last "):
-                run.times["last line"] = now
+            run.read(raw.decode(errors="replace"), time.time())
     code = proc.wait(timeout=RUN_GUARD_S)
     run.times["end"] = time.time()
     if code != 0 or "last line" not in run.times or not run.trainer:
@@ -174,11 +179,7 @@ class Console:
                 kind = frame.get("type")
                 if kind == "log":
                     for text in _stdout(frame):
-                        if text.startswith("first ") and "first line" not in run.times:
-                            run.times["first line"] = now
-                            run.trainer = _fields(text)
-                        elif text.startswith("last "):
-                            run.times["last line"] = now
+                        run.read(text, now)
                 elif kind == "state":
                     state = str(frame["job"].get("state", ""))
                     if state == "succeeded" and "end" not in run.times:
@@ -285,10 +286,19 @@ def _stages(run: Run, console: bool) -> list[tuple[str, float]]:
             stages.append(("placed, start message sent (last)", max(sent)))
     stages += [
         ("master trainer process created", tr["created"]),
-        ("interpreter reached the script", tr["reached"]),
-        ("torch imported", tr["imported"]),
+        ("master interpreter reached the script", tr["reached"]),
+        ("master torch imported", tr["imported"]),
         ("rendezvous done (all ranks)", tr["rendezvous"]),
         ("first line printed", tr["t"]),
+        *[
+            (f"worker trainer {what}", run.other[key])
+            for key, what in (
+                ("created", "process created"),
+                ("reached", "interpreter reached the script"),
+                ("imported", "torch imported"),
+            )
+            if key in run.other
+        ],
         ("first line at the client", t["first line"]),
     ]
     if console:

@@ -7,7 +7,8 @@ Its first line, printed by rank 0 as soon as the process group is up, carries th
 seconds) at which this process was created, its interpreter reached the script, torch was
 imported and the rendezvous ended: bench/startup.py builds its timeline from them. Then each
 rank takes STEPS small all-reduce steps, and rank 0 prints a line per step; the last line is
-"last t=<time>", after which the script only leaves the process group and exits.
+"last t=<time>", after which the script only leaves the process group and exits. The other
+ranks print their own start-up times once, in a line "rank<N> t=... created=...".
 """
 
 import os
@@ -42,12 +43,12 @@ def main() -> None:
     dist.init_process_group("gloo")
     rendezvous = time.time()
     rank = dist.get_rank()
-    if rank == 0:
-        print(
-            f"first t={time.time():.6f} created={born:.6f} reached={REACHED:.6f} "
-            f"imported={IMPORTED:.6f} rendezvous={rendezvous:.6f}",
-            flush=True,
-        )
+    times = (
+        f"t={time.time():.6f} created={born:.6f} reached={REACHED:.6f} "
+        f"imported={IMPORTED:.6f} rendezvous={rendezvous:.6f}"
+    )
+    # Rank 0's is the first training line; the others' say when their own stages ended.
+    print(f"first {times}" if rank == 0 else f"rank{rank} {times}", flush=True)
     value = torch.ones(1024)
     for step in range(steps):
         dist.all_reduce(value)
