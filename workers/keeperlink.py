@@ -255,11 +255,13 @@ class SpareKeeper:
     until it is given a folder; when the agent goes, its stdin ends and it exits.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start: bool = True) -> None:
+        """With `start` False, the first spare starts at the first replenish() or take()."""
         self._lock = threading.Lock()
         self._waiting: subprocess.Popen[bytes] | None = None
         self._closed = False
-        self._replenish()
+        if start:
+            self.replenish()
 
     def take(self, folder: Path) -> subprocess.Popen[bytes] | None:
         """The spare, now keeping `folder` (whose spec file is written), or None when there is
@@ -268,22 +270,27 @@ class SpareKeeper:
         with self._lock:
             proc, self._waiting = self._waiting, None
         handed = proc is not None and _hand(proc, folder)
-        self._replenish()
+        self.replenish()
         return proc if handed else None
 
     def close(self) -> None:
-        """End the spare (its stdin closes): the agent is stopping."""
+        """End the spare: its stdin closes, and it exits as soon as it reads that. Not waited
+        for here (a spare still starting may take a moment on a busy host, and a stopping
+        agent has better things to do): a thread reaps it."""
         with self._lock:
             self._closed = True
             proc, self._waiting = self._waiting, None
         if proc is not None:
-            _end_spare(proc)
+            threading.Thread(
+                target=_end_spare, args=(proc,), name="spare-keeper-end", daemon=True
+            ).start()
 
     def pid(self) -> int | None:
         with self._lock:
             return self._waiting.pid if self._waiting is not None else None
 
-    def _replenish(self) -> None:
+    def replenish(self) -> None:
+        """Start a spare unless one waits (or the agent is stopping)."""
         with self._lock:
             if self._closed or self._waiting is not None:
                 return

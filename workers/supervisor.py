@@ -275,8 +275,9 @@ class Supervisor:
         self.node = node
         # A keeper started ahead of the next replica (workers/keeperlink.py), so that a start
         # does not wait for a keeper's interpreter; the agent asks for one, unit tests of the
-        # supervisor's other concerns do not.
-        self._spare_keeper = SpareKeeper() if prestart_keeper else None
+        # supervisor's other concerns do not. Started after adopt(): a restarted agent's
+        # takeover runs against its keepers' grace, and comes first.
+        self._spare_keeper = SpareKeeper(start=False) if prestart_keeper else None
         # How long a replica's keeper waits for an agent before it stops the processes.
         self.keeper_grace = keeper_grace
         # The work disk's free space (workers/diskspace.py): no start while it is full, and a
@@ -493,6 +494,8 @@ class Supervisor:
                 )  # fmt: skip
                 run.thread.start()
             adopted.append(f"{spec.job_id}/{spec.tag}")
+        if self._spare_keeper is not None:
+            self._spare_keeper.replenish()
         return adopted
 
     def shutdown(self, timeout: float = 30.0, hand_over: bool = False) -> None:
