@@ -48,8 +48,8 @@ def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
         waiting_in_order()
         .select_related("owner", "priority_class")
         .only(
-            "id", "name", "owner__username", "priority_class__name", "priority", "cpu_total", "gpus_total", "memory_gb_total",
-            "created", "reason",
+            "id", "name", "owner__username", "priority_class__name", "priority",
+            "cpu_total", "gpus_total", "memory_gb_total", "created", "reason",
         )
     )  # fmt: skip
     visible = set(
