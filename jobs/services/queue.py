@@ -64,7 +64,7 @@ def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
         job_id=job.pk if shown else None,
         name=job.name if shown else None,
         owner=job.owner.get_username() if shown else None,
-        priority=job.priority_class.name if job.priority_class_id else str(job.priority),
+        priority=job.priority_class.name if job.priority_class is not None else str(job.priority),
         cpu=job.cpu_total,
         gpus=job.gpus_total,
         memory_gb=job.memory_gb_total,
