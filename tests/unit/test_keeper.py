@@ -201,7 +201,9 @@ def test_nothing_the_database_lacks_is_freed_and_a_rewind_reads_it_again(tmp_pat
     assert tail.generation == 1
     assert got[0] == (5 * len(one), got[0][1], 1)  # read again from what Redis still has
     assert [end for _, end, _ in got][-1] == len(one) * 20_000
-    assert all(start == previous for (start, _, _), (_, previous, _) in zip(got[1:], got))
+    assert all(
+        start == previous for (start, _, _), (_, previous, _) in zip(got[1:], got[:-1], strict=True)
+    )
 
 
 # Prints `count` numbered lines, alternating stdout and stderr (written straight to the pipes,
