@@ -78,6 +78,7 @@ class FileTail(threading.Thread):
         name: str = "",
         ledger: Ledger | None = None,
         discard_every: int = DISCARD_EVERY_BYTES,
+        drained: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(name=name or f"tail-{path.name}", daemon=True)
         self.path = path
@@ -90,6 +91,9 @@ class FileTail(threading.Thread):
         self._rewind_of: int | None = None  # the generation a gap was answered to
         self._lock = threading.Lock()
         self._epoch = self._read_epoch()
+        # True once every line handed on is in Redis (waiting a while at most): at the file's
+        # end, Redis's answers to the last lines may still ask for a rewind.
+        self._drained = drained
         self._discard_every = discard_every
         self._read_since_discard = 0
         self.discarded = 0
@@ -106,6 +110,11 @@ class FileTail(threading.Thread):
     def stop(self) -> None:
         """Stop following now (the agent hands over): what is not read stays for the next."""
         self._stopping.set()
+
+    @property
+    def rewound(self) -> bool:
+        """Whether Redis lost lines of this file (it is read again, or will be)."""
+        return self.generation > 0 or self._rewind_of is not None
 
     def rewind(self, generation: int) -> None:
         """Redis does not have lines of reading `generation` that came before some it was sent:
@@ -127,7 +136,10 @@ class FileTail(threading.Thread):
             if got:
                 continue
             if ended:
-                return
+                if self._drained is not None and not self._drained():
+                    continue  # Redis away: its answers to the last lines are still to come
+                if self._rewind_of is None:
+                    return
             self._stopping.wait(POLL_SECONDS)
 
     def _read(self) -> bool:

@@ -82,6 +82,9 @@ STOP_GRACE_SECONDS = 5.0
 # After SIGKILL, how long to wait for the keeper to see every group gone; a group still there
 # after that (a process stuck in the kernel) keeps its record, for the guardian or the next agent.
 KILL_WAIT_SECONDS = 5.0
+# How long a file's reader, at the file's end, waits at a time for its last lines to reach Redis
+# (Redis's answers may ask it to read them again).
+DRAIN_WAIT_SECONDS = 1.0
 # While an adopted replica waits for Redis to say where its lines stopped.
 RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -723,6 +726,7 @@ class Supervisor:
                 link.done,
                 name=f"{run.spec.job_id}-{run.spec.tag}-output{rank}",
                 ledger=self._shipper.ledger(run.spec.job_id, writer),
+                drained=lambda: self._shipper.flush(DRAIN_WAIT_SECONDS),
             )
             holder.append(reader)
             self._shipper.watch(writer, reader.rewind)
@@ -1057,6 +1061,11 @@ class Supervisor:
         for reader in run.readers:
             # They end once the keeper says every byte is in the files, and they have read them.
             reader.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
+            # One reading again what Redis lost (it waits for the log keeper to realign the
+            # stream first) ends once those lines are on their way: the exit is reported
+            # after every line, as ever. Only a shutdown stops waiting (the files stay).
+            while reader.is_alive() and reader.rewound and self._closing is None:
+                reader.join(0.2)
         for tail in run.tails:
             tail.stop()
         for tail in run.tails:
