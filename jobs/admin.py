@@ -65,8 +65,17 @@ class PackageAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs")
-    fields = ("is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs")
+    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "default_time_limit")
+    fields = (
+        "is_default",
+        "user",
+        "group",
+        "cpu",
+        "gpus",
+        "memory_gb",
+        "running_jobs",
+        "default_time_limit",
+    )
 
 
 @admin.register(ApiToken)

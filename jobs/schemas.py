@@ -82,6 +82,13 @@ class JobIn(_In):
         description="Lower log limits than the image's (lines over them are dropped and "
         "counted); absent: the image's.",
     )
+    time_limit: StrictInt | StrictStr | None = Field(
+        default=None,
+        description="How long each attempt may hold its nodes, counted from its placement: "
+        'seconds (7200) or text with units ("2h", "90m", "1h30m", "45s", "1d"). Then the job '
+        'gets SIGTERM and fails with "time limit of 2 h reached". Absent or null: your '
+        "groups' default, else the console's (often none). Answers give seconds.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -341,6 +348,13 @@ class JobOut(_Out):
     metrics: list[MetricDefinitionOut]
     restart: RestartOut
     health_rules: list[HealthRuleOut]
+    time_limit: int | None = Field(
+        description="Seconds each attempt may hold its nodes, from its placement; null: none."
+    )
+    time_limit_ends: str | None = Field(
+        description="When the current attempt reaches its time limit and is stopped; null "
+        "while it is not placed, or without a limit."
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="The job's own variables (secret-looking ones masked)."
     )
@@ -378,6 +392,7 @@ class JobRequestOut(_Out):
     health_rules: list[HealthRuleOut]
     metrics: list[MetricDefinitionOut]
     log_limits: LogLimitsRequestOut | None = Field(default=None, exclude_if=_unless_none)
+    time_limit: int | None = _param("Seconds, when the job has a time limit.")
     env: dict[str, str] | None = Field(default=None, exclude_if=_unless_none)
 
 
@@ -741,6 +756,7 @@ MESSAGES: dict[str, str] = {
     "keep": "Give true or false.",
     "days": "Give a whole number of days from 0 (forever) to 36500, or null for the default.",
     "grace_seconds": "Give seconds from 0 to 3600.",
+    "time_limit": 'Give the time limit as seconds (7200) or text like "2h", "90m" or "1h30m".',
 }
 
 

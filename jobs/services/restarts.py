@@ -57,10 +57,13 @@ class Cause(enum.Enum):
     # To come: a job of a higher priority class takes the nodes; ruled like an eviction, so
     # its caller only has to say why and call outcomes.end_attempt.
     PREEMPTION = "preemption"
+    # The attempt held its nodes for the job's whole time limit (jobs.services.time_limits).
+    TIME_LIMIT = "time limit"
 
     @property
     def may_restart(self) -> bool:
-        return self is not Cause.RULE_STOP
+        # A time limit is not restarted: the next attempt would only run into it again.
+        return self not in (Cause.RULE_STOP, Cause.TIME_LIMIT)
 
     @property
     def counts(self) -> bool:

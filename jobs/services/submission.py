@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from pydantic import ValidationError as PydanticValidationError
 
-from jobs import text
+from jobs import text, time_limit_text
 from jobs.envvars import MAX_ENV_VARS, env_problems
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
@@ -38,6 +38,7 @@ from jobs.models import (
 )
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, snapshots, transitions
+from jobs.services.time_limits import default_for
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
@@ -105,6 +106,8 @@ class JobRequest:
     health_rules: list[dict[str, object]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_limits: LogLimitSettings = LogLimitSettings()
+    # Seconds; None: the default of whoever submits it (time_limits.default_for).
+    time_limit: int | None = None
 
 
 class _Errors:
@@ -376,6 +379,11 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     health_rules = _check_health_rules(body.health_rules, image, errors)
     env = _check_env(body.env, errors)
     log_limits = _check_log_limits(body.log_limits, image, errors)
+    time_limit = None
+    try:
+        time_limit = time_limit_text.parse(body.time_limit)
+    except time_limit_text.BadTimeLimit as exc:
+        errors.add("time_limit", str(exc))
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -392,6 +400,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         health_rules,
         env,
         log_limits,
+        time_limit,
     )
 
 
@@ -444,6 +453,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.health_rules,
             request.env,
             request.log_limits,
+            request.time_limit if request.time_limit is not None else default_for(user),
         )
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
@@ -465,6 +475,7 @@ def create_job(
     health_rules: list[dict[str, object]] | None = None,
     env: dict[str, str] | None = None,
     log_limits: LogLimitSettings | None = None,
+    time_limit: int | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
@@ -499,6 +510,7 @@ def create_job(
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,
         metric_points_per_second=log_limits.metric_points_per_second,
+        time_limit=time_limit,
     )
     JobAttempt.objects.create(job=job, number=0)
     if kvstore:
