@@ -82,8 +82,11 @@ class JobIn(_In):
         description="Lower log limits than the image's (lines over them are dropped and "
         "counted); absent: the image's.",
     )
-    time_limit: StrictInt | StrictStr | None = Field(
+    # Checked by its own parser (jobs.time_limit_text), whose message names both forms: a
+    # union's type errors would come back once per member.
+    time_limit: Any = Field(
         default=None,
+        json_schema_extra={"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
         description="How long each attempt may hold its nodes, counted from its placement: "
         'seconds (7200) or text with units ("2h", "90m", "1h30m", "45s", "1d"). Then the job '
         'gets SIGTERM and fails with "time limit of 2 h reached". Absent or null: your '
@@ -756,7 +759,6 @@ MESSAGES: dict[str, str] = {
     "keep": "Give true or false.",
     "days": "Give a whole number of days from 0 (forever) to 36500, or null for the default.",
     "grace_seconds": "Give seconds from 0 to 3600.",
-    "time_limit": 'Give the time limit as seconds (7200) or text like "2h", "90m" or "1h30m".',
 }
 
 

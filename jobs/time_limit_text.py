@@ -14,12 +14,12 @@ class BadTimeLimit(ValueError):
     """The message says what is wrong and what would do."""
 
 
-def parse(raw: int | str | None) -> int | None:
+def parse(raw: object) -> int | None:
     """Seconds from what a request, the form or a job file gives: a whole number of seconds, or
     text with units ("2h", "90m", "1h30m", "45s", "1d"); None or "" for none."""
     if raw is None:
         return None
-    if isinstance(raw, bool):
+    if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise BadTimeLimit(f"Give the time limit as {FORMS}.")
     if isinstance(raw, int):
         seconds = raw
