@@ -43,6 +43,13 @@ JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` 
 # What `submit` and `rerun` both take.
 Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
 MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
+TimeLimit = Annotated[
+    str | None,
+    typer.Option(
+        help="How long each attempt may run, e.g. 2h, 90m, 1h30m or seconds; then it is "
+        "stopped and fails. A limit lets a job start sooner (backfill)."
+    ),
+]
 Follow = Annotated[
     bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
 ]
@@ -149,6 +156,7 @@ def submit(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    time_limit: TimeLimit = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -182,6 +190,7 @@ def submit(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        time_limit=time_limit,
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -387,6 +396,7 @@ def rerun(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    time_limit: TimeLimit = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
@@ -410,6 +420,7 @@ def rerun(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        time_limit=time_limit,
     )
     jobfile.check_text(body)
     _submitted(api, api.post("/jobs", json=body), follow_log, wait, json_output)
@@ -562,6 +573,7 @@ def show(
         ("Ended", render.local_time(job["finished"])),
         ("Duration", render.duration(render.job_seconds(job))),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
+        ("Time limit", _time_limit_text(job)),
         ("Retention", _retention_text(job.get("retention"))),
         ("Page", api.page_url(f"/jobs/{job_id}/")),
     ]
@@ -651,6 +663,16 @@ def _figure_rows(
         ),
     ]
     return rows
+
+
+def _time_limit_text(job: dict[str, Any]) -> str:
+    """ "2 h 00 min per attempt, stopped at 16:05:00" (the console gives seconds)."""
+    seconds = job.get("time_limit")
+    if seconds is None:
+        return "none"
+    ends = job.get("time_limit_ends")
+    until = f", stopped at {render.local_time(ends)}" if ends else ""
+    return f"{render.duration(seconds)} per attempt{until}"
 
 
 def _retention_text(retention: dict[str, Any] | None) -> str:
