@@ -123,7 +123,7 @@ def schedule() -> list[int]:
         easy = Backfill(
             now,
             held,
-            time_limits.expected_ends({h.job_id for h in held}, now),
+            time_limits.expected_ends(now),
             time_limits.stop_grace(),
         )
         blocker: Job | None = None

@@ -14,7 +14,6 @@ checkpoint before SIGKILL.
 """
 
 import logging
-from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -60,32 +59,28 @@ def stop_grace() -> timedelta:
     return timedelta(seconds=settings.TRAINYARD_TIME_LIMIT_GRACE_SECONDS)
 
 
-def expected_ends(job_ids: Iterable[int], now: datetime) -> dict[int, datetime | None]:
-    """When each of these jobs (holding capacity now) gives its nodes back, at the earliest:
-    its attempt's placement + its limit; `now` for one already being stopped (it ended, it
+def expected_ends(now: datetime) -> dict[int, datetime | None]:
+    """When each job that holds capacity now gives its nodes back, at the earliest: its
+    attempt's placement + its limit; `now` for one already being stopped (it ended, it
     restarts, or it was told to stop); None when it has no limit (unknown)."""
-    ids = set(job_ids)
-    ends: dict[int, datetime | None] = {}
-    jobs = Job.objects.filter(pk__in=ids).only("id", "state", "attempt", "time_limit")
-    placed = {
-        (a.job_id, a.number): a.placed
-        for a in JobAttempt.objects.filter(job_id__in=ids, placed__isnull=False).only(
-            "job_id", "number", "placed"
-        )
-    }
-    stopping = set(
-        Replica.objects.filter(
-            job_id__in=ids, state__in=Replica.HOLDING_STATES, stop_sent__isnull=False
-        ).values_list("job_id", flat=True)
+    holding = Replica.objects.filter(state__in=Replica.HOLDING_STATES)
+    # Subqueries, not lists of ids: a thousand nodes hold thousands of jobs.
+    holders = holding.values("job_id")
+    jobs = Job.objects.filter(pk__in=holders).values_list("pk", "state", "time_limit")
+    placed = dict(
+        JobAttempt.objects.filter(
+            job__in=holders, number=F("job__attempt"), placed__isnull=False
+        ).values_list("job_id", "placed")
     )
-    for job in jobs:
-        if job.state not in (Job.State.QUEUED, Job.State.RUNNING) or job.pk in stopping:
-            ends[job.pk] = now  # its processes are on their way out
-        elif job.time_limit is None:
-            ends[job.pk] = None
+    stopping = set(holding.filter(stop_sent__isnull=False).values_list("job_id", flat=True))
+    ends: dict[int, datetime | None] = {}
+    for job_id, state, limit in jobs:
+        if state not in (Job.State.QUEUED, Job.State.RUNNING) or job_id in stopping:
+            ends[job_id] = now  # its processes are on their way out
+        elif limit is None:
+            ends[job_id] = None
         else:
-            since = placed.get((job.pk, job.attempt)) or now
-            ends[job.pk] = since + timedelta(seconds=job.time_limit)
+            ends[job_id] = (placed.get(job_id) or now) + timedelta(seconds=limit)
     return ends
 
 
