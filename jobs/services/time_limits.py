@@ -56,7 +56,12 @@ def attempt_ends(job: Job, attempt: JobAttempt | None) -> datetime | None:
 
 
 def stop_grace() -> timedelta:
-    return timedelta(seconds=settings.TRAINYARD_TIME_LIMIT_GRACE_SECONDS)
+    """How long after its limit a job may still hold its nodes, at the most: until the next
+    reconciliation pass notices it, then the grace between SIGTERM and SIGKILL. Backfill counts
+    it into a job's end, so that a job said to end before the head's start does."""
+    return timedelta(
+        seconds=settings.TRAINYARD_TIME_LIMIT_GRACE_SECONDS + settings.TRAINYARD_RECONCILE_SECONDS
+    )
 
 
 def expected_ends(now: datetime) -> dict[int, datetime | None]:

@@ -186,3 +186,23 @@ def test_a_job_past_its_limit_is_stopped_with_the_reason_and_not_restarted(
     job.refresh_from_db()
     assert job.reason == "time limit of 2 h reached"
     assert time_limits.enforce(placed_at + timedelta(hours=3)) == 0
+
+
+def test_the_new_job_form_takes_a_limit_and_shows_a_bad_one_under_its_box(
+    nodes: list[Node], alice: User, sent_tasks: SentTasks
+) -> None:
+    client = Client()
+    client.force_login(alice)
+    form = {"name": "digits", "image": "pytorch:2.13-cpu", "script": "digits-ddp",
+            "script_path": "", "args": "", "package": "cpu-1", "instances": "2"}  # fmt: skip
+    page = client.get("/jobs/new/").content.decode()
+    assert 'id="field-time_limit"' in page and "Empty: no limit (your default)." in page
+    refused = client.post("/jobs/new/", {**form, "time_limit": "2 hours"}).content.decode()
+    field = refused[refused.index('id="field-time_limit"') :]
+    assert "is not a time limit" in field[: field.index("</div>")]
+    assert not Job.objects.exists()
+    assert client.post("/jobs/new/", {**form, "time_limit": "1h30m"}).status_code == 302
+    job = Job.objects.get()
+    assert job.time_limit == 5400
+    again = client.get(f"/jobs/{job.pk}/again/").content.decode()
+    assert 'value="1 h 30 min"' in again  # Edit and run again keeps it
