@@ -58,8 +58,10 @@ class Backfill:
         self.ends = ends
         self.stop_grace = stop_grace
         self.reservation: Reservation | None = None
-        self._head: Sequence[Demand] = ()
-        self._then: list[Room] = []  # what the head's nodes have free at the reserved start
+        # On each reserved node: what it will have free at the reserved start, after the jobs
+        # admitted beside the head, and what the head needs of it.
+        self._then: dict[str, Room] = {}
+        self._need: dict[str, Room] = {}
 
     def reserve(
         self, job_id: int, demands: Sequence[Demand], rooms: Sequence[Room]
@@ -73,39 +75,66 @@ class Backfill:
             if end is not None:
                 by_end.setdefault(max(end, self.now), []).append(holding)
         times = sorted(by_end)
-        if not times or place(demands, self._rooms_at(rooms, times[-1], by_end)) is None:
+        # A node that cannot hold the smallest instance takes no part: at a thousand full
+        # nodes, placement then looks at the few that free up, not at every node each time.
+        smallest = Demand(
+            ("smallest", 0),
+            min(d.cpu for d in demands),
+            min(d.gpus for d in demands),
+            min(d.memory_gb for d in demands),
+        )
+
+        def fits_at(when: datetime) -> tuple[list[Room], Assignment | None]:
+            free = [r for r in self._rooms_at(rooms, when, by_end) if r.fits(smallest)]
+            return free, place(demands, free)
+
+        if not times or fits_at(times[-1])[1] is None:
             return None
         # Each release only adds room, so the first time the gang fits is found by halving.
         low, high = 0, len(times) - 1
         while low < high:
             mid = (low + high) // 2
-            if place(demands, self._rooms_at(rooms, times[mid], by_end)) is None:
+            if fits_at(times[mid])[1] is None:
                 low = mid + 1
             else:
                 high = mid
-        then = self._rooms_at(rooms, times[low], by_end)
-        assignment = place(demands, then)
+        then, assignment = fits_at(times[low])
         if assignment is None:  # best fit is a heuristic: more room may place worse
             return None
-        self._head = demands
-        self._then = then
-        self.reservation = Reservation(job_id, times[low], tuple(sorted(set(assignment.values()))))
+        nodes = sorted(set(assignment.values()))
+        # Copies: `then` may hold the caller's own rooms, which change as it places jobs.
+        self._then = {
+            r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in then if r.node in nodes
+        }
+        self._need = {node: Room(node, 0, 0, 0) for node in nodes}
+        for demand in demands:
+            need = self._need[assignment[demand.key]]
+            need.cpu += demand.cpu
+            need.gpus += demand.gpus
+            need.memory_gb += demand.memory_gb
+        self.reservation = Reservation(job_id, times[low], tuple(nodes))
         return self.reservation
 
     def _rooms_at(
         self, rooms: Sequence[Room], when: datetime, by_end: Mapping[datetime, list[Holding]]
     ) -> list[Room]:
-        """What `rooms` will have free at `when`, once the jobs that end by then have."""
-        free = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
+        """What `rooms` will have free at `when`, once the jobs that end by then have (the
+        rooms passed in are not changed: a node that frees something is copied)."""
+        free = {r.node: r for r in rooms}
+        copied: set[str] = set()
         for end, holdings in by_end.items():
             if end > when:
                 continue
             for h in holdings:
                 room = free.get(h.node)
-                if room is not None:
-                    room.cpu += h.cpu
-                    room.gpus += h.gpus
-                    room.memory_gb += h.memory_gb
+                if room is None:
+                    continue
+                if h.node not in copied:
+                    room = free[h.node] = Room(room.node, room.cpu, room.gpus, room.memory_gb)
+                    copied.add(h.node)
+                room.cpu += h.cpu
+                room.gpus += h.gpus
+                room.memory_gb += h.memory_gb
         return list(free.values())
 
     def admits(
@@ -135,14 +164,19 @@ class Backfill:
         return None
 
     def _fits_beside(self, demands: Sequence[Demand], assignment: Assignment) -> bool:
-        """Whether the head still fits at its reserved start with this job still running; if
-        so, the job's share is taken from what is free then."""
-        then = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in self._then}
+        """Whether the head still fits on its reserved nodes at its start with this job still
+        running there; if so, the job's share is taken from what they have free then. (The
+        head keeps its nodes: one pass's reservation does not move, as in Slurm.)"""
+        then = {node: Room(node, r.cpu, r.gpus, r.memory_gb) for node, r in self._then.items()}
         for demand in demands:
             room = then.get(assignment[demand.key])
             if room is not None:
                 room.take(demand)
-        if place(self._head, list(then.values())) is None:
+        if not all(room.fits(self._as_demand(self._need[node])) for node, room in then.items()):
             return False
-        self._then = list(then.values())
+        self._then = then
         return True
+
+    @staticmethod
+    def _as_demand(need: Room) -> Demand:
+        return Demand(("head", 0), need.cpu, need.gpus, need.memory_gb)

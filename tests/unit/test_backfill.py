@@ -132,3 +132,12 @@ def test_a_reservation_on_another_day_says_the_day() -> None:
     reservation = easy.reserve(10, gang(1, 8), free(**{"node-1": 2, "node-2": 2}))
     assert reservation is not None
     assert reservation.in_words(NOW) == "reserved to start at 2026-11-27 02:00 UTC on node-1"
+
+
+def test_the_rooms_passed_in_are_never_changed() -> None:
+    rooms = free(**{"node-1": 2, "node-2": 2})
+    easy = Backfill(NOW, HELD, ENDS, GRACE)
+    assert easy.reserve(10, gang(1, 8), rooms) is not None
+    on_node_2 = {("worker", 0): "node-2"}
+    assert easy.admits(gang(1, 2), rooms, on_node_2, None) == on_node_2
+    assert [(r.node, r.cpu) for r in rooms] == [("node-1", 2), ("node-2", 2)]
