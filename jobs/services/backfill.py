@@ -4,9 +4,11 @@ the head's start.
 When the first waiting job (the head) does not fit, its start is reserved: the earliest time at
 which, the running jobs ending by their time limits, its whole gang fits on the nodes. A later
 job that fits now may then start out of order only if it ends (by its own limit, plus the stop
-grace) before that time, or if the head still fits at that time beside it. Only the head gets
-a reservation (that is what makes it EASY rather than conservative backfill); the scheduler
-works out the rest of the queue as before.
+grace) before that time, or if it leaves the head's reserved nodes what the head needs of them
+then (it runs beside the reservation; a job that would not may be placed on other nodes
+instead). Only the head gets a reservation (that is what makes it EASY rather than
+conservative backfill), and it keeps its nodes for the pass; the scheduler works out the rest
+of the queue as before.
 
 When the reservation needs the nodes of a running job without a time limit, its start is
 unknown: `reserve` returns None and the scheduler keeps the grace rule for that pass
