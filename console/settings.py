@@ -337,6 +337,11 @@ TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 3
 TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS = env_int("TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS", 0)
 # Between the SIGTERM and the SIGKILL of a job past its time limit: time to checkpoint.
 TRAINYARD_TIME_LIMIT_GRACE_SECONDS = env_int("TRAINYARD_TIME_LIMIT_GRACE_SECONDS", 30)
+# Preemption (jobs.services.preemption): a job preempted once is not preempted again until its
+# next attempt has run this long (no preemption loops), and a victim's processes get this long
+# between SIGTERM and SIGKILL to save a checkpoint.
+TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = env_int("TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 600)
+TRAINYARD_PREEMPTION_GRACE_SECONDS = env_int("TRAINYARD_PREEMPTION_GRACE_SECONDS", 30)
 # Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
 # user namespaces and not root): there a training script can read what the agent can, other
 # users' jobs included (docs/security.md). Off in production unless an admin turns it on.

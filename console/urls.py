@@ -22,6 +22,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/retention/", views.job_retention, name="job_retention"),
     path("compare/", views.compare_page, name="compare"),
     path("nodes/", views.node_list, name="node_list"),
+    path("queue/", views.queue_page, name="queue"),
     path("quotas/", views.quota_list, name="quota_list"),
     path("storage/", views.storage_page, name="storage"),
     path("account/tokens/", account_views.token_list, name="token_list"),

@@ -19,6 +19,7 @@ from jobs.models import (
     JobRole,
     Node,
     Package,
+    PriorityClass,
     Quota,
     Replica,
 )
@@ -63,19 +64,23 @@ class PackageAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
 
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    """Jobs keep the value their class had when they were submitted: an edit orders the jobs
+    submitted after it; what a class may do (preempt, be preempted) applies at once."""
+
+    list_display = ("name", "value", "may_preempt", "may_be_preempted", "description")
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "default_time_limit")
+    list_display = (
+        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority", "default_time_limit",
+    )  # fmt: skip
     fields = (
-        "is_default",
-        "user",
-        "group",
-        "cpu",
-        "gpus",
-        "memory_gb",
-        "running_jobs",
+        "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
         "default_time_limit",
-    )
+    )  # fmt: skip
 
 
 @admin.register(ApiToken)

@@ -24,7 +24,16 @@ from ninja.security import APIKeyCookie, APIKeyHeader
 
 from jobs import logstream, text
 from jobs.access import get_job_for, visible_jobs
-from jobs.models import FrameworkImage, Job, JobRole, KVStoreMode, Node, Package, Replica
+from jobs.models import (
+    FrameworkImage,
+    Job,
+    JobRole,
+    KVStoreMode,
+    Node,
+    Package,
+    PriorityClass,
+    Replica,
+)
 from jobs.money import currency
 from jobs.schemas import (
     BaselineIn,
@@ -43,6 +52,7 @@ from jobs.schemas import (
     NodeDrainOut,
     NodeListOut,
     NodeStateOut,
+    QueueOut,
     RetentionIn,
     SnapshotDetailOut,
     SnapshotListOut,
@@ -61,6 +71,7 @@ from jobs.services import (
     nodes,
     outcomes,
     presenters,
+    queue,
     quota,
     rerun,
     retention,
@@ -335,6 +346,9 @@ def job_as_dict(
         "time_limit": job.time_limit,
         "time_limit_ends": _time_limit_ends(job),
         "env": job.env_seen_by(viewer),
+        "priority": job.priority_name,
+        "priority_value": job.priority,
+        "preempted_by": [int(j) for j in job.preempted_by],
         **presenters.job_state_payload(job, queue_positions),
     }
 
@@ -375,6 +389,7 @@ def scope_as_dict(scope: quota.Scope) -> dict[str, Any]:
         "limit": scope.limit,
         "used": scope.used.as_dict(),
         "left": scope.left,
+        "max_priority": scope.quota.max_priority.name if scope.quota.max_priority else None,
     }
 
 
@@ -410,6 +425,17 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "summary": p.summary,
             }
             for p in Package.objects.filter(enabled=True)
+        ],
+        "priority_classes": [
+            {
+                "name": c.name,
+                "value": c.value,
+                "may_preempt": c.may_preempt,
+                "may_be_preempted": c.may_be_preempted,
+                "description": c.description,
+                "default": c.name == PriorityClass.DEFAULT_NAME,
+            }
+            for c in PriorityClass.objects.all()
         ],
         "examples": [
             {
@@ -836,6 +862,18 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 else None,
             }
             for row in cluster.node_rows(request.user)
+        ]
+    }
+
+
+@api.get("/queue", response={200: QueueOut, **ERRORS}, tags=["nodes"], url_name="api_queue")
+def queue_list(request: HttpRequest) -> dict[str, Any]:
+    """Every job waiting for room, in the order the scheduler takes them, and why each waits.
+    Another user's job shows its place, size and submission time only."""
+    return {
+        "jobs": [
+            {**dataclasses.asdict(e), "submitted": e.submitted.isoformat()}
+            for e in queue.entries(request.user)
         ]
     }
 

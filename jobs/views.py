@@ -35,6 +35,7 @@ from jobs.services import (
     job_search,
     outcomes,
     presenters,
+    queue,
     rerun,
     retention,
     storage,
@@ -376,6 +377,12 @@ def node_list(request: HttpRequest) -> HttpResponse:
             "any_unisolated": any(not row.node.isolated for row in rows),
         },
     )
+
+
+@login_required
+def queue_page(request: HttpRequest) -> HttpResponse:
+    """Every waiting job in the order the scheduler takes them; others' jobs without names."""
+    return render(request, "jobs/queue.html", {"entries": queue.entries(request.user)})
 
 
 @login_required

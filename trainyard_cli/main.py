@@ -50,6 +50,10 @@ TimeLimit = Annotated[
         "stopped and fails. A limit lets a job start sooner (backfill)."
     ),
 ]
+Priority = Annotated[
+    str | None,
+    typer.Option(help='A priority class: "low", "normal", "high" (`trainyard priorities`).'),
+]
 Follow = Annotated[
     bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
 ]
@@ -157,6 +161,7 @@ def submit(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     time_limit: TimeLimit = None,
+    priority: Priority = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -191,6 +196,7 @@ def submit(
         restart_policy=restart,
         max_restarts=max_restarts,
         time_limit=time_limit,
+        priority=priority,
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -397,6 +403,7 @@ def rerun(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     time_limit: TimeLimit = None,
+    priority: Priority = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
@@ -421,6 +428,7 @@ def rerun(
         restart_policy=restart,
         max_restarts=max_restarts,
         time_limit=time_limit,
+        priority=priority,
     )
     jobfile.check_text(body)
     _submitted(api, api.post("/jobs", json=body), follow_log, wait, json_output)
@@ -572,6 +580,7 @@ def show(
         ("Started", render.local_time(job["started"])),
         ("Ended", render.local_time(job["finished"])),
         ("Duration", render.duration(render.job_seconds(job))),
+        ("Priority", _priority_text(job)),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
         ("Time limit", _time_limit_text(job)),
         ("Retention", _retention_text(job.get("retention"))),
@@ -673,6 +682,14 @@ def _time_limit_text(job: dict[str, Any]) -> str:
     ends = job.get("time_limit_ends")
     until = f", stopped at {render.local_time(ends)}" if ends else ""
     return f"{render.duration(seconds)} per attempt{until}"
+
+
+def _priority_text(job: dict[str, Any]) -> str:
+    """ "low, preempted by job 12": its class, and the jobs that preempted it (each attempt
+    they ended says so on its page)."""
+    by = job.get("preempted_by") or []
+    jobs = ", ".join(f"job {j}" for j in by)
+    return f"{job.get('priority', '?')}, preempted by {jobs}" if by else job.get("priority", "?")
 
 
 def _retention_text(retention: dict[str, Any] | None) -> str:
@@ -883,6 +900,34 @@ def nodes(json_output: Json = False) -> None:
 
 
 @app.command()
+def queue(json_output: Json = False) -> None:
+    """The jobs waiting for room, in the order the scheduler takes them, and why yours wait
+    (another user's job shows only its place, size and submission time)."""
+    entries = _api().get("/queue")["jobs"]
+    if json_output:
+        render.print_json(entries)
+        return
+    if not entries:
+        render.out.print("No job is waiting.")
+        return
+    render.table(
+        ["PLACE", "ID", "NAME", "OWNER", "CPU/GPU/GB", "SUBMITTED", "WHY IT WAITS"],
+        [
+            [
+                str(e["position"]),
+                "—" if e["job_id"] is None else str(e["job_id"]),
+                e["name"] or "another user's job",
+                e["owner"] or "—",
+                f"{e['cpu']} / {e['gpus']} / {e['memory_gb']}",
+                render.local_time(e["submitted"]),
+                e["reason"] or "—",
+            ]
+            for e in entries
+        ],
+    )
+
+
+@app.command()
 def quota(json_output: Json = False) -> None:
     """What you may still start: every quota that binds you, used against its limit."""
     summary = _api().get("/me")["quota"]
@@ -938,6 +983,28 @@ def packages(json_output: Json = False) -> None:
                 ", ".join(p["roles"]) or "any",
             ]
             for p in answer
+        ],
+    )
+
+
+@app.command()
+def priorities(json_output: Json = False) -> None:
+    """The priority classes a job may name (--priority), highest first."""
+    answer = _api().get("/catalog")["priority_classes"]
+    if json_output:
+        render.print_json(answer)
+        return
+    render.table(
+        ["CLASS", "VALUE", "PREEMPTS", "PREEMPTIBLE", "DESCRIPTION"],
+        [
+            [
+                c["name"] + (" (default)" if c["default"] else ""),
+                c["value"],
+                "yes" if c["may_preempt"] else "no",
+                "yes" if c["may_be_preempted"] else "no",
+                c["description"],
+            ]
+            for c in answer
         ],
     )
 

@@ -4,9 +4,10 @@ import signal
 from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Model, Q, QuerySet
+from django.db.models import Model, QuerySet
 
 from jobs.models import Job, Replica
+from jobs.services import queue
 
 
 def state_of(job_id: int) -> dict[str, Any] | None:
@@ -142,9 +143,8 @@ def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     of jobs, whatever its length."""
     if not list(jobs):
         return {}
-    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    ranking = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
-    return {pk: place for place, pk in enumerate(ranking.values_list("pk", flat=True), 1)}
+    ranking = queue.waiting_in_order().values_list("pk", flat=True)
+    return {pk: place for place, pk in enumerate(ranking, 1)}
 
 
 def queue_position(job: Job) -> int | None:
@@ -154,11 +154,8 @@ def queue_position(job: Job) -> int | None:
         or not job.replicas.filter(attempt=job.attempt, state=Replica.State.PENDING).exists()
     ):
         return None
-    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    ahead = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).filter(
-        Q(created__lt=job.created) | Q(created=job.created, pk__lt=job.pk)
-    )
-    return ahead.count() + 1
+    # The queue's own order, not a copy of it: a job's place is where the queue page shows it.
+    return queue_positions([job]).get(job.pk)
 
 
 def log_end_reason(job: Job) -> str:

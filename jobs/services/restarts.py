@@ -54,8 +54,8 @@ class Cause(enum.Enum):
     RULE_RESTART_AWAY = "health rule: restart-exclude-node"
     # The platform took the nodes (an admin's drain with eviction): not the job's failure.
     EVICTION = "eviction"
-    # To come: a job of a higher priority class takes the nodes; ruled like an eviction, so
-    # its caller only has to say why and call outcomes.end_attempt.
+    # A job of a higher priority class takes the nodes (jobs.services.preemption): the job
+    # always goes back to the queue, whatever its policy, since it is not its failure.
     PREEMPTION = "preemption"
     # The attempt held its nodes for the job's whole time limit (jobs.services.time_limits).
     TIME_LIMIT = "time limit"
@@ -92,9 +92,12 @@ def decide(job: Job, cause: Cause, why: str, node: str = "") -> Decision:
     """The one restart decision, torch elastic's: restart while the budget lasts, else fail.
 
     A cause that is not the job's own (eviction, preemption) restarts it without using the
-    budget, unless the policy is never, and then the reason says so. `node` is where the
-    attempt ended (the failed instance's node), "" when unknown or not one.
+    budget, unless the policy is never, and then the reason says so. A preemption always
+    requeues it, whatever its policy: the platform chose to stop it, and promised it its turn
+    back. `node` is where the attempt ended (the failed instance's node), "" when unknown.
     """
+    if cause is Cause.PREEMPTION:
+        return Decision(True, why, counts=False)
     if not cause.may_restart or job.restart_policy != RestartPolicy.ON_FAILURE:
         if not cause.counts:
             why = f"{why}; its restart policy is never"
@@ -112,19 +115,22 @@ def begin(
     exclude: list[str] | None = None,
     counts: bool = True,
     grace_seconds: float | None = None,
+    uncounted: str = "evicted",
 ) -> None:
     """End the current attempt because of `why` and prepare the next one.
 
-    `exclude` names nodes the next attempts avoid; `counts=False` (an eviction) does not use
-    up a restart. The old attempt's processes get SIGTERM, then SIGKILL after `grace_seconds`
-    (the agent's default when None).
+    `exclude` names nodes the next attempts avoid; `counts=False` (an eviction, a preemption:
+    `uncounted` says which) does not use up a restart. The old attempt's processes get SIGTERM,
+    then SIGKILL after `grace_seconds` (the agent's default when None).
     """
     now = timezone.now()
     old = job.attempt
     used = job.restarts_used + (1 if counts else 0)
     excluded, kept = _exclusions(job, exclude or [])
     backoff = timedelta(seconds=job.restart_backoff_seconds)
-    label = f"restart {used} of {job.max_restarts}" if counts else "restart (not counted: evicted)"
+    label = (
+        f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
+    )
     wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
     note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
     moved = transitions.move_job(

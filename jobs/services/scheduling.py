@@ -1,4 +1,5 @@
-"""Placing waiting jobs on the nodes, first come first served with backfill.
+"""Placing waiting jobs on the nodes: higher priority first, then first come first served,
+with backfill, and preemption for the classes that may preempt.
 
 `schedule()` runs in the console worker (the `schedule` task, and every reconciliation pass),
 never on a user's request: it takes the node rows' locks (on SQLite, the database's one write
@@ -19,6 +20,8 @@ from jobs.models import Job, Node, Replica
 from jobs.services import dispatch, time_limits, transitions
 from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
+from jobs.services.preempt_pass import PreemptionPass
+from jobs.services.queue_order import ORDER_BY
 from jobs.services.totals import RoleRequest
 from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
 from workers import contract
@@ -81,28 +84,43 @@ def demands_of(replicas: list[Replica]) -> list[Demand]:
 
 
 def waiting_jobs() -> list[Job]:
-    """Queued jobs not yet placed, first come first served."""
+    """Queued jobs not yet placed, in the queue's order (jobs.services.queue_order): higher
+    priority first, then first come, first served."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
     return list(
         Job.objects.select_for_update()
         .filter(state=Job.State.QUEUED, pk__in=unplaced)
-        .order_by("created", "id")
+        .order_by(*ORDER_BY)
         # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
         # read again whole for its start messages.
-        .only("id", "created", "owner_id", "state", "reason", "excluded_nodes", "time_limit")
+        .only(
+            "id",
+            "created",
+            "owner_id",
+            "state",
+            "reason",
+            "excluded_nodes",
+            "priority",
+            "priority_class_id",
+            "preempted_by",
+            "time_limit",
+        )
     )
 
 
 def schedule() -> list[int]:
-    """Place waiting jobs in submission order; returns the ids dispatched.
+    """Place waiting jobs in the queue's order; returns the ids dispatched.
 
-    A job that does not fit now does not hold back smaller jobs behind it that do (backfill).
-    When the running jobs' time limits say when the first such job can start, that start is
-    reserved and a later job may start first only if that cannot delay it (EASY backfill,
-    jobs.services.backfill). When they do not, the grace rule holds: once that job has waited
-    longer than TRAINYARD_BACKFILL_GRACE_SECONDS the queue is strictly first come, first served
-    until it starts, so a large job is never starved.
+    A job that does not fit and whose priority class may preempt evicts the running jobs
+    jobs.services.preemption chooses, and the room they free is reserved for it until they
+    have stopped and it starts (jobs.services.preempt_pass). A job that does not fit now does
+    not hold back smaller jobs behind it that do (backfill). When the running jobs' time limits
+    say when the first such job can start, that start is reserved and a later job may start
+    first only if that cannot delay it (EASY backfill, jobs.services.backfill). When they do
+    not, the grace rule holds: once that job has waited longer than
+    TRAINYARD_BACKFILL_GRACE_SECONDS the queue is strictly first come, first served until it
+    starts, so a large job is never starved.
     """
     dispatched: list[int] = []
     if not Replica.objects.filter(
@@ -141,6 +159,7 @@ def schedule() -> list[int]:
         # same demands and exclusions wait for the same reason: worked out once per pass, not
         # once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
         reasons: dict[tuple[object, ...], str] = {}
+        preemption = PreemptionPass(held, timezone.now())
         for job in waiting:
             replicas = unplaced[job.pk]
             demands = demands_of(replicas)
@@ -173,6 +192,18 @@ def schedule() -> list[int]:
                     reasons.setdefault(held_back, _held_back(easy.reservation, now, job))
                     transitions.set_job_reason(job, reasons[held_back])
                     continue
+            if assignment is None and preemption.may_preempt(job):
+                # Jobs alike find no victims alike, until the rooms change (as `reasons`).
+                alike = ("no victims", key, job.priority, tuple(job.preempted_by))
+                made = None
+                if alike not in reasons or preemption.has_victims_stopping(job):
+                    made = preemption.make_room(job, demands, allowed, _visible_to(job))
+                if made is not None:
+                    reasons.clear()  # the rooms changed: room is reserved for this job
+                    transitions.set_job_reason(job, made.reason)
+                    blocker = blocker or job
+                    continue
+                reasons[alike] = ""
             if assignment is None:
                 if key not in reasons:
                     why = why_waiting(demands, allowed, views, held, _visible_to(job))

@@ -133,3 +133,12 @@ def stop_unplaced(job: Job, attempt: int | None = None) -> int:
     if stopped:
         events.state_changed_on_commit(job.pk, presenters.states_of)
     return stopped
+
+
+def note_preempted(job: Job, by: int) -> None:
+    """Add `by` to the jobs that preempted `job`, now (jobs.services.preemption reads it)."""
+    job.preempted_by = [*job.preempted_by, by]
+    job.last_preempted = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        preempted_by=job.preempted_by, last_preempted=job.last_preempted
+    )

@@ -272,6 +272,10 @@ def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:
     assert json.loads(cli("quota", "--json").stdout)["left"]["cpu"] <= QUOTA["cpu"]
     assert "pytorch:2.13-cpu" in [i["name"] for i in json.loads(cli("images", "--json").stdout)]
     assert "cpu-1" in [p["name"] for p in json.loads(cli("packages", "--json").stdout)]
+    # Other tests' jobs may be waiting on the shared stack: each one is listed once, in order.
+    waiting = json.loads(cli("queue", "--json").stdout)
+    assert [e["position"] for e in waiting] == list(range(1, len(waiting) + 1))
+    assert cli("queue").stdout.startswith("PLACE" if waiting else "No job is waiting.")
     points = json.loads(cli("metrics", str(job_id), "--json").stdout)
     assert {(p["name"], p["step"]) for p in points if p["role"] == "master"} >= {
         ("loss", 0),

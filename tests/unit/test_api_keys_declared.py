@@ -126,6 +126,7 @@ def test_every_key_of_a_real_answer_is_in_the_openapi_document(
         "/api/v1/catalog": "/api/v1/catalog",
         "/api/v1/me": "/api/v1/me",
         "/api/v1/nodes": "/api/v1/nodes",
+        "/api/v1/queue": "/api/v1/queue",
         "/api/v1/snapshots": "/api/v1/snapshots",
     }
     for user in (alice, charlie_admin):  # an administrator's answers say more (nodes, users)

@@ -1,0 +1,71 @@
+"""The queue as its users see it: every job waiting for room, in the order the scheduler
+takes them, with why each waits.
+
+Everyone sees the whole queue, because where a job stands depends on the jobs ahead of it, but
+not what is not theirs: another user's job shows its place, its size and how long it has
+waited, never its name, id, owner or reason (a reason is written for its owner and may name
+their other jobs). Administrators see everything.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.auth.models import AnonymousUser, User
+from django.db.models import QuerySet
+
+from jobs.access import visible_jobs
+from jobs.models import Job, Replica
+from jobs.services.queue_order import ORDER_BY
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    position: int  # 1 for the job the scheduler tries first
+    job_id: int | None  # None: the viewer may not see the job
+    name: str | None
+    owner: str | None
+    cpu: int
+    gpus: int
+    memory_gb: int
+    submitted: datetime
+    reason: str | None
+
+    @property
+    def shown(self) -> bool:
+        return self.job_id is not None
+
+
+def waiting_in_order() -> "QuerySet[Job]":
+    """The jobs waiting for room (queued, with an instance not yet placed), first the one the
+    scheduler takes first."""
+    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
+
+
+def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
+    jobs = list(
+        waiting_in_order()
+        .select_related("owner")
+        .only(
+            "id", "name", "owner__username", "cpu_total", "gpus_total", "memory_gb_total",
+            "created", "reason",
+        )
+    )  # fmt: skip
+    visible = set(
+        visible_jobs(viewer).filter(pk__in=[j.pk for j in jobs]).values_list("pk", flat=True)
+    )
+    return [_entry(place, job, job.pk in visible) for place, job in enumerate(jobs, 1)]
+
+
+def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
+    return QueueEntry(
+        position=position,
+        job_id=job.pk if shown else None,
+        name=job.name if shown else None,
+        owner=job.owner.get_username() if shown else None,
+        cpu=job.cpu_total,
+        gpus=job.gpus_total,
+        memory_gb=job.memory_gb_total,
+        submitted=job.created,
+        reason=job.reason if shown else None,
+    )
