@@ -242,6 +242,13 @@ class PriorityClass(models.Model):
         default=False, help_text="Its running jobs may be evicted by higher-priority ones."
     )
     description = models.CharField(max_length=300, blank=True)
+    default_time_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a job of this class may hold its nodes per attempt, when it sets no "
+        "time limit of its own; empty: none (jobs.services.time_limits.default_for).",
+    )
 
     class Meta:
         ordering = ["-value", "name"]

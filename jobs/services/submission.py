@@ -486,7 +486,9 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.health_rules,
             request.env,
             request.log_limits,
-            request.time_limit if request.time_limit is not None else default_for(user),
+            request.time_limit
+            if request.time_limit is not None
+            else default_for(user, request.priority),
             request.priority,
         )
         # Placement runs in the console worker: this request holds the write lock only for

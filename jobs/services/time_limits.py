@@ -22,22 +22,23 @@ from django.db import transaction
 from django.db.models import F, Min
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, Quota, Replica
+from jobs.models import Job, JobAttempt, PriorityClass, Quota, Replica
 from jobs.services import outcomes, restarts
 from jobs.time_limit_text import reached
 
 log = logging.getLogger(__name__)
 
 
-def default_for(user: User) -> int | None:
-    """The time limit a job of `user` gets when it sets none: the tightest default among the
-    quotas of the user's groups, else the console's (TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS),
-    else none. (A per-priority-class default, when classes come, is one more term here.)"""
+def default_for(user: User, priority: PriorityClass | None = None) -> int | None:
+    """The time limit a job of `user` in class `priority` gets when it sets none: the tightest
+    of its class's default and those of the quotas of the user's groups, else the console's
+    (TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS), else none."""
     by_group = Quota.objects.filter(
         group__in=user.groups.all(), default_time_limit__isnull=False
     ).aggregate(tightest=Min("default_time_limit"))["tightest"]
-    if by_group:
-        return int(by_group)
+    found = [int(d) for d in (by_group, priority and priority.default_time_limit) if d]
+    if found:
+        return min(found)
     return settings.TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS or None
 
 

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, Node, Quota, Replica, RestartPolicy
+from jobs.models import Job, JobAttempt, Node, PriorityClass, Quota, Replica, RestartPolicy
 from jobs.services import time_limits
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.time_limit_text import BadTimeLimit, in_words, parse
@@ -89,6 +89,11 @@ def test_a_job_without_a_limit_gets_its_groups_tightest_default_else_the_console
     assert time_limits.default_for(alice) == 2 * 3600
     assert submit(1).time_limit == 2 * 3600
     assert submit(1, time_limit="6h").time_limit == 6 * 3600  # its own wins
+    # A priority class may have a default of its own: the tightest applies.
+    PriorityClass.objects.filter(name="low").update(default_time_limit=3600)
+    PriorityClass.objects.filter(name="high").update(default_time_limit=4 * 3600)
+    assert submit(1, priority="low").time_limit == 3600
+    assert submit(1, priority="high").time_limit == 2 * 3600
 
 
 def test_the_api_and_the_job_page_show_the_limit_and_when_the_attempt_is_stopped(
