@@ -69,14 +69,19 @@ class PriorityClassAdmin(admin.ModelAdmin):
     """Jobs keep the value their class had when they were submitted: an edit orders the jobs
     submitted after it; what a class may do (preempt, be preempted) applies at once."""
 
-    list_display = ("name", "value", "may_preempt", "may_be_preempted", "description")
+    list_display = (
+        "name", "value", "may_preempt", "may_be_preempted", "default_time_limit", "description",
+    )  # fmt: skip
 
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority")
+    list_display = (
+        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority", "default_time_limit",
+    )  # fmt: skip
     fields = (
         "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
+        "default_time_limit",
     )  # fmt: skip
 
 
