@@ -163,6 +163,9 @@ TASK_START_REPLICA = "trainyard.agent.start_replica"
 TASK_STOP_JOB = "trainyard.agent.stop_job"
 # A deleted job's checkpoint folder goes (sent to the nodes it ran on; the folder is shared).
 TASK_REMOVE_CHECKPOINTS = "trainyard.agent.remove_checkpoints"
+# An ended job's working folder goes when its retention ends (workers/workfolder.py); its
+# checkpoint folder stays until the job is deleted. An agent older than this task drops it.
+TASK_REMOVE_WORKING_FOLDER = "trainyard.agent.remove_working_folder"
 TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
 TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"

@@ -1122,8 +1122,20 @@ class Supervisor:
         folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
         removed = checkpoint_retention.remove_folder(folder)
         # The job's working folder holds what its scripts saved where they stood: the same.
+        return self.remove_working_folder(job_id, checkpoint_key) or removed
+
+    def remove_working_folder(self, job_id: int, checkpoint_key: str) -> bool:
+        """Remove an ended job's working folder (its retention ended, or it was deleted); safe
+        to call twice, and on every node. Never while a replica of the job runs here."""
+        if not checkpoint_retention.is_key(checkpoint_key):
+            log.warning("refused to remove the working folder of job %s: bad key", job_id)
+            return False
+        with self._lock:
+            if any(j == job_id for j, *_ in self._runs):
+                log.warning("job %s runs here: its working folder stays", job_id)
+                return False
         work = workfolder.folder_of(self.checkpoint_root, job_id, checkpoint_key)
-        return workfolder.remove(work) or removed
+        return workfolder.remove(work)
 
     def _prune_checkpoints(self, spec: ReplicaSpec) -> None:
         """Once the job no longer runs here, its checkpoints beyond the newest K go."""
