@@ -630,9 +630,7 @@ class Supervisor:
         ):
             argv, env = local.argv, local.env
             if spec.container_image:
-                argv = self._in_container(
-                    run, local, cwd, script, code, job_dir, checkpoint_dir
-                )
+                argv = self._in_container(run, local, cwd, script, code, job_dir, checkpoint_dir)
             else:
                 if "example" in spec.program and self.sandbox.isolation.isolated:
                     # A built-in example imports the agent's own `workers` package, whatever
@@ -803,7 +801,9 @@ class Supervisor:
         code = workfolder.install_code(
             work,
             functools.partial(
-                self.snapshots.unpack_into, program["snapshot"], should_stop=run.stop_requested.is_set
+                self.snapshots.unpack_into,
+                program["snapshot"],
+                should_stop=run.stop_requested.is_set,
             ),
         )
         if self.snapshots.fetches > fetched:

@@ -12,9 +12,7 @@ def nodes_that_ran(job: Job) -> list[str]:
     """The names of the nodes any replica of the job was placed on."""
     return sorted(
         set(
-            Replica.objects.filter(job=job, node__isnull=False).values_list(
-                "node__name", flat=True
-            )
+            Replica.objects.filter(job=job, node__isnull=False).values_list("node__name", flat=True)
         )
     )
 

@@ -60,12 +60,14 @@ def kill_a_worker_mid_run(
     )
     wait_until(
         "both ranks to stall mid-run",
-        lambda: {
-            m.group(1)
-            for x in user.logs(job["id"])
-            if x["attempt"] == 0 and (m := STALLED.match(x["text"]))
-        }
-        == {"0", "1"},
+        lambda: (
+            {
+                m.group(1)
+                for x in user.logs(job["id"])
+                if x["attempt"] == 0 and (m := STALLED.match(x["text"]))
+            }
+            == {"0", "1"}
+        ),
     )
     first_nodes = {r["role"]: r["node"] for r in user.job(job["id"])["replicas"]}
     pid = wait_until("worker-1's pid", lambda: trainer_pid(stack, job["id"], "worker", 1, 0))

@@ -130,8 +130,9 @@ def test_every_attempt_starts_in_the_jobs_working_folder_on_the_shared_root(
     reports = Reports()
     shipper = LogShipper(client, tmp_path / "spool")
     nodes = [
-        Supervisor(name, client, shipper, reports, tmp_path / name, code_root,
-                   checkpoint_root=shared)  # fmt: skip
+        Supervisor(
+            name, client, shipper, reports, tmp_path / name, code_root, checkpoint_root=shared
+        )
         for name in ("n1", "n2")
     ]
     try:
