@@ -76,8 +76,9 @@ def torchelastic_run_id(job_id: int) -> str:
 
 
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
-# A folder of the instance's own in this attempt, for scratch files: processes start in the
-# code's folder, which every instance of the job (and every job of its code) shares.
+# A folder of the instance's own in this attempt, on its node, for scratch files: processes
+# start in the job's working folder (workers/workfolder.py), which every instance and attempt
+# of the job shares.
 TRAINYARD_SCRATCH_DIR = "TRAINYARD_SCRATCH_DIR"
 TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
 # The metrics channel: a file the process appends JSON lines to (see workers/metrics.py).

@@ -610,7 +610,7 @@ class Supervisor:
         cwd.mkdir(parents=True, exist_ok=True)
         try:
             script, code = self._program(run, cwd)
-        except (ProgramError, SnapshotError) as exc:
+        except (ProgramError, SnapshotError, workfolder.WorkFolderError) as exc:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
         # The folders the trainer writes to become its own; nobody else's trainers enter.
         sandbox.prepare_scratch(job_dir)

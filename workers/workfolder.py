@@ -47,6 +47,10 @@ STAGING_PREFIX = ".code-staging-"
 _NEVER_LINKED = (CODE_DIR, ".trainyard")
 
 
+class WorkFolderError(ValueError):
+    """The working folder is not as the agent left it; the message says why."""
+
+
 def folder_name(job_id: int, checkpoint_key: str) -> str:
     """The same name as the job's checkpoint folder (job-<id>-<key>), under WORKDIRS."""
     return f"job-{job_id}-{checkpoint_key}" if checkpoint_key else f"job-{job_id}"
@@ -62,6 +66,10 @@ def install_code(work: Path, unpack: Callable[[Path], None]) -> Path:
     it and two nodes starting at once keep one copy. `unpack` fills the folder it is given
     (which does not exist yet)."""
     code = work / CODE_DIR
+    if code.is_symlink():
+        # The job owns its folder: a link there would have the agent bind whatever it names
+        # into the job's next sandbox. (In the sandbox `.code` is a mount: it cannot be moved.)
+        raise WorkFolderError(f"{code} is a link, not the job's code: remove the job's working folder")
     if code.is_dir():
         return code
     staging = work / f"{STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"

@@ -154,3 +154,14 @@ def test_every_attempt_starts_in_the_jobs_working_folder_on_the_shared_root(
         for node in nodes:
             node.shutdown()
         shipper.close()
+
+
+def test_a_link_in_place_of_the_code_is_refused(tmp_path: Path) -> None:
+    """A job (on a node without the sandbox) that put a link where its code was would have the
+    agent show what it names in its next attempt's sandbox: refused, and nothing is made."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".code").symlink_to(tmp_path)
+    with pytest.raises(workfolder.WorkFolderError, match="is a link"):
+        workfolder.install_code(work, code_into({"train.py": ""}))
+    assert sorted(p.name for p in work.iterdir()) == [".code"]
