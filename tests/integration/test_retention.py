@@ -84,7 +84,9 @@ def test_prune_removes_what_its_dry_run_listed_and_spares_a_kept_job(
     assert shown.stdout.startswith(f"Job {expiring}: log and metrics removed "), shown.stdout
 
 
-def test_deleting_a_job_has_an_agent_remove_its_checkpoints_and_working_folder(stack: RunningStack) -> None:
+def test_deleting_a_job_has_an_agent_remove_its_checkpoints_and_working_folder(
+    stack: RunningStack,
+) -> None:
     user = stack.create_user("checkpoint-owner", "a-long-password-1", quota=QUOTA)
     job_id = user.submit(pytorch_request("checkpointed", "checkpointer.py", 2))["id"]
     assert user.wait_finished(job_id)["state"] == "succeeded"
