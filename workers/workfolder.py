@@ -69,7 +69,9 @@ def install_code(work: Path, unpack: Callable[[Path], None]) -> Path:
     if code.is_symlink():
         # The job owns its folder: a link there would have the agent bind whatever it names
         # into the job's next sandbox. (In the sandbox `.code` is a mount: it cannot be moved.)
-        raise WorkFolderError(f"{code} is a link, not the job's code: remove the job's working folder")
+        raise WorkFolderError(
+            f"{code} is a link, not the job's code: remove the job's working folder"
+        )
     if code.is_dir():
         return code
     staging = work / f"{STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
