@@ -243,7 +243,7 @@ class FakeAgent:
             await self.start(kwargs["spec"])
         elif task == contract.TASK_STOP_JOB:
             await self.stop_job(**kwargs)
-        elif task == contract.TASK_REMOVE_CHECKPOINTS:
+        elif task in (contract.TASK_REMOVE_CHECKPOINTS, contract.TASK_REMOVE_WORKING_FOLDER):
             pass  # nothing on disk
         else:
             log.warning("%s: unknown task %s", self.node, task)

@@ -132,6 +132,10 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
     def remove_checkpoints(job_id: int, checkpoint_key: str) -> None:
         supervisor.remove_checkpoints(job_id, checkpoint_key)
 
+    @app.task(name=contract.TASK_REMOVE_WORKING_FOLDER)
+    def remove_working_folder(job_id: int, checkpoint_key: str) -> None:
+        supervisor.remove_working_folder(job_id, checkpoint_key)
+
 
 def retry_policy(deadline: float | None) -> dict[str, Any]:
     """Patient by default; with a deadline (time.monotonic()), retries that fit before it."""

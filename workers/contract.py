@@ -76,8 +76,9 @@ def torchelastic_run_id(job_id: int) -> str:
 
 
 TRAINYARD_CODE_ROOT = "TRAINYARD_CODE_ROOT"
-# A folder of the instance's own in this attempt, for scratch files: processes start in the
-# code's folder, which every instance of the job (and every job of its code) shares.
+# A folder of the instance's own in this attempt, on its node, for scratch files: processes
+# start in the job's working folder (workers/workfolder.py), which every instance and attempt
+# of the job shares.
 TRAINYARD_SCRATCH_DIR = "TRAINYARD_SCRATCH_DIR"
 TRAINYARD_KVSTORE = "TRAINYARD_KVSTORE"  # parameter-server jobs: the mode the user picked
 # The metrics channel: a file the process appends JSON lines to (see workers/metrics.py).
@@ -163,6 +164,9 @@ TASK_START_REPLICA = "trainyard.agent.start_replica"
 TASK_STOP_JOB = "trainyard.agent.stop_job"
 # A deleted job's checkpoint folder goes (sent to the nodes it ran on; the folder is shared).
 TASK_REMOVE_CHECKPOINTS = "trainyard.agent.remove_checkpoints"
+# An ended job's working folder goes when its retention ends (workers/workfolder.py); its
+# checkpoint folder stays until the job is deleted. An agent older than this task drops it.
+TASK_REMOVE_WORKING_FOLDER = "trainyard.agent.remove_working_folder"
 TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
 TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"

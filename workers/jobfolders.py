@@ -1,8 +1,9 @@
-"""The agent's per-job folders (`<workdir>/jobs/<job id>/`: each instance's scratch folder, its
-temporary files, the job's unpacked code), removed once the job no longer runs on this node,
-keeping the last few for inspection (`--keep-job-folders`, TRAINYARD_AGENT_KEEP_JOB_FOLDERS).
+"""The agent's per-job folders (`<workdir>/jobs/<job id>/`: each instance's scratch folder and
+its temporary files), removed once the job no longer runs on this node, keeping the last few
+for inspection (`--keep-job-folders`, TRAINYARD_AGENT_KEEP_JOB_FOLDERS).
 
-Checkpoints are not here (they live under the shared checkpoint root) and are never touched.
+Checkpoints and the job's working folder with its code are not here (they live under the
+shared checkpoint root, workers/workfolder.py) and are never touched.
 A folder is first renamed out of the way, under the supervisor's lock, so that a replica of the
 same job starting right then makes a fresh folder instead of losing files to the removal.
 """

@@ -5,9 +5,10 @@ A trainer runs under bubblewrap (`bwrap`, Flatpak's sandbox, in every distributi
   environment or command line (the agent's Redis credentials among them) can be read;
 - a new root holding, read-only, only the system (/usr, /etc, /sys and the /bin, /lib links),
   the trainer's Python environment, the trainer library and the job's code; writable, only
-  the instance's own folder (also its HOME, TMPDIR and /dev/shm) and the job's checkpoint
-  folder. The console's and the agent's folders, other jobs' folders and every other path of
-  the host do not exist in there;
+  the instance's own folder (also its HOME, TMPDIR and /dev/shm), the job's working folder
+  (where it starts; its code bound read-only over it) and the job's checkpoint folder. The
+  console's and the agent's folders, other jobs' folders (working folders included) and every
+  other path of the host do not exist in there;
 - a minimal /dev, plus the device nodes of the GPUs the agent gave the instance (CUDA numbers
   them 0..k-1 inside, as in a container);
 - the host's network (gloo and NCCL need it); no Redis credential is in reach, so the bus

@@ -389,6 +389,13 @@ class SnapshotCache:
                 os.replace(staging, destination)
         return destination
 
+    def unpack_into(
+        self, sha256: str, destination: Path, should_stop: Callable[[], bool] = lambda: False
+    ) -> None:
+        """The snapshot unpacked into `destination`, a folder that must not exist yet (a job's
+        working folder's staging folder: workers/workfolder.py makes it atomic)."""
+        unpack(self.archive(sha256, should_stop), destination)
+
     def _fetch(self, sha256: str, path: Path, should_stop: Callable[[], bool]) -> None:
         key = contract.snapshot_key(sha256)
         deadline = time.monotonic() + FETCH_WAIT_SECONDS

@@ -51,6 +51,7 @@ from workers import (
     jobfolders,
     keeper,
     sandbox,
+    workfolder,
 )
 from workers.diskspace import DiskWatch, is_no_room
 from workers.filetail import FileTail
@@ -621,14 +622,19 @@ class Supervisor:
         job_dir = self._workdir / "jobs" / str(spec.job_id) / f"attempt-{spec.attempt}" / spec.tag
         job_dir.mkdir(parents=True, exist_ok=True)
         run.instance_dir = job_dir
-        try:
-            script, cwd = self._program(run, job_dir)
-        except (ProgramError, SnapshotError) as exc:
-            raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
+        # First: a restart where the shared root is not shared must not start afresh.
         checkpoint_dir = self._checkpoint_dir(spec)
-        # The two folders the trainer writes to become its own; nobody else's trainers enter.
+        # Every trainer of the job starts in the job's one working folder (workers/workfolder.py)
+        # on the shared root, so what a script saves where it stands is found on any node.
+        cwd = workfolder.folder_of(self.checkpoint_root, spec.job_id, spec.checkpoint_key)
+        cwd.mkdir(parents=True, exist_ok=True)
+        try:
+            script, code = self._program(run, cwd)
+        except (ProgramError, SnapshotError, workfolder.WorkFolderError) as exc:
+            raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
+        # The folders the trainer writes to become its own; nobody else's trainers enter.
         sandbox.prepare_scratch(job_dir)
-        for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir):
+        for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir, cwd):
             self.sandbox.hand_over(folder, spec.owner)
         kept: list[KeptProcess] = []
         metrics_files: list[str] = []
@@ -644,7 +650,7 @@ class Supervisor:
         ):
             argv, env = local.argv, local.env
             if spec.container_image:
-                argv = self._in_container(run, local, cwd, script, job_dir, checkpoint_dir)
+                argv = self._in_container(run, local, cwd, script, code, job_dir, checkpoint_dir)
             else:
                 if "example" in spec.program and self.sandbox.isolation.isolated:
                     # A built-in example imports the agent's own `workers` package, whatever
@@ -654,9 +660,10 @@ class Supervisor:
                     argv,
                     sandbox.Folders(
                         cwd=cwd,
-                        # The trainer library and the built-in examples; the user's script.
-                        read_only=[WORKERS_PACKAGE, TRAINER_LIB, script.parent],
-                        writable=[job_dir, checkpoint_dir],
+                        # The trainer library and the built-in examples; the user's code
+                        # (in the working folder, bound read-only over it, or the code root).
+                        read_only=[WORKERS_PACKAGE, TRAINER_LIB, script.parent, code],
+                        writable=[job_dir, checkpoint_dir, cwd],
                         gpu_ids=run.gpu_ids,
                         scratch=job_dir,
                     ),
@@ -805,24 +812,33 @@ class Supervisor:
         }
         return run.started_report
 
-    def _program(self, run: _ReplicaRun, instance_dir: Path) -> tuple[Path, Path]:
-        """The script to run, and the folder its processes start in, as under torchrun launched
-        in the project's folder: the job's code snapshot (unpacked once per job on this node),
-        or the code root. A built-in example, which has no project, starts in the instance's
-        own folder (TRAINYARD_SCRATCH_DIR, which every process gets)."""
+    def _program(self, run: _ReplicaRun, work: Path) -> tuple[Path, Path]:
+        """The script to run, by its absolute path, and the folder of code it belongs to.
+
+        A snapshot is unpacked once per job into the working folder's `.code` and a script
+        under the code root stays there; either way the code's top-level entries are linked
+        into the working folder, so that the script finds its files relative to where it
+        starts, as in its project's folder (workers/workfolder.py says why). A built-in
+        example has no project: nothing is linked."""
         program = run.spec.program
-        if "path" in program and "snapshot" not in program:
-            return resolve_program(program, self._code_root), self._code_root
         if "snapshot" not in program:
-            return resolve_program(program, self._code_root), instance_dir
+            script = resolve_program(program, self._code_root)
+            if "path" not in program:
+                return script, script.parent
+            workfolder.link_entries(work, self._code_root.resolve(), relative=False)
+            return script, self._code_root.resolve()
         fetched = self.snapshots.fetches
-        code = self.snapshots.checkout(
-            program["snapshot"],
-            self._workdir / "jobs" / str(run.spec.job_id) / "code",
-            should_stop=run.stop_requested.is_set,
+        code = workfolder.install_code(
+            work,
+            functools.partial(
+                self.snapshots.unpack_into,
+                program["snapshot"],
+                should_stop=run.stop_requested.is_set,
+            ),
         )
         if self.snapshots.fetches > fetched:
             log.info("job %s: fetched code snapshot %s", run.spec.job_id, program["snapshot"])
+        workfolder.link_entries(work, code, relative=True)
         return resolve_under_root(code, program["path"]), code
 
     def _python_for(self, spec: ReplicaSpec) -> str:
@@ -843,6 +859,7 @@ class Supervisor:
         local: LocalProcess,
         cwd: Path,
         script: Path,
+        code: Path,
         instance_dir: Path,
         checkpoint_dir: Path,
     ) -> list[str]:
@@ -855,12 +872,14 @@ class Supervisor:
             )
         env_file = instance_dir / f"env-{local.local_rank}"
         folders = {cwd, instance_dir, checkpoint_dir}
+        if not code.is_relative_to(cwd):
+            folders.add(code)  # the code root; a snapshot is inside the working folder
         mounts = [containers.Mount(TRAINER_LIB, read_only=True)]
         script_inside = None
         if "example" in spec.program:
             library, script_inside = containers.example_layout(script)
             mounts.append(library)
-        # The code's folder is where the processes start: the snapshot, or the code root.
+        # The processes start in the job's working folder.
         mounts += [containers.Mount(folder) for folder in sorted(folders)]
         env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
         containers.write_env_file(env_file, env)
@@ -1139,7 +1158,22 @@ class Supervisor:
                 log.warning("job %s runs here: its checkpoints stay", job_id)
                 return False
         folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
-        return checkpoint_retention.remove_folder(folder)
+        removed = checkpoint_retention.remove_folder(folder)
+        # The job's working folder holds what its scripts saved where they stood: the same.
+        return self.remove_working_folder(job_id, checkpoint_key) or removed
+
+    def remove_working_folder(self, job_id: int, checkpoint_key: str) -> bool:
+        """Remove an ended job's working folder (its retention ended, or it was deleted); safe
+        to call twice, and on every node. Never while a replica of the job runs here."""
+        if not checkpoint_retention.is_key(checkpoint_key):
+            log.warning("refused to remove the working folder of job %s: bad key", job_id)
+            return False
+        with self._lock:
+            if any(j == job_id for j, *_ in self._runs):
+                log.warning("job %s runs here: its working folder stays", job_id)
+                return False
+        work = workfolder.folder_of(self.checkpoint_root, job_id, checkpoint_key)
+        return workfolder.remove(work)
 
     def _prune_checkpoints(self, spec: ReplicaSpec) -> None:
         """Once the job no longer runs here, its checkpoints beyond the newest K go."""

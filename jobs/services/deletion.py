@@ -1,14 +1,14 @@
-"""Deleting a job (admins, in /admin/): its rows go, and so do its checkpoints, which only the
-agents can reach (the checkpoint root is theirs): each node the job ran on is asked, after
-commit, to remove the job's folder (workers/checkpoint_retention.py). The folder is shared, so
-one answer suffices; asking each copes with a node that has its own root. Its code snapshot, if
-nothing else names it, goes at the next retention pass.
+"""Deleting a job (admins, in /admin/): its rows go, and so do its checkpoints and its working
+folder, which only the agents can reach (the checkpoint root is theirs): each node the job ran
+on is asked, after commit, to remove both (jobs/services/agent_folders.py,
+workers/checkpoint_retention.py, workers/workfolder.py). Its code snapshot, if nothing else
+names it, goes at the next retention pass.
 """
 
 from django.db import transaction
 
-from console.celery import app
-from jobs.models import Job, Replica
+from jobs.models import Job
+from jobs.services.agent_folders import ask_to_remove, nodes_that_ran
 from workers import contract
 
 
@@ -24,23 +24,12 @@ def delete_job(job_id: int) -> list[str]:
             return []
         if job.is_active:
             raise JobStillActive(f"job {job_id} is {job.state}: cancel it first")
-        nodes = sorted(
-            set(
-                Replica.objects.filter(job=job, node__isnull=False).values_list(
-                    "node__name", flat=True
-                )
-            )
-        )
+        nodes = nodes_that_ran(job)
         key = job.checkpoint_key
         job.delete()
-        transaction.on_commit(lambda: _ask_nodes(job_id, key, nodes), robust=True)
-    return nodes
-
-
-def _ask_nodes(job_id: int, checkpoint_key: str, nodes: list[str]) -> None:
-    for node in nodes:
-        app.send_task(
-            contract.TASK_REMOVE_CHECKPOINTS,
-            kwargs={"job_id": job_id, "checkpoint_key": checkpoint_key},
-            queue=contract.node_queue(node),
+        # The agent removes the working folder with the checkpoints (one task for both).
+        transaction.on_commit(
+            lambda: ask_to_remove(contract.TASK_REMOVE_CHECKPOINTS, job_id, key, nodes),
+            robust=True,
         )
+    return nodes

@@ -5,7 +5,10 @@ What goes (docs/operations.md):
   the job's own `log_retention_days` or else TRAINYARD_LOG_RETENTION_DAYS, and 0 means never; a
   kept job (`keep`) loses nothing. The Job row stays, with `logs_pruned` saying when they went.
 - code snapshots that no job runs and no user lists (the last upload forgotten, or the last job
-  that named it deleted), once they are older than SNAPSHOT_GRACE.
+  that named it deleted), once they are older than SNAPSHOT_GRACE;
+- with an ended job's log, its working folder on the shared checkpoint root (what its scripts
+  saved where they started, workers/workfolder.py): the nodes it ran on are asked to remove it,
+  after commit. Its checkpoint folder (TRAINYARD_CHECKPOINT_DIR) stays until the job is deleted.
 
 `plan()` lists what would go at a moment; `prune()` removes exactly what `plan()` lists for the
 same moment, each item re-checked under a lock as it goes (a job kept meanwhile stays), so that
@@ -25,7 +28,9 @@ from django.db.models.functions import Length
 from django.utils import timezone
 
 from jobs.models import CodeSnapshot, Job, LogChunk, MetricPoint
+from jobs.services.agent_folders import ask_to_remove, nodes_that_ran
 from jobs.services.periodic import PeriodicPass
+from workers import contract
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +58,8 @@ class ExpiredLog:
         return (
             f"job {self.job_id} ({self.owner}): log {self.log_chunks} chunks "
             f"{self.log_characters} characters, {self.metric_points} metric points; ended "
-            f"{self.finished:%Y-%m-%d %H:%M}, expired {self.expired:%Y-%m-%d %H:%M}"
+            f"{self.finished:%Y-%m-%d %H:%M}, expired {self.expired:%Y-%m-%d %H:%M}; "
+            "and its working folder"
         )
 
 
@@ -187,6 +193,11 @@ def _remove_log(item: ExpiredLog, now: datetime) -> bool:
         MetricPoint.objects.filter(job=job).delete()
         job.logs_pruned = now
         job.save(update_fields=["logs_pruned"])
+        job_id, key, nodes = job.pk, job.checkpoint_key, nodes_that_ran(job)
+        transaction.on_commit(
+            lambda: ask_to_remove(contract.TASK_REMOVE_WORKING_FOLDER, job_id, key, nodes),
+            robust=True,
+        )
     log.info("retention: removed %s", item.describe())
     return True
 

@@ -289,12 +289,19 @@ def test_a_queued_job_runs_the_snapshot_it_was_submitted_with_and_agents_fetch_i
         ("1", "v1")
     }
     assert user.wait_finished(holder["id"])["state"] == "succeeded"
-    # Each agent read v1 from Redis once, however many jobs ran it there.
+    # Each agent read v1 from Redis at most once, however many jobs ran it there. A job's code
+    # is unpacked once for all its hosts, in its working folder on the shared root: a host
+    # whose peer unpacked it first reads nothing at all.
+    fetched = []
     for node in ("node-1", "node-2", "node-3"):
         log = (cluster.stack.var_dir / "logs" / f"{node}.log").read_text()
-        assert log.count(f"fetched code snapshot {v1}") == 1, node
-        cached = cluster.stack.var_dir / "agents" / node / "snapshots" / f"{v1}.tar.gz"
-        assert cached.read_bytes() == snapshot_of(CODE).archive
+        count = log.count(f"fetched code snapshot {v1}")
+        assert count <= 1, (node, count)
+        if count:
+            fetched.append(node)
+            cached = cluster.stack.var_dir / "agents" / node / "snapshots" / f"{v1}.tar.gz"
+            assert cached.read_bytes() == snapshot_of(CODE).archive
+    assert fetched, "no agent fetched the snapshot the jobs ran"
 
 
 def test_a_host_cut_off_the_network_is_a_lost_node(

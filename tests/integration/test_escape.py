@@ -79,7 +79,9 @@ def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe
                 if p.exists()
             ],
             "bob's instance": sorted(agents.glob(f"*/jobs/{bobs['id']}/attempt-0/master")),
-            "bob's code": sorted(agents.glob(f"*/jobs/{bobs['id']}/code")),
+            # Unpacked once for the job, in its working folder on the shared root.
+            "bob's code": sorted(agents.glob(f"checkpoints/workdirs/job-{bobs['id']}-*/.code")),
+            "bob's working folder": sorted(agents.glob(f"checkpoints/workdirs/job-{bobs['id']}-*")),
             "bob's checkpoint": sorted(agents.glob(f"checkpoints/job-{bobs['id']}-*")),
             "snapshot caches": sorted(agents.glob("*/snapshots")),
             "agents' folders": sorted(agents.glob("*/log-spool")) + sorted(agents.glob("*/procs")),
@@ -156,6 +158,12 @@ def test_another_jobs_code_is_out_of_reach(probe: Probe) -> None:
     blocked_paths(probe, "bob's code")
 
 
+def test_another_jobs_working_folder_is_out_of_reach(probe: Probe) -> None:
+    """Bob's working folder, where his trainers start and save, is on the same shared root as
+    alice's own: hers is in her sandbox, his is not."""
+    blocked_paths(probe, "bob's working folder")
+
+
 def test_another_jobs_checkpoint_is_out_of_reach(probe: Probe) -> None:
     blocked_paths(probe, "bob's checkpoint")
 
@@ -192,6 +200,7 @@ def test_the_job_still_does_what_a_job_does(probe: Probe) -> None:
     for name in (
         "write:TRAINYARD_CHECKPOINT_DIR",
         "write:TRAINYARD_SCRATCH_DIR",
+        "write:own-working-folder",
         "read:own-script",
     ):
         assert probe.verdicts.get(name, "").startswith("OK"), (name, probe.verdicts)
@@ -200,7 +209,9 @@ def test_the_job_still_does_what_a_job_does(probe: Probe) -> None:
 def assert_reaches_nothing(probe: Probe) -> None:
     """Every attempt above at once (the multi-host set-up's test)."""
     for name, verdict in probe.verdicts.items():
-        expected = "OK" if name.startswith(("write:TRAINYARD_", "read:own")) else "BLOCKED"
+        expected = (
+            "OK" if name.startswith(("write:TRAINYARD_", "write:own", "read:own")) else "BLOCKED"
+        )
         assert verdict.startswith(expected), f"{name}: {verdict}"
     for what in probe.targets:
         blocked_paths(probe, what)

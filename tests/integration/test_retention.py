@@ -49,6 +49,9 @@ def test_prune_removes_what_its_dry_run_listed_and_spares_a_kept_job(
         job = user.wait(job_id, lambda j: j["log_archived"])
         assert job["state"] == "succeeded", job
     assert all(n > 0 for n in archived_counts(stack, expiring))
+    workdirs = stack.stack.var_dir / "agents" / "checkpoints" / "workdirs"
+    (expiring_folder,) = workdirs.glob(f"job-{expiring}-*")
+    (kept_folder,) = workdirs.glob(f"job-{kept}-*")
 
     keep = run_cli("retention", str(kept), "--keep", config_dir=config)
     assert keep.returncode == 0, keep.stderr
@@ -65,6 +68,9 @@ def test_prune_removes_what_its_dry_run_listed_and_spares_a_kept_job(
     assert real[0].startswith(f"removed job {expiring} (retention-user): log ")
     assert archived_counts(stack, expiring) == (0, 0)
     assert archived_counts(stack, kept) == kept_before
+    # Its working folder goes with its log (its nodes are asked); the kept job's stays.
+    wait_until(f"job {expiring}'s working folder to go", lambda: not expiring_folder.exists())
+    assert kept_folder.is_dir()
     # The job stays, and says when its log and metrics went; the kept one never expires.
     assert user.job(expiring)["retention"]["pruned"] is not None
     assert user.job(kept)["retention"] | {"pruned": None} == {
@@ -78,12 +84,15 @@ def test_prune_removes_what_its_dry_run_listed_and_spares_a_kept_job(
     assert shown.stdout.startswith(f"Job {expiring}: log and metrics removed "), shown.stdout
 
 
-def test_deleting_a_job_has_an_agent_remove_its_checkpoints(stack: RunningStack) -> None:
+def test_deleting_a_job_has_an_agent_remove_its_checkpoints_and_working_folder(
+    stack: RunningStack,
+) -> None:
     user = stack.create_user("checkpoint-owner", "a-long-password-1", quota=QUOTA)
     job_id = user.submit(pytorch_request("checkpointed", "checkpointer.py", 2))["id"]
     assert user.wait_finished(job_id)["state"] == "succeeded"
     agents = stack.stack.var_dir / "agents"
     (folder,) = agents.glob(f"checkpoints/job-{job_id}-*")
+    (work,) = agents.glob(f"checkpoints/workdirs/job-{job_id}-*")
     assert (folder / "state.txt").read_text() == "attempt 0"
     assert list(agents.glob(f"*/jobs/{job_id}"))  # kept for inspection: among the last 20
 
@@ -92,4 +101,5 @@ def test_deleting_a_job_has_an_agent_remove_its_checkpoints(stack: RunningStack)
     )
     assert "node" in asked.strip().splitlines()[-1]  # the nodes it ran on were asked
     wait_until(f"job {job_id}'s checkpoint folder to go", lambda: not folder.exists())
+    wait_until(f"job {job_id}'s working folder to go", lambda: not work.exists())
     assert user.http.get(f"/api/v1/jobs/{job_id}").status_code == 404

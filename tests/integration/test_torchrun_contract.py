@@ -5,6 +5,7 @@ reason."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -102,9 +103,11 @@ def test_two_instances_are_two_groups_of_one_role_with_the_jobs_own_variables(
             "hf_not_really",
             "INFO",
         )
-        # They start in the code's folder, as under torchrun launched there, and have a
-        # folder of their instance's own.
-        assert dump["cwd"] == str(FIXTURE_CODE_ROOT)
+        # They start in the job's one working folder on the shared checkpoint root, where the
+        # code root's entries are linked (as under torchrun launched in the code's folder),
+        # and have a folder of their instance's own.
+        assert re.fullmatch(rf".*/checkpoints/workdirs/job-{job['id']}-\w+", dump["cwd"]), dump
+        assert (Path(dump["cwd"]) / "env_dump.py").resolve() == FIXTURE_CODE_ROOT / "env_dump.py"
         tag = "master" if env["TRAINYARD_ROLE"] == "master" else "worker-1"
         assert env["TRAINYARD_SCRATCH_DIR"].endswith(f"/jobs/{job['id']}/attempt-0/{tag}")
 

@@ -133,8 +133,10 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
         assert sup.start(job)
         exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
         assert (exited["state"], exited["exit_code"]) == ("succeeded", 0), exited
+        # Its processes start in the job's working folder, on the shared checkpoint root.
+        work = tmp_path / "work" / "checkpoints" / "workdirs" / "job-11"
         assert sorted(texts(client)) == [
-            f"image=registry.example.com/train:2.13 cwd={FIXTURE_CODE_ROOT} cuda=0,1 rank={r} "
+            f"image=registry.example.com/train:2.13 cwd={work} cuda=0,1 rank={r} "
             f"local_rank={r} has_path_of_agent=False"
             for r in (0, 1)
         ]

@@ -422,6 +422,30 @@ def test_deleting_an_ended_job_asks_its_nodes_to_remove_its_checkpoints(
     ]
 
 
+def test_an_expired_jobs_nodes_are_asked_to_remove_its_working_folder(
+    client: Client,
+    alice: User,
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    now = timezone.now()
+    job = ended(submitted(client, alice), now - 100 * DAY)
+    first, second = Node.objects.order_by("name")[:2]
+    job.replicas.filter(role="master").update(node=first)
+    job.replicas.filter(role="worker").update(node=second)
+    kept = ended(submitted(client, alice), now - 100 * DAY, keep=True)
+    kept.replicas.update(node=first)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert [item.job_id for item in retention.prune(now).logs] == [job.pk]
+    asked = sent_tasks.named(contract.TASK_REMOVE_WORKING_FOLDER)
+    assert [(kwargs, queue) for _, kwargs, queue in asked] == [
+        ({"job_id": job.pk, "checkpoint_key": job.checkpoint_key}, contract.node_queue(node))
+        for node in (first.name, second.name)
+    ]  # and never the kept job's
+    # Its checkpoints stay until the job is deleted.
+    assert sent_tasks.named(contract.TASK_REMOVE_CHECKPOINTS) == []
+
+
 def test_a_job_that_may_still_run_cannot_be_deleted(
     client: Client, alice: User, charlie_admin: User, sent_tasks: SentTasks
 ) -> None:

@@ -230,3 +230,18 @@ def test_the_trainer_runs_as_its_owners_uid(
     finally:
         node.stop_job(27, "done")
     reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=27)
+
+
+def test_the_code_in_the_working_folder_is_bound_read_only_over_it(tmp_path: Path) -> None:
+    """The working folder is writable, its `.code` is not: bwrap binds the outer folder first,
+    then the code over it (workers/workfolder.py)."""
+    work = tmp_path / "workdirs" / "job-1-ab"
+    code = work / ".code"
+    code.mkdir(parents=True)
+    options = sandbox.mounts(Folders(cwd=work, read_only=[code], writable=[work]), python=[])
+    binds = [
+        (options[i], options[i + 2])
+        for i, option in enumerate(options)
+        if option in ("--bind", "--ro-bind") and options[i + 2] in (str(work), str(code))
+    ]
+    assert binds == [("--bind", str(work)), ("--ro-bind", str(code))]
