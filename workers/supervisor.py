@@ -25,6 +25,7 @@ re-sends what was already reported; a stop of a replica this node does not run s
 """
 
 import enum
+import functools
 import json
 import logging
 import os
