@@ -332,6 +332,11 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
+# Fair share (jobs.services.fairshare): a tenant's past usage counts half as much after this
+# long, so that yesterday's burst is forgiven while this hour's is not.
+TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS", 21600)
+if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
+    raise ImproperlyConfiguredEnv("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS must be 1 or more")
 # Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
 # user namespaces and not root): there a training script can read what the agent can, other
 # users' jobs included (docs/security.md). Off in production unless an admin turns it on.

@@ -65,8 +65,25 @@ class PackageAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs")
-    fields = ("is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs")
+    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "borrowing")
+    fields = (
+        "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
+        "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
+    )  # fmt: skip
+
+    @admin.display(description="may borrow")
+    def borrowing(self, quota: Quota) -> str:
+        """A group's borrowing limit beyond its quota (its nominal share), in brief."""
+        parts = [
+            f"{n} {label}"
+            for n, label in (
+                (quota.borrow_cpu, "CPU"),
+                (quota.borrow_gpus, "GPU"),
+                (quota.borrow_memory_gb, "GB"),
+            )
+            if n
+        ]
+        return ", ".join(parts) or "—"
 
 
 @admin.register(ApiToken)

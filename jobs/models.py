@@ -240,6 +240,18 @@ class Quota(models.Model):
     gpus = models.PositiveIntegerField()
     memory_gb = models.PositiveIntegerField()
     running_jobs = models.PositiveIntegerField(help_text="Jobs queued or running at once.")
+    # A group's quota is its nominal share (issue 25): its members' jobs may also run on
+    # capacity other groups leave unused, up to this much more (jobs.services.borrowing), and
+    # give it back by preemption when a group within its share needs it (reclaim.py).
+    borrow_cpu = models.PositiveIntegerField(
+        default=0, help_text="Groups: CPU cores it may borrow beyond its quota (0: none)."
+    )
+    borrow_gpus = models.PositiveIntegerField(
+        default=0, help_text="Groups: GPUs it may borrow beyond its quota (0: none)."
+    )
+    borrow_memory_gb = models.PositiveIntegerField(
+        default=0, help_text="Groups: GB of memory it may borrow beyond its quota (0: none)."
+    )
 
     class Meta:
         constraints = [
@@ -254,6 +266,14 @@ class Quota(models.Model):
                 violation_error_message="A quota is the default, a user's or a group's.",
             ),
         ]
+
+    def clean(self) -> None:
+        """Only a group borrows: its quota is its nominal share of what the groups share."""
+        borrows = self.borrow_cpu or self.borrow_gpus or self.borrow_memory_gb
+        if borrows and self.group_id is None:
+            raise ValidationError(
+                {"borrow_cpu": "Only a group's quota may borrow: leave these at 0 here."}
+            )
 
     def __str__(self) -> str:
         if self.is_default:
@@ -560,6 +580,12 @@ class Job(models.Model):
     # Names the job's checkpoint folder on the shared root together with its id, so that a job
     # id used again (a fresh database) never resumes another job's checkpoints.
     checkpoint_key = models.CharField(max_length=32, default=new_checkpoint_key)
+    # Fair share with borrowing (jobs.services.borrowing, reclaim): whether its current attempt
+    # was placed beyond its group's nominal share (on capacity other groups left unused, so it
+    # is the first given back), and the waiting job of a lending group its last attempt was
+    # stopped for (that job's room stays reserved for it until it starts).
+    borrowed = models.BooleanField(default=False)
+    reclaimed_for = models.PositiveIntegerField(null=True, blank=True, db_index=True)
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)

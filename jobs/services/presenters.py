@@ -143,8 +143,8 @@ def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     of jobs, whatever its length."""
     if not list(jobs):
         return {}
-    ranking = queue.waiting_in_order().values_list("pk", flat=True)
-    return {pk: place for place, pk in enumerate(ranking, 1)}
+    ranking = queue.waiting_in_order(queue.waiting().only("id", "owner_id", "created"))
+    return {job.pk: place for place, job in enumerate(ranking, 1)}
 
 
 def queue_position(job: Job) -> int | None:

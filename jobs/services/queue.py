@@ -15,6 +15,7 @@ from django.db.models import QuerySet
 
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
+from jobs.services import fairshare
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,32 @@ class QueueEntry:
         return self.job_id is not None
 
 
-def waiting_in_order() -> "QuerySet[Job]":
-    """The jobs waiting for room (queued, with an instance not yet placed), first the one the
-    scheduler takes first."""
+def waiting() -> "QuerySet[Job]":
+    """The jobs waiting for room (queued, with an instance not yet placed), by submission."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
 
 
+def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
+    """The jobs waiting for room (`jobs`, a narrower or leaner `waiting()`), first the one the
+    scheduler takes first."""
+    return in_order(list(waiting() if jobs is None else jobs))
+
+
+def in_order(jobs: list[Job]) -> list[Job]:
+    """The one waiting order: a job that borrowed capacity was reclaimed for first (its room
+    is kept for it: jobs.services.reclaim), then by fair share (the group, then the user,
+    furthest below its share: jobs.services.fairshare), then first come, first served."""
+    if not jobs:
+        return jobs
+    keys = fairshare.sort_keys(jobs)
+    reserved = reserved_lenders()
+    return sorted(jobs, key=lambda j: (j.pk not in reserved, keys[j.pk]))
+
+
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
-    jobs = list(
-        waiting_in_order()
+    jobs = waiting_in_order(
+        waiting()
         .select_related("owner")
         .only(
             "id", "name", "owner__username", "cpu_total", "gpus_total", "memory_gb_total",
@@ -68,3 +85,10 @@ def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
         submitted=job.created,
         reason=job.reason if shown else None,
     )
+
+
+def reserved_lenders() -> set[int]:
+    """The jobs that a borrowed job was stopped for (Job.reclaimed_for) and that have not
+    started since: few, and read off an index."""
+    ids = Job.objects.filter(reclaimed_for__isnull=False).values_list("reclaimed_for", flat=True)
+    return {int(i) for i in ids.distinct() if i is not None}

@@ -54,8 +54,8 @@ class Cause(enum.Enum):
     RULE_RESTART_AWAY = "health rule: restart-exclude-node"
     # The platform took the nodes (an admin's drain with eviction): not the job's failure.
     EVICTION = "eviction"
-    # To come: a job of a higher priority class takes the nodes; ruled like an eviction, so
-    # its caller only has to say why and call outcomes.end_attempt.
+    # A job of a higher priority class takes the nodes (jobs.services.preemption): the job
+    # always goes back to the queue, whatever its policy, since it is not its failure.
     PREEMPTION = "preemption"
 
     @property
@@ -89,9 +89,12 @@ def decide(job: Job, cause: Cause, why: str, node: str = "") -> Decision:
     """The one restart decision, torch elastic's: restart while the budget lasts, else fail.
 
     A cause that is not the job's own (eviction, preemption) restarts it without using the
-    budget, unless the policy is never, and then the reason says so. `node` is where the
-    attempt ended (the failed instance's node), "" when unknown or not one.
+    budget, unless the policy is never, and then the reason says so. A preemption always
+    requeues it, whatever its policy: the platform chose to stop it, and promised it its turn
+    back. `node` is where the attempt ended (the failed instance's node), "" when unknown.
     """
+    if cause is Cause.PREEMPTION:
+        return Decision(True, why, counts=False)
     if not cause.may_restart or job.restart_policy != RestartPolicy.ON_FAILURE:
         if not cause.counts:
             why = f"{why}; its restart policy is never"

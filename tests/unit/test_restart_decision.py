@@ -39,11 +39,18 @@ def test_it_never_restarts_under_the_never_policy(cause: Cause) -> None:
     assert decide(job(RestartPolicy.NEVER), cause, "why", "node-1") == Decision(False, "why")
 
 
-@pytest.mark.parametrize("cause", NOT_COUNTED)
-def test_it_says_the_policy_when_a_never_job_loses_its_nodes(cause: Cause) -> None:
-    decision = decide(job(RestartPolicy.NEVER), cause, "node-1 drained")
+def test_it_says_the_policy_when_a_never_job_loses_its_nodes() -> None:
+    decision = decide(job(RestartPolicy.NEVER), Cause.EVICTION, "node-1 drained")
     assert not decision.restart
     assert decision.why == "node-1 drained; its restart policy is never"
+
+
+def test_a_preempted_job_goes_back_to_the_queue_even_under_the_never_policy() -> None:
+    # Not its failure: the platform stopped it for a more urgent job and owes it its turn.
+    why = "preempted by job 7 (high) of bob"
+    assert decide(job(RestartPolicy.NEVER), Cause.PREEMPTION, why) == Decision(
+        True, why, counts=False
+    )
 
 
 def test_a_stop_rule_fails_the_job_whatever_the_budget() -> None:
