@@ -267,6 +267,11 @@ class Quota(models.Model):
             ),
         ]
 
+    def __str__(self) -> str:
+        if self.is_default:
+            return "default quota"
+        return f"quota of group {self.group}" if self.group_id else f"quota of {self.user}"
+
     def clean(self) -> None:
         """Only a group borrows: its quota is its nominal share of what the groups share."""
         borrows = self.borrow_cpu or self.borrow_gpus or self.borrow_memory_gb
@@ -274,11 +279,6 @@ class Quota(models.Model):
             raise ValidationError(
                 {"borrow_cpu": "Only a group's quota may borrow: leave these at 0 here."}
             )
-
-    def __str__(self) -> str:
-        if self.is_default:
-            return "default quota"
-        return f"quota of group {self.group}" if self.group_id else f"quota of {self.user}"
 
 
 # What the Nodes page and the waiting reasons call a node that does not sandbox its trainers,

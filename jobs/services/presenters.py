@@ -72,6 +72,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
         "restart_at": job.restart_at.isoformat()
         if job.state == Job.State.RESTARTING and job.restart_at
         else None,
+        "borrowed": job.borrowed,
         "attempts": [
             {
                 "number": a.number + 1,
