@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
@@ -63,13 +64,36 @@ class PackageAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
 
+class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The borrowing limits may be left out (0: none), as before they existed."""
+
+    BORROW = ("borrow_cpu", "borrow_gpus", "borrow_memory_gb")
+
+    class Meta:
+        model = Quota
+        fields = (
+            "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
+            "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
+        )  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in self.BORROW:
+            self.fields[name].required = False
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name in self.BORROW:
+            if data.get(name) is None and name not in self.errors:
+                data[name] = 0
+        return data
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
+    form = QuotaForm
     list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "borrowing")
-    fields = (
-        "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
-        "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
-    )  # fmt: skip
+    fields = QuotaForm.Meta.fields
 
     @admin.display(description="may borrow")
     def borrowing(self, quota: Quota) -> str:

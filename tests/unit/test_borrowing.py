@@ -200,3 +200,18 @@ def test_the_quotas_page_shows_each_groups_share_borrowed_lent_and_used(
     assert rows["team-a"].nominal["cpu"] == 8 and rows["team-a"].borrowed["cpu"] == 8
     assert rows["team-b"].lent["cpu"] == 8 and rows["team-b"].borrowed["cpu"] == 0
     assert rows["team-a"].used_day["cpu"] >= 0.0
+
+
+def test_an_admin_sets_a_groups_borrowing_limit_and_only_a_groups(
+    client: Any, charlie_admin: User, alice: User
+) -> None:
+    group = Group.objects.create(name="team-borrows")
+    client.force_login(charlie_admin)
+    limits = {"cpu": 8, "gpus": 0, "memory_gb": 64, "running_jobs": 4}
+    r = client.post("/admin/jobs/quota/add/", {"group": group.pk, **limits, "borrow_cpu": 8})
+    assert r.status_code == 302
+    assert Quota.objects.get(group=group).borrow_cpu == 8
+    r = client.post("/admin/jobs/quota/add/", {"user": alice.pk, **limits, "borrow_cpu": 8})
+    assert r.status_code == 200
+    assert "Only a group&#x27;s quota may borrow" in r.content.decode()
+    assert not Quota.objects.filter(user=alice).exists()
