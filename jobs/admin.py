@@ -64,7 +64,7 @@ class PackageAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
 
-class QuotaForm(forms.ModelForm):  # type: ignore[type-arg]
+class QuotaForm(forms.ModelForm):
     """The borrowing limits may be left out (0: none), as before they existed."""
 
     BORROW = ("borrow_cpu", "borrow_gpus", "borrow_memory_gb")
