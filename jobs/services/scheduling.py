@@ -179,6 +179,7 @@ def schedule() -> list[int]:
                 )
                 if why is not None:
                     reasons.clear()  # the rooms changed: room is reserved for this job
+                    ledger.take(job.owner_id, need)  # its group's share counts it already
                     transitions.set_job_reason(job, why)
                     blocker = blocker or job
                     continue

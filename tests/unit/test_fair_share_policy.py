@@ -161,3 +161,16 @@ def test_the_room_reserved_for_a_lender_is_taken_from_the_rest_of_the_pass() -> 
     reclaim.reserve(demands(4), rooms, [Holding(7, "n1", 4, 0, 4)])
     assert rooms[0].cpu == -4  # nothing else fits on n1 while job 7 stops
     assert rooms[1].cpu == 2
+
+
+def test_two_groups_submitting_without_pause_share_the_cluster_evenly() -> None:
+    from bench import fairness
+
+    shares = fairness.both_groups(nodes=4, seed=3, seconds=300)
+    assert abs(shares["a"] - 0.5) < 0.05 and abs(shares["b"] - 0.5) < 0.05
+
+
+def test_a_lender_gets_its_share_back_within_one_grace_period() -> None:
+    from bench import fairness
+
+    assert fairness.lender_returns(nodes=4, seed=3) <= fairness.GRACE_SECONDS
