@@ -30,6 +30,17 @@ class GroupShareRow:
         whole = self.nominal["cpu"] * 24
         return self.used_day["cpu"] / whole if whole else None
 
+    @property
+    def day_words(self) -> str:
+        """e.g. "96.0 core-hours, 2.5 GPU-hours (50 % of its share)"."""
+        words = f"{self.used_day['cpu']:.1f} core-hours"
+        if self.used_day["gpus"]:
+            words += f", {self.used_day['gpus']:.1f} GPU-hours"
+        share = self.day_share
+        return words + (
+            f" ({share:.0%} of its share)".replace("%", " %") if share is not None else ""
+        )
+
 
 def lent(
     unused: dict[str, dict[str, int]], borrowed_total: dict[str, int]

@@ -184,6 +184,7 @@ def test_the_queue_puts_the_group_furthest_below_its_share_first(
 
 
 def test_the_quotas_page_shows_each_groups_share_borrowed_lent_and_used(
+    client: Any,
     alice: User,
     bob: User,
     charlie_admin: User,
@@ -199,7 +200,12 @@ def test_the_quotas_page_shows_each_groups_share_borrowed_lent_and_used(
     rows = {r.group: r for r in group_shares.rows()}
     assert rows["team-a"].nominal["cpu"] == 8 and rows["team-a"].borrowed["cpu"] == 8
     assert rows["team-b"].lent["cpu"] == 8 and rows["team-b"].borrowed["cpu"] == 0
-    assert rows["team-a"].used_day["cpu"] >= 0.0
+    assert rows["team-a"].day_words.endswith("core-hours (0 % of its share)")
+    client.force_login(charlie_admin)
+    html = client.get("/quotas/").content.decode()
+    assert 'data-group="team-b"' in html and '<td data-resource="cpu-lent">8</td>' in html
+    client.force_login(alice)
+    assert 'id="group-shares"' not in client.get("/quotas/").content.decode()  # staff only
 
 
 def test_an_admin_sets_a_groups_borrowing_limit_and_only_a_groups(
