@@ -337,6 +337,11 @@ TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 3
 TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS", 21600)
 if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
     raise ImproperlyConfiguredEnv("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS must be 1 or more")
+# Preemption (jobs.services.preemption): a job preempted once is not preempted again until its
+# next attempt has run this long (no preemption loops), and a victim's processes get this long
+# between SIGTERM and SIGKILL to save a checkpoint.
+TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = env_int("TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 600)
+TRAINYARD_PREEMPTION_GRACE_SECONDS = env_int("TRAINYARD_PREEMPTION_GRACE_SECONDS", 30)
 # Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
 # user namespaces and not root): there a training script can read what the agent can, other
 # users' jobs included (docs/security.md). Off in production unless an admin turns it on.

@@ -14,7 +14,7 @@ from jobs.models import Job
 
 
 def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
-    jobs = Job.objects.select_related("image", "owner")
+    jobs = Job.objects.select_related("image", "owner", "priority_class")
     if getattr(user, "is_staff", False):
         return jobs
     return jobs.filter(owner_id=user.pk)

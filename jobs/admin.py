@@ -20,6 +20,7 @@ from jobs.models import (
     JobRole,
     Node,
     Package,
+    PriorityClass,
     Quota,
     Replica,
 )
@@ -73,7 +74,7 @@ class QuotaForm(forms.ModelForm):
         model = Quota
         fields = (
             "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
-            "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
+            "max_priority", "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
         )  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -89,10 +90,20 @@ class QuotaForm(forms.ModelForm):
         return data
 
 
+@admin.register(PriorityClass)
+class PriorityClassAdmin(admin.ModelAdmin):
+    """Jobs keep the value their class had when they were submitted: an edit orders the jobs
+    submitted after it; what a class may do (preempt, be preempted) applies at once."""
+
+    list_display = ("name", "value", "may_preempt", "may_be_preempted", "description")
+
+
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     form = QuotaForm
-    list_display = ("__str__", "cpu", "gpus", "memory_gb", "running_jobs", "borrowing")
+    list_display = (
+        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority", "borrowing",
+    )  # fmt: skip
     fields = QuotaForm.Meta.fields
 
     @admin.display(description="may borrow")

@@ -24,7 +24,16 @@ from ninja.security import APIKeyCookie, APIKeyHeader
 
 from jobs import logstream, text
 from jobs.access import get_job_for, visible_jobs
-from jobs.models import FrameworkImage, Job, JobRole, KVStoreMode, Node, Package, Replica
+from jobs.models import (
+    FrameworkImage,
+    Job,
+    JobRole,
+    KVStoreMode,
+    Node,
+    Package,
+    PriorityClass,
+    Replica,
+)
 from jobs.money import currency
 from jobs.schemas import (
     BaselineIn,
@@ -334,6 +343,9 @@ def job_as_dict(
         },
         "health_rules": job.health_rules,
         "env": job.env_seen_by(viewer),
+        "priority": job.priority_name,
+        "priority_value": job.priority,
+        "preempted_by": [int(j) for j in job.preempted_by],
         **presenters.job_state_payload(job, queue_positions),
     }
 
@@ -367,6 +379,7 @@ def scope_as_dict(scope: quota.Scope) -> dict[str, Any]:
         "limit": scope.limit,
         "used": scope.used.as_dict(),
         "left": scope.left,
+        "max_priority": scope.quota.max_priority.name if scope.quota.max_priority else None,
     }
 
 
@@ -402,6 +415,17 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "summary": p.summary,
             }
             for p in Package.objects.filter(enabled=True)
+        ],
+        "priority_classes": [
+            {
+                "name": c.name,
+                "value": c.value,
+                "may_preempt": c.may_preempt,
+                "may_be_preempted": c.may_be_preempted,
+                "description": c.description,
+                "default": c.name == PriorityClass.DEFAULT_NAME,
+            }
+            for c in PriorityClass.objects.all()
         ],
         "examples": [
             {

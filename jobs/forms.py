@@ -16,6 +16,7 @@ from jobs.models import (
     FrameworkImage,
     KVStoreMode,
     Package,
+    PriorityClass,
     RestartPolicy,
 )
 from jobs.money import format_price
@@ -47,6 +48,7 @@ FIELD_FOR_ERROR = {
     "restart.exclude_failed_node": "exclude_failed_node",
     "health_rules": "health_rules",
     "env": "env",
+    "priority": "priority",
 }
 # A parameter-server form has its own worker fields, and server fields.
 PS_FIELD_FOR_ERROR = {
@@ -61,6 +63,19 @@ PS_FIELD_FOR_ERROR = {
 
 # What the form offers when a user picks a restart on failure without saying how many.
 RESTARTS_WHEN_ON_FAILURE = 3
+
+
+def _priority_label(pclass: PriorityClass) -> str:
+    """ "high — may preempt": what a class may do, beside its name."""
+    can = [
+        words
+        for words, yes in (
+            ("may preempt", pclass.may_preempt),
+            ("may be preempted", pclass.may_be_preempted),
+        )
+        if yes
+    ]
+    return f"{pclass.name} — {', '.join(can)}" if can else pclass.name
 
 
 class PackageSelect(forms.Select):
@@ -176,6 +191,12 @@ class NewJobForm(_ShapeForm):
     servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
     worker_package = forms.ChoiceField(label="Worker package", required=False, widget=PackageSelect)
     workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
+    priority = forms.ChoiceField(
+        label="Priority",
+        required=False,
+        help_text="Higher goes first; a class that may preempt evicts lower ones that may be "
+        "preempted (they resume from their checkpoint later).",
+    )
     restart_policy = forms.ChoiceField(
         label="When an instance fails",
         choices=[("", "the image's default")] + [(p.value, p.label) for p in RestartPolicy],
@@ -231,6 +252,10 @@ class NewJobForm(_ShapeForm):
             (i.name for i in images if i.framework == Framework.PYTORCH), None
         )
         self._program_menu()
+        self._choices(
+            "priority", [(c.name, _priority_label(c)) for c in PriorityClass.objects.all()]
+        )
+        self.fields["priority"].initial = PriorityClass.DEFAULT_NAME
         packages = [
             (p.name, f"{p.name} — {p.summary} · {format_price(p.price_per_hour)}/h")
             for p in Package.objects.filter(enabled=True)
@@ -284,6 +309,8 @@ class NewJobForm(_ShapeForm):
                 package=roles.get("master", {}).get("package"),
                 instances=sum(r.get("instances", 0) for r in roles.values()),
             )
+        if body.get("priority"):
+            initial["priority"] = body["priority"]
         restart = body.get("restart") or {}
         if restart:
             initial.update(
@@ -368,6 +395,8 @@ class NewJobForm(_ShapeForm):
                 else 10,
                 "exclude_failed_node": bool(data.get("exclude_failed_node")),
             }
+        if data.get("priority"):
+            request["priority"] = data["priority"]
         if data.get("health_rules") is not None:
             request["health_rules"] = data["health_rules"]
         if data.get("env"):

@@ -223,6 +223,34 @@ class Package(models.Model):
         return f"{gpu}{cores}, {self.memory_gb} GB{processes}"
 
 
+class PriorityClass(models.Model):
+    """How urgent a job is (issue 25): waiting jobs go in order of `value`, highest first, and a
+    job whose class may preempt may evict running jobs of strictly lower value whose class may
+    be preempted (jobs.services.preemption). A job keeps the value it was admitted with, so an
+    admin's later edit reorders no job already submitted; what it may do is read from its class
+    when the scheduler decides."""
+
+    # The class a job gets when it names none (created by migration, like low and high).
+    DEFAULT_NAME = "normal"
+
+    name = models.CharField(max_length=50, unique=True, validators=[validate_name])
+    value = models.IntegerField(help_text="Higher goes first; only strictly higher preempts.")
+    may_preempt = models.BooleanField(
+        default=False, help_text="Its waiting jobs may evict lower-priority running jobs."
+    )
+    may_be_preempted = models.BooleanField(
+        default=False, help_text="Its running jobs may be evicted by higher-priority ones."
+    )
+    description = models.CharField(max_length=300, blank=True)
+
+    class Meta:
+        ordering = ["-value", "name"]
+        verbose_name_plural = "priority classes"
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Quota(models.Model):
     """The most a user, or a group of users together, may hold at once.
 
@@ -251,6 +279,14 @@ class Quota(models.Model):
     )
     borrow_memory_gb = models.PositiveIntegerField(
         default=0, help_text="Groups: GB of memory it may borrow beyond its quota (0: none)."
+    )
+    max_priority = models.ForeignKey(
+        PriorityClass,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        help_text="The highest priority class its holders may ask for; empty: any.",
     )
 
     class Meta:
@@ -586,6 +622,17 @@ class Job(models.Model):
     # stopped for (that job's room stays reserved for it until it starts).
     borrowed = models.BooleanField(default=False)
     reclaimed_for = models.PositiveIntegerField(null=True, blank=True, db_index=True)
+    # Its priority class, and the class's value when it was admitted (the queue orders by the
+    # value; an admin's later edit of the class does not reorder jobs already submitted).
+    priority_class = models.ForeignKey(
+        PriorityClass, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    priority = models.IntegerField(default=0)
+    # Preemption history (jobs.services.preemption): the ids of the jobs that preempted it, in
+    # order, and when the last did. A job never preempts one that preempted it, and a job
+    # preempted once is not preempted again before TRAINYARD_PREEMPTION_MIN_RUN_SECONDS.
+    preempted_by = models.JSONField(default=list, blank=True)
+    last_preempted = models.DateTimeField(null=True, blank=True)
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)
@@ -623,6 +670,8 @@ class Job(models.Model):
             # user's: a page is read off the index instead of sorting every job.
             models.Index(fields=["created", "id"], name="job_created_id"),
             models.Index(fields=["owner", "created", "id"], name="job_owner_created_id"),
+            # The queue's order (jobs.services.queue_order).
+            models.Index(fields=["state", "-priority", "created", "id"], name="job_queue_order"),
         ]
 
     def __str__(self) -> str:
@@ -631,6 +680,11 @@ class Job(models.Model):
     @property
     def is_active(self) -> bool:
         return self.state in self.ACTIVE_STATES
+
+    @property
+    def priority_name(self) -> str:
+        pclass = self.priority_class if self.priority_class_id else None
+        return pclass.name if pclass is not None else PriorityClass.DEFAULT_NAME
 
     @property
     def restarts_left(self) -> int:

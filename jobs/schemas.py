@@ -82,6 +82,11 @@ class JobIn(_In):
         description="Lower log limits than the image's (lines over them are dropped and "
         "counted); absent: the image's.",
     )
+    priority: StrictStr | None = Field(
+        default=None,
+        description='A priority class\'s name from the catalog ("low", "normal", "high"); '
+        "absent: the default class. Your quota may cap the highest you may use.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -344,6 +349,13 @@ class JobOut(_Out):
     env: dict[str, str] = Field(
         default_factory=dict, description="The job's own variables (secret-looking ones masked)."
     )
+    priority: str = Field(description="Its priority class's name.")
+    priority_value: int = Field(
+        description="The class's value when it was admitted: the queue's order, highest first."
+    )
+    preempted_by: list[int] = Field(
+        description="The jobs that preempted it, in order (each attempt they ended says so)."
+    )
     state: str = _states_field(Job.State.values, Job.TERMINAL_STATES)
     reason: str
     queue_position: int | None
@@ -378,6 +390,7 @@ class JobRequestOut(_Out):
     program: ProgramOut
     roles: dict[str, RoleOut]
     kvstore: str | None = Field(default=None, exclude_if=_unless_none)
+    priority: str
     restart: RestartOut
     health_rules: list[HealthRuleOut]
     metrics: list[MetricDefinitionOut]
@@ -420,6 +433,17 @@ class PackageOut(_Out):
     summary: str
 
 
+class PriorityClassOut(_Out):
+    """A priority class (issue 25): waiting jobs go in order of value, highest first."""
+
+    name: str
+    value: int
+    may_preempt: bool = Field(description="Its jobs may evict lower-priority running jobs.")
+    may_be_preempted: bool = Field(description="Its running jobs may be evicted by higher ones.")
+    description: str
+    default: bool = Field(description="The class a job gets when it names none.")
+
+
 class ExampleArgumentOut(_Out):
     flag: str = Field(description='"--epochs"')
     value: str = Field(description='What it takes: "N", "RATE", "MODE".')
@@ -449,6 +473,9 @@ class QuotaScopeOut(_Out):
     limit: ResourcesOut
     used: ResourcesOut
     left: ResourcesOut = Field(description="limit - used: below 0 where an admin lowered it.")
+    max_priority: str | None = Field(
+        description="The highest priority class its holders may use; null: any."
+    )
 
 
 class QuotaOut(_Out):
@@ -477,6 +504,7 @@ class MoneyOut(_Out):
 class CatalogOut(_Out):
     images: list[ImageOut]
     packages: list[PackageOut]
+    priority_classes: list[PriorityClassOut] = Field(description="Highest value first.")
     examples: list[ExampleOut]
     currency: str = Field(description="The ISO 4217 code prices are in, e.g. USD.")
     money: MoneyOut
@@ -753,6 +781,7 @@ MESSAGES: dict[str, str] = {
     "roles.*.package": 'Give the package\'s name, e.g. "cpu-1".',
     "roles.*.instances": "Instances must be a whole number.",
     "kvstore": "The kvstore mode is a string: dist_sync, dist_device_sync or dist_async.",
+    "priority": 'Give a priority class\'s name as a string, e.g. "high".',
     "restart": 'Give {"policy": "never" | "on-failure", "max_restarts": N}.',
     "restart.policy": 'The policy is "never" or "on-failure".',
     "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=MAX_RESTARTS_LIMIT),

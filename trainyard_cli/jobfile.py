@@ -1,7 +1,7 @@
 """A job request from a job file (YAML) and the command's flags.
 
 A job file holds exactly the body of `POST /api/v1/jobs` (name, image, program, roles,
-kvstore, restart, health_rules, metrics, env), plus one key of the CLI's own:
+kvstore, priority, restart, health_rules, metrics, env), plus one key of the CLI's own:
 
     code: ./src      # the folder to upload as the code snapshot, relative to the job file
 
@@ -224,6 +224,7 @@ def apply_flags(
     env: list[str],
     restart_policy: str | None,
     max_restarts: int | None,
+    priority: str | None = None,
 ) -> dict[str, Any]:
     """The job file's body with the flags on top: a flag wins over the file's value."""
     body = dict(body)
@@ -242,6 +243,8 @@ def apply_flags(
         body["roles"] = {**_section(body, "roles"), **dict(parse_role(r) for r in roles)}
     if kvstore is not None:
         body["kvstore"] = kvstore
+    if priority is not None:
+        body["priority"] = priority
     if env:
         body["env"] = {**_section(body, "env"), **dict(parse_env(e) for e in env)}
     if restart_policy is not None or max_restarts is not None:

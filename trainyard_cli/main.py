@@ -43,6 +43,10 @@ JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` 
 # What `submit` and `rerun` both take.
 Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
 MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
+Priority = Annotated[
+    str | None,
+    typer.Option(help='A priority class: "low", "normal", "high" (`trainyard priorities`).'),
+]
 Follow = Annotated[
     bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
 ]
@@ -149,6 +153,7 @@ def submit(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    priority: Priority = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -182,6 +187,7 @@ def submit(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        priority=priority,
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -387,6 +393,7 @@ def rerun(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    priority: Priority = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
@@ -410,6 +417,7 @@ def rerun(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        priority=priority,
     )
     jobfile.check_text(body)
     _submitted(api, api.post("/jobs", json=body), follow_log, wait, json_output)
@@ -561,6 +569,7 @@ def show(
         ("Started", render.local_time(job["started"])),
         ("Ended", render.local_time(job["finished"])),
         ("Duration", render.duration(render.job_seconds(job))),
+        ("Priority", _priority_text(job)),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
         ("Retention", _retention_text(job.get("retention"))),
         ("Page", api.page_url(f"/jobs/{job_id}/")),
@@ -651,6 +660,14 @@ def _figure_rows(
         ),
     ]
     return rows
+
+
+def _priority_text(job: dict[str, Any]) -> str:
+    """ "low, preempted by job 12": its class, and the jobs that preempted it (each attempt
+    they ended says so on its page)."""
+    by = job.get("preempted_by") or []
+    jobs = ", ".join(f"job {j}" for j in by)
+    return f"{job.get('priority', '?')}, preempted by {jobs}" if by else job.get("priority", "?")
 
 
 def _retention_text(retention: dict[str, Any] | None) -> str:
@@ -944,6 +961,28 @@ def packages(json_output: Json = False) -> None:
                 ", ".join(p["roles"]) or "any",
             ]
             for p in answer
+        ],
+    )
+
+
+@app.command()
+def priorities(json_output: Json = False) -> None:
+    """The priority classes a job may name (--priority), highest first."""
+    answer = _api().get("/catalog")["priority_classes"]
+    if json_output:
+        render.print_json(answer)
+        return
+    render.table(
+        ["CLASS", "VALUE", "PREEMPTS", "PREEMPTIBLE", "DESCRIPTION"],
+        [
+            [
+                c["name"] + (" (default)" if c["default"] else ""),
+                c["value"],
+                "yes" if c["may_preempt"] else "no",
+                "yes" if c["may_be_preempted"] else "no",
+                c["description"],
+            ]
+            for c in answer
         ],
     )
 

@@ -125,6 +125,7 @@ def end_attempt(
             exclude=list(decision.exclude),
             counts=decision.counts,
             grace_seconds=grace_seconds,
+            uncounted="preempted" if cause is restarts.Cause.PREEMPTION else "evicted",
         )
     else:
         fail(job, restarts.final_reason(job, decision.why), stop_reason, grace_seconds)

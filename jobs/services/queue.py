@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
 from jobs.services import fairshare
+from jobs.services.queue_order import ORDER_BY
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class QueueEntry:
 def waiting() -> "QuerySet[Job]":
     """The jobs waiting for room (queued, with an instance not yet placed), by submission."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by("created", "pk")
+    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
 
 
 def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
@@ -49,13 +50,14 @@ def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
 
 def in_order(jobs: list[Job]) -> list[Job]:
     """The one waiting order: a job that borrowed capacity was reclaimed for first (its room
-    is kept for it: jobs.services.reclaim), then by fair share (the group, then the user,
-    furthest below its share: jobs.services.fairshare), then first come, first served."""
+    is kept for it: jobs.services.reclaim), then higher priority (jobs.services.queue_order),
+    then by fair share (the group, then the user, furthest below its share:
+    jobs.services.fairshare), then first come, first served."""
     if not jobs:
         return jobs
     keys = fairshare.sort_keys(jobs)
     reserved = reserved_lenders()
-    return sorted(jobs, key=lambda j: (j.pk not in reserved, keys[j.pk]))
+    return sorted(jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys[j.pk]))
 
 
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:

@@ -6,9 +6,9 @@ The choice is pure (`choose`): whole jobs only; the fewest whose removal lets th
 be placed, none of them superfluous (Kueue #6763); among equals the most recently started
 (they lose the least work); a job reclaimed before is not reclaimed again until its new attempt
 has run TRAINYARD_PREEMPTION_MIN_RUN_SECONDS. `Reclaimer` carries it out inside a scheduling
-pass: SIGTERM, the eviction grace for a checkpoint, back to the queue (outcomes.end_attempt,
-Cause.PREEMPTION: no restart used up), with the reason "preempted to return borrowed capacity
-to group X".
+pass: SIGTERM, TRAINYARD_PREEMPTION_GRACE_SECONDS for a checkpoint, back to the queue
+(outcomes.end_attempt, Cause.PREEMPTION: no restart used up), with the reason "preempted to
+return borrowed capacity to group X".
 
 No loops (Kueue #3779): the lender is placed as soon as its victims' processes are gone, ahead
 of every other waiting job, and until then no other job, its victims included, may take the
@@ -210,7 +210,7 @@ class Reclaimer:
                 allowed,
                 candidates,
                 self.now,
-                float(getattr(settings, "TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 0)),
+                float(settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS),
             )
             if not victims:
                 return None
@@ -231,7 +231,7 @@ class Reclaimer:
 
 def _stop(victim_id: int, lender: Job, group: str) -> bool:
     """End the victim's attempt for the lender; False when it no longer runs."""
-    from jobs.services import nodes, outcomes, restarts  # they build on the scheduler
+    from jobs.services import outcomes, restarts  # they build on the scheduler
 
     victim = outcomes.locked_job(victim_id)
     if victim is None or victim.state != Job.State.RUNNING:
@@ -241,7 +241,7 @@ def _stop(victim_id: int, lender: Job, group: str) -> bool:
         restarts.Cause.PREEMPTION,
         f"{PREEMPTED} to return borrowed capacity to group {group}",
         PREEMPTED,
-        grace_seconds=nodes.EVICT_GRACE_SECONDS,
+        grace_seconds=float(settings.TRAINYARD_PREEMPTION_GRACE_SECONDS),
     )
     transitions.note_reclaimed(victim, lender.pk)
     return True

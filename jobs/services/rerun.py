@@ -40,6 +40,7 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
             "backoff_seconds": job.restart_backoff_seconds,
             "exclude_failed_node": job.exclude_failed_node,
         },
+        "priority": job.priority_name,
         "health_rules": list(job.health_rules),
         "metrics": list(job.metric_definitions),
     }

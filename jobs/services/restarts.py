@@ -112,19 +112,22 @@ def begin(
     exclude: list[str] | None = None,
     counts: bool = True,
     grace_seconds: float | None = None,
+    uncounted: str = "evicted",
 ) -> None:
     """End the current attempt because of `why` and prepare the next one.
 
-    `exclude` names nodes the next attempts avoid; `counts=False` (an eviction) does not use
-    up a restart. The old attempt's processes get SIGTERM, then SIGKILL after `grace_seconds`
-    (the agent's default when None).
+    `exclude` names nodes the next attempts avoid; `counts=False` (an eviction, a preemption:
+    `uncounted` says which) does not use up a restart. The old attempt's processes get SIGTERM,
+    then SIGKILL after `grace_seconds` (the agent's default when None).
     """
     now = timezone.now()
     old = job.attempt
     used = job.restarts_used + (1 if counts else 0)
     excluded, kept = _exclusions(job, exclude or [])
     backoff = timedelta(seconds=job.restart_backoff_seconds)
-    label = f"restart {used} of {job.max_restarts}" if counts else "restart (not counted: evicted)"
+    label = (
+        f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
+    )
     wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
     note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
     moved = transitions.move_job(

@@ -1,4 +1,5 @@
-"""Placing waiting jobs on the nodes, first come first served with backfill.
+"""Placing waiting jobs on the nodes: higher priority first, then first come first served,
+with backfill, and preemption for the classes that may preempt.
 
 `schedule()` runs in the console worker (the `schedule` task, and every reconciliation pass),
 never on a user's request: it takes the node rows' locks (on SQLite, the database's one write
@@ -18,6 +19,7 @@ from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
 from jobs.services import borrowing, dispatch, queue, transitions
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
+from jobs.services.preempt_pass import PreemptionPass
 from jobs.services.reclaim import Reclaimer
 from jobs.services.totals import RoleRequest
 from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
@@ -81,7 +83,8 @@ def demands_of(replicas: list[Replica]) -> list[Demand]:
 
 
 def waiting_jobs() -> list[Job]:
-    """Queued jobs not yet placed, in the queue's order (jobs.services.queue.in_order)."""
+    """Queued jobs not yet placed, in the queue's order (jobs.services.queue.in_order):
+    higher priority first, then fair share, then first come, first served."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
     return queue.in_order(
@@ -91,17 +94,31 @@ def waiting_jobs() -> list[Job]:
             .order_by("created", "id")
             # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
             # read again whole for its start messages.
-            .only("id", "created", "owner_id", "state", "reason", "excluded_nodes", "borrowed")
+            .only(
+                "id",
+                "created",
+                "owner_id",
+                "state",
+                "reason",
+                "excluded_nodes",
+                "borrowed",
+                "priority",
+                "priority_class_id",
+                "preempted_by",
+            )
         )
     )
 
 
 def schedule() -> list[int]:
-    """Place waiting jobs in submission order; returns the ids dispatched.
+    """Place waiting jobs in the queue's order; returns the ids dispatched.
 
-    A job that does not fit now does not hold back smaller jobs behind it that do (backfill),
-    unless it has waited longer than TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue
-    is strictly first come, first served until it starts, so a large job is never starved.
+    A job that does not fit and whose priority class may preempt evicts the running jobs
+    jobs.services.preemption chooses, and the room they free is reserved for it until they
+    have stopped and it starts (jobs.services.preempt_pass). A job that does not fit now does
+    not hold back smaller jobs behind it that do (backfill), unless it has waited longer than
+    TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue is strictly first come, first
+    served until it starts, so a large job is never starved.
     """
     dispatched: list[int] = []
     if not Replica.objects.filter(
@@ -133,6 +150,7 @@ def schedule() -> list[int]:
         # same demands and exclusions wait for the same reason: worked out once per pass, not
         # once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
         reasons: dict[tuple[object, ...], str] = {}
+        preemption = PreemptionPass(held, timezone.now())
         # Fair share with borrowing: each group's share and use, and reclaim (read lazily).
         ledger = borrowing.Ledger.read((h.job_id, h.cpu, h.gpus, h.memory_gb) for h in held)
         reclaimer = Reclaimer(held, timezone.now())
@@ -167,6 +185,18 @@ def schedule() -> list[int]:
             shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb) for d in demands))
             key = ("unplaced", shape, tuple(job.excluded_nodes), job.owner_id)
             assignment = None if key in reasons else place(demands, allowed)
+            if assignment is None and preemption.may_preempt(job):
+                # Jobs alike find no victims alike, until the rooms change (as `reasons`).
+                alike = ("no victims", key, job.priority, tuple(job.preempted_by))
+                made = None
+                if alike not in reasons or preemption.has_victims_stopping(job):
+                    made = preemption.make_room(job, demands, allowed, _visible_to(job))
+                if made is not None:
+                    reasons.clear()  # the rooms changed: room is reserved for this job
+                    transitions.set_job_reason(job, made.reason)
+                    blocker = blocker or job
+                    continue
+                reasons[alike] = ""
             if assignment is None and verdict.lender is not None:
                 lender = verdict.lender
                 why = reclaimer.make_room(

@@ -33,6 +33,7 @@ from jobs.models import (
     JobRole,
     KVStoreMode,
     Package,
+    PriorityClass,
     Replica,
     RestartPolicy,
 )
@@ -105,6 +106,7 @@ class JobRequest:
     health_rules: list[dict[str, object]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_limits: LogLimitSettings = LogLimitSettings()
+    priority: PriorityClass | None = None  # None: the default class
 
 
 class _Errors:
@@ -324,6 +326,32 @@ def _check_log_limits(
     return LogLimitSettings(**chosen)
 
 
+def _check_priority(raw: str | None, errors: _Errors) -> PriorityClass | None:
+    """The priority class the request names (the default one when it names none)."""
+    name = raw if raw is not None else PriorityClass.DEFAULT_NAME
+    found = PriorityClass.objects.filter(name=name).first()
+    if found is None and raw is not None:
+        known = ", ".join(PriorityClass.objects.values_list("name", flat=True))
+        errors.add("priority", f"Unknown priority class {raw!r}; the classes are: {known}.")
+    return found
+
+
+def priority_refusals(scopes: list[quota.Scope], asked: PriorityClass | None) -> list[str]:
+    """Why a quota refuses the class asked for: each scope that caps its holders below it."""
+    if asked is None:
+        return []
+    found = []
+    for scope in scopes:
+        cap = scope.quota.max_priority
+        if cap is not None and asked.value > cap.value:
+            whose = "Your quota" if scope.kind != "group" else f"Group {scope.name}'s quota"
+            found.append(
+                f"{whose} allows priority up to {cap.name!r}; {asked.name!r} is higher. "
+                "Ask an admin, or pick a lower class."
+            )
+    return found
+
+
 def _check_health_rules(
     raw: Any, image: FrameworkImage | None, errors: _Errors
 ) -> list[dict[str, object]]:
@@ -376,6 +404,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     health_rules = _check_health_rules(body.health_rules, image, errors)
     env = _check_env(body.env, errors)
     log_limits = _check_log_limits(body.log_limits, image, errors)
+    priority = _check_priority(body.priority, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -392,6 +421,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         health_rules,
         env,
         log_limits,
+        priority,
     )
 
 
@@ -426,6 +456,9 @@ def submit_job(user: User, request: JobRequest) -> Job:
             scopes = quota.scopes_for(user, lock=True)
         except quota.NoQuota as exc:
             raise ValidationFailed({"quota": [str(exc)]}) from None
+        capped = priority_refusals(scopes, request.priority)
+        if capped:
+            raise ValidationFailed({"priority": capped})
         over = quota.excesses(scopes, request.totals)
         never = scheduling.why_never_placeable(request.roles)
         if over or never:
@@ -444,6 +477,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.health_rules,
             request.env,
             request.log_limits,
+            request.priority,
         )
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
@@ -465,11 +499,15 @@ def create_job(
     health_rules: list[dict[str, object]] | None = None,
     env: dict[str, str] | None = None,
     log_limits: LogLimitSettings | None = None,
+    priority: PriorityClass | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
-    The caller has checked the quota inside the same transaction.
+    The caller has checked the quota inside the same transaction. The job keeps the value its
+    priority class had now (None: the default class's, or 0 where there is none).
     """
+    if priority is None:
+        priority = PriorityClass.objects.filter(name=PriorityClass.DEFAULT_NAME).first()
     restart = restart or RestartSettings()
     log_limits = log_limits or LogLimitSettings()
     snapshot = None
@@ -499,6 +537,8 @@ def create_job(
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,
         metric_points_per_second=log_limits.metric_points_per_second,
+        priority_class=priority,
+        priority=priority.value if priority is not None else 0,
     )
     JobAttempt.objects.create(job=job, number=0)
     if kvstore:

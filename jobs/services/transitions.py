@@ -152,3 +152,12 @@ def note_reclaimed(victim: Job, lender_id: int) -> None:
 def lender_started(lender_id: int) -> None:
     """The lender has its room: what was reclaimed for it is reserved no longer."""
     Job.objects.filter(reclaimed_for=lender_id).update(reclaimed_for=None)
+
+
+def note_preempted(job: Job, by: int) -> None:
+    """Add `by` to the jobs that preempted `job`, now (jobs.services.preemption reads it)."""
+    job.preempted_by = [*job.preempted_by, by]
+    job.last_preempted = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        preempted_by=job.preempted_by, last_preempted=job.last_preempted
+    )

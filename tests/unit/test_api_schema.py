@@ -208,7 +208,9 @@ def test_the_typed_answers_keep_the_shapes_the_presenters_give(client: Client, a
     assert as_text(catalog.json()) == as_text(catalog_for(alice))
     images = {i["name"]: i for i in catalog.json()["images"]}
     assert images[image.name]["health_rules"] == image.health_rules
-    assert set(catalog.json()["quota"]["scopes"][0]) == {"kind", "name", "limit", "used", "left"}
+    assert set(catalog.json()["quota"]["scopes"][0]) == {
+        "kind", "name", "limit", "used", "left", "max_priority"
+    }  # fmt: skip
 
 
 def test_the_docs_page_needs_a_login_and_loads_nothing_from_the_internet(

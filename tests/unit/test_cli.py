@@ -111,6 +111,19 @@ def test_flags_override_the_job_file_field_by_field(tmp_path: Path) -> None:
     assert draft.body["roles"]["worker"]["package"] == "cpu-1"  # the file's body is unchanged
 
 
+def test_the_priority_flag_wins_over_the_job_files_key(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: urgent\npriority: low\n")
+    draft = jobfile.read(path)
+    assert draft.body["priority"] == "low"  # a job-file key, sent as the API's field
+    flags: dict[str, Any] = dict(
+        name=None, image=None, script=None, args=[], roles=[], kvstore=None, env=[],
+        restart_policy=None, max_restarts=None,
+    )  # fmt: skip
+    assert jobfile.apply_flags(draft.body, **flags)["priority"] == "low"
+    assert jobfile.apply_flags(draft.body, **flags, priority="high")["priority"] == "high"
+
+
 def test_a_job_without_a_name_is_named_after_its_script() -> None:
     body = jobfile.apply_flags(
         {},

@@ -1,0 +1,186 @@
+"""Which running jobs a waiting job may evict to start (issue 25, item 2).
+
+Pure functions over plain values, so that the policy is tested without a database and the
+queue page can ask "which jobs would it preempt" without evicting anything.
+
+The rules, each against a failure seen in other schedulers:
+- only jobs of strictly lower priority whose class may be preempted; whole jobs only, never
+  half a gang (Volcano);
+- the fewest jobs whose removal lets the waiting job be placed, and none of them superfluous
+  (Kueue #6763: evicting more than needed);
+- among equal choices, the jobs that started last: they lose the least work (Determined #3340);
+- no loops (Kueue #3779): a job preempted before is not preempted again until its current
+  attempt has run the minimum run time, and a job never preempts one that preempted it.
+"""
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from jobs.services.placement import Demand, Room, place
+
+# How many candidate sets the exact search tries before it settles for a greedy choice: the
+# exact one (fewest victims) is cheap for the handful of jobs a few nodes run; a fleet of
+# thousands of small jobs gets the greedy one, still with no superfluous victim.
+EXACT_SEARCH_LIMIT = 5000
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one job holds on one node."""
+
+    node: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running job as preemption sees it."""
+
+    job_id: int
+    priority: int
+    may_be_preempted: bool
+    started: datetime  # when its current attempt started
+    holdings: tuple[Held, ...]
+    times_preempted: int = 0
+    owner: str = ""
+
+
+@dataclass(frozen=True)
+class Preemptor:
+    """The waiting job that wants room."""
+
+    job_id: int
+    priority: int
+    may_preempt: bool
+    demands: tuple[Demand, ...]
+    # The jobs that preempted it: it never preempts them back.
+    preempted_by: frozenset[int] = field(default_factory=frozenset)
+
+
+def eligible(preemptor: Preemptor, job: Running, now: datetime, min_run_seconds: float) -> bool:
+    """Whether `job` may be evicted for `preemptor` at all."""
+    if not preemptor.may_preempt or not job.may_be_preempted:
+        return False
+    if job.priority >= preemptor.priority or job.job_id in preemptor.preempted_by:
+        return False
+    if job.times_preempted and (now - job.started).total_seconds() < min_run_seconds:
+        return False  # preempted before: it runs its minimum time first
+    return True
+
+
+def rooms_without(rooms: Sequence[Room], victims: Sequence[Running]) -> list[Room]:
+    """The free rooms once the victims' holdings are given back (copies)."""
+    freed = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
+    for victim in victims:
+        for h in victim.holdings:
+            if h.node in freed:  # a node not offered (draining, lost) frees nothing usable
+                room = freed[h.node]
+                room.cpu += h.cpu
+                room.gpus += h.gpus
+                room.memory_gb += h.memory_gb
+    return list(freed.values())
+
+
+def _fits(preemptor: Preemptor, rooms: Sequence[Room], victims: Sequence[Running]) -> bool:
+    return place(preemptor.demands, rooms_without(rooms, victims)) is not None
+
+
+class _Trial:
+    """Whether the preemptor fits once some victims are gone, looking only at the rooms that
+    matter: those with room for its smallest instance now, and those the victims free. A
+    thousand full nodes are then not copied and searched once per candidate set."""
+
+    def __init__(self, preemptor: Preemptor, rooms: Sequence[Room]) -> None:
+        self.demands = preemptor.demands
+        smallest = Demand(
+            ("smallest", 0),
+            min(d.cpu for d in self.demands),
+            min(d.gpus for d in self.demands),
+            min(d.memory_gb for d in self.demands),
+        )
+        self.by_node = {r.node: r for r in rooms}
+        self.open = [r for r in rooms if r.fits(smallest)]
+        self.open_nodes = {r.node for r in self.open}
+
+    def placement(self, victims: Sequence[Running]) -> dict[tuple[str, int], str] | None:
+        touched = {h.node for v in victims for h in v.holdings} - self.open_nodes
+        rooms = self.open + [self.by_node[n] for n in sorted(touched) if n in self.by_node]
+        return place(self.demands, rooms_without(rooms, victims))
+
+    def fits(self, victims: Sequence[Running]) -> bool:
+        return self.placement(victims) is not None
+
+
+def choose_victims(
+    preemptor: Preemptor,
+    rooms: Sequence[Room],
+    running: Sequence[Running],
+    now: datetime,
+    min_run_seconds: float,
+) -> list[Running] | None:
+    """The jobs to evict so that `preemptor` can be placed, or None when no allowed choice
+    lets it (or it may not preempt). [] when it fits already.
+
+    `rooms` are the nodes' free rooms (the nodes it may use); `running` every job holding
+    capacity there. Fewest victims first; among sets of the same size, the one whose jobs
+    started last (compared latest start first, then the highest id); no victim superfluous.
+    """
+    if place(preemptor.demands, rooms) is not None:
+        return []
+    candidates = sorted(
+        (j for j in running if eligible(preemptor, j, now, min_run_seconds)),
+        key=lambda j: (j.started, j.job_id),
+        reverse=True,  # started last first: combinations come out in the preferred order
+    )
+    trial = _Trial(preemptor, rooms)
+    if not candidates or not trial.fits(candidates):
+        return None
+    tried = 0
+    for size in range(1, len(candidates) + 1):
+        if tried + math.comb(len(candidates), size) > EXACT_SEARCH_LIMIT:
+            break
+        for victims in itertools.combinations(candidates, size):
+            tried += 1
+            if trial.fits(victims):
+                return list(victims)
+    return _greedy(trial, candidates)
+
+
+def _greedy(trial: _Trial, candidates: list[Running]) -> list[Running]:
+    """The shortest run of the latest-started candidates that the preemptor fits with (found
+    by doubling, then halving), less the victims on nodes its placement does not use, then
+    less every victim it still fits without (the earliest-started first, so the latest-started
+    are the ones kept): no victim is superfluous, though a cleverer set might be smaller."""
+    high = 1
+    while high < len(candidates) and not trial.fits(candidates[:high]):
+        high *= 2
+    high = min(high, len(candidates))
+    low = high // 2  # a run that does not fit (or none)
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if trial.fits(candidates[:middle]):
+            high = middle
+        else:
+            low = middle
+    chosen = candidates[:high]
+    used = set((trial.placement(chosen) or {}).values())
+    near = [v for v in chosen if any(h.node in used for h in v.holdings)]
+    if trial.fits(near):
+        chosen = near
+    for job in list(reversed(chosen)):
+        rest = [v for v in chosen if v is not job]
+        if trial.fits(rest):
+            chosen = rest
+    return chosen
+
+
+def superfluous(
+    preemptor: Preemptor, rooms: Sequence[Room], victims: Sequence[Running]
+) -> list[Running]:
+    """The victims the preemptor would fit without (none, for a choice made here)."""
+    return [v for v in victims if _fits(preemptor, rooms, [w for w in victims if w is not v])]

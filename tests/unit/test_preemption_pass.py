@@ -1,0 +1,186 @@
+"""Priority classes at submission and preemption in the scheduling pass, over the database with
+the agents' reports played by hand (the real stack's test is tests/integration/test_preemption)."""
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from jobs.models import Job, PriorityClass, Quota, Replica
+from jobs.services import presenters, reports
+from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from tests.conftest import set_quota
+from tests.unit.helpers import SentTasks, job_request
+
+pytestmark = pytest.mark.usefixtures("catalog", "code_root", "redis_url")
+
+Capture = Callable[..., Any]
+
+
+@pytest.fixture
+def submit(
+    sent_tasks: SentTasks, django_capture_on_commit_callbacks: Capture
+) -> Callable[..., Job]:
+    def go(user: User, priority: str, instances: int = 1, package: str = "cpu-2") -> Job:
+        request = job_request(instances, package, priority=priority)
+        with django_capture_on_commit_callbacks(execute=True):
+            job = submit_job(user, check_job_request(request))
+        job.refresh_from_db()
+        return job
+
+    return go
+
+
+def start(job: Job, capture: Capture) -> None:
+    """Its agents say every replica of its current attempt started."""
+    for r in job.replicas.filter(attempt=job.attempt).select_related("node"):
+        assert r.node is not None
+        with capture(execute=True):
+            reports.replica_started(job.pk, r.role, r.index, r.node.name, attempt=job.attempt)
+    job.refresh_from_db()
+
+
+def stopped(job: Job, attempt: int, capture: Capture) -> None:
+    """Its agents say the processes of that attempt stopped (after SIGTERM)."""
+    for r in job.replicas.filter(attempt=attempt).select_related("node"):
+        assert r.node is not None
+        with capture(execute=True):
+            reports.replica_exited(
+                job.pk, r.role, r.index, r.node.name, "stopped", 143, "", [], attempt=attempt
+            )
+    job.refresh_from_db()
+
+
+def placed(job: Job) -> bool:
+    return not job.replicas.filter(attempt=job.attempt, state=Replica.State.PENDING).exists()
+
+
+def test_an_unknown_class_is_refused_naming_the_classes(alice: User) -> None:
+    with pytest.raises(ValidationFailed) as refused:
+        check_job_request(job_request(priority="urgent"))
+    assert refused.value.errors == {
+        "priority": ["Unknown priority class 'urgent'; the classes are: high, normal, low."]
+    }
+
+
+def test_a_quota_caps_the_class_its_holder_may_ask_for(alice: User, bob: User) -> None:
+    Quota.objects.create(
+        user=alice, cpu=8, gpus=0, memory_gb=32, running_jobs=4,
+        max_priority=PriorityClass.objects.get(name="normal"),
+    )  # fmt: skip
+    with pytest.raises(ValidationFailed) as refused:
+        submit_job(alice, check_job_request(job_request(priority="high")))
+    assert refused.value.errors == {
+        "priority": [
+            "Your quota allows priority up to 'normal'; 'high' is higher. Ask an admin, or "
+            "pick a lower class."
+        ]
+    }
+    assert not Job.objects.filter(owner=alice).exists()
+    job = submit_job(alice, check_job_request(job_request(priority="low")))
+    assert (job.priority_name, job.priority) == ("low", -10)
+
+
+def test_a_job_without_a_class_is_normal(alice: User) -> None:
+    job = submit_job(alice, check_job_request(job_request()))
+    assert (job.priority_name, job.priority) == ("normal", 0)
+
+
+def test_a_high_job_preempts_the_last_started_low_job_and_keeps_the_room_it_frees(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    charlie_admin: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    # Two nodes of 8 cores: eight low jobs of 2 cores fill them.
+    set_quota(alice, cpu=16, jobs=8)
+    lows = []
+    for _ in range(8):
+        lows.append(submit(alice, "low"))
+        start(lows[-1], django_capture_on_commit_callbacks)
+    assert all(j.state == Job.State.RUNNING for j in lows)
+    normal = submit(charlie_admin, "normal")  # may not preempt: waits
+    assert not placed(normal) and normal.reason.startswith("waiting: ")
+    assert presenters.queue_position(normal) == 1
+
+    high = submit(bob, "high")
+    victim = Job.objects.get(pk=lows[-1].pk)
+    assert victim.state == Job.State.RESTARTING
+    assert victim.preempted_by == [high.pk]
+    still_running = Job.objects.filter(pk__in=[j.pk for j in lows], state=Job.State.RUNNING)
+    assert set(still_running.values_list("pk", flat=True)) == {j.pk for j in lows[:-1]}
+    attempt = victim.attempts.get(number=0)
+    assert attempt.reason == f"preempted by job {high.pk} (high) of bob"
+    assert not attempt.counted and victim.restarts_used == 0
+    high.refresh_from_db()
+    assert not placed(high)
+    # Another user's job is counted, never named.
+    assert high.reason == "preempting a job of another user: starts once it has stopped"
+    # The high job is ahead of the normal one in the queue.
+    assert presenters.queue_position(high) == 1 and presenters.queue_position(normal) == 2
+
+    stopped(victim, 0, django_capture_on_commit_callbacks)
+    high.refresh_from_db()
+    normal.refresh_from_db()
+    assert placed(high), high.reason
+    assert not placed(normal)  # the room went to the job it was freed for
+    # The victim is back in the queue (its restart policy is never: it is not its failure),
+    # keeping its submission time.
+    Job.objects.filter(pk=victim.pk).update(restart_at=timezone.now())
+    from jobs.services import restarts
+
+    with django_capture_on_commit_callbacks(execute=True):
+        restarts.resume(victim.pk)
+    victim.refresh_from_db()
+    assert victim.state == Job.State.QUEUED and victim.created == lows[-1].created
+    assert presenters.queue_position(normal) == 1 and presenters.queue_position(victim) == 2
+
+
+def test_a_job_preempted_once_is_not_preempted_again_before_its_minimum_run(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+    settings: Any,
+) -> None:
+    settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = 600
+    set_quota(alice, cpu=16, jobs=8)
+    lows = []
+    for _ in range(8):
+        lows.append(submit(alice, "low"))
+        start(lows[-1], django_capture_on_commit_callbacks)
+    Job.objects.filter(pk__in=[j.pk for j in lows]).update(
+        preempted_by=[1], last_preempted=timezone.now()
+    )  # each was preempted before, and its attempt started just now
+    high = submit(bob, "high")
+    assert not placed(high)
+    assert all(
+        s == Job.State.RUNNING
+        for s in Job.objects.filter(pk__in=[j.pk for j in lows]).values_list("state", flat=True)
+    )
+    assert high.reason.startswith("waiting: ")
+
+
+def test_the_new_job_form_offers_the_classes_and_launches_with_one(
+    client: Any, alice: User, nodes: list[Any], sent_tasks: SentTasks
+) -> None:
+    client.force_login(alice)
+    html = client.get("/jobs/new/").content.decode()
+    assert '<option value="high">high — may preempt</option>' in html
+    assert '<option value="normal" selected>normal</option>' in html
+    form = {
+        "name": "digits", "image": "pytorch:2.13-cpu", "script": "digits-ddp", "script_path": "",
+        "args": "", "package": "cpu-1", "instances": "1", "priority": "low",
+    }  # fmt: skip
+    assert client.post("/jobs/new/", form).status_code == 302
+    assert Job.objects.get().priority_name == "low"
+    refused = client.post("/jobs/new/", dict(form, priority="urgent"))
+    assert "Select a valid choice" in refused.content.decode()
+    assert Job.objects.count() == 1
+    html = client.get(f"/jobs/{Job.objects.get().pk}/").content.decode()
+    assert '<div id="priority-summary"><strong>Priority</strong> low</div>' in html
