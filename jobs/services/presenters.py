@@ -144,7 +144,7 @@ def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     of jobs, whatever its length."""
     if not list(jobs):
         return {}
-    ranking = queue.waiting_in_order(queue.waiting().only("id", "owner_id", "created"))
+    ranking = queue.waiting_in_order(queue.waiting().only(*queue.ORDER_FIELDS))
     return {job.pk: place for place, job in enumerate(ranking, 1)}
 
 

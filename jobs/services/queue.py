@@ -25,6 +25,7 @@ class QueueEntry:
     job_id: int | None  # None: the viewer may not see the job
     name: str | None
     owner: str | None
+    priority: str  # the job's priority class: the queue's first order
     cpu: int
     gpus: int
     memory_gb: int
@@ -37,9 +38,14 @@ class QueueEntry:
 
 
 def waiting() -> "QuerySet[Job]":
-    """The jobs waiting for room (queued, with an instance not yet placed), by submission."""
+    """The jobs waiting for room (queued, with an instance not yet placed), by priority and
+    submission (the database's part of the order: `in_order` adds fair share)."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
+
+
+# What `in_order` reads of each job: a leaner query must load at least these.
+ORDER_FIELDS = ("id", "owner_id", "created", "priority")
 
 
 def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
@@ -60,13 +66,20 @@ def in_order(jobs: list[Job]) -> list[Job]:
     return sorted(jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys[j.pk]))
 
 
+def reserved_lenders() -> set[int]:
+    """The jobs that a borrowed job was stopped for (Job.reclaimed_for) and that have not
+    started since: few, and read off an index."""
+    ids = Job.objects.filter(reclaimed_for__isnull=False).values_list("reclaimed_for", flat=True)
+    return {int(i) for i in ids.distinct() if i is not None}
+
+
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
     jobs = waiting_in_order(
         waiting()
-        .select_related("owner")
+        .select_related("owner", "priority_class")
         .only(
-            "id", "name", "owner__username", "cpu_total", "gpus_total", "memory_gb_total",
-            "created", "reason",
+            "id", "name", "owner__username", "priority_class__name", "priority",
+            "cpu_total", "gpus_total", "memory_gb_total", "created", "reason",
         )
     )  # fmt: skip
     visible = set(
@@ -81,16 +94,10 @@ def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
         job_id=job.pk if shown else None,
         name=job.name if shown else None,
         owner=job.owner.get_username() if shown else None,
+        priority=job.priority_class.name if job.priority_class is not None else str(job.priority),
         cpu=job.cpu_total,
         gpus=job.gpus_total,
         memory_gb=job.memory_gb_total,
         submitted=job.created,
         reason=job.reason if shown else None,
     )
-
-
-def reserved_lenders() -> set[int]:
-    """The jobs that a borrowed job was stopped for (Job.reclaimed_for) and that have not
-    started since: few, and read off an index."""
-    ids = Job.objects.filter(reclaimed_for__isnull=False).values_list("reclaimed_for", flat=True)
-    return {int(i) for i in ids.distinct() if i is not None}
