@@ -17,6 +17,10 @@ Logs: lines/s, latency and CPU from trainer through node agent and Redis to a we
 next to a bare pipe reader, and a training loop's speed with logging on vs /dev/null
 (bench/logs.py).
 
+Start and end: submit -> first training line and last line -> `succeeded` at a websocket client
+for a two-instance DDP job, next to bare `torchrun --nproc_per_node 2` of the same script, with a
+timeline per stage and the idle stack's RSS and CPU (bench/startup.py).
+
 Sandbox: time to a trainer's first line and its training throughput under bubblewrap, next to
 the same programs started bare by the same supervisor (bench/sandbox.py).
 """
@@ -35,6 +39,7 @@ from bench.reconcile import measure_in_subprocess
 from bench.reconcile import summary as reconcile_summary
 from bench.recovery import recovery
 from bench.sandbox import sandbox_cost
+from bench.startup import startup
 from stack.redis_server import private_server
 
 
@@ -91,6 +96,8 @@ def main() -> int:
     ok = ps_vs_ddp() and ok
     print("== recovery: kill -9 of one instance, restart and resume ==")
     ok = recovery() and ok
+    print("== start and end: a DDP job on the console vs bare torchrun ==")
+    ok = startup() and ok
     print("== logs: trainer -> agent -> Redis -> websocket ==")
     ok = log_path() and ok
     print("== sandbox: trainers under bubblewrap vs bare, same supervisor ==")

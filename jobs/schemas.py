@@ -737,6 +737,7 @@ class QueueEntryOut(_Out):
     )
     name: str | None = Field(description="null for another user's job.")
     owner: str | None = Field(description="null for another user's job.")
+    priority: str = Field(description="Its priority class: higher classes are taken first.")
     cpu: int
     gpus: int
     memory_gb: int

@@ -889,13 +889,14 @@ def queue(json_output: Json = False) -> None:
         render.out.print("No job is waiting.")
         return
     render.table(
-        ["PLACE", "ID", "NAME", "OWNER", "CPU/GPU/GB", "SUBMITTED", "WHY IT WAITS"],
+        ["PLACE", "ID", "NAME", "OWNER", "PRIORITY", "CPU/GPU/GB", "SUBMITTED", "WHY IT WAITS"],
         [
             [
                 str(e["position"]),
                 "—" if e["job_id"] is None else str(e["job_id"]),
                 e["name"] or "another user's job",
                 e["owner"] or "—",
+                e["priority"],
                 f"{e['cpu']} / {e['gpus']} / {e['memory_gb']}",
                 render.local_time(e["submitted"]),
                 e["reason"] or "—",

@@ -485,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_checkpoints=args.keep_checkpoints,
         keeper_grace=args.keeper_grace,
         disk=diskspace.DiskWatch(args.node, workdir, args.min_free_mb * 1024 * 1024),
+        prestart_keeper=True,
     )
     # Before any task and the first heartbeat: what an earlier agent here left to keepers is
     # ours now (the console sees it running under this incarnation), whatever else it left

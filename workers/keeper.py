@@ -21,11 +21,14 @@ its own), and holds what must not die with an agent:
 
 An agent claims the keeper by connecting to the unix socket `sock` in its folder and keeps the
 connection open; it sends `term`, `kill` (signal every group still held) or `release` (the
-agent has read the outcome: end now). When no agent holds the connection for `grace_seconds`,
+agent has read the outcome: end now); the keeper sends `news` each time it has written an
+exit record or `done` (it wakes at a leader's exit through a pidfd), so that the agent reads
+them at once rather than at its next poll. When no agent holds the connection for `grace_seconds`,
 the keeper stops the processes itself (SIGTERM, SIGKILL after `stop_grace_seconds`), so nothing
 is orphaned, and ends once they have.
 
     python -m workers.keeper FOLDER
+    python -m workers.keeper --spare      (then FOLDER on stdin: see wait_as_spare)
 
 FOLDER holds `spec.json` ({"procs": [{"argv", "env", "cwd"}], "grace_seconds",
 "stop_grace_seconds", "records_dir", "job_id", "role", "index"}), written by the agent, which
@@ -85,8 +88,12 @@ GRACE_ENV = "TRAINYARD_KEEPER_GRACE_SECONDS"
 # from SIGTERM to SIGKILL to spare: by the time the console gives a node's jobs up and may start
 # them again elsewhere, their old trainers are gone, so two attempts never write one checkpoint.
 DEFAULT_GRACE_SECONDS = 30.0
+# The argument that starts a spare keeper (wait_as_spare) instead of one for a folder.
+SPARE = "--spare"
 # The commands an agent sends, one per line.
 TERM, KILL, RELEASE = b"term", b"kill", b"release"
+# What the keeper sends the agent, one per line, when it has written an exit record or `done`.
+NEWS = b"news"
 
 
 # A frame of a rank's output file: stream tag, length of the bytes that follow (big-endian).
@@ -185,6 +192,9 @@ class _Kept:
     copiers: list[threading.Thread] = field(default_factory=list)
     code: int | None = None  # once the leader has ended
     reaped: bool = False
+    # Readable once the leader has ended (os.pidfd_open), so that the keeper wakes at the exit
+    # rather than at its next poll; None where the kernel has no pidfds (it polls, as before).
+    exit_watch: int | None = None
 
 
 def _copy(pipes: list[tuple[Any, str]], path: Path) -> None:
@@ -276,6 +286,14 @@ def _say(message: str) -> None:
         pass
 
 
+def _exit_watch(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` (our unreaped child) ends, or None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _leader_exit(proc: subprocess.Popen[bytes]) -> int | None:
     """The leader's exit code (negative: killed by that signal), without reaping it."""
     try:
@@ -332,7 +350,7 @@ class Keeper:
                 keeper_create_time=float(self.identity["create_time"]),
             )
             self.records.write(record)  # while the leader is our unreaped child
-            kept = _Kept(rank, proc, record)
+            kept = _Kept(rank, proc, record, exit_watch=_exit_watch(proc.pid))
             reserve_record(self.folder / exit_name(rank))
             pipes = [(proc.stdout, "out"), (proc.stderr, "err")]
             # The output's room is taken now, before state.json says the processes run, not
@@ -368,11 +386,14 @@ class Keeper:
 
     def serve(self, listener: socket.socket) -> None:
         while not (self.done and (self.released or self._alone_too_long())):
-            readable = [listener] + ([self.agent] if self.agent is not None else [])
+            readable: list[Any] = [listener] + ([self.agent] if self.agent is not None else [])
+            # A leader's exit wakes the loop at once: its record is written, and the agent
+            # told, without waiting for the poll.
+            readable += [k.exit_watch for k in self.kept if k.exit_watch is not None]
             for ready in select.select(readable, [], [], POLL_SECONDS)[0]:
                 if ready is listener:
                     self._accept(listener)
-                else:
+                elif ready is self.agent:
                     self._read_commands()
             self._tend()
 
@@ -449,6 +470,10 @@ class Keeper:
                 copier.join(max(0.0, ends - time.monotonic()))
             ended = {"code": code, "at": time.time(), "unclaimed": self.unclaimed_stop}
             write_atomically(self.folder / exit_name(kept.rank), json.dumps(ended))
+            if kept.exit_watch is not None:
+                os.close(kept.exit_watch)
+                kept.exit_watch = None
+            self._tell_agent()
         if not self.done and all(k.reaped for k in self.kept):
             self._finish()
 
@@ -461,13 +486,50 @@ class Keeper:
                 self.records.remove(kept.record)
         write_atomically(self.folder / DONE, "")
         self.done = True
+        self._tell_agent()
+
+    def _tell_agent(self) -> None:
+        """Wake the agent that holds this keeper: an exit record or `done` is on disk. The
+        files stay the record (an agent that was not connected reads them when it comes); this
+        only spares the agent its poll."""
+        if self.agent is None:
+            return
+        try:
+            self.agent.sendall(NEWS + b"\n")
+        except OSError:
+            pass  # gone: _read_commands sees the end of the connection
+
+
+def wait_as_spare() -> Path | None:
+    """A spare keeper (`--spare`): started ahead of any replica, with its interpreter up and its
+    modules imported, it waits for the folder of the replica it is to keep, one line on stdin,
+    from the agent that started it. None when stdin ends first: that agent no longer needs it
+    (it stopped, or died), and a spare holds nothing to outlive it for.
+
+    Once it has its folder it is the keeper `python -m workers.keeper FOLDER` would have been:
+    stdin becomes /dev/null, and stdout and stderr go to the folder's log."""
+    line = sys.stdin.buffer.readline()
+    if not line.endswith(b"\n"):
+        return None
+    folder = Path(os.fsdecode(line[:-1])).resolve()
+    with open(os.devnull, "rb") as devnull, open(folder / LOG, "ab") as log:
+        os.dup2(devnull.fileno(), 0)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    return folder
 
 
 def main(args: list[str]) -> int:
     if len(args) != 1:
-        print("usage: python -m workers.keeper FOLDER", file=sys.stderr)
+        print("usage: python -m workers.keeper FOLDER | --spare", file=sys.stderr)
         return 2
-    folder = Path(args[0]).resolve()
+    if args[0] == SPARE:
+        found = wait_as_spare()
+        if found is None:
+            return 0
+        folder = found
+    else:
+        folder = Path(args[0]).resolve()
     os.chdir(folder)  # the socket's name is relative: a unix socket path has 108 bytes at most
     keeper = Keeper(folder)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -10,9 +10,11 @@ Redis under).
 import json
 import logging
 import os
+import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 REPLICA = "replica.json"
 STARTED_WAIT_SECONDS = 30.0
 POLL_SECONDS = 0.02
+# How long a spare keeper that is no longer needed gets to exit once its stdin ends.
+SPARE_END_SECONDS = 5.0
 # Where `python -m workers.keeper` finds the package, whatever the agent's working directory.
 _PACKAGE_PARENT = Path(__file__).resolve().parent.parent
 # The keeper's whole environment: it talks to no service, and holds none of the agent's secrets
@@ -68,8 +72,10 @@ class KeeperLink:
         records_dir: Path,
         grace_seconds: float,
         stop_grace_seconds: float,
+        spares: "SpareKeeper | None" = None,
     ) -> "KeeperLink":
-        """Start a keeper running `procs`; returns once they run (or raises KeeperError)."""
+        """Start a keeper running `procs`; returns once they run (or raises KeeperError).
+        With `spares`, the keeper is its waiting spare, when it has one."""
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {
             "procs": [{"argv": p.argv, "env": p.env, "cwd": str(p.cwd)} for p in procs],
@@ -82,16 +88,10 @@ class KeeperLink:
         }
         keeper.write_atomically(folder / REPLICA, json.dumps(replica))
         keeper.write_atomically(folder / keeper.SPEC, json.dumps(spec))
-        with open(folder / keeper.LOG, "ab") as log_file:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "workers.keeper", str(folder)],
-                env={k: os.environ[k] for k in _KEEPER_ENV_NAMES if k in os.environ},
-                cwd=_PACKAGE_PARENT,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                start_new_session=True,  # not in the agent's group: a signal to it passes by
-            )
+        proc = spares.take(folder) if spares is not None else None
+        if proc is None:
+            with open(folder / keeper.LOG, "ab") as log_file:
+                proc = _spawn_keeper([str(folder)], stdin=subprocess.DEVNULL, output=log_file)
         link = cls(folder, proc)
         deadline = time.monotonic() + STARTED_WAIT_SECONDS
         while link.state() is None:
@@ -141,6 +141,23 @@ class KeeperLink:
             self._conn.sendall(command + b"\n")
         except OSError:
             pass  # it has ended: nothing left to signal
+
+    def wait_for_news(self, timeout: float) -> None:
+        """Wait up to `timeout` for the keeper to say it has written an exit record or `done`
+        (keeper.NEWS); returns at once when it has. The files, not this, say what happened:
+        this only saves the caller its poll (an older keeper says nothing, and this waits)."""
+        conn = self._conn
+        if conn is None:
+            time.sleep(timeout)
+            return
+        try:
+            if select.select([conn], [], [], timeout)[0]:
+                if not conn.recv(4096):
+                    # The keeper has gone: the caller sees it in the files, or in alive().
+                    # Not waiting again here keeps the caller's loop from spinning on it.
+                    time.sleep(timeout)
+        except (OSError, ValueError):
+            time.sleep(timeout)  # closed meanwhile (a release or a detach by another thread)
 
     def terminate(self) -> None:
         self.send(keeper.TERM)
@@ -211,3 +228,97 @@ class KeeperLink:
         except OSError:
             return "no log"
         return lines[-1] if lines else "no log"
+
+
+def _spawn_keeper(args: list[str], stdin: Any, output: Any) -> subprocess.Popen[bytes]:
+    """`python -m workers.keeper ARGS`, as every keeper starts, spare or not."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "workers.keeper", *args],
+        env={k: os.environ[k] for k in _KEEPER_ENV_NAMES if k in os.environ},
+        cwd=_PACKAGE_PARENT,
+        stdin=stdin,
+        stdout=output,
+        stderr=output,
+        start_new_session=True,  # not in the agent's group: a signal to it passes by
+    )
+
+
+class SpareKeeper:
+    """One keeper started ahead of need (`python -m workers.keeper --spare`), so that a
+    replica's start does not wait for the keeper's interpreter to start and import its modules
+    (a tenth of a second or more before the first trainer can even be spawned).
+
+    Only the keeper is prestarted, never a trainer: the keeper is the agent's own process, run
+    outside every sandbox with an environment of its own that is the same for every replica
+    (the replica's spec, with the trainers' argv, environment and folder, comes in the spec file
+    as before), so a spare is exactly the keeper a cold start would have made. It holds nothing
+    until it is given a folder; when the agent goes, its stdin ends and it exits.
+    """
+
+    def __init__(self, start: bool = True) -> None:
+        """With `start` False, the first spare starts at the first replenish() or take()."""
+        self._lock = threading.Lock()
+        self._waiting: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        if start:
+            self.replenish()
+
+    def take(self, folder: Path) -> subprocess.Popen[bytes] | None:
+        """The spare, now keeping `folder` (whose spec file is written), or None when there is
+        none (it died, or could not start): the caller starts a keeper the ordinary way. A new
+        spare is started for the next replica."""
+        with self._lock:
+            proc, self._waiting = self._waiting, None
+        handed = proc is not None and _hand(proc, folder)
+        self.replenish()
+        return proc if handed else None
+
+    def close(self) -> None:
+        """End the spare: its stdin closes, and it exits as soon as it reads that. Not waited
+        for here (a spare still starting may take a moment on a busy host, and a stopping
+        agent has better things to do): a thread reaps it."""
+        with self._lock:
+            self._closed = True
+            proc, self._waiting = self._waiting, None
+        if proc is not None:
+            threading.Thread(
+                target=_end_spare, args=(proc,), name="spare-keeper-end", daemon=True
+            ).start()
+
+    def pid(self) -> int | None:
+        with self._lock:
+            return self._waiting.pid if self._waiting is not None else None
+
+    def replenish(self) -> None:
+        """Start a spare unless one waits (or the agent is stopping)."""
+        with self._lock:
+            if self._closed or self._waiting is not None:
+                return
+            try:
+                self._waiting = _spawn_keeper(
+                    [keeper.SPARE], stdin=subprocess.PIPE, output=subprocess.DEVNULL
+                )
+            except OSError as exc:
+                log.warning("could not start a spare keeper: %s", exc)
+
+
+def _hand(proc: subprocess.Popen[bytes], folder: Path) -> bool:
+    """Give a spare its folder; False if it has died meanwhile (it is reaped)."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(os.fsencode(folder) + b"\n")
+        proc.stdin.close()
+    except OSError:
+        _end_spare(proc)
+        return False
+    return True
+
+
+def _end_spare(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(SPARE_END_SECONDS)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait()

@@ -55,7 +55,7 @@ from workers import (
 )
 from workers.diskspace import DiskWatch, is_no_room
 from workers.filetail import FileTail
-from workers.keeperlink import KeeperLink, KeptProcess, folder_name
+from workers.keeperlink import KeeperLink, KeptProcess, SpareKeeper, folder_name
 from workers.launcher import (
     TRAINER_LIB,
     WORKERS_PACKAGE,
@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 
 # How long a non-master replica waits for the master's agent to publish MASTER_PORT.
 RENDEZVOUS_TIMEOUT_SECONDS = 600.0
+RENDEZVOUS_POLL_SECONDS = 0.02
 # Between SIGTERM and SIGKILL when stopping a process group.
 STOP_GRACE_SECONDS = 5.0
 # After SIGKILL, how long to wait for the keeper to see every group gone; a group still there
@@ -96,6 +97,7 @@ FINISHED_KEEP_MAX = 1000
 # Outside a shutdown, waits on Redis (log flush, reports) are unbounded; they say so this often.
 STILL_WAITING_WARNING_SECONDS = 60.0
 WAIT_SLICE_SECONDS = 0.1
+FIRST_WAIT_SLICE_SECONDS = 0.002
 NODE_AGENT_SHUT_DOWN = "the node agent shut down"
 # Written in a job's checkpoint folder by its first attempt; a restart looks for it.
 CHECKPOINT_MARKER = ".trainyard-job"
@@ -268,8 +270,14 @@ class Supervisor:
         keep_checkpoints: int = 0,
         keeper_grace: float = keeper.DEFAULT_GRACE_SECONDS,
         disk: DiskWatch | None = None,
+        prestart_keeper: bool = False,
     ) -> None:
         self.node = node
+        # A keeper started ahead of the next replica (workers/keeperlink.py), so that a start
+        # does not wait for a keeper's interpreter; the agent asks for one, unit tests of the
+        # supervisor's other concerns do not. Started after adopt(): a restarted agent's
+        # takeover runs against its keepers' grace, and comes first.
+        self._spare_keeper = SpareKeeper(start=False) if prestart_keeper else None
         # How long a replica's keeper waits for an agent before it stops the processes.
         self.keeper_grace = keeper_grace
         # The work disk's free space (workers/diskspace.py): no start while it is full, and a
@@ -486,6 +494,8 @@ class Supervisor:
                 )  # fmt: skip
                 run.thread.start()
             adopted.append(f"{spec.job_id}/{spec.tag}")
+        if self._spare_keeper is not None:
+            self._spare_keeper.replenish()
         return adopted
 
     def shutdown(self, timeout: float = 30.0, hand_over: bool = False) -> None:
@@ -498,6 +508,8 @@ class Supervisor:
             closing = self._closing
             runs = list(self._runs.values())
         self._sampler.stop()
+        if self._spare_keeper is not None:
+            self._spare_keeper.close()
         for run in runs:
             if hand_over and run.keeper is not None and not run.stop_requested.is_set():
                 run.handed_over.set()
@@ -590,7 +602,9 @@ class Supervisor:
                 value = None
             if value is not None:
                 return int(value)
-            if run.stop_requested.wait(0.1):
+            # The master's agent publishes its port as its first step: this wait is short,
+            # and every moment of it delays this instance's trainers.
+            if run.stop_requested.wait(RENDEZVOUS_POLL_SECONDS):
                 raise _StopRequested
         raise TimeoutError(
             f"the master did not publish its port within {RENDEZVOUS_TIMEOUT_SECONDS:.0f} s"
@@ -658,8 +672,9 @@ class Supervisor:
             raise _StopRequested
         folder = self.keepers_dir / folder_name(spec.job_id, spec.attempt, spec.tag)
         link = KeeperLink.start(
-            folder, kept, replica, self.records.directory, self.keeper_grace, run.stop_grace
-        )
+            folder, kept, replica, self.records.directory, self.keeper_grace, run.stop_grace,
+            spares=self._spare_keeper,
+        )  # fmt: skip
         with self._lock:
             run.keeper = link
         # A stop that arrived while the keeper was starting: _stop (after this) ends them.
@@ -952,7 +967,10 @@ class Supervisor:
                 raise RuntimeError(
                     f"its keeper process on {self.node} died, and its processes with it"
                 )
-            run.stop_requested.wait(MONITOR_INTERVAL_SECONDS)
+            # The keeper says when an exit is recorded: the end is read at once, not at the
+            # next poll. A stop request is seen within the interval (its SIGTERM, sent by
+            # _request_stop, ends the processes, whose exits wake this too).
+            link.wait_for_news(MONITOR_INTERVAL_SECONDS)
         return None
 
     def _failure_reason(self, run: _ReplicaRun, exit_code: int) -> str:
@@ -1167,6 +1185,10 @@ class Supervisor:
         time, so a shutdown that begins meanwhile shortens a wait already under way. A wait with
         no deadline (None) says what it waits for each minute."""
         warn_at = time.monotonic() + STILL_WAITING_WARNING_SECONDS
+        # Short slices first: most of these waits (a flush, a report handed to the broker)
+        # end within milliseconds, and each one sits between a trainer's exit and the exit
+        # report the user waits for; a long wait polls at WAIT_SLICE_SECONDS.
+        pause = FIRST_WAIT_SLICE_SECONDS
         while not done():
             now = time.monotonic()
             deadline = until(self._closing)
@@ -1175,7 +1197,8 @@ class Supervisor:
             if waiting_for and now >= warn_at:
                 log.warning("still waiting for %s", waiting_for)
                 warn_at = now + STILL_WAITING_WARNING_SECONDS
-            time.sleep(WAIT_SLICE_SECONDS)
+            time.sleep(pause)
+            pause = min(pause * 2, WAIT_SLICE_SECONDS)
         return True
 
     def _bounded(self, deadline: float, closing_limit: Callable[[_Closing], float]) -> float:

@@ -29,7 +29,7 @@ from tests.conftest import (
     wait_until,
 )
 from workers import contract
-from workers.keeper import read_output
+from workers.keeper import STATE, read_output
 
 pytestmark = pytest.mark.integration
 
@@ -120,17 +120,23 @@ def report(fault: str, seconds: float) -> None:
 
 
 def keepers(stack: RunningStack, job_id: int, node: str | None = None) -> dict[str, int]:
-    """The keeper processes of the job's replicas (on `node`), by their folder's name; only
-    this stack's (other stacks may run beside it)."""
+    """The live keeper processes of the job's replicas (on `node`), by their folder's name;
+    only this stack's (other stacks may run beside it). Found through the state each keeper
+    writes in its folder, not its command line: a keeper that was the agent's spare was
+    started before it had a folder to name."""
     root = stack.stack.var_dir / "agents"
     found = {}
-    for proc in psutil.process_iter(["cmdline"]):
-        argv = proc.info["cmdline"] or []
-        if "workers.keeper" not in argv or not argv[-1].startswith(str(root)):
+    for folder in root.glob(f"*/keepers/{job_id}-*"):
+        if node not in (None, folder.parent.parent.name):
             continue
-        folder = Path(argv[-1])
-        if folder.name.startswith(f"{job_id}-") and node in (None, folder.parent.parent.name):
-            found[folder.name] = proc.pid
+        try:
+            identity = json.loads((folder / STATE).read_text())["keeper"]
+            proc = psutil.Process(int(identity["pid"]))
+            same = abs(proc.create_time() - float(identity["create_time"])) < 0.01
+            if same and proc.status() != psutil.STATUS_ZOMBIE:  # ended, not yet reaped
+                found[folder.name] = proc.pid
+        except (OSError, ValueError, KeyError, psutil.Error):
+            continue  # not started yet, or ended
     return found
 
 

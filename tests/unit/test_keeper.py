@@ -4,6 +4,7 @@ processes when no agent claims it within its grace; and following its files by o
 import fcntl
 import json
 import os
+import subprocess
 import sys
 import termios
 import threading
@@ -19,7 +20,7 @@ from tests.unit.test_supervisor import wait_until
 from workers import keeper
 from workers.filetail import FileTail
 from workers.keeper import frame, read_frames, read_output
-from workers.keeperlink import KeeperLink, KeptProcess
+from workers.keeperlink import KeeperLink, KeptProcess, SpareKeeper
 from workers.procrecords import ProcRecords
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
@@ -328,3 +329,115 @@ def test_on_a_full_disk_output_waits_for_room_and_none_is_lost(
         printed = read_output(out)["out"].decode().splitlines()
         assert printed == [f"line {i:08d}" for i in range(40000)]
         link.release(wait=10)
+
+
+# What a trainer sees of its start: every one of these must be the same whether its keeper was
+# started for it (cold) or was a spare waiting for it.
+SEEN = """
+import json, os, resource, signal, sys
+fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+print(json.dumps({
+    "argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "path": sys.path,
+    "signals": {s.name: str(signal.getsignal(s)) for s in signal.valid_signals()
+                if isinstance(s, signal.Signals) and s not in (signal.SIGKILL, signal.SIGSTOP)},
+    "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+    "fds": {fd: os.readlink(f"/proc/self/fd/{fd}").split(":")[0] for fd in fds[:-1]},
+    "rlimits": {n: resource.getrlimit(getattr(resource, n))
+                for n in dir(resource) if n.startswith("RLIMIT_")},
+    "umask": os.umask(0), "session_leader": os.getsid(0) == os.getpid(),
+    "group_leader": os.getpgid(0) == os.getpid(),
+}), flush=True)
+"""
+
+
+def _seen(link: KeeperLink) -> dict[str, object]:
+    wait_until(link.done, 30, "the trainer to end")
+    out = read_output(link.output(0))
+    assert out["err"] == b"", out["err"]
+    seen: dict[str, object] = json.loads(out["out"])
+    return seen
+
+
+def test_a_trainer_from_a_spare_keeper_starts_exactly_as_from_a_cold_one(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    spares = SpareKeeper()
+    try:
+        argv = [sys.executable, "-c", SEEN, "--lr", "0.1"]
+        env = {"TRAINYARD_JOB_ID": "5", "PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
+        (tmp_path / "cold").mkdir()
+        (tmp_path / "warm").mkdir()
+        cold = start(tmp_path / "cold", argv, env=env)
+        links.append(cold)
+        spare_pid = spares.pid()
+        assert spare_pid is not None
+        warm = KeeperLink.start(
+            tmp_path / "warm" / "keeper",
+            [KeptProcess(argv, env, tmp_path / "cold")],  # the same cwd as the cold one's
+            {"spec": {"job_id": 5, "role": "worker", "index": 1}},
+            tmp_path / "procs",
+            grace_seconds=60.0,
+            stop_grace_seconds=1.0,
+            spares=spares,
+        )
+        links.append(warm)
+        # It was the spare that kept it, and a new spare waits for the next replica.
+        assert (warm.state() or {})["keeper"]["pid"] == spare_pid
+        assert spares.pid() not in (None, spare_pid)
+        cold_seen, warm_seen = _seen(cold), _seen(warm)
+        assert warm_seen == cold_seen
+        # And what each saw is what it was given, not something both keepers leak alike.
+        assert cold_seen["argv"] == ["-c", "--lr", "0.1"]
+        assert cold_seen["cwd"] == str(tmp_path / "cold")
+        env_seen = dict(cold_seen["env"])  # type: ignore[call-overload]
+        env_seen.pop("LC_CTYPE", None)  # the C locale's coercion by the shim's Python
+        assert env_seen == env
+        assert cold_seen["fds"] == {"0": "/dev/null", "1": "pipe", "2": "pipe"}
+        assert cold_seen["session_leader"] and cold_seen["group_leader"]
+        # The spare's own log went where the keeper's log goes.
+        assert (warm.folder / keeper.LOG).exists()
+    finally:
+        spares.close()
+
+
+def test_a_spare_keeper_ends_when_its_agent_no_longer_needs_it(tmp_path: Path) -> None:
+    spares = SpareKeeper(start=False)
+    assert spares.pid() is None  # none until asked for
+    spares.replenish()
+    pid = spares.pid()
+    assert pid is not None and process_alive(pid)
+    spares.close()
+    assert spares.pid() is None
+    wait_until(lambda: not process_alive(pid), 30, "the spare to exit")
+    assert spares.take(tmp_path) is None  # a closed one starts no more
+
+
+def test_a_spare_keeper_whose_agent_died_exits_holding_nothing(tmp_path: Path) -> None:
+    # Its stdin ends without a folder, as when the agent that started it is killed.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workers.keeper", keeper.SPARE],
+        stdin=subprocess.PIPE, cwd=Path(keeper.__file__).parent.parent,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(30) == 0
+
+
+def test_the_keeper_tells_its_agent_when_it_records_an_exit(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    link = start(tmp_path, [sys.executable, "-c", "import sys; sys.stdin.read()"])
+    links.append(link)
+    conn = link._conn
+    assert conn is not None
+    [trainer] = link.pids()
+    os.kill(trainer, 9)
+    heard = b""
+    while heard.count(keeper.NEWS) < 2:  # the exit record, then `done`
+        chunk = conn.recv(4096)
+        assert chunk, "the keeper closed the connection before its news"
+        heard += chunk
+    assert heard == keeper.NEWS + b"\n" + keeper.NEWS + b"\n"
+    [exited] = link.exits()
+    assert exited is not None and exited["code"] == -9
+    assert link.done()

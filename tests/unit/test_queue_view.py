@@ -92,3 +92,18 @@ def test_an_empty_queue_says_so(alice: User) -> None:
     page.force_login(alice)
     assert "No job is waiting" in page.get("/queue/").content.decode()
     assert queue.entries(alice) == []
+
+
+def test_a_higher_class_is_listed_first_and_each_entry_names_its_class(
+    full_cluster: list[Job],
+    alice: User,
+    sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        urgent = submit_job(
+            alice, check_job_request(job_request(1, "cpu-2", name="urgent", priority="high"))
+        )
+    entries = queue.entries(alice)
+    assert (entries[0].job_id, entries[0].priority) == (urgent.pk, "high")
+    assert [e.priority for e in entries[1:]] == ["normal"] * 3
