@@ -337,6 +337,11 @@ TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 3
 TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS", 21600)
 if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
     raise ImproperlyConfiguredEnv("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS must be 1 or more")
+# The time limit of a job that sets none and whose groups' quotas give no default (0: none).
+# With time limits known, backfill reserves the head's start instead of using the grace above.
+TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS = env_int("TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS", 0)
+# Between the SIGTERM and the SIGKILL of a job past its time limit: time to checkpoint.
+TRAINYARD_TIME_LIMIT_GRACE_SECONDS = env_int("TRAINYARD_TIME_LIMIT_GRACE_SECONDS", 30)
 # Preemption (jobs.services.preemption): a job preempted once is not preempted again until its
 # next attempt has run this long (no preemption loops), and a victim's processes get this long
 # between SIGTERM and SIGKILL to save a checkpoint.

@@ -14,6 +14,7 @@ from jobs.models import Quota
 from jobs.services.tokens import NAME_MAX_LENGTH
 from jobs.services.users import Limits, change_password
 from jobs.text import validate_name
+from jobs.time_limit_text import BadTimeLimit, in_words, parse
 
 
 class NewTokenForm(forms.Form):
@@ -182,6 +183,24 @@ class EditUserForm(GroupsFields, QuotaFields):
 
 
 class GroupQuotaForm(QuotaFields):
+    default_time_limit = forms.CharField(
+        required=False,
+        max_length=40,
+        label="Default time limit",
+        help_text='For members\' jobs that set none: "4h", "90m", "1h30m" or seconds; with '
+        "several groups, the shortest applies. Empty: none (the console's default, if any). "
+        "Kept with the group's quota.",
+    )
+
     def __init__(self, *args: Any, group: Group, **kwargs: Any) -> None:
-        super().__init__(*args, quota=Quota.objects.filter(group=group).first(), **kwargs)
+        quota = Quota.objects.filter(group=group).first()
+        super().__init__(*args, quota=quota, **kwargs)
         self.fields["own_quota"].label = "A quota for the group (shared by its members)"
+        if quota is not None and quota.default_time_limit:
+            self.fields["default_time_limit"].initial = in_words(quota.default_time_limit)
+
+    def clean_default_time_limit(self) -> int | None:
+        try:
+            return parse(self.cleaned_data.get("default_time_limit") or None)
+        except BadTimeLimit as exc:
+            raise forms.ValidationError(str(exc)) from None

@@ -74,7 +74,7 @@ class QuotaForm(forms.ModelForm):
         model = Quota
         fields = (
             "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
-            "max_priority", "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
+            "max_priority", "default_time_limit", "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
         )  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -95,14 +95,17 @@ class PriorityClassAdmin(admin.ModelAdmin):
     """Jobs keep the value their class had when they were submitted: an edit orders the jobs
     submitted after it; what a class may do (preempt, be preempted) applies at once."""
 
-    list_display = ("name", "value", "may_preempt", "may_be_preempted", "description")
+    list_display = (
+        "name", "value", "may_preempt", "may_be_preempted", "default_time_limit", "description",
+    )  # fmt: skip
 
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
     form = QuotaForm
     list_display = (
-        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority", "borrowing",
+        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
+        "default_time_limit", "borrowing",
     )  # fmt: skip
     fields = QuotaForm.Meta.fields
 

@@ -76,6 +76,7 @@ from jobs.services import (
     rerun,
     retention,
     snapshots,
+    time_limits,
     training_report,
     transitions,
 )
@@ -342,12 +343,21 @@ def job_as_dict(
             "exclude_failed_node": job.exclude_failed_node,
         },
         "health_rules": job.health_rules,
+        "time_limit": job.time_limit,
+        "time_limit_ends": _time_limit_ends(job),
         "env": job.env_seen_by(viewer),
         "priority": job.priority_name,
         "priority_value": job.priority,
         "preempted_by": [int(j) for j in job.preempted_by],
         **presenters.job_state_payload(job, queue_positions),
     }
+
+
+def _time_limit_ends(job: Job) -> str | None:
+    attempts = presenters.related(job, "attempts", job.attempts.all())
+    current = next((a for a in attempts if a.number == job.attempt), None)
+    ends = time_limits.attempt_ends(job, current)
+    return ends.isoformat() if ends else None
 
 
 def _instances(job: Job) -> dict[str, Any]:

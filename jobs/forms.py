@@ -22,6 +22,8 @@ from jobs.models import (
 from jobs.money import format_price
 from jobs.schemas import RoleIn
 from jobs.services import code_choices, unservable
+from jobs.services.time_limits import default_for
+from jobs.time_limit_text import in_words
 
 # The program menu's values besides the examples' names and the code root's paths: "type a
 # path" (script_path says which), and "snapshot:SHA256" for the user's uploaded code
@@ -48,6 +50,7 @@ FIELD_FOR_ERROR = {
     "restart.exclude_failed_node": "exclude_failed_node",
     "health_rules": "health_rules",
     "env": "env",
+    "time_limit": "time_limit",
     "priority": "priority",
 }
 # A parameter-server form has its own worker fields, and server fields.
@@ -219,6 +222,13 @@ class NewJobForm(_ShapeForm):
     exclude_failed_node = forms.BooleanField(
         label="Restart away from the node that failed", required=False
     )
+    # Sent as typed: the services parse it (jobs.time_limit_text), as for the API and the CLI.
+    time_limit = forms.CharField(
+        label="Time limit",
+        required=False,
+        max_length=40,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. 2h, 90m, 1h30m", "spellcheck": "false"}),
+    )
     # The page's rule editor writes this box; it stays open to editing as JSON.
     health_rules = forms.CharField(
         label="Health rules",
@@ -276,6 +286,12 @@ class NewJobForm(_ShapeForm):
         assert isinstance(instances, forms.IntegerField)
         instances.max_value = settings.TRAINYARD_MAX_INSTANCES
         instances.widget.attrs["max"] = settings.TRAINYARD_MAX_INSTANCES
+        default = default_for(user) if isinstance(user, User) and user.is_authenticated else None
+        self.fields["time_limit"].help_text = (
+            "How long each attempt may hold its nodes; then it is stopped and the job fails. "
+            "A limit lets it start sooner, ahead of larger jobs, when it ends before they "
+            f"can start. Empty: {in_words(default) if default else 'no limit'} (your default)."
+        )
 
     def fill_from(self, body: dict[str, Any], image_health_rules: bool = False) -> None:
         """Open the form filled with a job request (jobs.services.rerun.request_of): "Edit and
@@ -319,6 +335,8 @@ class NewJobForm(_ShapeForm):
                 restart_backoff_seconds=restart.get("backoff_seconds"),
                 exclude_failed_node=restart.get("exclude_failed_node", False),
             )
+        if body.get("time_limit"):
+            initial["time_limit"] = in_words(int(body["time_limit"]))
         if body.get("health_rules") and not image_health_rules:
             initial["health_rules"] = json.dumps(body["health_rules"])
         initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
@@ -401,6 +419,8 @@ class NewJobForm(_ShapeForm):
             request["health_rules"] = data["health_rules"]
         if data.get("env"):
             request["env"] = data["env"]
+        if data.get("time_limit", "").strip():
+            request["time_limit"] = data["time_limit"].strip()
         request["roles"] = roles_of(self.framework(), data)
         if self.framework() == Framework.KVSTORE:
             request["kvstore"] = data["kvstore"]

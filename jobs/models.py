@@ -242,6 +242,13 @@ class PriorityClass(models.Model):
         default=False, help_text="Its running jobs may be evicted by higher-priority ones."
     )
     description = models.CharField(max_length=300, blank=True)
+    default_time_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a job of this class may hold its nodes per attempt, when it sets no "
+        "time limit of its own; empty: none (jobs.services.time_limits.default_for).",
+    )
 
     class Meta:
         ordering = ["-value", "name"]
@@ -279,6 +286,15 @@ class Quota(models.Model):
     )
     borrow_memory_gb = models.PositiveIntegerField(
         default=0, help_text="Groups: GB of memory it may borrow beyond its quota (0: none)."
+    )
+    # A group's default time limit for its members' jobs that set none (jobs.services.
+    # time_limits.default_for says which default wins); None: no default from this quota.
+    default_time_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Seconds a member's job may hold its nodes per attempt, when the job sets "
+        "no time limit of its own (groups' quotas); empty: none.",
     )
     max_priority = models.ForeignKey(
         PriorityClass,
@@ -602,6 +618,13 @@ class Job(models.Model):
         default=False, help_text="Restart away from the node where the failure happened."
     )
     health_rules = models.JSONField(default=list, blank=True)
+    # Frozen at submission (the job's own, or the default then: jobs.services.time_limits).
+    time_limit = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Seconds each attempt may hold its nodes, counted from its placement; then "
+        "it is stopped and the job fails. Empty: no limit.",
+    )
     # The current attempt (0: the first run); replicas of earlier attempts keep their rows.
     attempt = models.PositiveIntegerField(default=0)
     restarts_used = models.PositiveSmallIntegerField(
@@ -731,6 +754,9 @@ class JobAttempt(models.Model):
     job = models.ForeignKey(Job, related_name="attempts", on_delete=models.CASCADE)
     number = models.PositiveIntegerField(help_text="0 for the first run, then 1, 2, ...")
     created = models.DateTimeField(auto_now_add=True)
+    # When the scheduler gave it its nodes: its time limit counts from here, as Slurm's
+    # counts from the allocation, since it holds the nodes from then on.
+    placed = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     nodes = models.JSONField(default=list, blank=True)

@@ -82,6 +82,16 @@ class JobIn(_In):
         description="Lower log limits than the image's (lines over them are dropped and "
         "counted); absent: the image's.",
     )
+    # Checked by its own parser (jobs.time_limit_text), whose message names both forms: a
+    # union's type errors would come back once per member.
+    time_limit: Any = Field(
+        default=None,
+        json_schema_extra={"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]},
+        description="How long each attempt may hold its nodes, counted from its placement: "
+        'seconds (7200) or text with units ("2h", "90m", "1h30m", "45s", "1d"). Then the job '
+        'gets SIGTERM and fails with "time limit of 2 h reached". Absent or null: your '
+        "groups' default, else the console's (often none). Answers give seconds.",
+    )
     priority: StrictStr | None = Field(
         default=None,
         description='A priority class\'s name from the catalog ("low", "normal", "high"); '
@@ -346,6 +356,13 @@ class JobOut(_Out):
     metrics: list[MetricDefinitionOut]
     restart: RestartOut
     health_rules: list[HealthRuleOut]
+    time_limit: int | None = Field(
+        description="Seconds each attempt may hold its nodes, from its placement; null: none."
+    )
+    time_limit_ends: str | None = Field(
+        description="When the current attempt reaches its time limit and is stopped; null "
+        "while it is not placed, or without a limit."
+    )
     env: dict[str, str] = Field(
         default_factory=dict, description="The job's own variables (secret-looking ones masked)."
     )
@@ -395,6 +412,7 @@ class JobRequestOut(_Out):
     health_rules: list[HealthRuleOut]
     metrics: list[MetricDefinitionOut]
     log_limits: LogLimitsRequestOut | None = Field(default=None, exclude_if=_unless_none)
+    time_limit: int | None = _param("Seconds, when the job has a time limit.")
     env: dict[str, str] | None = Field(default=None, exclude_if=_unless_none)
 
 

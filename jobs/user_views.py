@@ -77,7 +77,7 @@ def group_edit(request: HttpRequest, group_id: int) -> HttpResponse:
     group = get_object_or_404(Group, pk=group_id)
     form = GroupQuotaForm(request.POST if request.method == "POST" else None, group=group)
     if request.method == "POST" and form.is_valid():
-        users.set_group_quota(group, form.limits())
+        users.set_group_quota(group, form.limits(), form.cleaned_data.get("default_time_limit"))
         messages.success(request, f"Saved the quota of group {group.name}.")
         return redirect("user_list")
     members = group.user_set.order_by("username")

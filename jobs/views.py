@@ -40,12 +40,14 @@ from jobs.services import (
     rerun,
     retention,
     storage,
+    time_limits,
     totals,
     transitions,
 )
 from jobs.services.batching import batch_note, mode_note
 from jobs.services.durations import format_duration
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.time_limit_text import in_words
 from jobs.tokens import user_for_token
 from workers import contract
 
@@ -184,6 +186,10 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "retention_days": retention.retention_days(job),
             "retention_expires": retention.expires_at(job),
             "default_retention_days": settings.TRAINYARD_LOG_RETENTION_DAYS,
+            "time_limit": in_words(job.time_limit) if job.time_limit else "",
+            "time_limit_ends": time_limits.attempt_ends(
+                job, job.attempts.filter(number=job.attempt).first()
+            ),
         },
     )
 

@@ -1,7 +1,8 @@
 """A job request from a job file (YAML) and the command's flags.
 
 A job file holds exactly the body of `POST /api/v1/jobs` (name, image, program, roles,
-kvstore, priority, restart, health_rules, metrics, env), plus one key of the CLI's own:
+kvstore, priority, restart, time_limit, health_rules, metrics, env), plus one key of the CLI's
+own:
 
     code: ./src      # the folder to upload as the code snapshot, relative to the job file
 
@@ -224,6 +225,7 @@ def apply_flags(
     env: list[str],
     restart_policy: str | None,
     max_restarts: int | None,
+    time_limit: str | None = None,
     priority: str | None = None,
 ) -> dict[str, Any]:
     """The job file's body with the flags on top: a flag wins over the file's value."""
@@ -254,6 +256,10 @@ def apply_flags(
         if max_restarts is not None:
             restart["max_restarts"] = max_restarts
         body["restart"] = restart
+    if time_limit is not None:
+        # As typed: the console reads "2h", "90m" or seconds, and says what is wrong.
+        text = time_limit.strip()
+        body["time_limit"] = int(text) if text.isdigit() else text
     script_name = script_of(body)
     if "name" not in body and script_name:
         body["name"] = Path(script_name).stem  # a name the list can show; the user may set one

@@ -43,6 +43,13 @@ JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` 
 # What `submit` and `rerun` both take.
 Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
 MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
+TimeLimit = Annotated[
+    str | None,
+    typer.Option(
+        help="How long each attempt may run, e.g. 2h, 90m, 1h30m or seconds; then it is "
+        "stopped and fails. A limit lets a job start sooner (backfill)."
+    ),
+]
 Priority = Annotated[
     str | None,
     typer.Option(help='A priority class: "low", "normal", "high" (`trainyard priorities`).'),
@@ -153,6 +160,7 @@ def submit(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    time_limit: TimeLimit = None,
     priority: Priority = None,
     arg: Annotated[
         list[str] | None,
@@ -187,6 +195,7 @@ def submit(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        time_limit=time_limit,
         priority=priority,
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
@@ -393,6 +402,7 @@ def rerun(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    time_limit: TimeLimit = None,
     priority: Priority = None,
     arg: Annotated[
         list[str] | None,
@@ -417,6 +427,7 @@ def rerun(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        time_limit=time_limit,
         priority=priority,
     )
     jobfile.check_text(body)
@@ -571,6 +582,7 @@ def show(
         ("Duration", render.duration(render.job_seconds(job))),
         ("Priority", _priority_text(job)),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
+        ("Time limit", _time_limit_text(job)),
         ("Retention", _retention_text(job.get("retention"))),
         ("Page", api.page_url(f"/jobs/{job_id}/")),
     ]
@@ -660,6 +672,16 @@ def _figure_rows(
         ),
     ]
     return rows
+
+
+def _time_limit_text(job: dict[str, Any]) -> str:
+    """ "2 h 00 min per attempt, stopped at 16:05:00" (the console gives seconds)."""
+    seconds = job.get("time_limit")
+    if seconds is None:
+        return "none"
+    ends = job.get("time_limit_ends")
+    until = f", stopped at {render.local_time(ends)}" if ends else ""
+    return f"{render.duration(seconds)} per attempt{until}"
 
 
 def _priority_text(job: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('jobs', '0022_log_acknowledgements'),
+        ('jobs', '0022_time_limits'),
     ]
 
     operations = [

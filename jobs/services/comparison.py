@@ -26,6 +26,7 @@ from jobs.access import visible_jobs
 from jobs.models import Job, JobRole
 from jobs.money import format_price
 from jobs.services import durations, figures, retention, training_report
+from jobs.time_limit_text import in_words
 from workers.metricparse import DECLARATIONS, is_system_metric
 
 MIN_JOBS = 2
@@ -145,6 +146,7 @@ def configuration_rows(jobs: Sequence[Job], viewer: User | AnonymousUser) -> lis
         )
     rows += [
         row("restart", "On failure", "Policies", _restart_text),
+        row("time_limit", "Time limit", "Policies", _time_limit_text),
         row("health_rules", "Health rules", "Policies", lambda j: _rules_text(j.health_rules)),
         row(
             "metrics", "Metric patterns", "Policies", lambda j: _json_or_none(j.metric_definitions)
@@ -188,6 +190,10 @@ def _totals_text(job: Job) -> str:
         f"{job.cpu_total} CPU cores, {job.gpus_total} GPUs, {job.memory_gb_total} GB, "
         f"{format_price(job.price_per_hour)} per hour"
     )
+
+
+def _time_limit_text(job: Job) -> str:
+    return in_words(job.time_limit) if job.time_limit else "none"
 
 
 def _restart_text(job: Job) -> str:

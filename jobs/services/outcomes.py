@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
 from jobs.services import dispatch, presenters, restarts, scheduling, transitions
+from jobs.time_limit_text import reached
 from workers.logsink import LogSink
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,11 @@ def replica_ended(
         elif (
             job.state == Job.State.FAILED
             and replica.attempt == job.attempt
-            and not _ended_by_a_rule(job)
+            and not _ended_by_the_console(job)
         ):
             # A failure found late (a lost node) may have happened before the one reported.
-            # (A health rule that stopped the job decided its end: its reason stands.)
+            # (A health rule or the time limit that stopped the job decided its end: its
+            # reason stands.)
             transitions.set_job_reason(job, restarts.final_reason(job, root_cause(job)))
     complete_log_if_done(job)
     # Capacity was freed: let waiting jobs in.
@@ -92,7 +94,9 @@ def replica_ended(
     return True
 
 
-def _ended_by_a_rule(job: Job) -> bool:
+def _ended_by_the_console(job: Job) -> bool:
+    if job.time_limit is not None and reached(job.time_limit) in job.reason.split("\n", 1)[0]:
+        return True
     return job.health_events.filter(attempt=job.attempt, action="stop").exists()
 
 

@@ -12,6 +12,8 @@ each pass repairs the difference, one replica at a time.
     for.
 - A replica the agent runs although its job has ended: the stop is sent again.
 - A process the agent runs that the database does not want running: told to stop.
+- A job whose attempt has held its nodes for its whole time limit is stopped and fails
+  ("time limit of 2 h reached", jobs.services.time_limits).
 - Every agent's Redis ACL user is as the database says (jobs.services.agent_access): re-made
   after Redis restarts, a job's keys taken away once it ended there.
 
@@ -41,7 +43,15 @@ from redis import RedisError
 
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import agent_access, dispatch, outcomes, reports, restarts, scheduling
+from jobs.services import (
+    agent_access,
+    dispatch,
+    outcomes,
+    reports,
+    restarts,
+    scheduling,
+    time_limits,
+)
 from jobs.services.periodic import PeriodicPass
 
 log = logging.getLogger(__name__)
@@ -63,6 +73,7 @@ class PassReport:
     strays_stopped: int = 0
     restarts_resumed: int = 0
     taken_over: int = 0  # running replicas a new agent took over from their keepers
+    timed_out: int = 0  # jobs stopped at their time limit
     seconds: float = 0.0
 
     @property
@@ -80,6 +91,8 @@ class PassReport:
         lost = f", lost nodes {', '.join(self.lost_nodes)}" if self.lost_nodes else ""
         if self.taken_over:
             lost += f", {self.taken_over} replicas taken over by restarted agents"
+        if self.timed_out:
+            lost += f", {self.timed_out} jobs stopped at their time limit"
         return (
             f"reconciled {self.replicas} replicas on {self.nodes} nodes in "
             f"{self.seconds * 1000:.0f} ms: {self.ended} ended, {self.outcomes_applied} outcomes "
@@ -123,6 +136,7 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
     for node in Node.objects.order_by("name"):
         _check_node(node, holding.pop(node.pk, []), now, listening_since, report)
     report.restarts_resumed = _resume_restarts()
+    report.timed_out = time_limits.enforce(now)
     if report.repaired or _jobs_wait():
         # Room was freed, or a schedule request was lost with a broker that went away.
         scheduling.schedule()
@@ -375,7 +389,7 @@ class ReconcileLoop(PeriodicPass[PassReport]):
         # ended a while ago is no business of its nodes' agents any more.
         agent_access.sync_quietly()
         report = run_pass(self._listening_since)
-        if report.repaired or report.lost_nodes:
+        if report.repaired or report.lost_nodes or report.timed_out:
             log.warning("%s", report.summary())
         return report
 

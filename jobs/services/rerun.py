@@ -56,6 +56,8 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     own_limits = {name: mine for name, (mine, image) in limits.items() if mine < image}
     if own_limits:
         body["log_limits"] = own_limits
+    if job.time_limit is not None:
+        body["time_limit"] = job.time_limit
     if job.kvstore:
         body["kvstore"] = job.kvstore
     if env:

@@ -57,10 +57,13 @@ class Cause(enum.Enum):
     # A job of a higher priority class takes the nodes (jobs.services.preemption): the job
     # always goes back to the queue, whatever its policy, since it is not its failure.
     PREEMPTION = "preemption"
+    # The attempt held its nodes for the job's whole time limit (jobs.services.time_limits).
+    TIME_LIMIT = "time limit"
 
     @property
     def may_restart(self) -> bool:
-        return self is not Cause.RULE_STOP
+        # A time limit is not restarted: the next attempt would only run into it again.
+        return self not in (Cause.RULE_STOP, Cause.TIME_LIMIT)
 
     @property
     def counts(self) -> bool:

@@ -8,7 +8,7 @@ lock) for as long as placement takes, and a submission should not wait for that.
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -17,7 +17,8 @@ from django.utils import timezone
 from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
-from jobs.services import borrowing, dispatch, queue, transitions
+from jobs.services import borrowing, dispatch, queue, time_limits, transitions
+from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.preempt_pass import PreemptionPass
 from jobs.services.reclaim import Reclaimer
@@ -105,6 +106,7 @@ def waiting_jobs() -> list[Job]:
                 "priority",
                 "priority_class_id",
                 "preempted_by",
+                "time_limit",
             )
         )
     )
@@ -116,9 +118,12 @@ def schedule() -> list[int]:
     A job that does not fit and whose priority class may preempt evicts the running jobs
     jobs.services.preemption chooses, and the room they free is reserved for it until they
     have stopped and it starts (jobs.services.preempt_pass). A job that does not fit now does
-    not hold back smaller jobs behind it that do (backfill), unless it has waited longer than
-    TRAINYARD_BACKFILL_GRACE_SECONDS: from then on the queue is strictly first come, first
-    served until it starts, so a large job is never starved.
+    not hold back smaller jobs behind it that do (backfill). When the running jobs' time limits
+    say when the first such job can start, that start is reserved and a later job may start
+    first only if that cannot delay it (EASY backfill, jobs.services.backfill). When they do
+    not, the grace rule holds: once that job has waited longer than
+    TRAINYARD_BACKFILL_GRACE_SECONDS the queue is strictly first come, first served until it
+    starts, so a large job is never starved.
     """
     dispatched: list[int] = []
     if not Replica.objects.filter(
@@ -135,6 +140,13 @@ def schedule() -> list[int]:
             NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status, n.status_reason) for n in nodes
         ]
         grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
+        now = timezone.now()
+        easy = Backfill(
+            now,
+            held,
+            time_limits.expected_ends(now),
+            time_limits.stop_grace(),
+        )
         blocker: Job | None = None
         waiting = waiting_jobs()
         unplaced: dict[int, list[Replica]] = {job.pk: [] for job in waiting}
@@ -169,7 +181,11 @@ def schedule() -> list[int]:
                 # holds no one back.
                 transitions.set_job_reason(job, verdict.wait)
                 continue
-            if blocker is not None and timezone.now() - blocker.created > grace:
+            if (
+                blocker is not None
+                and easy.reservation is None
+                and timezone.now() - blocker.created > grace
+            ):
                 key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
                 if key not in reasons:
                     behind = jobs_in_words([blocker.pk], _visible_to(job))
@@ -185,6 +201,15 @@ def schedule() -> list[int]:
             shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb) for d in demands))
             key = ("unplaced", shape, tuple(job.excluded_nodes), job.owner_id)
             assignment = None if key in reasons else place(demands, allowed)
+            if assignment is not None and easy.reservation is not None:
+                limit = _limit_of(job)
+                held_back = ("held back", shape, tuple(job.excluded_nodes), limit, job.owner_id)
+                if held_back not in reasons:
+                    assignment = easy.admits(demands, allowed, assignment, limit)
+                if held_back in reasons or assignment is None:
+                    reasons.setdefault(held_back, _held_back(easy.reservation, now, job))
+                    transitions.set_job_reason(job, reasons[held_back])
+                    continue
             if assignment is None and preemption.may_preempt(job):
                 # Jobs alike find no victims alike, until the rooms change (as `reasons`).
                 alike = ("no victims", key, job.priority, tuple(job.preempted_by))
@@ -219,8 +244,13 @@ def schedule() -> list[int]:
                     if job.excluded_nodes:
                         why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
                     reasons[key] = why
-                transitions.set_job_reason(job, reasons[key])
-                blocker = blocker or job
+                reason = reasons[key]
+                if blocker is None:
+                    blocker = job
+                    reservation = easy.reserve(job.pk, demands, allowed)
+                    if reservation is not None:
+                        reason = f"{reason}; {reservation.in_words(now)}"
+                transitions.set_job_reason(job, reason)
                 continue
             reasons.clear()  # the rooms change now
             by_name = {n.name: n for n in usable}
@@ -252,6 +282,19 @@ def schedule() -> list[int]:
             )
             dispatched.append(job_id)
     return dispatched
+
+
+def _limit_of(job: Job) -> timedelta | None:
+    return None if job.time_limit is None else timedelta(seconds=job.time_limit)
+
+
+def _held_back(reservation: Reservation, now: datetime, job: Job) -> str:
+    """Why a job that fits now waits: it would delay the head's reserved start."""
+    head = jobs_in_words([reservation.job_id], _visible_to(job))
+    return (
+        f"waiting so as not to delay {head}, {reservation.in_words(now)} (a job whose time "
+        "limit ends it before then may start now)"
+    )
 
 
 def _visible_to(job: Job) -> Callable[[list[int]], set[int]]:

@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from pydantic import ValidationError as PydanticValidationError
 
-from jobs import text
+from jobs import text, time_limit_text
 from jobs.envvars import MAX_ENV_VARS, env_problems
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
@@ -39,6 +39,7 @@ from jobs.models import (
 )
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, scheduling, snapshots, transitions
+from jobs.services.time_limits import default_for
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
@@ -106,6 +107,8 @@ class JobRequest:
     health_rules: list[dict[str, object]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_limits: LogLimitSettings = LogLimitSettings()
+    # Seconds; None: the default of whoever submits it (time_limits.default_for).
+    time_limit: int | None = None
     priority: PriorityClass | None = None  # None: the default class
 
 
@@ -404,6 +407,11 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     health_rules = _check_health_rules(body.health_rules, image, errors)
     env = _check_env(body.env, errors)
     log_limits = _check_log_limits(body.log_limits, image, errors)
+    time_limit = None
+    try:
+        time_limit = time_limit_text.parse(body.time_limit)
+    except time_limit_text.BadTimeLimit as exc:
+        errors.add("time_limit", str(exc))
     priority = _check_priority(body.priority, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
@@ -421,6 +429,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         health_rules,
         env,
         log_limits,
+        time_limit,
         priority,
     )
 
@@ -477,6 +486,9 @@ def submit_job(user: User, request: JobRequest) -> Job:
             request.health_rules,
             request.env,
             request.log_limits,
+            request.time_limit
+            if request.time_limit is not None
+            else default_for(user, request.priority),
             request.priority,
         )
         # Placement runs in the console worker: this request holds the write lock only for
@@ -499,6 +511,7 @@ def create_job(
     health_rules: list[dict[str, object]] | None = None,
     env: dict[str, str] | None = None,
     log_limits: LogLimitSettings | None = None,
+    time_limit: int | None = None,
     priority: PriorityClass | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
@@ -537,6 +550,7 @@ def create_job(
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,
         metric_points_per_second=log_limits.metric_points_per_second,
+        time_limit=time_limit,
         priority_class=priority,
         priority=priority.value if priority is not None else 0,
     )

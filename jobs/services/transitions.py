@@ -15,7 +15,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs.models import Job, Replica
+from jobs.models import Job, JobAttempt, Replica
 from jobs.services import events, presenters
 
 
@@ -113,7 +113,9 @@ def place_replicas(replicas: list[Replica], sent: datetime) -> None:
         replica.state = Replica.State.ASSIGNED
         replica.start_sent = sent
         replica.starts_sent = 1
-    for job_id in {r.job_id for r in replicas}:
+    for job_id, attempt in {(r.job_id, r.attempt) for r in replicas}:
+        # The attempt holds its nodes from now: its time limit counts from here.
+        JobAttempt.objects.filter(job_id=job_id, number=attempt).update(placed=sent)
         events.state_changed_on_commit(job_id, presenters.states_of)
 
 

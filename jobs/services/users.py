@@ -201,12 +201,17 @@ def set_user_quota(user: User, limits: Limits | None) -> None:
 
 
 @transaction.atomic
-def set_group_quota(group: Group, limits: Limits | None) -> None:
-    """A quota the group's members share, or (None) none: the group then binds nobody."""
+def set_group_quota(
+    group: Group, limits: Limits | None, default_time_limit: int | None = None
+) -> None:
+    """A quota the group's members share, or (None) none: the group then binds nobody. With
+    it, `default_time_limit` (seconds) is what its members' jobs that set no limit get."""
     if limits is None:
         Quota.objects.filter(group=group).delete()
     else:
-        Quota.objects.update_or_create(group=group, defaults=asdict(limits))
+        Quota.objects.update_or_create(
+            group=group, defaults={**asdict(limits), "default_time_limit": default_time_limit}
+        )
 
 
 @transaction.atomic

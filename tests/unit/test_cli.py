@@ -83,7 +83,7 @@ def test_flags_override_the_job_file_field_by_field(tmp_path: Path) -> None:
         "name: from-file\nimage: pytorch:2.13-cpu\ncode: src\n"
         "program: {script: train.py, args: [--epochs, '1']}\n"
         "roles: {master: {package: cpu-1, instances: 1}, worker: {package: cpu-1, instances: 1}}\n"
-        "env: {A: '1'}\n"
+        "env: {A: '1'}\ntime_limit: 1h30m\n"
     )
     draft = jobfile.read(path)
     assert draft.code == (tmp_path / "src").resolve()
@@ -109,6 +109,12 @@ def test_flags_override_the_job_file_field_by_field(tmp_path: Path) -> None:
     assert body["env"] == {"A": "1", "B": "x=y"}
     assert body["restart"] == {"policy": "on-failure", "max_restarts": 2}
     assert draft.body["roles"]["worker"]["package"] == "cpu-1"  # the file's body is unchanged
+    assert body["time_limit"] == "1h30m"  # the console parses it, and says what is wrong
+    for flag, sent in (("2h", "2h"), (" 7200 ", 7200)):
+        assert jobfile.apply_flags(
+            draft.body, name=None, image=None, script=None, args=[], roles=[], kvstore=None,
+            env=[], restart_policy=None, max_restarts=None, time_limit=flag,
+        )["time_limit"] == sent  # fmt: skip
 
 
 def test_the_priority_flag_wins_over_the_job_files_key(tmp_path: Path) -> None:

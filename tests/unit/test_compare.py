@@ -53,6 +53,12 @@ def test_it_marks_the_rows_that_differ_and_only_those(alice: User) -> None:
     assert {r.key for r in comparison.differing(rows.values())} == {"program.args", "env.SEED"}
 
 
+def test_a_time_limit_is_a_row_of_its_own(alice: User) -> None:
+    limited = submit(alice, time_limit="1h30m")
+    rows = {r.key: r for r in comparison.configuration_rows([limited, submit(alice)], alice)}
+    assert rows["time_limit"].values == ("1 h 30 min", "none") and rows["time_limit"].differs
+
+
 def test_arguments_that_split_differently_are_not_equal(alice: User) -> None:
     spaced = submit(alice, program=program("--tag", "a b"))
     split = submit(alice, program=program("--tag", "a", "b"))

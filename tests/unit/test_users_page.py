@@ -188,6 +188,20 @@ def test_it_sets_and_removes_a_groups_quota(admin: Client) -> None:
     assert admin.get("/users/groups/999999/").status_code == 404
 
 
+def test_it_sets_a_groups_default_time_limit_and_refuses_a_bad_one(admin: Client) -> None:
+    group = Group.objects.create(name="speech")
+    quota = {"own_quota": "on", "cpu": "16", "gpus": "2", "memory_gb": "64", "running_jobs": "3"}
+    page = f"/users/groups/{group.pk}/"
+    refused = admin.post(page, dict(quota, default_time_limit="soon")).content.decode()
+    assert "&#x27;soon&#x27; is not a time limit" in refused
+    assert not Quota.objects.filter(group=group).exists()
+    assert admin.post(page, dict(quota, default_time_limit="4h")).status_code == 302
+    assert Quota.objects.get(group=group).default_time_limit == 4 * 3600
+    assert 'value="4 h"' in admin.get(page).content.decode()
+    assert admin.post(page, quota).status_code == 302  # emptied: no default
+    assert Quota.objects.get(group=group).default_time_limit is None
+
+
 # --- the default quota ---------------------------------------------------------------------
 
 
