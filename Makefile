@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test jstest bench bench-scale lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster test jstest bench bench-scale bench-fairness lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -48,6 +48,11 @@ bench: $(VENV)/.installed
 # its target. It loads the machine for several minutes; QUICK=1 for smaller sizes.
 bench-scale: $(VENV)/.installed
 	$(PY) -m bench.scale $(if $(QUICK),--quick)
+
+# Fair share and borrowing (bench/fairness.py): two groups' shares over 10 simulated minutes and
+# the time for a lender to get its share back, from the scheduler's own policy modules.
+bench-fairness: $(VENV)/.installed
+	$(PY) -m bench.fairness
 
 lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .

@@ -332,6 +332,11 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
+# Fair share (jobs.services.fairshare): a tenant's past usage counts half as much after this
+# long, so that yesterday's burst is forgiven while this hour's is not.
+TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS", 21600)
+if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
+    raise ImproperlyConfiguredEnv("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS must be 1 or more")
 # The time limit of a job that sets none and whose groups' quotas give no default (0: none).
 # With time limits known, backfill reserves the head's start instead of using the grace above.
 TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS = env_int("TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS", 0)

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.admin import UserAdmin
 from django.contrib.auth.models import User
@@ -64,6 +65,31 @@ class PackageAdmin(admin.ModelAdmin):
     list_filter = ("enabled",)
 
 
+class QuotaForm(forms.ModelForm):
+    """The borrowing limits may be left out (0: none), as before they existed."""
+
+    BORROW = ("borrow_cpu", "borrow_gpus", "borrow_memory_gb")
+
+    class Meta:
+        model = Quota
+        fields = (
+            "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs",
+            "max_priority", "default_time_limit", "borrow_cpu", "borrow_gpus", "borrow_memory_gb",
+        )  # fmt: skip
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for name in self.BORROW:
+            self.fields[name].required = False
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name in self.BORROW:
+            if data.get(name) is None and name not in self.errors:
+                data[name] = 0
+        return data
+
+
 @admin.register(PriorityClass)
 class PriorityClassAdmin(admin.ModelAdmin):
     """Jobs keep the value their class had when they were submitted: an edit orders the jobs
@@ -76,13 +102,26 @@ class PriorityClassAdmin(admin.ModelAdmin):
 
 @admin.register(Quota)
 class QuotaAdmin(admin.ModelAdmin):
+    form = QuotaForm
     list_display = (
-        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority", "default_time_limit",
+        "__str__", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
+        "default_time_limit", "borrowing",
     )  # fmt: skip
-    fields = (
-        "is_default", "user", "group", "cpu", "gpus", "memory_gb", "running_jobs", "max_priority",
-        "default_time_limit",
-    )  # fmt: skip
+    fields = QuotaForm.Meta.fields
+
+    @admin.display(description="may borrow")
+    def borrowing(self, quota: Quota) -> str:
+        """A group's borrowing limit beyond its quota (its nominal share), in brief."""
+        parts = [
+            f"{n} {label}"
+            for n, label in (
+                (quota.borrow_cpu, "CPU"),
+                (quota.borrow_gpus, "GPU"),
+                (quota.borrow_memory_gb, "GB"),
+            )
+            if n
+        ]
+        return ", ".join(parts) or "—"
 
 
 @admin.register(ApiToken)

@@ -275,6 +275,18 @@ class Quota(models.Model):
     gpus = models.PositiveIntegerField()
     memory_gb = models.PositiveIntegerField()
     running_jobs = models.PositiveIntegerField(help_text="Jobs queued or running at once.")
+    # A group's quota is its nominal share (issue 25): its members' jobs may also run on
+    # capacity other groups leave unused, up to this much more (jobs.services.borrowing), and
+    # give it back by preemption when a group within its share needs it (reclaim.py).
+    borrow_cpu = models.PositiveIntegerField(
+        default=0, help_text="Groups: CPU cores it may borrow beyond its quota (0: none)."
+    )
+    borrow_gpus = models.PositiveIntegerField(
+        default=0, help_text="Groups: GPUs it may borrow beyond its quota (0: none)."
+    )
+    borrow_memory_gb = models.PositiveIntegerField(
+        default=0, help_text="Groups: GB of memory it may borrow beyond its quota (0: none)."
+    )
     # A group's default time limit for its members' jobs that set none (jobs.services.
     # time_limits.default_for says which default wins); None: no default from this quota.
     default_time_limit = models.PositiveIntegerField(
@@ -311,6 +323,14 @@ class Quota(models.Model):
         if self.is_default:
             return "default quota"
         return f"quota of group {self.group}" if self.group_id else f"quota of {self.user}"
+
+    def clean(self) -> None:
+        """Only a group borrows: its quota is its nominal share of what the groups share."""
+        borrows = self.borrow_cpu or self.borrow_gpus or self.borrow_memory_gb
+        if borrows and self.group_id is None:
+            raise ValidationError(
+                {"borrow_cpu": "Only a group's quota may borrow: leave these at 0 here."}
+            )
 
 
 # What the Nodes page and the waiting reasons call a node that does not sandbox its trainers,
@@ -619,6 +639,12 @@ class Job(models.Model):
     # Names the job's checkpoint folder on the shared root together with its id, so that a job
     # id used again (a fresh database) never resumes another job's checkpoints.
     checkpoint_key = models.CharField(max_length=32, default=new_checkpoint_key)
+    # Fair share with borrowing (jobs.services.borrowing, reclaim): whether its current attempt
+    # was placed beyond its group's nominal share (on capacity other groups left unused, so it
+    # is the first given back), and the waiting job of a lending group its last attempt was
+    # stopped for (that job's room stays reserved for it until it starts).
+    borrowed = models.BooleanField(default=False)
+    reclaimed_for = models.PositiveIntegerField(null=True, blank=True, db_index=True)
     # Its priority class, and the class's value when it was admitted (the queue orders by the
     # value; an admin's later edit of the class does not reorder jobs already submitted).
     priority_class = models.ForeignKey(

@@ -383,6 +383,10 @@ class JobOut(_Out):
     restarts_used: int
     max_restarts: int
     restart_at: str | None
+    borrowed: bool = Field(
+        description="Its current attempt was placed beyond its group's nominal share, on "
+        "capacity other groups left unused: it is the first given back when they need it."
+    )
     attempts: list[AttemptOut]
     health_events: list[HealthEventOut]
 

@@ -32,6 +32,7 @@ from jobs.services import (
     cluster,
     comparison,
     failure,
+    group_shares,
     job_search,
     outcomes,
     presenters,
@@ -388,7 +389,8 @@ def queue_page(request: HttpRequest) -> HttpResponse:
 @login_required
 def quota_list(request: HttpRequest) -> HttpResponse:
     rows = cluster.quota_rows(request.user)  # type: ignore[arg-type]
-    return render(request, "jobs/quota_list.html", {"rows": rows})
+    shares = group_shares.rows() if request.user.is_staff else []
+    return render(request, "jobs/quota_list.html", {"rows": rows, "shares": shares})
 
 
 # The Storage page lists this many jobs, the largest first (`manage.py storage --jobs N` lists

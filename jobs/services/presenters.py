@@ -72,6 +72,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
         "restart_at": job.restart_at.isoformat()
         if job.state == Job.State.RESTARTING and job.restart_at
         else None,
+        "borrowed": job.borrowed,
         "attempts": [
             {
                 "number": a.number + 1,
@@ -143,8 +144,8 @@ def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     of jobs, whatever its length."""
     if not list(jobs):
         return {}
-    ranking = queue.waiting_in_order().values_list("pk", flat=True)
-    return {pk: place for place, pk in enumerate(ranking, 1)}
+    ranking = queue.waiting_in_order(queue.waiting().only(*queue.ORDER_FIELDS))
+    return {job.pk: place for place, job in enumerate(ranking, 1)}
 
 
 def queue_position(job: Job) -> int | None:

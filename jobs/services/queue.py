@@ -15,6 +15,7 @@ from django.db.models import QuerySet
 
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
+from jobs.services import fairshare
 from jobs.services.queue_order import ORDER_BY
 
 
@@ -36,16 +37,45 @@ class QueueEntry:
         return self.job_id is not None
 
 
-def waiting_in_order() -> "QuerySet[Job]":
-    """The jobs waiting for room (queued, with an instance not yet placed), first the one the
-    scheduler takes first."""
+def waiting() -> "QuerySet[Job]":
+    """The jobs waiting for room (queued, with an instance not yet placed), by priority and
+    submission (the database's part of the order: `in_order` adds fair share)."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
 
 
+# What `in_order` reads of each job: a leaner query must load at least these.
+ORDER_FIELDS = ("id", "owner_id", "created", "priority")
+
+
+def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
+    """The jobs waiting for room (`jobs`, a narrower or leaner `waiting()`), first the one the
+    scheduler takes first."""
+    return in_order(list(waiting() if jobs is None else jobs))
+
+
+def in_order(jobs: list[Job]) -> list[Job]:
+    """The one waiting order: a job that borrowed capacity was reclaimed for first (its room
+    is kept for it: jobs.services.reclaim), then higher priority (jobs.services.queue_order),
+    then by fair share (the group, then the user, furthest below its share:
+    jobs.services.fairshare), then first come, first served."""
+    if not jobs:
+        return jobs
+    keys = fairshare.sort_keys(jobs)
+    reserved = reserved_lenders()
+    return sorted(jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys[j.pk]))
+
+
+def reserved_lenders() -> set[int]:
+    """The jobs that a borrowed job was stopped for (Job.reclaimed_for) and that have not
+    started since: few, and read off an index."""
+    ids = Job.objects.filter(reclaimed_for__isnull=False).values_list("reclaimed_for", flat=True)
+    return {int(i) for i in ids.distinct() if i is not None}
+
+
 def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
-    jobs = list(
-        waiting_in_order()
+    jobs = waiting_in_order(
+        waiting()
         .select_related("owner", "priority_class")
         .only(
             "id", "name", "owner__username", "priority_class__name", "priority",

@@ -44,8 +44,28 @@ class Scope:
 
     @property
     def limit(self) -> dict[str, int]:
+        """What its holders may hold at once: a group's nominal share plus its borrowing limit
+        (jobs.services.borrowing decides, at placement, which jobs run on borrowed capacity)."""
+        q, more = self.quota, self.borrow
+        return {
+            "cpu": q.cpu + more["cpu"],
+            "gpus": q.gpus + more["gpus"],
+            "memory_gb": q.memory_gb + more["memory_gb"],
+            "jobs": q.running_jobs,
+        }
+
+    @property
+    def borrow(self) -> dict[str, int]:
+        """How much a group may borrow beyond its quota (its nominal share); users borrow none."""
         q = self.quota
-        return {"cpu": q.cpu, "gpus": q.gpus, "memory_gb": q.memory_gb, "jobs": q.running_jobs}
+        if self.kind != "group":
+            return {"cpu": 0, "gpus": 0, "memory_gb": 0, "jobs": 0}
+        return {
+            "cpu": q.borrow_cpu,
+            "gpus": q.borrow_gpus,
+            "memory_gb": q.borrow_memory_gb,
+            "jobs": 0,
+        }
 
     @property
     def left(self) -> dict[str, int]:
@@ -75,9 +95,11 @@ class Excess:
         label = RESOURCE_LABELS[self.resource]
         whose = "you have" if self.scope.kind != "group" else f"group {self.scope.name} has"
         where = "" if self.scope.kind != "group" else f" (group {self.scope.name})"
+        borrow = self.scope.borrow[self.resource]
+        terms = f"nominal {self.limit - borrow} + borrowing {borrow}; " if borrow else ""
         return (
             f"Over quota on {label}{where}: this job needs {self.requested}, {whose} "
-            f"{self.left} left of {self.limit} (over by {self.over_by})."
+            f"{self.left} left of {self.limit} ({terms}over by {self.over_by})."
         )
 
     def as_dict(self) -> dict[str, object]:

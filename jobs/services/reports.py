@@ -51,7 +51,9 @@ def replica_started(
             .filter(state__in=(Replica.State.PENDING, Replica.State.ASSIGNED))
             .exists()
         ):
-            transitions.move_job(job, Job.State.RUNNING, "")
+            transitions.move_job(
+                job, Job.State.RUNNING, "running on borrowed capacity" if job.borrowed else ""
+            )
             restarts.attempt_started(job)
 
 

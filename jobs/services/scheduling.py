@@ -17,11 +17,11 @@ from django.utils import timezone
 from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
-from jobs.services import dispatch, time_limits, transitions
+from jobs.services import borrowing, dispatch, queue, time_limits, transitions
 from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.preempt_pass import PreemptionPass
-from jobs.services.queue_order import ORDER_BY
+from jobs.services.reclaim import Reclaimer
 from jobs.services.totals import RoleRequest
 from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
 from workers import contract
@@ -84,27 +84,30 @@ def demands_of(replicas: list[Replica]) -> list[Demand]:
 
 
 def waiting_jobs() -> list[Job]:
-    """Queued jobs not yet placed, in the queue's order (jobs.services.queue_order): higher
-    priority first, then first come, first served."""
+    """Queued jobs not yet placed, in the queue's order (jobs.services.queue.in_order):
+    higher priority first, then fair share, then first come, first served."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
-    return list(
-        Job.objects.select_for_update()
-        .filter(state=Job.State.QUEUED, pk__in=unplaced)
-        .order_by(*ORDER_BY)
-        # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
-        # read again whole for its start messages.
-        .only(
-            "id",
-            "created",
-            "owner_id",
-            "state",
-            "reason",
-            "excluded_nodes",
-            "priority",
-            "priority_class_id",
-            "preempted_by",
-            "time_limit",
+    return queue.in_order(
+        list(
+            Job.objects.select_for_update()
+            .filter(state=Job.State.QUEUED, pk__in=unplaced)
+            .order_by("created", "id")
+            # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
+            # read again whole for its start messages.
+            .only(
+                "id",
+                "created",
+                "owner_id",
+                "state",
+                "reason",
+                "excluded_nodes",
+                "borrowed",
+                "priority",
+                "priority_class_id",
+                "preempted_by",
+                "time_limit",
+            )
         )
     )
 
@@ -160,9 +163,24 @@ def schedule() -> list[int]:
         # once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
         reasons: dict[tuple[object, ...], str] = {}
         preemption = PreemptionPass(held, timezone.now())
+        # Fair share with borrowing: each group's share and use, and reclaim (read lazily).
+        ledger = borrowing.Ledger.read((h.job_id, h.cpu, h.gpus, h.memory_gb) for h in held)
+        reclaimer = Reclaimer(held, timezone.now())
+        reserved = queue.reserved_lenders()
         for job in waiting:
             replicas = unplaced[job.pk]
             demands = demands_of(replicas)
+            need = borrowing.need_of(
+                sum(d.cpu for d in demands),
+                sum(d.gpus for d in demands),
+                sum(d.memory_gb for d in demands),
+            )
+            verdict = ledger.judge(job.owner_id, need)
+            if verdict.wait is not None:
+                # Its group is at its borrowing limit: room on the nodes would not help, so it
+                # holds no one back.
+                transitions.set_job_reason(job, verdict.wait)
+                continue
             if (
                 blocker is not None
                 and easy.reservation is None
@@ -204,6 +222,22 @@ def schedule() -> list[int]:
                     blocker = blocker or job
                     continue
                 reasons[alike] = ""
+            if assignment is None and verdict.lender is not None:
+                lender = verdict.lender
+                why = reclaimer.make_room(
+                    job,
+                    demands,
+                    allowed,
+                    lender,
+                    ledger.outside(lender),
+                    _visible_to(job),
+                )
+                if why is not None:
+                    reasons.clear()  # the rooms changed: room is reserved for this job
+                    ledger.take(job.owner_id, need)  # its group's share counts it already
+                    transitions.set_job_reason(job, why)
+                    blocker = blocker or job
+                    continue
             if assignment is None:
                 if key not in reasons:
                     why = why_waiting(demands, allowed, views, held, _visible_to(job))
@@ -233,8 +267,13 @@ def schedule() -> list[int]:
                 key = ("server", 0) if replica.package is None else (replica.role, replica.index)
                 replica.node = by_name[assignment[key]]
             transitions.place_replicas(replicas, sent=timezone.now())
+            ledger.take(job.owner_id, need)
+            transitions.mark_borrowed(job, verdict.borrowing)
+            if job.pk in reserved:
+                transitions.lender_started(job.pk)
             placed = sorted({r.node.name for r in replicas if r.node is not None})
-            transitions.set_job_reason(job, f"starting on {', '.join(placed)}")
+            borrowed = " on borrowed capacity" if verdict.borrowing else ""
+            transitions.set_job_reason(job, f"starting on {', '.join(placed)}{borrowed}")
             specs = dispatch.build_specs(Job.objects.get(pk=job.pk))
             job_id = job.pk
             transaction.on_commit(

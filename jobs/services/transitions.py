@@ -135,6 +135,27 @@ def stop_unplaced(job: Job, attempt: int | None = None) -> int:
     return stopped
 
 
+def mark_borrowed(job: Job, borrowed: bool) -> None:
+    """Note whether the job's attempt now being placed runs on borrowed capacity (beyond its
+    group's nominal share: jobs.services.borrowing)."""
+    if job.borrowed != borrowed:
+        Job.objects.filter(pk=job.pk).update(borrowed=borrowed)
+        job.borrowed = borrowed
+
+
+def note_reclaimed(victim: Job, lender_id: int) -> None:
+    """The victim's attempt was stopped to return borrowed capacity to job `lender_id`: that
+    room stays reserved for the lender until it starts (jobs.services.reclaim)."""
+    Job.objects.filter(pk=victim.pk).update(reclaimed_for=lender_id, borrowed=False)
+    victim.reclaimed_for = lender_id
+    victim.borrowed = False
+
+
+def lender_started(lender_id: int) -> None:
+    """The lender has its room: what was reclaimed for it is reserved no longer."""
+    Job.objects.filter(reclaimed_for=lender_id).update(reclaimed_for=None)
+
+
 def note_preempted(job: Job, by: int) -> None:
     """Add `by` to the jobs that preempted `job`, now (jobs.services.preemption reads it)."""
     job.preempted_by = [*job.preempted_by, by]

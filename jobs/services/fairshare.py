@@ -1,0 +1,225 @@
+"""Fair-share order (issue 25, item 3): among waiting jobs of the same priority, the group that
+is furthest below its share goes first, and within a group the user furthest below theirs.
+
+"Below its share" is measured on decayed usage, as Slurm's fair-share factor and Kueue's
+AdmissionFairSharing measure it: every resource-second a tenant's jobs held counts, weighted by
+2^(-age / half-life), so yesterday's burst is forgiven while this hour's is not. A tenant's
+ratio is its decayed usage over what its nominal share would have accrued in the same decay
+(a share held without pause for ever accrues share × half-life / ln 2), on its dominant
+resource: 1.0 means it has used exactly its share, 0.0 nothing, 2.0 twice.
+
+The policy (decay, ratio, key) is pure, tested without a database; `sort_keys` feeds it from the
+database once per call (one scheduling pass, one queue page), reading only attempts that
+ended within a few half-lives.
+
+Shares: a group's is its quota (its nominal share); a member's, an equal part of it; a user in
+no group with a quota is a tenant of their own, with their own (or the default) quota as share.
+A user in several groups with quotas is ordered with the first of them by name.
+"""
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import Q
+from django.utils import timezone
+
+from jobs.models import Job, JobAttempt, Quota
+
+# Usage older than this many half-lives weighs less than 0.1 %: not read at all.
+HORIZON_HALF_LIVES = 10
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: float = 0.0
+    gpus: float = 0.0
+    memory_gb: float = 0.0
+
+    def __add__(self, other: "Resources") -> "Resources":
+        return Resources(
+            self.cpu + other.cpu, self.gpus + other.gpus, self.memory_gb + other.memory_gb
+        )
+
+    def scaled(self, factor: float) -> "Resources":
+        return Resources(self.cpu * factor, self.gpus * factor, self.memory_gb * factor)
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One attempt of a job: what it held from `start` until `end` (None: it still runs)."""
+
+    start: datetime
+    end: datetime | None
+    held: Resources
+
+
+def decayed_weight(start: datetime, end: datetime, now: datetime, half_life: float) -> float:
+    """∫ 2^(-(now - t)/h) dt over [start, end], in seconds: the decayed length of an interval."""
+    if end <= start:
+        return 0.0
+    age_end = max(0.0, (now - end).total_seconds())
+    age_start = max(0.0, (now - start).total_seconds())
+    k = math.log(2) / half_life
+    return (math.exp(-k * age_end) - math.exp(-k * age_start)) / k
+
+
+def decayed_usage(records: Iterable[UsageRecord], now: datetime, half_life: float) -> Resources:
+    """Resource-seconds held, each weighted by its age's decay."""
+    total = Resources()
+    for record in records:
+        end = min(record.end or now, now)
+        total = total + record.held.scaled(decayed_weight(record.start, end, now, half_life))
+    return total
+
+
+def share_ratio(usage: Resources, share: Resources, half_life: float) -> float:
+    """Decayed usage against what `share` held without pause would have accrued, on the
+    dominant resource (the one of which the tenant used the largest part). A resource the share
+    gives none of does not count (a CPU team's ratio is not its GPU use); no share at all: 0."""
+    accrued = share.scaled(half_life / math.log(2))
+    parts = [
+        used / given
+        for used, given in (
+            (usage.cpu, accrued.cpu),
+            (usage.gpus, accrued.gpus),
+            (usage.memory_gb, accrued.memory_gb),
+        )
+        if given > 0
+    ]
+    return max(parts, default=0.0)
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """Whose share a job's owner draws on: their group (or themselves alone) and their part."""
+
+    group: str  # "group:NAME", or "user:ID" for a user in no group with a quota
+    group_share: Resources
+    members: tuple[int, ...]  # the group's members' user ids (just the user, alone)
+
+
+def sort_key(
+    group_ratio: float, user_ratio: float, created: datetime, job_id: int
+) -> tuple[float, float, datetime, int]:
+    """Furthest below its group's share first, then its user's, then first come first served."""
+    return (round(group_ratio, 9), round(user_ratio, 9), created, job_id)
+
+
+def ratios(
+    tenancies: dict[int, Tenancy],
+    usage_by_user: dict[int, Resources],
+    half_life: float,
+) -> dict[int, tuple[float, float]]:
+    """(group ratio, user ratio) for each user of `tenancies`: a group's usage is its members'
+    sum against its share; a member's against an equal part of it."""
+    found: dict[int, tuple[float, float]] = {}
+    for user_id, tenancy in tenancies.items():
+        members = tenancy.members or (user_id,)
+        group_usage = Resources()
+        for member in members:
+            group_usage = group_usage + usage_by_user.get(member, Resources())
+        own_share = tenancy.group_share.scaled(1 / len(members))
+        found[user_id] = (
+            share_ratio(group_usage, tenancy.group_share, half_life),
+            share_ratio(usage_by_user.get(user_id, Resources()), own_share, half_life),
+        )
+    return found
+
+
+def horizon(now: datetime, half_life: float) -> datetime:
+    return now - timedelta(seconds=half_life * HORIZON_HALF_LIVES)
+
+
+# The database side: reads what the pure part needs, once per call.
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """What ordering needs of a waiting job."""
+
+    job_id: int
+    owner_id: int
+    created: datetime
+
+
+def sort_keys(jobs: Sequence[Job]) -> dict[int, tuple[float, float, datetime, int]]:
+    """The fair-share sort key of each job, keyed by id: ascending keys are the order in
+    which they should be taken (its owner_id and created are all it reads)."""
+    waiting = [WaitingJob(j.pk, j.owner_id, j.created) for j in jobs]
+    if not waiting:
+        return {}
+    now = timezone.now()
+    half_life = float(settings.TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS)
+    tenancies = tenancies_of({w.owner_id for w in waiting})
+    users = {m for t in tenancies.values() for m in t.members} | set(tenancies)
+    usage = usage_by_user(users, now, half_life)
+    by_user = ratios(tenancies, usage, half_life)
+    return {
+        w.job_id: sort_key(*by_user.get(w.owner_id, (0.0, 0.0)), w.created, w.job_id)
+        for w in waiting
+    }
+
+
+def tenancies_of(user_ids: set[int]) -> dict[int, Tenancy]:
+    """Each user's group with a quota (the first by name) and its members, or the user alone
+    with their own or the default quota."""
+    membership = User.groups.through.objects
+    group_quotas = {
+        q.group_id: q for q in Quota.objects.filter(group__isnull=False).select_related("group")
+    }
+    first_group: dict[int, int] = {}
+    for user_id, group_id in (
+        membership.filter(user_id__in=user_ids, group_id__in=list(group_quotas))
+        .order_by("group__name")
+        .values_list("user_id", "group_id")
+    ):
+        first_group.setdefault(user_id, group_id)
+    members: dict[int, list[int]] = {}
+    for user_id, group_id in membership.filter(group_id__in=set(first_group.values())).values_list(
+        "user_id", "group_id"
+    ):
+        members.setdefault(group_id, []).append(user_id)
+    own = {q.user_id: q for q in Quota.objects.filter(user_id__in=user_ids) if q.user_id}
+    default = Quota.objects.filter(is_default=True).first()
+    found: dict[int, Tenancy] = {}
+    for user_id in user_ids:
+        first = first_group.get(user_id)
+        if first is not None:
+            q = group_quotas[first]
+            assert q.group is not None
+            found[user_id] = Tenancy(
+                f"group:{q.group.name}", _share(q), tuple(sorted(members[first]))
+            )
+            continue
+        quota = own.get(user_id) or default
+        share = _share(quota) if quota is not None else Resources()
+        found[user_id] = Tenancy(f"user:{user_id}", share, (user_id,))
+    return found
+
+
+def _share(quota: Quota) -> Resources:
+    return Resources(float(quota.cpu), float(quota.gpus), float(quota.memory_gb))
+
+
+def usage_by_user(user_ids: set[int], now: datetime, half_life: float) -> dict[int, Resources]:
+    """Each user's decayed usage, from their jobs' attempts that started and had not ended
+    before the horizon."""
+    rows = (
+        JobAttempt.objects.filter(job__owner_id__in=user_ids, started__isnull=False)
+        .filter(Q(finished__isnull=True) | Q(finished__gte=horizon(now, half_life)))
+        .values_list(
+            "job__owner_id", "started", "finished",
+            "job__cpu_total", "job__gpus_total", "job__memory_gb_total",
+        )
+    )  # fmt: skip
+    records: dict[int, list[UsageRecord]] = {}
+    for owner_id, started, finished, cpu, gpus, memory_gb in rows:
+        assert started is not None  # filtered so
+        records.setdefault(owner_id, []).append(
+            UsageRecord(started, finished, Resources(cpu, gpus, memory_gb))
+        )
+    return {u: decayed_usage(rs, now, half_life) for u, rs in records.items()}

@@ -1,0 +1,247 @@
+"""Reclaim (issue 25, item 3): when a job of a group within its nominal share waits for room,
+jobs that run on borrowed capacity (jobs.services.borrowing) of other groups are preempted to
+make room for it, and the room they free is kept for it until it starts.
+
+The choice is pure (`choose`): whole jobs only; the fewest whose removal lets the lender's job
+be placed, none of them superfluous (Kueue #6763); among equals the most recently started
+(they lose the least work); a job reclaimed before is not reclaimed again until its new attempt
+has run TRAINYARD_PREEMPTION_MIN_RUN_SECONDS. `Reclaimer` carries it out inside a scheduling
+pass: SIGTERM, TRAINYARD_PREEMPTION_GRACE_SECONDS for a checkpoint, back to the queue
+(outcomes.end_attempt, Cause.PREEMPTION: no restart used up), with the reason "preempted to
+return borrowed capacity to group X".
+
+No loops (Kueue #3779): the lender is placed as soon as its victims' processes are gone, ahead
+of every other waiting job, and until then no other job, its victims included, may take the
+room they free: a reclaimed job cannot come straight back as a borrower onto that capacity.
+"""
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import F
+
+from jobs.models import Job, JobAttempt, Replica
+from jobs.services import transitions
+from jobs.services.placement import Demand, Room, place
+from jobs.services.waiting import Holding, jobs_in_words
+
+# How many candidate sets the exact search tries before it settles for a greedy choice.
+EXACT_SEARCH_LIMIT = 5000
+# What a reclaimed job's reason and attempt list say (its attempt's reason starts with it, so
+# that "preempted before" can be read back from the attempts: see `times_preempted`).
+PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True)
+class Borrower:
+    """A running job on borrowed capacity, as reclaim sees it."""
+
+    job_id: int
+    started: datetime  # when its current attempt started
+    holdings: tuple[Holding, ...]
+    times_preempted: int = 0
+
+
+def rooms_with(rooms: Sequence[Room], freed: Iterable[Holding]) -> list[Room]:
+    """Copies of the free rooms once `freed` is given back (a node not offered frees nothing)."""
+    out = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
+    for h in freed:
+        room = out.get(h.node)
+        if room is not None:
+            room.cpu += h.cpu
+            room.gpus += h.gpus
+            room.memory_gb += h.memory_gb
+    return list(out.values())
+
+
+def _freed(victims: Iterable[Borrower]) -> list[Holding]:
+    return [h for v in victims for h in v.holdings]
+
+
+def eligible(job: Borrower, now: datetime, min_run_seconds: float) -> bool:
+    """A job preempted before runs its minimum time before it may be reclaimed again."""
+    return not job.times_preempted or (now - job.started).total_seconds() >= min_run_seconds
+
+
+def choose(
+    demands: Sequence[Demand],
+    rooms: Sequence[Room],
+    borrowers: Sequence[Borrower],
+    now: datetime,
+    min_run_seconds: float,
+) -> list[Borrower] | None:
+    """The borrowed jobs to stop so that `demands` can be placed in `rooms`: [] when they fit
+    already, None when no allowed choice lets them. Fewest first; among sets of one size, the
+    one whose jobs started last; no victim superfluous."""
+    if place(demands, rooms) is not None:
+        return []
+    candidates = sorted(
+        (b for b in borrowers if eligible(b, now, min_run_seconds)),
+        key=lambda b: (b.started, b.job_id),
+        reverse=True,  # started last first: combinations come out in the preferred order
+    )
+    if not candidates or place(demands, rooms_with(rooms, _freed(candidates))) is None:
+        return None
+    tried = 0
+    for size in range(1, len(candidates) + 1):
+        if tried + math.comb(len(candidates), size) > EXACT_SEARCH_LIMIT:
+            break
+        for victims in itertools.combinations(candidates, size):
+            tried += 1
+            if place(demands, rooms_with(rooms, _freed(victims))) is not None:
+                return list(victims)
+    return _greedy(demands, rooms, candidates)
+
+
+def _greedy(
+    demands: Sequence[Demand], rooms: Sequence[Room], candidates: list[Borrower]
+) -> list[Borrower]:
+    """The latest started until the demands fit, then without each one they fit without
+    (earliest started first, so the latest started are the ones kept)."""
+    chosen: list[Borrower] = []
+    for job in candidates:
+        chosen.append(job)
+        if place(demands, rooms_with(rooms, _freed(chosen))) is not None:
+            break
+    for job in list(reversed(chosen)):
+        rest = [v for v in chosen if v is not job]
+        if place(demands, rooms_with(rooms, _freed(rest))) is not None:
+            chosen = rest
+    return chosen
+
+
+def reserve(demands: Sequence[Demand], rooms: list[Room], freeing: Iterable[Holding]) -> None:
+    """Take `demands` out of the rooms where they will go once `freeing` is gone, so that the
+    rest of the pass cannot take that room (a room may go below zero meanwhile)."""
+    assignment = place(demands, rooms_with(rooms, freeing))
+    if assignment is None:
+        return
+    by_node = {room.node: room for room in rooms}
+    for demand in demands:
+        by_node[assignment[demand.key]].take(demand)
+
+
+class Reclaimer:
+    """One scheduling pass's view of reclaim, read lazily: most passes need none of it."""
+
+    def __init__(self, held: list[Holding], now: datetime) -> None:
+        self.held = held
+        self.now = now
+        self._borrowers: dict[int, tuple[int, Borrower]] | None = None  # job -> (owner, it)
+        self._stopping: dict[int, list[Holding]] | None = None
+
+    def stopping(self) -> dict[int, list[Holding]]:
+        """By lender: what its victims' stopped attempts still hold (their processes are not
+        gone yet)."""
+        if self._stopping is None:
+            self._stopping = {}
+            for job_id, lender, node, cpu, gpus, memory_gb in Replica.objects.filter(
+                job__reclaimed_for__isnull=False,
+                attempt__lt=F("job__attempt"),
+                state__in=Replica.HOLDING_STATES,
+                package__isnull=False,
+                node__isnull=False,
+            ).values_list(
+                "job_id", "job__reclaimed_for", "node__name",
+                "package__cpu", "package__gpus", "package__memory_gb",
+            ):  # fmt: skip
+                assert lender is not None  # filtered so
+                self._stopping.setdefault(lender, []).append(
+                    Holding(job_id, node, cpu, gpus, memory_gb)
+                )
+        return self._stopping
+
+    def borrowers(self) -> dict[int, tuple[int, Borrower]]:
+        """Every running job on borrowed capacity, with its owner."""
+        if self._borrowers is None:
+            jobs = list(
+                Job.objects.filter(state=Job.State.RUNNING, borrowed=True).only(
+                    "id", "owner_id", "attempt", "started"
+                )
+            )
+            started = {
+                (a.job_id, a.number): a.started
+                for a in JobAttempt.objects.filter(job__in=jobs).only("job_id", "number", "started")
+            }
+            preempted: dict[int, int] = {}
+            for job_id in JobAttempt.objects.filter(
+                job__in=jobs, reason__startswith=PREEMPTED
+            ).values_list("job_id", flat=True):
+                preempted[job_id] = preempted.get(job_id, 0) + 1
+            by_job: dict[int, list[Holding]] = {}
+            for h in self.held:
+                by_job.setdefault(h.job_id, []).append(h)
+            self._borrowers = {
+                j.pk: (
+                    j.owner_id,
+                    Borrower(
+                        j.pk,
+                        started.get((j.pk, j.attempt)) or j.started or self.now,
+                        tuple(by_job.get(j.pk, ())),
+                        preempted.get(j.pk, 0),
+                    ),
+                )
+                for j in jobs
+            }
+        return self._borrowers
+
+    def make_room(
+        self,
+        job: Job,
+        demands: list[Demand],
+        allowed: list[Room],
+        group: str,
+        not_of_group: Callable[[int], bool],
+        may_name: Callable[[list[int]], set[int]],
+    ) -> str | None:
+        """For a waiting job of `group`, within its nominal share, that does not fit: stop the
+        borrowed jobs of owners for whom `not_of_group` holds that it needs, or wait for
+        those stopped for it before, and reserve their room in `allowed` (taken from in place).
+        Returns the job's reason while it waits, or None when reclaim cannot help it."""
+        pending = self.stopping().get(job.pk, [])
+        if not pending:
+            candidates = [b for owner, b in self.borrowers().values() if not_of_group(owner)]
+            victims = choose(
+                demands,
+                allowed,
+                candidates,
+                self.now,
+                float(settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS),
+            )
+            if not victims:
+                return None
+            stopped = [v for v in victims if _stop(v.job_id, job, group)]
+            if len(stopped) != len(victims):
+                return None  # one ended meanwhile: the next pass looks again
+            for v in stopped:
+                self.borrowers().pop(v.job_id, None)
+            pending = _freed(stopped)
+            self.stopping()[job.pk] = pending
+        reserve(demands, allowed, pending)
+        freeing = sorted({h.job_id for h in pending})
+        return (
+            f"waiting for borrowed capacity to be returned to group {group}: "
+            f"{jobs_in_words(freeing, may_name)} stopping"
+        )
+
+
+def _stop(victim_id: int, lender: Job, group: str) -> bool:
+    """End the victim's attempt for the lender; False when it no longer runs."""
+    from jobs.services import outcomes, restarts  # they build on the scheduler
+
+    victim = outcomes.locked_job(victim_id)
+    if victim is None or victim.state != Job.State.RUNNING:
+        return False
+    outcomes.end_attempt(
+        victim,
+        restarts.Cause.PREEMPTION,
+        f"{PREEMPTED} to return borrowed capacity to group {group}",
+        PREEMPTED,
+        grace_seconds=float(settings.TRAINYARD_PREEMPTION_GRACE_SECONDS),
+    )
+    transitions.note_reclaimed(victim, lender.pk)
+    return True
