@@ -293,7 +293,7 @@ def job_as_dict(
     `queue_positions`, from presenters.queue_positions, saves a query per job in a list."""
     roles = {
         r.role: {"package": r.package.name, "instances": r.instances}
-        for r in presenters.related(job, "roles", job.roles.select_related("package"))
+        for r in presenters.related(job, "roles", lambda: job.roles.select_related("package"))
     }
     return {
         "id": job.pk,
