@@ -81,6 +81,27 @@ def set_job_reason(job: Job, reason: str) -> bool:
     return bool(moved)
 
 
+def set_waiting_reasons(reasons: dict[int, str]) -> int:
+    """Say why each of these queued jobs waits ({job id: reason}), in one UPDATE per distinct
+    reason rather than one per job: a scheduling pass may change 10,000 reasons, mostly to a
+    few words (issue 24). A job no longer queued keeps its reason. Returns how many moved."""
+    by_reason: dict[str, list[int]] = {}
+    for job_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(job_id)
+    moved = 0
+    for reason, job_ids in by_reason.items():
+        for start in range(0, len(job_ids), _IN_BATCH):
+            batch = job_ids[start : start + _IN_BATCH]
+            moved += Job.objects.filter(pk__in=batch, state=Job.State.QUEUED).update(reason=reason)
+            for job_id in batch:
+                events.state_changed_on_commit(job_id, presenters.states_of)
+    return moved
+
+
+# Ids in one `IN (...)`: well under SQLite's limit on query parameters.
+_IN_BATCH = 5000
+
+
 def move_replica(replica: Replica, to: str, **fields: Any) -> bool:
     """Move one replica to `to` if the table allows it from the state it is in now, writing
     `fields` with it; `replica` is updated in place. Returns whether it moved."""

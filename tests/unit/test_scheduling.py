@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
 from jobs.services import nodes as node_service
-from jobs.services import presenters, reports
+from jobs.services import outcomes, presenters, reports, scheduling, transitions
 from jobs.services.placement import Demand, Room
 from jobs.services.submission import check_job_request, submit_job
 from jobs.services.waiting import Holding, NodeView, why_waiting
@@ -223,3 +225,48 @@ def test_it_says_when_no_node_agent_has_registered() -> None:
     assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], [], every_job) == (
         "waiting for a node agent to register"
     )
+
+
+def test_a_pass_that_changes_no_reason_writes_no_job_row(
+    nodes: list[Node], submit: Callable[..., Job]
+) -> None:
+    submit(8)  # all 16 cores
+    waiting = [submit(1), submit(2)]
+    reasons = [job.reason for job in waiting]
+    assert all(r.startswith("waiting: needs") for r in reasons)
+    with CaptureQueriesContext(connection) as queries:
+        assert scheduling.schedule() == []
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert writes == []
+    for job in waiting:
+        job.refresh_from_db()
+    assert [job.reason for job in waiting] == reasons
+
+
+def test_waiting_reasons_are_written_to_queued_jobs_only(
+    nodes: list[Node], submit: Callable[..., Job], alice: User
+) -> None:
+    submit(8)  # all 16 cores
+    queued = submit(1)
+    cancelled = submit(1)
+    outcomes.cancel(cancelled.pk, by=alice)
+    assert transitions.set_waiting_reasons({queued.pk: "new words", cancelled.pk: "new words"}) == 1
+    queued.refresh_from_db()
+    cancelled.refresh_from_db()
+    assert queued.reason == "new words"
+    assert cancelled.reason != "new words"
+
+
+def test_a_job_that_moved_after_the_pass_read_it_is_not_placed(
+    nodes: list[Node], submit: Callable[..., Job], alice: User
+) -> None:
+    submit(8)  # all 16 cores
+    job = submit(1)
+    [read] = scheduling.waiting_jobs()
+    assert read.pk == job.pk and len(read.demands) == 1
+    with transaction.atomic():
+        locked = scheduling._lock_if_unchanged(read)
+        assert locked is not None and locked[0].pk == job.pk
+    outcomes.cancel(job.pk, by=alice)  # between the read and the lock
+    with transaction.atomic():
+        assert scheduling._lock_if_unchanged(read) is None
