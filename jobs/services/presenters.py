@@ -145,8 +145,8 @@ def _waiting(job: Job, replicas: list[Replica]) -> bool:
 def queue_positions(jobs: Iterable[Model]) -> dict[int, int]:
     """Every waiting job's place in the queue, in one query (see queue_position): for a list
     of jobs, whatever its length."""
-    if not list(jobs):
-        return {}
+    if not any(getattr(job, "state", None) == Job.State.QUEUED for job in jobs):
+        return {}  # nobody listed waits: no need to rank every waiting job
     ranking = queue.waiting_in_order().values_list("pk", flat=True)
     return {pk: place for place, pk in enumerate(ranking, 1)}
 
