@@ -13,14 +13,17 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.db.models import BooleanField, ExpressionWrapper, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
+from redis import RedisError
 
 from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
+from jobs.redis_client import get_redis
 from jobs.services import dispatch, transitions
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.totals import RoleRequest
@@ -35,8 +38,29 @@ def request_schedule() -> None:
     transaction.on_commit(_send_schedule_task, robust=True)
 
 
+# While a schedule request is on its way and its pass has not started, another request adds
+# nothing: that pass will see what the newer one would. 1,000 nodes coming back at once asked
+# for 1,000 passes (issue 24). schedule() clears the mark before it reads anything, so a
+# request made during a pass sends a new one. Should the task be lost, the mark expires.
+SCHEDULE_REQUESTED_KEY = "trainyard:console:schedule-requested"
+SCHEDULE_REQUESTED_SECONDS = 30
+
+
 def _send_schedule_task() -> None:
+    try:
+        if not get_redis().set(SCHEDULE_REQUESTED_KEY, "1", nx=True, ex=SCHEDULE_REQUESTED_SECONDS):
+            return  # a request is on its way already
+    except (RedisError, ImproperlyConfigured):
+        pass  # cannot tell: ask anyway
     app.send_task(contract.TASK_SCHEDULE, queue=contract.CONSOLE_QUEUE)
+
+
+def _requests_answered() -> None:
+    """The pass starting now answers every request made so far."""
+    try:
+        get_redis().delete(SCHEDULE_REQUESTED_KEY)
+    except (RedisError, ImproperlyConfigured):
+        pass  # the mark expires by itself
 
 
 def ready_nodes(nodes: list[Node]) -> list[Node]:
@@ -172,6 +196,7 @@ def schedule() -> list[int]:
     is strictly first come, first served until it starts, so a large job is never starved.
     """
     dispatched: list[int] = []
+    _requests_answered()
     if not Replica.objects.filter(
         state=Replica.State.PENDING, job__state=Job.State.QUEUED
     ).exists():

@@ -270,3 +270,16 @@ def test_a_job_that_moved_after_the_pass_read_it_is_not_placed(
     outcomes.cancel(job.pk, by=alice)  # between the read and the lock
     with transaction.atomic():
         assert scheduling._lock_if_unchanged(read) is None
+
+
+def test_requests_made_before_a_pass_starts_send_one_schedule_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[str] = []
+    monkeypatch.setattr(scheduling.app, "send_task", lambda name, **_: sent.append(name))
+    for _ in range(3):  # say, three nodes coming back at once
+        scheduling._send_schedule_task()
+    assert sent == [contract.TASK_SCHEDULE]
+    scheduling.schedule()  # the pass they asked for starts: what it reads answers them
+    scheduling._send_schedule_task()
+    assert sent == [contract.TASK_SCHEDULE] * 2
