@@ -303,10 +303,16 @@ def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
     Judged against the nodes that are not draining; with no node known yet nothing is judged
     (agents may still be starting), and the job waits instead.
     """
-    nodes = list(Node.objects.exclude(state=Node.State.DRAINING))
-    if not nodes:
+    # Plain values: a submission read 1,000 node rows whole, with what each runs (issue 24).
+    capacities = [
+        Room(*row)
+        for row in Node.objects.exclude(state=Node.State.DRAINING).values_list(
+            "name", "cpu", "gpus", "memory_gb"
+        )
+    ]
+    if not capacities:
         return {}
-    capacities = [Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes]
+    total = sum(c.cpu for c in capacities), sum(c.gpus for c in capacities)
     problems: dict[str, str] = {}
     for role in roles:
         p = role.package
@@ -322,9 +328,8 @@ def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
         for i in range(r.instances)
     ]
     if gang_never_fits(demands, capacities):
-        total = sum(n.cpu for n in nodes), sum(n.gpus for n in nodes)
         problems["roles"] = (
-            f"The {len(demands)} instances could never all run at once: the {len(nodes)} "
+            f"The {len(demands)} instances could never all run at once: the {len(capacities)} "
             f"nodes hold {total[0]} CPU cores and {total[1]} GPUs in all. Use fewer instances."
         )
     return problems
