@@ -24,7 +24,7 @@ from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import dispatch, transitions
+from jobs.services import dispatch, queue, transitions
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.totals import RoleRequest
 from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
@@ -127,11 +127,9 @@ class WaitingJob(NamedTuple):
 def waiting_jobs() -> list[WaitingJob]:
     """Queued jobs not yet placed, first come first served. Nothing is locked: schedule()
     locks a job only when it places it, and checks then that it still waits as read."""
-    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
     grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
     rows = (
-        Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced)
-        .order_by("created", "id")
+        queue.waiting_in_order()  # the queue's one order, as its page and positions show it
         .annotate(
             past_grace=ExpressionWrapper(
                 Q(created__lt=timezone.now() - grace), output_field=BooleanField()
