@@ -66,6 +66,7 @@ from jobs.services import (
     code_choices,
     comparison,
     counts,
+    job_pages,
     job_search,
     metric_export,
     nodes,
@@ -87,7 +88,10 @@ from workers.snapshot import SnapshotError, is_sha256
 
 MAX_LOG_PAGE = 10_000
 DEFAULT_LOG_PAGE = 1_000
-JOB_PAGE = 200  # the job list's default and largest page
+# The job list's page: by default, and at most. A page of 200 jobs took ~100 ms of CPU to
+# serialise; a cursor reads the next page at the same cost however deep it is.
+JOB_PAGE = 50
+MAX_JOB_PAGE = 200
 
 
 class ApiError(Exception):
@@ -303,7 +307,7 @@ def job_as_dict(
     `queue_positions`, from presenters.queue_positions, saves a query per job in a list."""
     roles = {
         r.role: {"package": r.package.name, "instances": r.instances}
-        for r in presenters.related(job, "roles", job.roles.select_related("package"))
+        for r in presenters.related(job, "roles", lambda: job.roles.select_related("package"))
     }
     return {
         "id": job.pk,
@@ -354,7 +358,7 @@ def job_as_dict(
 
 
 def _time_limit_ends(job: Job) -> str | None:
-    attempts = presenters.related(job, "attempts", job.attempts.all())
+    attempts = presenters.related(job, "attempts", job.attempts.all)
     current = next((a for a in attempts if a.number == job.attempt), None)
     ends = time_limits.attempt_ends(job, current)
     return ends.isoformat() if ends else None
@@ -496,8 +500,19 @@ def _filter_query(description: str) -> Any:
 @api.get("/jobs", response={200: JobListOut, **ERRORS}, tags=["jobs"], url_name="api_jobs")
 def job_list(
     request: HttpRequest,
-    limit: int = Query(JOB_PAGE, ge=1, le=JOB_PAGE),
-    offset: int = Query(0, ge=0, le=2**63 - 1),
+    limit: int = Query(JOB_PAGE, ge=1, le=MAX_JOB_PAGE),
+    cursor: str | None = Query(
+        None,
+        description="Where the page starts: the `next` or `previous` of the page before "
+        "(opaque). Without it, the first page.",
+    ),
+    offset: int = Query(
+        0,
+        ge=0,
+        le=2**63 - 1,
+        description="Skip this many jobs first (the old way to page: its cost grows with the "
+        "offset; use `cursor`).",
+    ),
     state: str | None = _filter_query(
         "Only jobs in this state (pending, queued, running, restarting, succeeded, failed, "
         "cancelled); several comma-separated."
@@ -515,8 +530,9 @@ def job_list(
         "duration; jobs that never started come last in both duration orders."
     ),
 ) -> dict[str, Any]:
-    """The jobs you may see, newest first, a page at a time (`limit`, `offset`), optionally
-    filtered and sorted (the job list page takes the same parameters)."""
+    """The jobs you may see, newest first, a page at a time (`limit`; the next page with
+    `cursor` set to this page's `next`), optionally filtered and sorted (the job list page
+    takes the same parameters)."""
     asked = {
         "state": state,
         "user": user,
@@ -531,16 +547,25 @@ def job_list(
         where = job_search.parse({k: v for k, v in asked.items() if v}, request.user)
     except job_search.BadFilter as exc:
         raise ValidationFailed(exc.errors) from None
+    if cursor and offset:
+        raise ApiError(400, "offset", "Give a cursor or an offset, not both.")
     jobs = job_search.apply(_listed_jobs(_user(request)), where)
-    count = jobs.count()
-    page = list(jobs[offset : offset + limit])
-    positions = presenters.queue_positions(page)
+    try:
+        page = job_pages.read_page(
+            jobs[offset:] if offset else jobs, where.sort, limit, cursor or ""
+        )
+    except job_pages.BadCursor as exc:
+        raise ApiError(400, "cursor", str(exc)) from None
+    count, more = job_pages.capped_count(jobs)
+    positions = presenters.queue_positions(page.jobs)
     return {
-        "jobs": [job_as_dict(j, request.user, positions) for j in page],
+        "jobs": [job_as_dict(j, request.user, positions) for j in page.jobs],
         "count": count,
+        "count_capped": more,
         "limit": limit,
         "offset": offset,
-        "next": offset + limit if offset + limit < count else None,
+        "next": page.next,
+        "previous": page.previous,
     }
 
 

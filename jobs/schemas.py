@@ -418,10 +418,20 @@ class JobRequestOut(_Out):
 
 class JobListOut(_Out):
     jobs: list[JobOut]
-    count: int = Field(description="Jobs in all, over every page.")
+    count: int = Field(
+        description="Jobs in all, over every page, counted up to 10,000 (see count_capped)."
+    )
+    count_capped: bool = Field(
+        description="Whether more jobs match than `count` says: counting stops at 10,000."
+    )
     limit: int
     offset: int
-    next: int | None = Field(description="The offset of the next page; null on the last.")
+    next: str | None = Field(
+        description="The cursor of the next page (pass it as `cursor`); null on the last."
+    )
+    previous: str | None = Field(
+        description="The cursor of the page before this one; null on the first."
+    )
 
 
 class ImageOut(_Out):

@@ -33,6 +33,7 @@ from jobs.services import (
     comparison,
     failure,
     group_shares,
+    job_pages,
     job_search,
     outcomes,
     presenters,
@@ -51,14 +52,15 @@ from jobs.time_limit_text import in_words
 from jobs.tokens import user_for_token
 from workers import contract
 
-# The list page shows this many jobs; a filter finds the others.
-LIST_PAGE = 200
+# The list page shows this many jobs a page; "Older" / "Newer" (a cursor) read the others.
+LIST_PAGE = 50
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     """Every job the user may see, filtered and sorted by the query string (the API's
-    parameters: jobs.services.job_search), waiting jobs with their place and reason."""
+    parameters: jobs.services.job_search), a page at a time (`cursor`, jobs.services.job_pages),
+    waiting jobs with their place and reason."""
     try:
         where = job_search.parse(request.GET, request.user)
     except job_search.BadFilter as exc:
@@ -66,12 +68,26 @@ def job_list(request: HttpRequest) -> HttpResponse:
     else:
         problems = {}
     jobs = job_search.apply(visible_jobs(request.user), where)
-    page = [] if problems else list(jobs.prefetch_related("replicas", "roles")[:LIST_PAGE])
-    positions = presenters.queue_positions(page)
+    page = job_pages.Page([], None, None)
+    count, count_capped = 0, False
+    if not problems:
+        try:
+            page = job_pages.read_page(
+                jobs.prefetch_related("replicas", "roles"),
+                where.sort,
+                LIST_PAGE,
+                request.GET.get("cursor", "").strip(),
+            )
+        except job_pages.BadCursor as exc:
+            problems = {"cursor": [str(exc)]}
+        else:
+            count, count_capped = job_pages.capped_count(jobs)
+    positions = presenters.queue_positions(page.jobs)
     rows = [
         (job, presenters.listed_queue_position(job, positions), _first_line(job.reason))
-        for job in page
+        for job in page.jobs
     ]
+    later, earlier = PAGE_LINKS[where.sort]
     context = {
         "rows": rows,
         "where": where,
@@ -80,10 +96,23 @@ def job_list(request: HttpRequest) -> HttpResponse:
         "states": Job.State.values,
         "sorts": SORT_LABELS,
         "images": FrameworkImage.objects.order_by("name").values_list("name", flat=True),
-        "more": len(page) == LIST_PAGE,
-        "list_page": LIST_PAGE,
+        "count": count,
+        "count_capped": count_capped,
+        "next_page": _page_link(request, page.next),
+        "previous_page": _page_link(request, page.previous),
+        "next_label": later,
+        "previous_label": earlier,
     }
     return render(request, "jobs/job_list.html", context, status=400 if problems else 200)
+
+
+def _page_link(request: HttpRequest, cursor: str | None) -> str:
+    """The list's URL with the same filter, at `cursor`; "" for no such page."""
+    if cursor is None:
+        return ""
+    query = request.GET.copy()
+    query["cursor"] = cursor
+    return f"?{query.urlencode()}"
 
 
 def _first_line(reason: str) -> str:
@@ -96,6 +125,13 @@ SORT_LABELS = {
     "submitted": "oldest first",
     "-duration": "longest first",
     "duration": "shortest first",
+}
+# What the links to the page after and the page before say, in each order.
+PAGE_LINKS = {
+    "-submitted": ("Older", "Newer"),
+    "submitted": ("Newer", "Older"),
+    "-duration": ("Shorter", "Longer"),
+    "duration": ("Longer", "Shorter"),
 }
 
 

@@ -475,11 +475,11 @@ def list_jobs(
         "sort": sort,
     }
     jobs: list[dict[str, Any]] = []
-    offset: int | None = 0
-    while offset is not None and len(jobs) < limit:
-        page = api.get("/jobs", limit=min(200, max(limit, 1)), offset=offset, **where)
+    cursor: str | None = ""
+    while cursor is not None and len(jobs) < limit:
+        page = api.get("/jobs", limit=min(200, max(limit, 1)), cursor=cursor or None, **where)
         jobs += page["jobs"]
-        offset = page["next"]
+        cursor = page["next"]
     jobs = jobs[:limit]
     if json_output:
         render.print_json(jobs)

@@ -33,7 +33,7 @@ class InstanceCount:
 
 
 def instance_count(job: Job) -> InstanceCount:
-    asked = related(job, "roles", job.roles.all())
+    asked = related(job, "roles", job.roles.all)
     return InstanceCount(
         trainers=sum(r.instances for r in asked),
         platform=tuple(r for r in job.image.roles if r in PLATFORM_ROLES),

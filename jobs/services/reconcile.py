@@ -38,6 +38,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from redis import RedisError
 
@@ -126,11 +127,7 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
     now = now or timezone.now()
     report = PassReport()
     holding: dict[int, list[Replica]] = defaultdict(list)
-    for replica in (
-        Replica.objects.filter(state__in=Replica.HOLDING_STATES)
-        .select_related("job", "node")
-        .order_by("id")
-    ):
+    for replica in _holding_replicas():
         assert replica.node_id is not None
         holding[replica.node_id].append(replica)
     for node in Node.objects.order_by("name"):
@@ -142,6 +139,26 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
         scheduling.schedule()
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _holding_replicas() -> QuerySet[Replica]:
+    """Every replica that holds capacity, with what the pass compares of it and of its job.
+    Only that: at 10,000 replicas, their jobs' programs, variables and rules (a dozen JSON
+    values each) and their nodes took most of a pass to decode (issue 24). A replica to
+    repair is read again whole (_repair)."""
+    return (
+        Replica.objects.filter(state__in=Replica.HOLDING_STATES)
+        .select_related("job")
+        .only(*_COMPARED, "job__id", "job__state", "job__attempt")
+        .order_by("id")
+    )
+
+
+# What _check_node reads of a replica (and _key_of, _unwanted, _apply_outcome).
+_COMPARED = (
+    "id", "job_id", "attempt", "role", "index", "node_id", "state", "incarnation",
+    "start_sent", "started", "starts_sent", "stop_sent",
+)  # fmt: skip
 
 
 def check_node_now(name: str) -> PassReport:
@@ -284,9 +301,10 @@ def _repair(replicas: Replica | list[Replica], action: Repair) -> int:
         if job is None:
             return 0
         for replica in together:
+            assert replica.node_id is not None  # it holds capacity: it is on a node
             current = (
                 Replica.objects.select_related("node", "job")
-                .filter(pk=replica.pk, state=replica.state, node=replica.node)
+                .filter(pk=replica.pk, state=replica.state, node_id=replica.node_id)
                 .first()
             )
             if current is not None:

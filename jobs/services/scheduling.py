@@ -11,12 +11,15 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
+from redis import RedisError
 
 from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
+from jobs.redis_client import get_redis
 from jobs.services import borrowing, dispatch, queue, time_limits, transitions
 from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
@@ -34,8 +37,29 @@ def request_schedule() -> None:
     transaction.on_commit(_send_schedule_task, robust=True)
 
 
+# While a schedule request is on its way and its pass has not started, another request adds
+# nothing: that pass will see what the newer one would. 1,000 nodes coming back at once asked
+# for 1,000 passes (issue 24). schedule() clears the mark before it reads anything, so a
+# request made during a pass sends a new one. Should the task be lost, the mark expires.
+SCHEDULE_REQUESTED_KEY = "trainyard:console:schedule-requested"
+SCHEDULE_REQUESTED_SECONDS = 30
+
+
 def _send_schedule_task() -> None:
+    try:
+        if not get_redis().set(SCHEDULE_REQUESTED_KEY, "1", nx=True, ex=SCHEDULE_REQUESTED_SECONDS):
+            return  # a request is on its way already
+    except (RedisError, ImproperlyConfigured):
+        pass  # cannot tell: ask anyway
     app.send_task(contract.TASK_SCHEDULE, queue=contract.CONSOLE_QUEUE)
+
+
+def _requests_answered() -> None:
+    """The pass starting now answers every request made so far."""
+    try:
+        get_redis().delete(SCHEDULE_REQUESTED_KEY)
+    except (RedisError, ImproperlyConfigured):
+        pass  # the mark expires by itself
 
 
 def ready_nodes(nodes: list[Node]) -> list[Node]:
@@ -47,21 +71,17 @@ def ready_nodes(nodes: list[Node]) -> list[Node]:
 def holdings(nodes: list[Node]) -> list[Holding]:
     """What each active job holds on each of these nodes (per replica, summed per job)."""
     per: dict[tuple[int, str], Holding] = {}
-    held = Replica.objects.filter(state__in=Replica.HOLDING_STATES, node__in=nodes).select_related(
-        "node", "package"
+    # Plain values, not model instances: at 1,000 nodes a pass read 10,000 replicas with
+    # their nodes and packages as objects (issue 24).
+    held = Replica.objects.filter(
+        state__in=Replica.HOLDING_STATES, node__in=nodes, package__isnull=False
+    ).values_list(  # the platform's own roles hold nothing
+        "job_id", "node__name", "package__cpu", "package__gpus", "package__memory_gb"
     )
-    for r in held:
-        assert r.node is not None
-        if r.package is None:
-            continue  # the platform's own roles hold nothing
-        key = (r.job_id, r.node.name)
-        old = per.get(key, Holding(r.job_id, r.node.name, 0, 0, 0))
-        per[key] = Holding(
-            r.job_id,
-            r.node.name,
-            old.cpu + r.package.cpu,
-            old.gpus + r.package.gpus,
-            old.memory_gb + r.package.memory_gb,
+    for job_id, node, cpu, gpus, memory_gb in held:
+        old = per.get((job_id, node), Holding(job_id, node, 0, 0, 0))
+        per[(job_id, node)] = Holding(
+            job_id, node, old.cpu + cpu, old.gpus + gpus, old.memory_gb + memory_gb
         )
     return list(per.values())
 
@@ -126,6 +146,7 @@ def schedule() -> list[int]:
     starts, so a large job is never starved.
     """
     dispatched: list[int] = []
+    _requests_answered()
     if not Replica.objects.filter(
         state=Replica.State.PENDING, job__state=Job.State.QUEUED
     ).exists():
@@ -312,10 +333,16 @@ def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
     Judged against the nodes that are not draining; with no node known yet nothing is judged
     (agents may still be starting), and the job waits instead.
     """
-    nodes = list(Node.objects.exclude(state=Node.State.DRAINING))
-    if not nodes:
+    # Plain values: a submission read 1,000 node rows whole, with what each runs (issue 24).
+    capacities = [
+        Room(*row)
+        for row in Node.objects.exclude(state=Node.State.DRAINING).values_list(
+            "name", "cpu", "gpus", "memory_gb"
+        )
+    ]
+    if not capacities:
         return {}
-    capacities = [Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes]
+    total = sum(c.cpu for c in capacities), sum(c.gpus for c in capacities)
     problems: dict[str, str] = {}
     for role in roles:
         p = role.package
@@ -331,9 +358,8 @@ def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
         for i in range(r.instances)
     ]
     if gang_never_fits(demands, capacities):
-        total = sum(n.cpu for n in nodes), sum(n.gpus for n in nodes)
         problems["roles"] = (
-            f"The {len(demands)} instances could never all run at once: the {len(nodes)} "
+            f"The {len(demands)} instances could never all run at once: the {len(capacities)} "
             f"nodes hold {total[0]} CPU cores and {total[1]} GPUs in all. Use fewer instances."
         )
     return problems

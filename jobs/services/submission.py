@@ -460,6 +460,9 @@ def submit_job(user: User, request: JobRequest) -> Job:
     the IMMEDIATE transaction holds the whole database), so two racing submissions can never
     both take the last of a quota.
     """
+    # Whether the nodes could ever hold it depends on no quota: judged before the lock is
+    # taken, so that reading the nodes does not lengthen every submission's turn with it.
+    never = scheduling.why_never_placeable(request.roles)
     with transaction.atomic():
         try:
             scopes = quota.scopes_for(user, lock=True)
@@ -469,7 +472,6 @@ def submit_job(user: User, request: JobRequest) -> Job:
         if capped:
             raise ValidationFailed({"priority": capped})
         over = quota.excesses(scopes, request.totals)
-        never = scheduling.why_never_placeable(request.roles)
         if over or never:
             raise _admission_failure(request, scopes, over, never)
         job = create_job(

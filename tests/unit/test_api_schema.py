@@ -241,18 +241,22 @@ def test_the_job_list_is_paged(client: Client, alice: User) -> None:
     ids = [submit_job(alice, check_job_request(job_request(instances=1))).pk for _ in range(5)]
     auth = token_of(alice)
     whole = client.get("/api/v1/jobs", **auth).json()  # type: ignore[arg-type]
-    assert (whole["count"], whole["limit"], whole["offset"], whole["next"]) == (5, 200, 0, None)
+    assert (whole["count"], whole["limit"], whole["offset"], whole["next"]) == (5, 50, 0, None)
+    assert (whole["count_capped"], whole["previous"]) == (False, None)
     first = client.get("/api/v1/jobs?limit=2", **auth).json()  # type: ignore[arg-type]
-    assert (first["count"], first["next"]) == (5, 2)
+    assert first["count"] == 5 and isinstance(first["next"], str)
     rest = client.get("/api/v1/jobs?limit=2&offset=4", **auth).json()  # type: ignore[arg-type]
     assert rest["next"] is None
     paged = [j["id"] for j in first["jobs"]] + [j["id"] for j in rest["jobs"]]
     assert paged == [j["id"] for j in whole["jobs"]][:2] + [j["id"] for j in whole["jobs"]][4:]
     assert sorted(j["id"] for j in whole["jobs"]) == sorted(ids)
+    after = client.get(f"/api/v1/jobs?limit=2&cursor={first['next']}", **auth).json()  # type: ignore[arg-type]
+    assert [j["id"] for j in after["jobs"]] == [j["id"] for j in whole["jobs"]][2:4]
     for query in ("limit=0", "limit=201", "offset=-1", "limit=x"):
         refused = client.get(f"/api/v1/jobs?{query}", **auth)  # type: ignore[arg-type]
         assert refused.status_code == 400, query
         assert set(refused.json()["errors"]) <= {"limit", "offset"}, refused.json()
+    assert client.get("/api/v1/jobs?limit=200", **auth).status_code == 200  # type: ignore[arg-type]
 
 
 def test_the_job_list_costs_the_same_queries_for_1_job_as_for_30(

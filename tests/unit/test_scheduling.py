@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
 from jobs.services import nodes as node_service
-from jobs.services import presenters, reports
+from jobs.services import presenters, reports, scheduling
 from jobs.services.placement import Demand, Room
 from jobs.services.submission import check_job_request, submit_job
 from jobs.services.waiting import Holding, NodeView, why_waiting
@@ -223,3 +225,32 @@ def test_it_says_when_no_node_agent_has_registered() -> None:
     assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], [], every_job) == (
         "waiting for a node agent to register"
     )
+
+
+def test_a_pass_that_changes_no_reason_writes_no_job_row(
+    nodes: list[Node], submit: Callable[..., Job]
+) -> None:
+    submit(8)  # all 16 cores
+    waiting = [submit(1), submit(2)]
+    reasons = [job.reason for job in waiting]
+    assert all(r.startswith("waiting: needs") for r in reasons)
+    with CaptureQueriesContext(connection) as queries:
+        assert scheduling.schedule() == []
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert writes == []
+    for job in waiting:
+        job.refresh_from_db()
+    assert [job.reason for job in waiting] == reasons
+
+
+def test_requests_made_before_a_pass_starts_send_one_schedule_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sent: list[str] = []
+    monkeypatch.setattr(scheduling.app, "send_task", lambda name, **_: sent.append(name))
+    for _ in range(3):  # say, three nodes coming back at once
+        scheduling._send_schedule_task()
+    assert sent == [contract.TASK_SCHEDULE]
+    scheduling.schedule()  # the pass they asked for starts: what it reads answers them
+    scheduling._send_schedule_task()
+    assert sent == [contract.TASK_SCHEDULE] * 2
