@@ -33,7 +33,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ from bench.databases import measured_in_fresh_process
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_SECONDS = 5.0
 INGEST_WINDOW_SECONDS = 15.0  # three heartbeat intervals
+# How long the ingest figure waits for every node to be heard from once before its window
+# opens anyway (a console that lags behind its fleet never hears from all of them in time).
+WARM_SECONDS = 30.0
 
 
 def _django(database_url: str, redis_url: str = "") -> None:
@@ -64,7 +67,11 @@ def _quantile(values: list[float], q: float) -> float:
 # --- heartbeat ingest, with the fleet against a real console ---
 
 
-def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
+def ingest(
+    database_url: str, sizes: list[int], freeing: Sequence[int] = (), viewers: Sequence[int] = ()
+) -> dict[str, Any]:
+    """Heartbeat ingest at each fleet size; then, on the same console and the same provisioned
+    nodes (one start, one provisioning for both groups), the `live` figures."""
     import psutil
 
     from bench.fleet import FleetConfig, FleetThread, provision
@@ -89,7 +96,7 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
             _django(database_url, stack.redis_url)
             from jobs.models import Node
 
-            names = [f"sim-{i:04}" for i in range(max(sizes))]
+            names = [f"sim-{i:04}" for i in range(max([*sizes, *freeing], default=0))]
             started = time.perf_counter()
             urls = provision(stack.manage, names)
             results["provision_seconds"] = time.perf_counter() - started
@@ -103,7 +110,7 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
                 with FleetThread(subset, config) as fleet:
                     # Warm: every node has been heard from once.
                     since = time.time()
-                    deadline = time.monotonic() + 120
+                    deadline = time.monotonic() + WARM_SECONDS
                     while time.monotonic() < deadline:
                         heard = Node.objects.filter(
                             name__in=list(subset), heartbeat_sent__gte=since
@@ -144,6 +151,8 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
                 }
                 # The nodes of this size go silent; let the console settle before the next.
                 time.sleep(2)
+            if freeing or viewers:
+                results.update(_live_on(stack, urls, freeing, viewers))
         finally:
             stack.stop()
     return results
@@ -168,35 +177,18 @@ def _wait(what: str, condition: Callable[[], bool], seconds: float = SETTLE_SECO
         time.sleep(0.2)
 
 
-def live(database_url: str, sizes: list[int], viewer_counts: list[int]) -> dict[str, Any]:
-    """A console of its own with a simulated fleet: the time from a node freeing to the next
+def _live_on(
+    stack: Any, urls: dict[str, str], sizes: Sequence[int], viewer_counts: Sequence[int]
+) -> dict[str, Any]:
+    """On a started console with provisioned nodes: the time from a node freeing to the next
     job placed on it at each fleet size, then websocket viewers of one job."""
-    from bench.fleet import provision
-    from stack.redis_server import free_port
-    from stack.run import Stack
-
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        stack = Stack(
-            var_dir=Path(folder) / "var", port=free_port(), nodes=0,
-            extra_env={"DATABASE_URL": database_url,
-                       "TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)},
-            announce=lambda line: None,
-        )  # fmt: skip
-        stack.prepare()
-        stack.start()
-        try:
-            _django(database_url, stack.redis_url)
-            token = _bench_user(stack)
-            if sizes:
-                urls = provision(stack.manage, [f"sim-{i:04}" for i in range(max(sizes))])
-                for size in sizes:
-                    subset = dict(list(urls.items())[:size])
-                    results[f"freeing_{size}"] = node_freeing(stack, token, subset)
-            for count in viewer_counts:
-                results[f"viewers_{count}"] = asyncio.run(watched_by(stack, token, count))
-        finally:
-            stack.stop()
+    token = _bench_user(stack)
+    for size in sizes:
+        subset = dict(list(urls.items())[:size])
+        results[f"freeing_{size}"] = node_freeing(stack, token, subset)
+    for count in viewer_counts:
+        results[f"viewers_{count}"] = asyncio.run(watched_by(stack, token, count))
     return results
 
 
@@ -252,7 +244,8 @@ def node_freeing(stack: Any, token: str, urls: dict[str, str]) -> dict[str, Any]
         _wait(f"{size} simulated nodes ready", lambda: sum(
             n.status == Node.State.READY for n in Node.objects.filter(name__in=list(urls))
         ) >= size)  # fmt: skip
-        fillers, left = [], size - churn
+        fillers: list[int] = []
+        left = size - churn
         while left > 0:
             fillers.append(submit(f"filler-{len(fillers)}", min(64, left), FILLER_SECONDS))
             left -= min(64, left)
@@ -516,10 +509,14 @@ def report(
 ) -> None:
     """Every group of figures, each on its own: one that fails says why and the rest go on."""
     print(f"== {label} ==", flush=True)
+    console = _ConsoleRun(fresh, redis_url, quick, only)
     for name in only:
         started = time.perf_counter()
         try:
-            GROUP_LINES[name](label, fresh, redis_url, quick)
+            if name in CONSOLE_GROUPS:
+                CONSOLE_GROUPS[name](console.results(), quick)
+            else:
+                GROUP_LINES[name](label, fresh, redis_url, quick)
         except Exception as exc:
             reason = [line for line in str(exc).strip().splitlines() if line.strip()]
             # The first line says which part; the last, what stopped it.
@@ -537,10 +534,43 @@ def _sizes(quick: bool) -> tuple[int, int, int, list[int]]:
     return 1000, 10_000, 100_000, [10, 1000, 2000]
 
 
-def _ingest_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+def _viewer_counts(quick: bool) -> list[int]:
+    return [10, 100 if quick else 500]
+
+
+class _ConsoleRun:
+    """The one console of the ingest and live groups (a part process of its own, one stack
+    start and one provisioning of the fleet for both), run when the first of them asks."""
+
+    def __init__(
+        self, fresh: Callable[[], Any], redis_url: str, quick: bool, groups: tuple[str, ...]
+    ) -> None:
+        self.fresh, self.redis_url, self.quick, self.groups = fresh, redis_url, quick, groups
+        self._result: dict[str, Any] | None = None
+        self._error: Exception | None = None
+
+    def results(self) -> dict[str, Any]:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            sizes = _sizes(self.quick)[3]
+            live = "live" in self.groups
+            args = [
+                "--sizes", ",".join(map(str, sizes)) if "ingest" in self.groups else "",
+                "--freeing", ",".join(map(str, sizes[:2])) if live else "",
+                "--viewers", ",".join(map(str, _viewer_counts(self.quick))) if live else "",
+            ]  # fmt: skip
+            try:
+                with self.fresh() as url:
+                    self._result = _part("ingest", url, self.redis_url, *args)
+            except Exception as exc:
+                self._error = exc
+                raise
+        return self._result
+
+
+def _ingest_lines(ingest_result: dict[str, Any], quick: bool) -> None:
     sizes = _sizes(quick)[3]
-    with fresh() as url:
-        ingest_result = _part("ingest", url, redis_url, "--sizes", ",".join(map(str, sizes)))
     base = ingest_result["10"]
     for size in sizes[1:]:
         at = ingest_result[str(size)]
@@ -634,12 +664,9 @@ def _reconcile_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick
     ), flush=True)  # fmt: skip
 
 
-def _live_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+def _live_lines(result: dict[str, Any], quick: bool) -> None:
     sizes = _sizes(quick)[3][:2]  # 10 and 1,000 nodes (200 with --quick)
-    counts = [10, 100 if quick else 500]
-    with fresh() as url:
-        result = _part("live", url, redis_url, "--sizes", ",".join(map(str, sizes)),
-                       "--viewers", ",".join(map(str, counts)))  # fmt: skip
+    counts = _viewer_counts(quick)
     base = result[f"freeing_{sizes[0]}"]
     for size in sizes[1:]:
         at = result[f"freeing_{size}"]
@@ -662,9 +689,9 @@ def _live_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: boo
     )
 
 
+# Groups measured on the one console both share (_ConsoleRun), and the others.
+CONSOLE_GROUPS = {"ingest": _ingest_lines, "live": _live_lines}
 GROUP_LINES = {
-    "ingest": _ingest_lines,
-    "live": _live_lines,
     "schedule": _schedule_lines,
     "admission": _admission_lines,
     "list": _list_lines,
@@ -672,9 +699,13 @@ GROUP_LINES = {
 }
 
 
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("part", nargs="?", choices=("ingest", "live", "schedule", "lists"))
+    parser.add_argument("part", nargs="?", choices=("ingest", "schedule", "lists"))
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--json", action="store_true")
@@ -682,17 +713,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=100_000)
-    parser.add_argument("--viewers", default="10,500")
+    parser.add_argument("--freeing", default="", help="ingest: fleet sizes for node freeing")
+    parser.add_argument("--viewers", default="", help="ingest: counts of websocket viewers")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
     parser.add_argument("--groups", default=",".join(GROUPS), help="of: " + ", ".join(GROUPS))
     args = parser.parse_args(argv)
     if args.part is not None:
         if args.part == "ingest":
-            result = ingest(args.database_url, [int(s) for s in args.sizes.split(",")])
-        elif args.part == "live":
-            result = live(args.database_url, [int(s) for s in args.sizes.split(",") if s],
-                          [int(c) for c in args.viewers.split(",") if c])  # fmt: skip
+            result = ingest(
+                args.database_url, _numbers(args.sizes), _numbers(args.freeing),
+                _numbers(args.viewers),
+            )  # fmt: skip
         else:
             _django(args.database_url, args.redis_url)
             if args.part == "schedule":
@@ -702,11 +734,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         return 0
 
-    from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+    from bench.databases import (
+        fresh_postgres,
+        fresh_sqlite,
+        migrated_postgres,
+        migrated_sqlite,
+        postgres_unreachable_reason,
+    )
     from stack.redis_server import private_server
 
     groups = tuple(args.groups.split(","))
-    unknown = set(groups) - set(GROUPS)
+    unknown = set(groups) - set(GROUPS) - set(CONSOLE_GROUPS)
     if unknown:
         parser.error(f"no such group: {', '.join(sorted(unknown))} (of: {', '.join(GROUPS)})")
     started = time.perf_counter()
@@ -715,11 +753,16 @@ def main(argv: list[str] | None = None) -> int:
         with private_server(tmp / "redis") as (redis_url, _):
             print(_line("figure", "small", "at scale", "", None).replace("n/a", ""), flush=True)
             if args.only in (None, "sqlite"):
-                report("sqlite", lambda: fresh_sqlite(tmp), redis_url, args.quick, groups)
+                # Every group's databases start as copies of one migrated database.
+                template = migrated_sqlite(tmp, redis_url)
+                report("sqlite", lambda: fresh_sqlite(tmp, template), redis_url, args.quick,
+                       groups)  # fmt: skip
             if args.only in (None, "postgresql"):
                 reason = postgres_unreachable_reason()
                 if reason is None:
-                    report("postgresql", fresh_postgres, redis_url, args.quick, groups)
+                    with migrated_postgres(redis_url) as name:
+                        report("postgresql", lambda: fresh_postgres(name), redis_url,
+                               args.quick, groups)  # fmt: skip
                 else:
                     print(f"== postgresql: SKIPPED ({reason}) ==")
     print(f"bench-scale took {time.perf_counter() - started:.0f} s")

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from jobs import logframes, logstream
@@ -184,7 +184,7 @@ def feeds_now() -> dict[int, int]:
     return {job_id: feed.viewers for job_id, feed in _registry().items()}
 
 
-async def watch(job_id: int, after: int) -> AsyncIterator[Piece]:
+async def watch(job_id: int, after: int) -> AsyncGenerator[Piece, None]:
     """Every piece of the job's log after cursor `after`, in order, then live ones as they
     come, up to the end marker's piece; a piece without batches for each quiet period, so the
     caller can send a heartbeat. Close it (contextlib.aclosing) to leave the feed."""
@@ -221,7 +221,7 @@ async def watch(job_id: int, after: int) -> AsyncIterator[Piece]:
         _leave(feed)
 
 
-async def _alone(feed: _Feed, position: int) -> AsyncIterator[Piece]:
+async def _alone(feed: _Feed, position: int) -> AsyncGenerator[Piece, None]:
     """Follow the log on a connection of one's own from `position` until the feed keeps what
     comes next (or it fails, or the log ends)."""
     client = get_async_redis(
