@@ -182,14 +182,34 @@ def _live_on(
 ) -> dict[str, Any]:
     """On a started console with provisioned nodes: the time from a node freeing to the next
     job placed on it at each fleet size, then websocket viewers of one job."""
+    from jobs.services import nodes
+
     results: dict[str, Any] = {}
     token = _bench_user(stack)
     for size in sizes:
         subset = dict(list(urls.items())[:size])
-        results[f"freeing_{size}"] = node_freeing(stack, token, subset)
+        # Nodes of an earlier fleet that went silent look ready until they are stale: work
+        # sent to them would wait for their loss. Only this fleet's nodes take work.
+        nodes.drain([name for name in urls if name not in subset])
+        nodes.return_to_service(list(subset))
+        results[f"freeing_{size}"] = _or_why(node_freeing, stack, token, subset)
     for count in viewer_counts:
-        results[f"viewers_{count}"] = asyncio.run(watched_by(stack, token, count))
+        results[f"viewers_{count}"] = _or_why(_watched, stack, token, count)
     return results
+
+
+def _watched(stack: Any, token: str, count: int) -> dict[str, Any]:
+    return asyncio.run(watched_by(stack, token, count))
+
+
+def _or_why(measure: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """The figure, or why it was not measured: one that fails does not take the others (in
+    the same part process) with it."""
+    try:
+        return measure(*args)
+    except Exception as exc:
+        log_lines = str(exc).strip().splitlines() or [repr(exc)]
+        return {"error": log_lines[-1]}
 
 
 def _bench_user(stack: Any) -> str:
@@ -670,12 +690,20 @@ def _live_lines(result: dict[str, Any], quick: bool) -> None:
     base = result[f"freeing_{sizes[0]}"]
     for size in sizes[1:]:
         at = result[f"freeing_{size}"]
+        if "error" in base or "error" in at:
+            print(f"  node freed -> next job placed: NOT MEASURED "
+                  f"({base.get('error') or at.get('error')})", flush=True)  # fmt: skip
+            continue
         print(_line(
             f"node freed -> next job placed p50/p99, {size} nodes",
             f"{_ms(base['p50'])}/{_ms(base['p99'])} ({sizes[0]})",
             f"{_ms(at['p50'])}/{_ms(at['p99'])} (n={at['measured']})", "(figure only)", None,
         ), flush=True)  # fmt: skip
     small, big = result[f"viewers_{counts[0]}"], result[f"viewers_{counts[1]}"]
+    if "error" in small or "error" in big:
+        print(f"  line latency, {counts[1]} viewers: NOT MEASURED "
+              f"({small.get('error') or big.get('error')})", flush=True)  # fmt: skip
+        return
     print(_line(
         f"line latency p50/p99, {counts[1]} viewers of one job",
         f"{_ms(small['p50'])}/{_ms(small['p99'])} ({counts[0]})",
