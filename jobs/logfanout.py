@@ -4,8 +4,9 @@ A job watched by 500 browsers must not cost 500 blocking reads of its Redis stre
 encodings of every frame (issue 24: one job, 500 viewers, 10,000 lines/s). So each web
 process keeps one *feed* per job that someone watches: a task that follows the log as
 `logstream.follow` does (the database first, then Redis, gaps and the end marker included)
-and keeps the last few thousand batches it read, in pieces. A viewer reads the pieces after
-its own cursor; a viewer that stands exactly where a piece starts (the usual case: everyone
+and keeps the last few thousand batches it read, in pieces; it reads only while some viewer
+has read all it has, so it never runs ahead of its fastest viewer. A viewer reads the pieces
+after its own cursor; a viewer that stands exactly where a piece starts (the usual case: everyone
 caught up) gets that piece's frames encoded once for all of them.
 
 A viewer whose cursor is older than what the feed keeps (it asked for an old cursor, or it
@@ -93,6 +94,14 @@ class _Feed:
         self.error: BaseException | None = None
         self.viewers = 0
         self._wake = asyncio.Event()
+        # Set while some viewer has read all the feed has: the feed reads only then, so it
+        # never runs ahead of its fastest viewer (a replay of a long log from the database
+        # is read once, at the pace of whoever reads it, not all at once and then again).
+        self._wanted = asyncio.Event()
+        # The lowest cursor a viewer waits at, since the last piece: when every waiting viewer
+        # is past what the feed has read (they read on their own meanwhile), it jumps ahead
+        # to them instead of reading again what they have.
+        self._lowest_waiting: int | None = None
         self.task = asyncio.create_task(self._read(), name=follower_name(job_id))
 
     def oldest(self) -> int:
@@ -111,10 +120,16 @@ class _Feed:
             newer.append(piece)
         return newer[::-1]
 
-    async def changed(self) -> None:
+    async def changed(self, position: int) -> None:
+        """Wait for the next piece (or quiet period), as a viewer that has read all the feed
+        has, up to `position`: the feed reads on for it."""
+        if self._lowest_waiting is None or position < self._lowest_waiting:
+            self._lowest_waiting = position
+        self._wanted.set()
         await self._wake.wait()
 
     def _notify(self) -> None:
+        self._lowest_waiting = None  # every waiting viewer wakes, and says again if it waits
         self._wake.set()
         self._wake = asyncio.Event()
 
@@ -122,10 +137,24 @@ class _Feed:
         client = get_async_redis(
             blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS, name=follower_name(self.job_id)
         )
+        follower = logstream.follow(client, self.job_id, self.position)
         try:
-            async for batches in logstream.follow(client, self.job_id, self.position):
+            while True:
+                await self._wanted.wait()
+                if self._lowest_waiting is not None and self._lowest_waiting > self.position:
+                    # Nobody waits for what lies between: follow on from the lowest waiting.
+                    await follower.aclose()  # type: ignore[attr-defined]  # an async generator
+                    self.pieces.clear()
+                    self.kept_lines = 0
+                    self.position = self._lowest_waiting
+                    follower = logstream.follow(client, self.job_id, self.position)
+                try:
+                    batches = await anext(follower)
+                except StopAsyncIteration:
+                    break
                 if batches:
                     self._keep(Piece(self.position, batches))
+                    self._wanted.clear()
                 else:
                     self.quiet_periods += 1
                 self._notify()
@@ -135,6 +164,7 @@ class _Feed:
             _forget(self)  # the next viewer starts a fresh feed
             self._notify()
         finally:
+            await follower.aclose()  # type: ignore[attr-defined]  # an async generator
             await client.aclose()
 
     def _keep(self, piece: Piece) -> None:
@@ -216,7 +246,7 @@ async def watch(job_id: int, after: int) -> AsyncGenerator[Piece, None]:
                 quiet = feed.quiet_periods
                 yield Piece(position, [])
                 continue
-            await feed.changed()
+            await feed.changed(position)
     finally:
         _leave(feed)
 

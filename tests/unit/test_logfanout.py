@@ -11,6 +11,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
 from jobs import logfanout
+from jobs.consumers import JobConsumer
 from jobs.logstream import Batch
 from jobs.models import ApiToken, Job
 from jobs.redis_client import get_redis
@@ -132,3 +133,36 @@ def test_a_piece_is_encoded_once_for_every_viewer_at_its_start() -> None:
         (12, ["b"]), (13, ["c"]),
     ]  # fmt: skip
     assert piece.frames_after(13) == ([], 13)
+
+
+async def test_the_feed_reads_no_faster_than_its_fastest_viewer(
+    job: Job, alice: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A viewer replaying a long log is its feed's only reader: the feed reads a page when the
+    viewer has taken the last, so nothing is evicted unread and read again on its own."""
+    monkeypatch.setattr(logfanout, "KEPT_LINES", 10)  # one piece at a time
+    alone_from: list[int] = []
+    original_alone = logfanout._alone
+
+    def alone(feed: Any, position: int) -> Any:
+        alone_from.append(position)
+        return original_alone(feed, position)
+
+    monkeypatch.setattr(logfanout, "_alone", alone)
+    original_send = JobConsumer.send
+
+    async def slow_send(self: JobConsumer, text_data: str | None = None, **kwargs: Any) -> None:
+        await asyncio.sleep(0.05)  # a client slower than Redis: the feed could run ahead
+        await original_send(self, text_data, **kwargs)
+
+    monkeypatch.setattr(JobConsumer, "send", slow_send)
+    token = await database_sync_to_async(ApiToken.issue)(alice)
+    sink = LogSink(get_redis())
+    for k in range(300):  # three reads of 100 batches
+        append_lines(sink, job.pk, "master", 0, "node-1", [f"{k}-{i}" for i in range(10)])
+    viewer = communicator(job.pk, token, after=0)
+    assert (await viewer.connect())[0]
+    seen = await lines_upto(viewer, 3000, [])
+    assert cursors(seen) == list(range(1, 3001))
+    assert alone_from == []
+    await viewer.disconnect()
