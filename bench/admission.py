@@ -177,7 +177,13 @@ def run_race(
 ) -> RaceResult:
     """Race on a fresh, empty database at `database_url` (it is migrated here)."""
     _prepare(database_url, redis_url, processes, admit, scope)
-    context = multiprocessing.get_context("spawn")
+    from django.db import connections
+
+    # Forked from this process, which has Django set up already: 64 spawned processes each
+    # importing Django took minutes of CPU on 2 cores (make bench-scale, issue 24). None
+    # inherits a database connection: each opens its own.
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
     barrier = context.Barrier(processes + 1)
     results = context.Queue()
     scheduler = _console_worker(database_url, redis_url)
@@ -190,7 +196,7 @@ def run_race(
     ]
     for w in workers:
         w.start()
-    barrier.wait(timeout=600)  # 64 Django processes starting on 2 loaded cores take minutes
+    barrier.wait(timeout=600)  # a hang guard: 64 processes on 2 loaded cores are slow to start
     started = time.perf_counter()
     outcomes = [o for _ in workers for o in results.get(timeout=600)]
     seconds = time.perf_counter() - started

@@ -10,31 +10,43 @@ the same run, with the target and whether it is met. Nothing asserts: a miss is 
 - one scheduling pass with 10,000 waiting jobs on 1,000 full nodes;
 - admission p50/p99 with 8 and 64 concurrent submitters, and admissions/s sustained
   (bench/admission.py);
+- time from a node freeing to the next job placed on it, on a full one-core fleet of 10 and
+  of 1,000 nodes (the fleet stamps the exit report's sending and the start's arrival);
+- line latency p50/p99 of 10 and of 500 websocket viewers of one job while 10,000 lines/s
+  are appended to its log (with how many Redis readers of that job the web process had);
 - job list page and list API p99 with 100,000 finished jobs in history;
 - one reconciliation pass at 1,000 nodes / 10,000 replicas (bench/reconcile.py);
-on SQLite and on PostgreSQL when reachable.
+on SQLite and on PostgreSQL when reachable. Each group prints the seconds it took.
 
     python -m bench.scale [--quick]       (--quick: smaller sizes, for a look)
+    python -m bench.scale --groups live,list --only postgresql   (some groups, one database)
     python -m bench.scale PART --database-url URL --json   (one part, in a process of its own:
                                                            Django binds one database per process)
 """
 
 import argparse
+import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from bench.databases import measured_in_fresh_process
 
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_SECONDS = 5.0
 INGEST_WINDOW_SECONDS = 15.0  # three heartbeat intervals
+# How long the ingest figure waits for every node to be heard from once before its window
+# opens anyway (a console that lags behind its fleet never hears from all of them in time).
+WARM_SECONDS = 30.0
 
 
 def _django(database_url: str, redis_url: str = "") -> None:
@@ -55,7 +67,11 @@ def _quantile(values: list[float], q: float) -> float:
 # --- heartbeat ingest, with the fleet against a real console ---
 
 
-def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
+def ingest(
+    database_url: str, sizes: list[int], freeing: Sequence[int] = (), viewers: Sequence[int] = ()
+) -> dict[str, Any]:
+    """Heartbeat ingest at each fleet size; then, on the same console and the same provisioned
+    nodes (one start, one provisioning for both groups), the `live` figures."""
     import psutil
 
     from bench.fleet import FleetConfig, FleetThread, provision
@@ -80,7 +96,7 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
             _django(database_url, stack.redis_url)
             from jobs.models import Node
 
-            names = [f"sim-{i:04}" for i in range(max(sizes))]
+            names = [f"sim-{i:04}" for i in range(max([*sizes, *freeing], default=0))]
             started = time.perf_counter()
             urls = provision(stack.manage, names)
             results["provision_seconds"] = time.perf_counter() - started
@@ -88,13 +104,20 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
             import redis
 
             queue = redis.Redis.from_url(stack.redis_url)
+            if freeing or viewers:
+                # First: a failure of the ingest figures (a fleet of 2,000 on a loaded
+                # machine) must not cost these.
+                results.update(_live_on(stack, urls, freeing, viewers))
+                from jobs.services import nodes
+
+                nodes.return_to_service(names)
             for size in sizes:
                 subset = {name: urls[name] for name in names[:size]}
                 config = FleetConfig(heartbeat_seconds=HEARTBEAT_SECONDS)
                 with FleetThread(subset, config) as fleet:
                     # Warm: every node has been heard from once.
                     since = time.time()
-                    deadline = time.monotonic() + 120
+                    deadline = time.monotonic() + WARM_SECONDS
                     while time.monotonic() < deadline:
                         heard = Node.objects.filter(
                             name__in=list(subset), heartbeat_sent__gte=since
@@ -138,6 +161,244 @@ def ingest(database_url: str, sizes: list[int]) -> dict[str, Any]:
         finally:
             stack.stop()
     return results
+
+
+# --- the live console: a node freeing, and 500 viewers of one job ---
+
+FILLER_SECONDS = 3600  # jobs that hold the cluster full for the whole measurement
+CHURN_NODES = 5  # nodes whose jobs end and are replaced while the figure is taken
+CHURN_ROUNDS = 4  # replacements per churn node: CHURN_NODES * CHURN_ROUNDS measurements
+CHURN_SECONDS = 2.0  # how long each churn job "runs"
+SETTLE_SECONDS = 180.0  # a bound on waiting for the console (nodes ready, jobs placed)
+
+
+def _wait(what: str, condition: Callable[[], bool], seconds: float = SETTLE_SECONDS) -> None:
+    """Until `condition()`; a bench bound (not a test's wall-clock limit): past it, the figure
+    is not measured and the line says why."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"waited {seconds:.0f} s for {what}")
+        time.sleep(0.2)
+
+
+def _live_on(
+    stack: Any, urls: dict[str, str], sizes: Sequence[int], viewer_counts: Sequence[int]
+) -> dict[str, Any]:
+    """On a started console with provisioned nodes: the time from a node freeing to the next
+    job placed on it at each fleet size, then websocket viewers of one job."""
+    from jobs.services import nodes
+
+    results: dict[str, Any] = {}
+    token = _bench_user(stack)
+    for size in sizes:
+        subset = dict(list(urls.items())[:size])
+        # Nodes of an earlier fleet that went silent look ready until they are stale: work
+        # sent to them would wait for their loss. Only this fleet's nodes take work.
+        nodes.drain([name for name in urls if name not in subset])
+        nodes.return_to_service(list(subset))
+        results[f"freeing_{size}"] = _or_why(node_freeing, stack, token, subset)
+    for count in viewer_counts:
+        results[f"viewers_{count}"] = _or_why(_watched, stack, token, count)
+    return results
+
+
+def _watched(stack: Any, token: str, count: int) -> dict[str, Any]:
+    return asyncio.run(watched_by(stack, token, count))
+
+
+def _or_why(measure: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """The figure, or why it was not measured: one that fails does not take the others (in
+    the same part process) with it."""
+    try:
+        return measure(*args)
+    except Exception as exc:
+        log_lines = str(exc).strip().splitlines() or [repr(exc)]
+        return {"error": log_lines[-1]}
+
+
+def _bench_user(stack: Any) -> str:
+    """A user with room for a whole fleet, and its API token."""
+    from django.contrib.auth.models import User
+
+    from jobs.models import Quota
+
+    user = User.objects.create_user("bench-scale")
+    Quota.objects.create(user=user, cpu=10**6, gpus=0, memory_gb=10**8, running_jobs=10**5)
+    return str(stack.manage("token", "bench-scale").strip())
+
+
+def node_freeing(stack: Any, token: str, urls: dict[str, str]) -> dict[str, Any]:
+    """Fill every node of a one-core fleet with long jobs but CHURN_NODES, which run short
+    jobs with more of them waiting: each time one ends, the next is placed on the node it
+    freed. The figure: from the exit report's sending to the next start message arriving at
+    that node (the fleet stamps both)."""
+    import httpx
+
+    from bench.fleet import SECONDS_ARG, FleetConfig, FleetThread
+    from jobs.models import Node, Replica
+
+    size = len(urls)
+    churn = min(CHURN_NODES, size)
+    config = FleetConfig(cpus=1, memory_gb=64, heartbeat_seconds=HEARTBEAT_SECONDS,
+                         job_seconds=FILLER_SECONDS)  # fmt: skip
+    http = httpx.Client(base_url=stack.url, headers={"Authorization": f"Token {token}"},
+                        timeout=120)  # fmt: skip
+
+    def submit(name: str, instances: int, seconds: float) -> int:
+        roles: dict[str, Any] = {"master": {"package": "cpu-1", "instances": 1}}
+        if instances > 1:
+            roles["worker"] = {"package": "cpu-1", "instances": instances - 1}
+        request = {
+            "name": name,
+            "image": "pytorch:2.13-cpu",
+            "roles": roles,
+            "program": {"script": "digits-ddp", "args": [SECONDS_ARG, str(seconds)]},
+        }
+        response = http.post("/api/v1/jobs", json=request)
+        if response.status_code != 201:
+            raise RuntimeError(f"a submission was refused: {response.text[:300]}")
+        return int(response.json()["id"])
+
+    def states(ids: list[int]) -> list[str]:
+        from jobs.models import Job
+
+        return list(Job.objects.filter(pk__in=ids).values_list("state", flat=True))
+
+    with FleetThread(urls, config) as fleet:
+        _wait(f"{size} simulated nodes ready", lambda: sum(
+            n.status == Node.State.READY for n in Node.objects.filter(name__in=list(urls))
+        ) >= size)  # fmt: skip
+        fillers: list[int] = []
+        left = size - churn
+        while left > 0:
+            fillers.append(submit(f"filler-{len(fillers)}", min(64, left), FILLER_SECONDS))
+            left -= min(64, left)
+        _wait("the fillers running", lambda: states(fillers).count("running") == len(fillers))
+        churning = [submit(f"churn-{k}", 1, CHURN_SECONDS)
+                    for k in range(churn * (CHURN_ROUNDS + 1))]  # fmt: skip
+        ended = ("succeeded", "failed", "cancelled")
+        _wait("the churn jobs ended", lambda: all(s in ended for s in states(churning)),
+              SETTLE_SECONDS + churn * CHURN_ROUNDS * CHURN_SECONDS)  # fmt: skip
+        events = fleet.call(lambda: list(fleet.fleet.events))
+        for job_id in fillers:
+            http.post(f"/api/v1/jobs/{job_id}/cancel")
+        # Stopped by this fleet's agents, so that no later figure pays for their loss.
+        _wait("the fillers stopped", lambda: not Replica.objects.filter(
+            job_id__in=fillers, state__in=Replica.HOLDING_STATES).exists())  # fmt: skip
+    http.close()
+    of_churn = set(churning)
+    freed: dict[str, float] = {}  # node -> when its last churn job's exit report was sent
+    waits = []
+    for event in sorted(events, key=lambda e: e.at):
+        if event.job_id not in of_churn:
+            continue
+        if event.kind == "exit":
+            freed[event.node] = event.at
+        elif event.kind == "start" and event.node in freed:
+            waits.append(event.at - freed.pop(event.node))
+    return {"nodes": size, "measured": len(waits), "p50": _quantile(waits, 0.5),
+            "p99": _quantile(waits, 0.99)}  # fmt: skip
+
+
+VIEWER_LINES_PER_SECOND = 10_000
+VIEWER_BATCH_LINES = 1000  # a batch as a node agent ships it holds up to 1,000 lines
+VIEWER_SECONDS = 10.0
+_TS = re.compile(rb'"ts": ([0-9.]+)')
+_NEXT = re.compile(rb'"next": (\d+)\}$')
+
+
+async def watched_by(stack: Any, token: str, count: int) -> dict[str, Any]:
+    """`count` websocket viewers of one running job (asyncio `websockets` clients, each its
+    own connection, authenticated with a token as the CLI is) while VIEWER_LINES_PER_SECOND
+    lines are appended to its log as agents append them. A line's latency: from its batch's
+    appending (the batch's own timestamp) to its arrival at a viewer."""
+    import psutil
+    import websockets
+
+    from workers import contract
+    from workers.logsink import LogBatch, LogSink
+
+    job_id = await asyncio.to_thread(_running_job)
+    url = stack.url.replace("http", "ws") + f"/ws/jobs/{job_id}/?tail=0"
+    headers = {"Authorization": f"Token {token}"}
+    latencies: list[float] = []
+    reached = [0] * count
+    connected = 0
+    all_connected = asyncio.Event()
+    opening = asyncio.Semaphore(20)
+
+    async def viewer(k: int) -> None:
+        nonlocal connected
+        async with opening:
+            ws = await websockets.connect(url, additional_headers=headers, max_size=None,
+                                          compression=None, ping_interval=None,
+                                          open_timeout=SETTLE_SECONDS)  # fmt: skip
+            await ws.recv()  # the state frame
+        connected += 1
+        if connected == count:
+            all_connected.set()
+        async with ws:
+            while True:
+                data = await ws.recv(decode=False)
+                now = time.time()
+                if data.startswith(b'{"type": "log"'):
+                    latencies.extend(now - float(ts) for ts in _TS.findall(data))
+                    found = _NEXT.search(data)
+                    if found:
+                        reached[k] = int(found.group(1))
+
+    tasks = [asyncio.create_task(viewer(k)) for k in range(count)]
+    await asyncio.wait_for(all_connected.wait(), SETTLE_SECONDS)
+    sink = LogSink(redis.Redis.from_url(stack.redis_url))
+    web = psutil.Process(stack.pid("web"))
+    followers = 0
+    name = f"log-follower-job-{job_id}"
+    control = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    interval = VIEWER_BATCH_LINES / VIEWER_LINES_PER_SECOND
+    batches = int(VIEWER_SECONDS / interval)
+    cpu_before = sum(web.cpu_times()[:2])
+    started = time.perf_counter()
+    last = 0
+    for k in range(batches):
+        await asyncio.sleep(max(0.0, started + k * interval - time.perf_counter()))
+        lines = [f"step {k * VIEWER_BATCH_LINES + i:09d} loss=0.{i % 997:03d} lr=1e-3"
+                 for i in range(VIEWER_BATCH_LINES)]  # fmt: skip
+        batch = LogBatch(job_id, "master", 0, "sim-0000", contract.STREAM_STDOUT, time.time(),
+                         lines, "bench-viewers", k + 1)  # fmt: skip
+        last = (await asyncio.to_thread(sink.append, [batch]))[0]
+        if k % 10 == 0:
+            clients = await asyncio.to_thread(control.client_list)
+            followers = max(followers, sum(c["name"] == name for c in clients))
+    written_seconds = time.perf_counter() - started
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while min(reached) < last and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    web_cpu = sum(web.cpu_times()[:2]) - cpu_before
+    behind = sum(1 for r in reached if r < last)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    control.close()
+    return {"viewers": count, "lines": batches * VIEWER_BATCH_LINES,
+            "lines_per_second": batches * VIEWER_BATCH_LINES / written_seconds,
+            "p50": _quantile(latencies, 0.5), "p99": _quantile(latencies, 0.99),
+            "behind": behind, "redis_followers": followers,
+            "web_core_share": web_cpu / (time.perf_counter() - started)}  # fmt: skip
+
+
+def _running_job() -> int:
+    from django.contrib.auth.models import User
+
+    from jobs.models import FrameworkImage, Job
+
+    job = Job.objects.create(
+        owner=User.objects.get(username="bench-scale"), name="watched",
+        image=FrameworkImage.objects.get(name="pytorch:2.13-cpu"),
+        program={"example": "digits-ddp"}, state=Job.State.RUNNING, cpu_total=1, gpus_total=0,
+        memory_gb_total=2, price_per_hour=0,
+    )  # fmt: skip
+    return int(job.pk)
 
 
 # --- one scheduling pass with many waiting jobs ---
@@ -264,7 +525,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms"
 
 
-GROUPS = ("ingest", "schedule", "admission", "list", "reconcile")
+GROUPS = ("ingest", "live", "schedule", "admission", "list", "reconcile")
 
 
 def report(
@@ -276,14 +537,23 @@ def report(
 ) -> None:
     """Every group of figures, each on its own: one that fails says why and the rest go on."""
     print(f"== {label} ==", flush=True)
-    for group in (_ingest_lines, _schedule_lines, _admission_lines, _list_lines, _reconcile_lines):
-        if group.__name__.strip("_").removesuffix("_lines") not in only:
-            continue
+    console = _ConsoleRun(fresh, redis_url, quick, only)
+    for name in only:
+        started = time.perf_counter()
         try:
-            group(label, fresh, redis_url, quick)
+            if name in CONSOLE_GROUPS:
+                CONSOLE_GROUPS[name](console.results(), quick)
+            else:
+                GROUP_LINES[name](label, fresh, redis_url, quick)
         except Exception as exc:
-            reason = str(exc).strip().splitlines()
-            print(f"  {group.__name__.strip('_')}: NOT MEASURED ({reason[0] if reason else exc!r})")
+            reason = [line for line in str(exc).strip().splitlines() if line.strip()]
+            # The first line says which part; the last, what stopped it.
+            said = (
+                f"{reason[0]} ... {reason[-1]}" if len(reason) > 1 else (reason or [repr(exc)])[0]
+            )
+            print(f"  {name}: NOT MEASURED ({said})")
+        # Where the bench's own time goes (issue 24 asks for under 15 minutes in all).
+        print(f"  ({name}: {time.perf_counter() - started:.0f} s)", flush=True)
 
 
 def _sizes(quick: bool) -> tuple[int, int, int, list[int]]:
@@ -292,10 +562,43 @@ def _sizes(quick: bool) -> tuple[int, int, int, list[int]]:
     return 1000, 10_000, 100_000, [10, 1000, 2000]
 
 
-def _ingest_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick: bool) -> None:
+def _viewer_counts(quick: bool) -> list[int]:
+    return [10, 100 if quick else 500]
+
+
+class _ConsoleRun:
+    """The one console of the ingest and live groups (a part process of its own, one stack
+    start and one provisioning of the fleet for both), run when the first of them asks."""
+
+    def __init__(
+        self, fresh: Callable[[], Any], redis_url: str, quick: bool, groups: tuple[str, ...]
+    ) -> None:
+        self.fresh, self.redis_url, self.quick, self.groups = fresh, redis_url, quick, groups
+        self._result: dict[str, Any] | None = None
+        self._error: Exception | None = None
+
+    def results(self) -> dict[str, Any]:
+        if self._error is not None:
+            raise self._error
+        if self._result is None:
+            sizes = _sizes(self.quick)[3]
+            live = "live" in self.groups
+            args = [
+                "--sizes", ",".join(map(str, sizes)) if "ingest" in self.groups else "",
+                "--freeing", ",".join(map(str, sizes[:2])) if live else "",
+                "--viewers", ",".join(map(str, _viewer_counts(self.quick))) if live else "",
+            ]  # fmt: skip
+            try:
+                with self.fresh() as url:
+                    self._result = _part("ingest", url, self.redis_url, *args)
+            except Exception as exc:
+                self._error = exc
+                raise
+        return self._result
+
+
+def _ingest_lines(ingest_result: dict[str, Any], quick: bool) -> None:
     sizes = _sizes(quick)[3]
-    with fresh() as url:
-        ingest_result = _part("ingest", url, redis_url, "--sizes", ",".join(map(str, sizes)))
     base = ingest_result["10"]
     for size in sizes[1:]:
         at = ingest_result[str(size)]
@@ -389,10 +692,51 @@ def _reconcile_lines(label: str, fresh: Callable[[], Any], redis_url: str, quick
     ), flush=True)  # fmt: skip
 
 
-NOT_MEASURED = (
-    "  not measured by this bench yet: time from a node freeing to the next job placed on it; "
-    "500 websocket viewers of one job at 10,000 lines/s (see the issue's report)"
-)
+def _live_lines(result: dict[str, Any], quick: bool) -> None:
+    sizes = _sizes(quick)[3][:2]  # 10 and 1,000 nodes (200 with --quick)
+    counts = _viewer_counts(quick)
+    base = result[f"freeing_{sizes[0]}"]
+    for size in sizes[1:]:
+        at = result[f"freeing_{size}"]
+        if "error" in base or "error" in at:
+            print(f"  node freed -> next job placed: NOT MEASURED "
+                  f"({base.get('error') or at.get('error')})", flush=True)  # fmt: skip
+            continue
+        print(_line(
+            f"node freed -> next job placed p50/p99, {size} nodes",
+            f"{_ms(base['p50'])}/{_ms(base['p99'])} ({sizes[0]})",
+            f"{_ms(at['p50'])}/{_ms(at['p99'])} (n={at['measured']})", "(figure only)", None,
+        ), flush=True)  # fmt: skip
+    small, big = result[f"viewers_{counts[0]}"], result[f"viewers_{counts[1]}"]
+    if "error" in small or "error" in big:
+        print(f"  line latency, {counts[1]} viewers: NOT MEASURED "
+              f"({small.get('error') or big.get('error')})", flush=True)  # fmt: skip
+        return
+    print(_line(
+        f"line latency p50/p99, {counts[1]} viewers of one job",
+        f"{_ms(small['p50'])}/{_ms(small['p99'])} ({counts[0]})",
+        f"{_ms(big['p50'])}/{_ms(big['p99'])}", "p99 <= 250 ms", big["p99"] <= 0.250,
+    ), flush=True)  # fmt: skip
+    print(
+        f"  {'':<46} {big['lines_per_second']:.0f} lines/s written; Redis readers of the job "
+        f"{big['redis_followers']}; web process {big['web_core_share'] * 100:.0f} % of a core; "
+        f"{big['behind']} viewers short of the last line",
+        flush=True,
+    )
+
+
+# Groups measured on the one console both share (_ConsoleRun), and the others.
+CONSOLE_GROUPS = {"ingest": _ingest_lines, "live": _live_lines}
+GROUP_LINES = {
+    "schedule": _schedule_lines,
+    "admission": _admission_lines,
+    "list": _list_lines,
+    "reconcile": _reconcile_lines,
+}
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in text.split(",") if n]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -405,13 +749,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--history", type=int, default=100_000)
+    parser.add_argument("--freeing", default="", help="ingest: fleet sizes for node freeing")
+    parser.add_argument("--viewers", default="", help="ingest: counts of websocket viewers")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", choices=("sqlite", "postgresql"))
     parser.add_argument("--groups", default=",".join(GROUPS), help="of: " + ", ".join(GROUPS))
     args = parser.parse_args(argv)
     if args.part is not None:
         if args.part == "ingest":
-            result = ingest(args.database_url, [int(s) for s in args.sizes.split(",")])
+            result = ingest(
+                args.database_url, _numbers(args.sizes), _numbers(args.freeing),
+                _numbers(args.viewers),
+            )  # fmt: skip
         else:
             _django(args.database_url, args.redis_url)
             if args.part == "schedule":
@@ -421,24 +770,37 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         return 0
 
-    from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+    from bench.databases import (
+        fresh_postgres,
+        fresh_sqlite,
+        migrated_postgres,
+        migrated_sqlite,
+        postgres_unreachable_reason,
+    )
     from stack.redis_server import private_server
 
     groups = tuple(args.groups.split(","))
+    unknown = set(groups) - set(GROUPS) - set(CONSOLE_GROUPS)
+    if unknown:
+        parser.error(f"no such group: {', '.join(sorted(unknown))} (of: {', '.join(GROUPS)})")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         with private_server(tmp / "redis") as (redis_url, _):
             print(_line("figure", "small", "at scale", "", None).replace("n/a", ""), flush=True)
             if args.only in (None, "sqlite"):
-                report("sqlite", lambda: fresh_sqlite(tmp), redis_url, args.quick, groups)
+                # Every group's databases start as copies of one migrated database.
+                template = migrated_sqlite(tmp, redis_url)
+                report("sqlite", lambda: fresh_sqlite(tmp, template), redis_url, args.quick,
+                       groups)  # fmt: skip
             if args.only in (None, "postgresql"):
                 reason = postgres_unreachable_reason()
                 if reason is None:
-                    report("postgresql", fresh_postgres, redis_url, args.quick, groups)
+                    with migrated_postgres(redis_url) as name:
+                        report("postgresql", lambda: fresh_postgres(name), redis_url,
+                               args.quick, groups)  # fmt: skip
                 else:
                     print(f"== postgresql: SKIPPED ({reason}) ==")
-    print(NOT_MEASURED)
     print(f"bench-scale took {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -17,11 +17,12 @@ being buffered for: it reconnects with ?after=<its cursor> and loses nothing.
 A stream whose credentials stop holding (its token revoked, its user deactivated, its session
 ended by a password change) is closed with code 4401 and the reason (close frame's reason);
 the client must authenticate again. See jobs.services.revocation.
+The viewers of one job in one web process share one reader of its log (jobs/logfanout.py);
+each still gets every line after its own cursor, once and in order, at its own pace.
 """
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from typing import Any
 from urllib.parse import parse_qs
@@ -33,10 +34,8 @@ from django.http import Http404
 from redis import RedisError
 from uvicorn.protocols.utils import ClientDisconnected
 
-from jobs import logstream
+from jobs import logfanout, logstream
 from jobs.access import get_job_for
-from jobs.models import LogChunk
-from jobs.redis_client import get_async_redis
 from jobs.services import revocation
 from jobs.services.events import job_group
 from jobs.services.presenters import job_state_payload
@@ -184,49 +183,30 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=CLOSE_UNAUTHENTICATED, reason=f"credentials revoked: {reason}")
 
     async def _relay_log(self, after: int) -> None:
-        # Named, so that an operator (and a test) can tell which job each follower reads.
-        client = get_async_redis(
-            blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS, name=f"log-follower-job-{self.job_id}"
-        )
+        # The job's one feed in this web process (jobs/logfanout.py) reads the log; this
+        # consumer sends what comes after its own cursor, at its client's pace.
         position = after
         try:
-            async for batches in logstream.follow(client, self.job_id, after):
-                if not batches:
-                    await self._send({"type": "heartbeat", "next": position})
-                    continue
-                first = batches[0]
-                if first.kind == LogChunk.Kind.END:
-                    # The end marker is written after the final state commits, but the state
-                    # event travels another way and may come later than this: send the final
-                    # state now, so a client never closes on a stale one.
-                    state = await _state_for(self.scope["user"], self.job_id)
-                    if state is not None:
-                        await self._send({"type": "state", "job": state})
-                    await self._send({"type": "end", "reason": first.reason, "next": first.last})
-                    await self.close()
-                    return
-                # Gaps, log lines and metric points in stream order, each run of one kind a
-                # frame, so that a frame's `next` never passes something not yet sent. A gap
-                # may come anywhere in a page read from the archive, not only first.
-                for kind, run in itertools.groupby(batches, key=_frame_kind):
-                    same = list(run)
-                    if kind == "gap":
-                        for hole in same:
-                            await self._send(
-                                {"type": "gap", "after": position, "next": hole.last,
-                                 "reason": hole.reason}
-                            )  # fmt: skip
-                            position = hole.last
+            async with contextlib.aclosing(logfanout.watch(self.job_id, after)) as pieces:
+                async for piece in pieces:
+                    if not piece.batches:
+                        await self._send({"type": "heartbeat", "next": position})
                         continue
-                    position = same[-1].last
-                    if kind == "metric":
-                        # A value that was not finite is null: no chart takes it (the
-                        # health rules read it from the stream themselves).
-                        points = [p for b in same for p in b.points() if p["value"] is not None]
-                        await self._send({"type": "metric", "points": points, "next": position})
-                    else:
-                        wire = [b.wire() for b in same]
-                        await self._send({"type": "log", "batches": wire, "next": position})
+                    end = piece.end()
+                    if end is not None:
+                        # The end marker is written after the final state commits, but the
+                        # state event travels another way and may come later than this: send
+                        # the final state now, so a client never closes on a stale one.
+                        state = await _state_for(self.scope["user"], self.job_id)
+                        if state is not None:
+                            await self._send({"type": "state", "job": state})
+                        await self._send({"type": "end", "reason": end.reason, "next": end.last})
+                        await self.close()
+                        return
+                    frames, reached = piece.frames_after(position)
+                    for text in frames:
+                        await self._send_text(text)
+                    position = max(position, reached)
         except ClientDisconnected:
             # The client went away first (`trainyard logs -f` closes as soon as it reads the
             # end, a tab closes): nothing failed, and nothing is left to close.
@@ -246,8 +226,6 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             log.exception("relaying the log of job %s failed", self.job_id)
             with contextlib.suppress(ClientDisconnected):
                 await self.close(code=CLOSE_SERVER_ERROR)
-        finally:
-            await client.aclose()
 
     async def _send(self, frame: dict[str, Any]) -> None:
         """Send, or give up on a client that takes too long to read: the server never queues
@@ -255,6 +233,15 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         try:
             await asyncio.wait_for(
                 self.send_json(frame), settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS
+            )
+        except TimeoutError:
+            raise _TooSlow from None
+
+    async def _send_text(self, text: str) -> None:
+        """`_send` of a frame already encoded (shared by every viewer at the same cursor)."""
+        try:
+            await asyncio.wait_for(
+                self.send(text_data=text), settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS
             )
         except TimeoutError:
             raise _TooSlow from None
@@ -273,12 +260,6 @@ def _credential_of(scope: dict[str, Any]) -> revocation.Credential:
     session = scope.get("session")
     session_key = session.session_key if session is not None else None
     return revocation.Credential(user_id=user_id, session_key=session_key)
-
-
-def _frame_kind(batch: logstream.Batch) -> str:
-    if batch.kind == LogChunk.Kind.GAP:
-        return "gap"
-    return "metric" if batch.is_metrics else "log"
 
 
 @database_sync_to_async

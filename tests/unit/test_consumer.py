@@ -1,6 +1,7 @@
 """The job websocket through the real ASGI stack, Redis stream and Redis channel layer."""
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any, cast
@@ -278,15 +279,21 @@ async def test_it_closes_on_a_client_too_slow_to_read_instead_of_buffering(
 ) -> None:
     caplog.set_level(logging.INFO, logger="jobs.consumers")
     settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS = 0.2
-    original = JobConsumer.send_json
+    original = JobConsumer.send
 
-    async def stuck_on_log_frames(self: JobConsumer, content: Any, close: bool = False) -> None:
+    async def stuck_on_log_frames(
+        self: JobConsumer,
+        text_data: str | None = None,
+        bytes_data: bytes | None = None,
+        close: bool = False,
+    ) -> None:
         # What a client that stopped reading looks like from here: the send never completes.
-        if content.get("type") == "log":
+        # Every frame goes through `send` (log frames already encoded, shared by viewers).
+        if text_data is not None and json.loads(text_data).get("type") == "log":
             await asyncio.Event().wait()
-        await original(self, content, close)
+        await original(self, text_data, bytes_data, close)
 
-    monkeypatch.setattr(JobConsumer, "send_json", stuck_on_log_frames)
+    monkeypatch.setattr(JobConsumer, "send", stuck_on_log_frames)
     token = await database_sync_to_async(ApiToken.issue)(alice)
     append_lines(LogSink(get_redis()), job.pk, "master", 0, "node-1", ["x"] * 10)
     comm = communicator(job.pk, token)
@@ -398,19 +405,31 @@ async def test_a_client_that_went_away_is_no_error(
     end, closes too. Normal: no ERROR, no traceback in the web server's log."""
     caplog.set_level(logging.DEBUG, logger="jobs.consumers")
     consumers: list[JobConsumer] = []
-    original_send, original_close = JobConsumer.send_json, JobConsumer.close
+    original_send, original_close = JobConsumer.send, JobConsumer.close
+    original_send_json = JobConsumer.send_json
 
     async def send_json(self: JobConsumer, content: Any, close: bool = False) -> None:
+        consumers.append(self)  # the state frame, sent on connecting
+        await original_send_json(self, content, close)
+
+    async def send(
+        self: JobConsumer,
+        text_data: str | None = None,
+        bytes_data: bytes | None = None,
+        close: bool = False,
+    ) -> None:
+        # Every frame goes through `send`, log frames already encoded.
         consumers.append(self)
-        if gone_at == "log" and content.get("type") == "log":
+        if gone_at == "log" and text_data and json.loads(text_data).get("type") == "log":
             raise ClientDisconnected
-        await original_send(self, content, close)
+        await original_send(self, text_data, bytes_data, close)
 
     async def close(self: JobConsumer, code: int | bool | None = None, reason: Any = None) -> None:
         if gone_at == "close":
             raise ClientDisconnected
         await original_close(self, code, reason)
 
+    monkeypatch.setattr(JobConsumer, "send", send)
     monkeypatch.setattr(JobConsumer, "send_json", send_json)
     monkeypatch.setattr(JobConsumer, "close", close)
     token = await database_sync_to_async(ApiToken.issue)(alice)
