@@ -640,7 +640,9 @@ class Supervisor:
         """Read an ended replica's output file again from where Redis and the database have
         its lines, to its end (a gap Redis answers is filled as while it ran)."""
         assert run.keeper is not None
-        offset = max(ledger.seen(), ledger.acked(), 0)
+        # Never before what the database had when the file was read (its blocks there may be
+        # freed): Redis may have lost its acknowledgement too, until the keeper realigns.
+        offset = max(ledger.seen(), ledger.acked(), run.readers[rank].acked, 0)
         log.warning(
             "job %s %s: Redis lost lines of %s after offset %s, after the replica ended: "
             "reading them again",
