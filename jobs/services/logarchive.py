@@ -8,7 +8,9 @@ Redis keys expire. Several keepers may run: rows are unique per cursor, so a cop
 kept once.
 
 It also closes logs the console could not close: when a finished job's end marker never reached
-Redis (Redis was down at that moment), the keeper appends it.
+Redis (Redis was down at that moment, or lost it), the keeper appends it, once the database has
+every writer's last lines (the goals the replicas' exit reports set): lines Redis lost after the
+replicas ended, which their agents send again, come before it.
 
 Durability is end to end: with every batch it saves, the keeper records per writer (an agent's
 file, by offset) how far the database has its lines (`LogAck`), and tells the agents in Redis
