@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol, TypeVar
 
 from jobs.services.placement import Demand, Room, place
 
@@ -73,7 +74,35 @@ def eligible(preemptor: Preemptor, job: Running, now: datetime, min_run_seconds:
     return True
 
 
-def rooms_without(rooms: Sequence[Room], victims: Sequence[Running]) -> list[Room]:
+class _Holds(Protocol):
+    """What a job holds on one node (Held here, waiting.Holding in reclaim)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def cpu(self) -> int: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def memory_gb(self) -> int: ...
+
+
+class Stoppable(Protocol):
+    """A running job that could be stopped to make room: a preemption's candidate (Running) or
+    a reclaim's (reclaim.Borrower)."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def started(self) -> datetime: ...
+    @property
+    def holdings(self) -> Sequence[_Holds]: ...
+
+
+S = TypeVar("S", bound=Stoppable)
+
+
+def rooms_without(rooms: Sequence[Room], victims: Sequence[Stoppable]) -> list[Room]:
     """The free rooms once the victims' holdings are given back (copies)."""
     freed = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
     for victim in victims:
@@ -91,12 +120,12 @@ def _fits(preemptor: Preemptor, rooms: Sequence[Room], victims: Sequence[Running
 
 
 class _Trial:
-    """Whether the preemptor fits once some victims are gone, looking only at the rooms that
-    matter: those with room for its smallest instance now, and those the victims free. A
+    """Whether the demands fit once some victims are gone, looking only at the rooms that
+    matter: those with room for the smallest instance now, and those the victims free. A
     thousand full nodes are then not copied and searched once per candidate set."""
 
-    def __init__(self, preemptor: Preemptor, rooms: Sequence[Room]) -> None:
-        self.demands = preemptor.demands
+    def __init__(self, demands: Sequence[Demand], rooms: Sequence[Room]) -> None:
+        self.demands = demands
         smallest = Demand(
             ("smallest", 0),
             min(d.cpu for d in self.demands),
@@ -107,12 +136,12 @@ class _Trial:
         self.open = [r for r in rooms if r.fits(smallest)]
         self.open_nodes = {r.node for r in self.open}
 
-    def placement(self, victims: Sequence[Running]) -> dict[tuple[str, int], str] | None:
+    def placement(self, victims: Sequence[Stoppable]) -> dict[tuple[str, int], str] | None:
         touched = {h.node for v in victims for h in v.holdings} - self.open_nodes
         rooms = self.open + [self.by_node[n] for n in sorted(touched) if n in self.by_node]
         return place(self.demands, rooms_without(rooms, victims))
 
-    def fits(self, victims: Sequence[Running]) -> bool:
+    def fits(self, victims: Sequence[Stoppable]) -> bool:
         return self.placement(victims) is not None
 
 
@@ -130,28 +159,43 @@ def choose_victims(
     capacity there. Fewest victims first; among sets of the same size, the one whose jobs
     started last (compared latest start first, then the highest id); no victim superfluous.
     """
-    if place(preemptor.demands, rooms) is not None:
+    return fewest_to_stop(
+        preemptor.demands,
+        rooms,
+        [j for j in running if eligible(preemptor, j, now, min_run_seconds)],
+    )
+
+
+def fewest_to_stop(
+    demands: Sequence[Demand], rooms: Sequence[Room], candidates: Sequence[S]
+) -> list[S] | None:
+    """Of the `candidates` (each allowed to be stopped), the ones to stop so that `demands`
+    can be placed: [] when they fit already, None when stopping all of them would not do.
+    Fewest first; among sets of one size, the one whose jobs started last (compared latest
+    start first, then the highest id); none superfluous. Preemption and reclaim both choose so.
+    """
+    if place(demands, rooms) is not None:
         return []
-    candidates = sorted(
-        (j for j in running if eligible(preemptor, j, now, min_run_seconds)),
+    ordered = sorted(
+        candidates,
         key=lambda j: (j.started, j.job_id),
         reverse=True,  # started last first: combinations come out in the preferred order
     )
-    trial = _Trial(preemptor, rooms)
-    if not candidates or not trial.fits(candidates):
+    trial = _Trial(demands, rooms)
+    if not ordered or not trial.fits(ordered):
         return None
     tried = 0
-    for size in range(1, len(candidates) + 1):
-        if tried + math.comb(len(candidates), size) > EXACT_SEARCH_LIMIT:
+    for size in range(1, len(ordered) + 1):
+        if tried + math.comb(len(ordered), size) > EXACT_SEARCH_LIMIT:
             break
-        for victims in itertools.combinations(candidates, size):
+        for victims in itertools.combinations(ordered, size):
             tried += 1
             if trial.fits(victims):
                 return list(victims)
-    return _greedy(trial, candidates)
+    return _greedy(trial, ordered)
 
 
-def _greedy(trial: _Trial, candidates: list[Running]) -> list[Running]:
+def _greedy(trial: _Trial, candidates: list[S]) -> list[S]:
     """The shortest run of the latest-started candidates that the preemptor fits with (found
     by doubling, then halving), less the victims on nodes its placement does not use, then
     less every victim it still fits without (the earliest-started first, so the latest-started

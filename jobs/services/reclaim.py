@@ -15,8 +15,6 @@ of every other waiting job, and until then no other job, its victims included, m
 room they free: a reclaimed job cannot come straight back as a borrower onto that capacity.
 """
 
-import itertools
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,12 +23,10 @@ from django.conf import settings
 from django.db.models import F
 
 from jobs.models import Job, JobAttempt, Replica
-from jobs.services import transitions
+from jobs.services import preemption, transitions
 from jobs.services.placement import Demand, Room, place
 from jobs.services.waiting import Holding, jobs_in_words
 
-# How many candidate sets the exact search tries before it settles for a greedy choice.
-EXACT_SEARCH_LIMIT = 5000
 # What a reclaimed job's reason and attempt list say (its attempt's reason starts with it, so
 # that "preempted before" can be read back from the attempts: see `times_preempted`).
 PREEMPTED = "preempted"
@@ -77,41 +73,9 @@ def choose(
     """The borrowed jobs to stop so that `demands` can be placed in `rooms`: [] when they fit
     already, None when no allowed choice lets them. Fewest first; among sets of one size, the
     one whose jobs started last; no victim superfluous."""
-    if place(demands, rooms) is not None:
-        return []
-    candidates = sorted(
-        (b for b in borrowers if eligible(b, now, min_run_seconds)),
-        key=lambda b: (b.started, b.job_id),
-        reverse=True,  # started last first: combinations come out in the preferred order
+    return preemption.fewest_to_stop(
+        demands, rooms, [b for b in borrowers if eligible(b, now, min_run_seconds)]
     )
-    if not candidates or place(demands, rooms_with(rooms, _freed(candidates))) is None:
-        return None
-    tried = 0
-    for size in range(1, len(candidates) + 1):
-        if tried + math.comb(len(candidates), size) > EXACT_SEARCH_LIMIT:
-            break
-        for victims in itertools.combinations(candidates, size):
-            tried += 1
-            if place(demands, rooms_with(rooms, _freed(victims))) is not None:
-                return list(victims)
-    return _greedy(demands, rooms, candidates)
-
-
-def _greedy(
-    demands: Sequence[Demand], rooms: Sequence[Room], candidates: list[Borrower]
-) -> list[Borrower]:
-    """The latest started until the demands fit, then without each one they fit without
-    (earliest started first, so the latest started are the ones kept)."""
-    chosen: list[Borrower] = []
-    for job in candidates:
-        chosen.append(job)
-        if place(demands, rooms_with(rooms, _freed(chosen))) is not None:
-            break
-    for job in list(reversed(chosen)):
-        rest = [v for v in chosen if v is not job]
-        if place(demands, rooms_with(rooms, _freed(rest))) is not None:
-            chosen = rest
-    return chosen
 
 
 def reserve(demands: Sequence[Demand], rooms: list[Room], freeing: Iterable[Holding]) -> None:
