@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.models import Framework, FrameworkImage, Package, Quota
+from jobs.models import Framework, FrameworkImage, Package, PriorityClass, Quota
 
 # What every job on the starter images watches for, unless it sets its own rules. Only what is
 # surely wrong stops or restarts a job; what may be wrong warns. The no-progress rule waits at
@@ -67,6 +67,18 @@ PACKAGES = [
     },
 ]
 
+# The starter priority classes, as migration 0021 made them for an existing console: loaded
+# here too, like the images and packages, so that a database emptied and loaded again (a test's,
+# say) has them. An admin's edits are kept: a class is only created when missing.
+PRIORITY_CLASSES: list[dict[str, Any]] = [
+    {"name": "low", "value": -10, "may_preempt": False, "may_be_preempted": True,
+     "description": "Runs when room is free; a high job may preempt it."},
+    {"name": "normal", "value": 0, "may_preempt": False, "may_be_preempted": False,
+     "description": "The default."},
+    {"name": "high", "value": 10, "may_preempt": True, "may_be_preempted": False,
+     "description": "Goes first, and may preempt low jobs when it cannot start."},
+]  # fmt: skip
+
 DEFAULT_QUOTA = {"cpu": 32, "gpus": 4, "memory_gb": 256, "running_jobs": 4}
 
 # --quota-NAME option → the Quota field it sets.
@@ -94,6 +106,8 @@ class Command(BaseCommand):
             FrameworkImage.objects.get_or_create(name=image["name"], defaults=image)
         for package in PACKAGES:
             Package.objects.get_or_create(name=package["name"], defaults=package)
+        for pclass in PRIORITY_CLASSES:
+            PriorityClass.objects.get_or_create(name=pclass["name"], defaults=pclass)
         self.stdout.write(_load_default_quota(wanted))
         self.stdout.write("starter catalog loaded")
 
