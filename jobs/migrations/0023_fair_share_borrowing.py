@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0023_time_limits'),
+        ('jobs', '0022_time_limits'),
     ]
 
     operations = [
