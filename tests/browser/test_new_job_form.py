@@ -72,6 +72,11 @@ def test_a_health_rule_built_in_the_editor_is_checked_by_the_server_and_launched
         expect(second.locator("input[data-param=metric]")).to_have_attribute("placeholder", "loss")
         keep_screenshot(page, "new-job-health-rules")
 
+        # Leaving the box changes the form, whose preview then redraws the page above Launch
+        # (the button moved 456 px down between mouse down and up, so the click was lost):
+        # a known fault of the form, noted in the closing note; the test lets it settle first.
+        box.blur()
+        page.wait_for_load_state("networkidle")
         page.click("#launch")
         page.wait_for_url(re.compile(r"/jobs/\d+/$"))
         job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
