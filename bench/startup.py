@@ -39,6 +39,7 @@ import httpx
 import psutil
 import websockets
 
+from bench import logs
 from bench.logs import PROGRAMS, TRAINER_ENV, settle
 from stack.redis_server import free_port
 from stack.run import Stack
@@ -129,15 +130,8 @@ def torchrun() -> Run:
 # --- the console: a job through the API, followed on the websocket ----------------------------
 
 
-class Console:
-    def __init__(self, stack: Stack, token: str) -> None:
-        self.stack = stack
-        self.headers = {"Authorization": f"Token {token}"}
-        self.http = httpx.Client(base_url=stack.url, headers=self.headers, timeout=30)
-        self.ws_url = stack.url.replace("http://", "ws://", 1)
-
-    def close(self) -> None:
-        self.http.close()
+class Console(logs.Console):
+    """The log bench's API and websocket client, running one timed job at a time."""
 
     def run(self, name: str) -> Run:
         return asyncio.run(self._run(name))
