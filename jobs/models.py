@@ -861,6 +861,12 @@ class Replica(models.Model):
                 fields=["job", "attempt", "role", "index"], name="one_replica_per_slot"
             )
         ]
+        indexes = [
+            # The waiting jobs (those with a replica still pending) and what holds each node
+            # are read by state on every scheduling pass: without it, a pass read every
+            # replica of the history (issue 24).
+            models.Index(fields=["state", "job"], name="replica_state_job"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tag} of job {self.job_id}"

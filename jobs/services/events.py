@@ -11,7 +11,7 @@ which made every state change cost ~25 ms inside admission and scheduling.
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -48,7 +48,15 @@ class _Sender:
                 log.warning("could not send a job event to %s", group, exc_info=True)
 
     def send(self, group: str, message: dict[str, Any]) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, (group, message))
+        self.send_many([(group, message)])
+
+    def send_many(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        """Queue several events with one wake-up of the sender's loop, not one each."""
+        self._loop.call_soon_threadsafe(self._put_all, events)
+
+    def _put_all(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        for event in events:
+            self._queue.put_nowait(event)
 
 
 _sender: _Sender | None = None
@@ -63,36 +71,37 @@ def _get_sender() -> _Sender:
         return _sender
 
 
+Payloads = Callable[[list[int]], Iterable[tuple[int, dict[str, Any]]]]
+
+
 class _StateEvents:
     """Sends the state of every job the transaction changed, as each is once it has
     committed: one hook per transaction, whose payloads are built together (a scheduling pass
     that gives 10,000 waiting jobs a new reason builds them in a few queries, not 10,000
     times a few)."""
 
-    def __init__(self, payloads: Callable[[list[int]], dict[int, dict[str, Any]]]) -> None:
+    def __init__(self, payloads: Payloads) -> None:
         self.payloads = payloads
         self.job_ids: dict[int, None] = {}  # ordered: events leave in the order of the changes
         self.sent = False
 
     def __call__(self) -> None:
         self.sent = True
-        for start in range(0, len(self.job_ids), _BATCH):
-            chunk = list(self.job_ids)[start : start + _BATCH]
-            found = self.payloads(chunk)
-            for job_id in chunk:
-                job = found.get(job_id)
-                if job is not None:
-                    message = {"type": "job.event", "payload": {"type": "state", "job": job}}
-                    _get_sender().send(job_group(job_id), message)
+        batch: list[tuple[str, dict[str, Any]]] = []
+        for job_id, job in self.payloads(list(self.job_ids)):
+            message = {"type": "job.event", "payload": {"type": "state", "job": job}}
+            batch.append((job_group(job_id), message))
+            if len(batch) >= _EVENTS_PER_WAKE_UP:
+                _get_sender().send_many(batch)
+                batch = []
+        if batch:
+            _get_sender().send_many(batch)
 
 
-# Jobs whose payloads are built together (bounded: one query's IN list, and memory).
-_BATCH = 500
+_EVENTS_PER_WAKE_UP = 500
 
 
-def state_changed_on_commit(
-    job_id: int, payloads: Callable[[list[int]], dict[int, dict[str, Any]]]
-) -> None:
+def state_changed_on_commit(job_id: int, payloads: Payloads) -> None:
     """Tell the job's clients its state once this transaction commits, once per job.
 
     The payload is built at commit, not now, so it shows every write the transaction made

@@ -21,13 +21,14 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.models import Job, JobAttempt, Quota
+from jobs.models import JobAttempt, Quota
 
 # Usage older than this many half-lives weighs less than 0.1 %: not read at all.
 HORIZON_HALF_LIVES = 10
@@ -137,31 +138,33 @@ def horizon(now: datetime, half_life: float) -> datetime:
 # The database side: reads what the pure part needs, once per call.
 
 
-@dataclass(frozen=True)
-class WaitingJob:
-    """What ordering needs of a waiting job."""
+class Queued(Protocol):
+    """What ordering reads of a waiting job: a Job, or the scheduling pass's plain values."""
 
-    job_id: int
-    owner_id: int
-    created: datetime
+    @property
+    def pk(self) -> int: ...
+    @property
+    def owner_id(self) -> int: ...
+    @property
+    def created(self) -> datetime: ...
 
 
-def sort_keys(jobs: Sequence[Job]) -> dict[int, tuple[float, float, datetime, int]]:
+def sort_keys(jobs: Sequence[Queued]) -> dict[int, tuple[float, float, datetime, int]]:
     """The fair-share sort key of each job, keyed by id: ascending keys are the order in
-    which they should be taken (its owner_id and created are all it reads)."""
-    waiting = [WaitingJob(j.pk, j.owner_id, j.created) for j in jobs]
-    if not waiting:
+    which they should be taken."""
+    if not jobs:
         return {}
+    by_user = owner_ratios({j.owner_id for j in jobs})
+    return {j.pk: sort_key(*by_user.get(j.owner_id, (0.0, 0.0)), j.created, j.pk) for j in jobs}
+
+
+def owner_ratios(owner_ids: set[int]) -> dict[int, tuple[float, float]]:
+    """(group ratio, user ratio) of each of these users, from the database now."""
     now = timezone.now()
     half_life = float(settings.TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS)
-    tenancies = tenancies_of({w.owner_id for w in waiting})
+    tenancies = tenancies_of(owner_ids)
     users = {m for t in tenancies.values() for m in t.members} | set(tenancies)
-    usage = usage_by_user(users, now, half_life)
-    by_user = ratios(tenancies, usage, half_life)
-    return {
-        w.job_id: sort_key(*by_user.get(w.owner_id, (0.0, 0.0)), w.created, w.job_id)
-        for w in waiting
-    }
+    return ratios(tenancies, usage_by_user(users, now, half_life), half_life)
 
 
 def tenancies_of(user_ids: set[int]) -> dict[int, Tenancy]:

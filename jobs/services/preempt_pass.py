@@ -42,8 +42,9 @@ class PreemptionPass:
         self._stopping: dict[int, list[Running]] | None = None
         self._running: list[Running] | None = None
 
-    def may_preempt(self, job: Job) -> bool:
-        pclass = self.classes().get(job.priority_class_id or 0)
+    def may_preempt(self, priority_class_id: int | None) -> bool:
+        """Whether a job of this priority class may preempt others."""
+        pclass = self.classes().get(priority_class_id or 0)
         return bool(pclass and pclass.may_preempt)
 
     def classes(self) -> dict[int, PriorityClass]:
@@ -106,8 +107,8 @@ class PreemptionPass:
                 )
         return self._running
 
-    def has_victims_stopping(self, job: Job) -> bool:
-        return bool(self.stopping().get(job.pk))
+    def has_victims_stopping(self, job_id: int) -> bool:
+        return bool(self.stopping().get(job_id))
 
     def make_room(
         self,

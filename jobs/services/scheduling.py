@@ -8,9 +8,10 @@ lock) for as long as placement takes, and a submission should not wait for that.
 
 import logging
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
@@ -20,13 +21,14 @@ from console.celery import app
 from jobs.access import visible_jobs
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import borrowing, dispatch, queue, time_limits, transitions
+from jobs.services import borrowing, dispatch, queue, time_limits, transitions, waitlist
 from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
 from jobs.services.preempt_pass import PreemptionPass
 from jobs.services.reclaim import Reclaimer
 from jobs.services.totals import RoleRequest
 from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
+from jobs.services.waitlist import WaitingJob
 from workers import contract
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ def holdings(nodes: list[Node]) -> list[Holding]:
     # Plain values, not model instances: at 1,000 nodes a pass read 10,000 replicas with
     # their nodes and packages as objects (issue 24).
     held = Replica.objects.filter(
-        state__in=Replica.HOLDING_STATES, node__in=nodes, package__isnull=False
+        state__in=Replica.HOLDING_STATES, node_id__in=[n.pk for n in nodes], package__isnull=False
     ).values_list(  # the platform's own roles hold nothing
         "job_id", "node__name", "package__cpu", "package__gpus", "package__memory_gb"
     )
@@ -103,35 +105,6 @@ def demands_of(replicas: list[Replica]) -> list[Demand]:
     ]
 
 
-def waiting_jobs() -> list[Job]:
-    """Queued jobs not yet placed, in the queue's order (jobs.services.queue.in_order):
-    higher priority first, then fair share, then first come, first served."""
-    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    # A subquery, not a join with DISTINCT: PostgreSQL refuses FOR UPDATE with DISTINCT.
-    return queue.in_order(
-        list(
-            Job.objects.select_for_update()
-            .filter(state=Job.State.QUEUED, pk__in=unplaced)
-            .order_by("created", "id")
-            # What placing needs, not the program, env and rules of 10,000 jobs: a job placed is
-            # read again whole for its start messages.
-            .only(
-                "id",
-                "created",
-                "owner_id",
-                "state",
-                "reason",
-                "excluded_nodes",
-                "borrowed",
-                "priority",
-                "priority_class_id",
-                "preempted_by",
-                "time_limit",
-            )
-        )
-    )
-
-
 def schedule() -> list[int]:
     """Place waiting jobs in the queue's order; returns the ids dispatched.
 
@@ -145,186 +118,250 @@ def schedule() -> list[int]:
     TRAINYARD_BACKFILL_GRACE_SECONDS the queue is strictly first come, first served until it
     starts, so a large job is never starved.
     """
-    dispatched: list[int] = []
     _requests_answered()
     if not Replica.objects.filter(
         state=Replica.State.PENDING, job__state=Job.State.QUEUED
     ).exists():
-        return dispatched  # nothing waits: no need for the write lock
+        return []  # nothing waits: no need for the write lock
     with transaction.atomic():
-        # Locking the node rows makes schedulers take turns.
+        # Locking the node rows makes schedulers take turns. Waiting jobs are not locked as
+        # they are read (ten thousand row locks a pass): one is locked, and read again, only
+        # when it is placed.
         nodes = list(Node.objects.select_for_update().order_by("name"))
-        usable = ready_nodes(nodes)
-        held = holdings(nodes)
-        rooms = free_rooms(usable, held)
-        views = [
+        return SchedulingPass(nodes).run()
+
+
+class SchedulingPass:
+    """One pass over the waiting jobs, inside the transaction that holds the node locks."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.now = timezone.now()
+        # Each node's status once: it is worked out from several fields and settings.
+        self.views = [
             NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status, n.status_reason) for n in nodes
         ]
-        grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
-        now = timezone.now()
-        easy = Backfill(
-            now,
-            held,
-            time_limits.expected_ends(now),
-            time_limits.stop_grace(),
+        self.usable = [
+            n for n, v in zip(nodes, self.views, strict=True) if v.status == Node.State.READY
+        ]
+        self.held = holdings(nodes)
+        self.rooms = free_rooms(self.usable, self.held)
+        self.grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
+        self.easy = Backfill(
+            self.now, self.held, time_limits.expected_ends(self.now), time_limits.stop_grace()
         )
-        blocker: Job | None = None
-        waiting = waiting_jobs()
-        unplaced: dict[int, list[Replica]] = {job.pk: [] for job in waiting}
-        for replica in (
-            Replica.objects.filter(job__in=waiting, state=Replica.State.PENDING)
-            .select_related("package")
-            .only("id", "job_id", "role", "index", "state", "node_id",
-                  "package__id", "package__cpu", "package__gpus", "package__memory_gb")
-            .order_by("id")
-        ):  # fmt: skip
-            unplaced[replica.job_id].append(replica)
-        # Until something is placed the rooms stay as they are, so jobs of one owner with the
-        # same demands and exclusions wait for the same reason: worked out once per pass, not
-        # once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
-        reasons: dict[tuple[object, ...], str] = {}
-        preemption = PreemptionPass(held, timezone.now())
+        self.blocker: WaitingJob | None = None
+        self.preemption = PreemptionPass(self.held, self.now)
         # Fair share with borrowing: each group's share and use, and reclaim (read lazily).
-        ledger = borrowing.Ledger.read((h.job_id, h.cpu, h.gpus, h.memory_gb) for h in held)
-        reclaimer = Reclaimer(held, timezone.now())
-        reserved = queue.reserved_lenders()
-        for job in waiting:
-            replicas = unplaced[job.pk]
-            demands = demands_of(replicas)
-            need = borrowing.need_of(
-                sum(d.cpu for d in demands),
-                sum(d.gpus for d in demands),
-                sum(d.memory_gb for d in demands),
-            )
-            verdict = ledger.judge(job.owner_id, need)
-            if verdict.wait is not None:
-                # Its group is at its borrowing limit: room on the nodes would not help, so it
-                # holds no one back.
-                transitions.set_job_reason(job, verdict.wait)
-                continue
-            if (
-                blocker is not None
-                and easy.reservation is None
-                and timezone.now() - blocker.created > grace
-            ):
+        self.ledger = borrowing.Ledger.read(
+            (h.job_id, h.cpu, h.gpus, h.memory_gb) for h in self.held
+        )
+        self.reclaimer = Reclaimer(self.held, self.now)
+        self.reserved = queue.reserved_lenders()
+        # Until something is placed (or reserved) the rooms stay as they are, so jobs of one
+        # owner with the same demands and exclusions wait for the same reason: worked out once
+        # per pass, not once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
+        self.reasons: dict[tuple[object, ...], str] = {}
+        # What a job alike (WaitingJob.alike) was told in this state of the pass: the next one
+        # alike is told the same without being judged again.
+        self.fates: dict[tuple[object, ...], str] = {}
+        self.changes = 0  # rooms, ledger or blocker changed: what `fates` says no longer holds
+        self.dispatched: list[int] = []
+        self._users: dict[int, User] = {}
+
+    def run(self) -> list[int]:
+        new_reasons: dict[int, str] = {}
+        for job in queue.in_order(waitlist.waiting_jobs()):
+            reason = self.consider(job)
+            if reason is not None and reason != job.reason:
+                new_reasons[job.pk] = reason
+        transitions.set_waiting_reasons(new_reasons)
+        return self.dispatched
+
+    def consider(self, job: WaitingJob) -> str | None:
+        """Place the job, or say why it waits (None: placed, or gone from the queue)."""
+        own = self._has_own_room_coming(job)
+        alike = job.alike
+        if not own and alike in self.fates:
+            return self.fates[alike]
+        before = self.changes
+        reason = self.decide(job)
+        if reason is not None and not own and self.changes == before:
+            self.fates[alike] = reason
+        return reason
+
+    def _has_own_room_coming(self, job: WaitingJob) -> bool:
+        """Whether room was set aside for this job itself, by an earlier pass: a lender's that
+        borrowed jobs were stopped for, or a preemptor's whose victims are stopping."""
+        if job.pk in self.reserved:
+            return True
+        if self.preemption.may_preempt(
+            job.priority_class_id
+        ) and self.preemption.has_victims_stopping(job.pk):
+            return True
+        return bool(self.ledger.shares) and job.pk in self.reclaimer.stopping()
+
+    def _changed(self, rooms: bool = True) -> None:
+        self.changes += 1
+        self.fates.clear()
+        if rooms:
+            self.reasons.clear()
+
+    def decide(self, job: WaitingJob) -> str | None:
+        demands = job.demands
+        need = borrowing.need_of(
+            sum(d.cpu for d in demands),
+            sum(d.gpus for d in demands),
+            sum(d.memory_gb for d in demands),
+        )
+        verdict = self.ledger.judge(job.owner_id, need)
+        if verdict.wait is not None:
+            # Its group is at its borrowing limit: room on the nodes would not help, so it
+            # holds no one back.
+            return verdict.wait
+        blocker = self.blocker
+        if blocker is not None and self.easy.reservation is None:
+            if self.now - blocker.created > self.grace:
                 key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
-                if key not in reasons:
-                    behind = jobs_in_words([blocker.pk], _visible_to(job))
-                    reasons[key] = f"waiting behind {behind}, which has waited longest"
-                transitions.set_job_reason(job, reasons[key])
-                continue
-            # A restarted job may stay away from the nodes its earlier attempts failed on.
-            allowed = (
-                [room for room in rooms if room.node not in job.excluded_nodes]
-                if job.excluded_nodes
-                else rooms
-            )
-            shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb) for d in demands))
-            key = ("unplaced", shape, tuple(job.excluded_nodes), job.owner_id)
-            assignment = None if key in reasons else place(demands, allowed)
-            if assignment is not None and easy.reservation is not None:
-                limit = _limit_of(job)
-                held_back = ("held back", shape, tuple(job.excluded_nodes), limit, job.owner_id)
-                if held_back not in reasons:
-                    assignment = easy.admits(demands, allowed, assignment, limit)
-                if held_back in reasons or assignment is None:
-                    reasons.setdefault(held_back, _held_back(easy.reservation, now, job))
-                    transitions.set_job_reason(job, reasons[held_back])
-                    continue
-            if assignment is None and preemption.may_preempt(job):
-                # Jobs alike find no victims alike, until the rooms change (as `reasons`).
-                alike = ("no victims", key, job.priority, tuple(job.preempted_by))
-                made = None
-                if alike not in reasons or preemption.has_victims_stopping(job):
-                    made = preemption.make_room(job, demands, allowed, _visible_to(job))
-                if made is not None:
-                    reasons.clear()  # the rooms changed: room is reserved for this job
-                    transitions.set_job_reason(job, made.reason)
-                    blocker = blocker or job
-                    continue
-                reasons[alike] = ""
-            if assignment is None and verdict.lender is not None:
-                lender = verdict.lender
-                why = reclaimer.make_room(
-                    job,
-                    demands,
-                    allowed,
-                    lender,
-                    ledger.outside(lender),
-                    _visible_to(job),
+                if key not in self.reasons:
+                    behind = jobs_in_words([blocker.pk], self._visible_to(job.owner_id))
+                    self.reasons[key] = f"waiting behind {behind}, which has waited longest"
+                return self.reasons[key]
+        # A restarted job may stay away from the nodes its earlier attempts failed on.
+        allowed = (
+            [room for room in self.rooms if room.node not in job.excluded_nodes]
+            if job.excluded_nodes
+            else self.rooms
+        )
+        key = ("unplaced", job.shape, job.excluded_nodes, job.owner_id)
+        assignment = None if key in self.reasons else place(demands, allowed)
+        if assignment is not None and self.easy.reservation is not None:
+            limit = None if job.time_limit is None else timedelta(seconds=job.time_limit)
+            held_back = ("held back", job.shape, job.excluded_nodes, limit, job.owner_id)
+            if held_back not in self.reasons:
+                assignment = self.easy.admits(demands, allowed, assignment, limit)
+            if held_back in self.reasons or assignment is None:
+                self.reasons.setdefault(held_back, self._held_back(self.easy.reservation, job))
+                return self.reasons[held_back]
+        if assignment is None and self.preemption.may_preempt(job.priority_class_id):
+            # Jobs alike find no victims alike, until the rooms change (as `reasons`).
+            no_victims = ("no victims", key, job.priority, job.preempted_by)
+            made = None
+            if no_victims not in self.reasons or self.preemption.has_victims_stopping(job.pk):
+                made = self.preemption.make_room(
+                    self._model(job), demands, allowed, self._visible_to(job.owner_id)
                 )
-                if why is not None:
-                    reasons.clear()  # the rooms changed: room is reserved for this job
-                    ledger.take(job.owner_id, need)  # its group's share counts it already
-                    transitions.set_job_reason(job, why)
-                    blocker = blocker or job
-                    continue
-            if assignment is None:
-                if key not in reasons:
-                    why = why_waiting(demands, allowed, views, held, _visible_to(job))
-                    if job.excluded_nodes:
-                        why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
-                    reasons[key] = why
-                reason = reasons[key]
-                if blocker is None:
-                    blocker = job
-                    reservation = easy.reserve(job.pk, demands, allowed)
-                    if reservation is not None:
-                        reason = f"{reason}; {reservation.in_words(now)}"
-                transitions.set_job_reason(job, reason)
-                continue
-            reasons.clear()  # the rooms change now
-            by_name = {n.name: n for n in usable}
-            by_room = {room.node: room for room in rooms}
-            for demand in demands:
-                by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
-                held.append(
-                    Holding(
-                        job.pk, assignment[demand.key], demand.cpu, demand.gpus, demand.memory_gb
-                    )
-                )
-            for replica in replicas:
-                # The scheduler goes where server-0 goes: it only coordinates.
-                key = ("server", 0) if replica.package is None else (replica.role, replica.index)
-                replica.node = by_name[assignment[key]]
-            transitions.place_replicas(replicas, sent=timezone.now())
-            ledger.take(job.owner_id, need)
-            transitions.mark_borrowed(job, verdict.borrowing)
-            if job.pk in reserved:
-                transitions.lender_started(job.pk)
-            placed = sorted({r.node.name for r in replicas if r.node is not None})
-            borrowed = " on borrowed capacity" if verdict.borrowing else ""
-            transitions.set_job_reason(job, f"starting on {', '.join(placed)}{borrowed}")
-            specs = dispatch.build_specs(Job.objects.get(pk=job.pk))
-            job_id = job.pk
-            transaction.on_commit(
-                lambda j=job_id, s=specs: dispatch.send_starts(j, s),  # type: ignore[misc]
-                robust=True,
+            if made is not None:
+                self._changed()  # room is reserved for this job
+                self.blocker = self.blocker or job
+                return made.reason
+            self.reasons[no_victims] = ""
+        if assignment is None and verdict.lender is not None:
+            lender = verdict.lender
+            why = self.reclaimer.make_room(
+                self._model(job),
+                demands,
+                allowed,
+                lender,
+                self.ledger.outside(lender),
+                self._visible_to(job.owner_id),
             )
-            dispatched.append(job_id)
-    return dispatched
+            if why is not None:
+                self._changed()  # room is reserved for this job
+                self.ledger.take(job.owner_id, need)  # its group's share counts it already
+                self.blocker = self.blocker or job
+                return why
+        if assignment is None:
+            if key not in self.reasons:
+                why = why_waiting(
+                    demands, allowed, self.views, self.held, self._visible_to(job.owner_id)
+                )
+                if job.excluded_nodes:
+                    why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
+                self.reasons[key] = why
+            reason = self.reasons[key]
+            if self.blocker is None:
+                self.blocker = job
+                self._changed(rooms=False)  # jobs behind it are judged against it from now on
+                reservation = self.easy.reserve(job.pk, demands, allowed)
+                if reservation is not None:
+                    reason = f"{reason}; {reservation.in_words(self.now)}"
+            return reason
+        return self.place(job, assignment, need, verdict.borrowing)
+
+    def place(
+        self, job: WaitingJob, assignment: dict[tuple[str, int], str], need: dict[str, int],
+        borrowed: bool,
+    ) -> str | None:  # fmt: skip
+        """Place the job as `assignment` says, once it is locked and read again; None."""
+        model = Job.objects.select_for_update().filter(pk=job.pk, state=Job.State.QUEUED).first()
+        replicas = (
+            list(
+                model.replicas.filter(state=Replica.State.PENDING)
+                .select_related("package")
+                .order_by("id")
+            )
+            if model is not None
+            else []
+        )
+        if model is None or sorted(demands_of(replicas), key=_by_key) != sorted(
+            job.demands, key=_by_key
+        ):
+            return None  # it left the queue (or was restarted) since the pass read it
+        self._changed()  # the rooms change now
+        by_name = {n.name: n for n in self.usable}
+        by_room = {room.node: room for room in self.rooms}
+        for demand in job.demands:
+            by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
+            self.held.append(
+                Holding(job.pk, assignment[demand.key], demand.cpu, demand.gpus, demand.memory_gb)
+            )
+        for replica in replicas:
+            # The scheduler goes where server-0 goes: it only coordinates.
+            key = ("server", 0) if replica.package is None else (replica.role, replica.index)
+            replica.node = by_name[assignment[key]]
+        transitions.place_replicas(replicas, sent=timezone.now())
+        self.ledger.take(job.owner_id, need)
+        transitions.mark_borrowed(model, borrowed)
+        if job.pk in self.reserved:
+            transitions.lender_started(job.pk)
+        placed = sorted({r.node.name for r in replicas if r.node is not None})
+        on_borrowed = " on borrowed capacity" if borrowed else ""
+        transitions.set_job_reason(model, f"starting on {', '.join(placed)}{on_borrowed}")
+        specs = dispatch.build_specs(Job.objects.get(pk=job.pk))
+        job_id = job.pk
+        transaction.on_commit(
+            lambda j=job_id, s=specs: dispatch.send_starts(j, s),  # type: ignore[misc]
+            robust=True,
+        )
+        self.dispatched.append(job_id)
+        return None
+
+    def _held_back(self, reservation: Reservation, job: WaitingJob) -> str:
+        """Why a job that fits now waits: it would delay the head's reserved start."""
+        head = jobs_in_words([reservation.job_id], self._visible_to(job.owner_id))
+        return (
+            f"waiting so as not to delay {head}, {reservation.in_words(self.now)} (a job whose "
+            "time limit ends it before then may start now)"
+        )
+
+    def _model(self, job: WaitingJob) -> Job:
+        """The job whole, for preemption and reclaim (they name its owner and class)."""
+        return Job.objects.select_related("owner").get(pk=job.pk)
+
+    def _visible_to(self, owner_id: int) -> Callable[[list[int]], set[int]]:
+        """Which of some job ids the job's owner may see: a reason names no one else's job."""
+        if owner_id not in self._users:
+            self._users[owner_id] = User.objects.get(pk=owner_id)
+        owner = self._users[owner_id]
+
+        def pick(job_ids: list[int]) -> set[int]:
+            return set(visible_jobs(owner).filter(pk__in=job_ids).values_list("pk", flat=True))
+
+        return pick
 
 
-def _limit_of(job: Job) -> timedelta | None:
-    return None if job.time_limit is None else timedelta(seconds=job.time_limit)
-
-
-def _held_back(reservation: Reservation, now: datetime, job: Job) -> str:
-    """Why a job that fits now waits: it would delay the head's reserved start."""
-    head = jobs_in_words([reservation.job_id], _visible_to(job))
-    return (
-        f"waiting so as not to delay {head}, {reservation.in_words(now)} (a job whose time "
-        "limit ends it before then may start now)"
-    )
-
-
-def _visible_to(job: Job) -> Callable[[list[int]], set[int]]:
-    """Which of some job ids the owner of `job` may see: a reason names no one else's job."""
-
-    def pick(job_ids: list[int]) -> set[int]:
-        return set(visible_jobs(job.owner).filter(pk__in=job_ids).values_list("pk", flat=True))
-
-    return pick
+def _by_key(demand: Demand) -> tuple[str, int]:
+    return demand.key
 
 
 def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:

@@ -81,6 +81,30 @@ def set_job_reason(job: Job, reason: str) -> bool:
     return bool(moved)
 
 
+def set_waiting_reasons(reasons: dict[int, str]) -> int:
+    """Say why each of these queued jobs waits: {job id: reason}, the reasons a scheduling
+    pass found changed. One UPDATE per distinct reason (jobs alike wait alike: ten thousand
+    waiting jobs have a few reasons), never touching a job that left the queue meanwhile.
+    Returns how many jobs were given a new reason."""
+    by_reason: dict[str, list[int]] = {}
+    for job_id, reason in reasons.items():
+        by_reason.setdefault(reason, []).append(job_id)
+    written = 0
+    for reason, job_ids in by_reason.items():
+        for start in range(0, len(job_ids), _IDS_PER_UPDATE):
+            chunk = job_ids[start : start + _IDS_PER_UPDATE]
+            written += Job.objects.filter(pk__in=chunk, state=Job.State.QUEUED).update(
+                reason=reason
+            )
+            for job_id in chunk:
+                events.state_changed_on_commit(job_id, presenters.states_of)
+    return written
+
+
+# Ids in one UPDATE's IN list: within every database's limit on a statement's parameters.
+_IDS_PER_UPDATE = 900
+
+
 def move_replica(replica: Replica, to: str, **fields: Any) -> bool:
     """Move one replica to `to` if the table allows it from the state it is in now, writing
     `fields` with it; `replica` is updated in place. Returns whether it moved."""

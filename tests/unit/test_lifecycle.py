@@ -225,6 +225,9 @@ class SentEvents:
     def send(self, group: str, message: dict[str, Any]) -> None:
         self.sent.append((group, message))
 
+    def send_many(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+        self.sent.extend(events)
+
 
 def test_a_transaction_tells_clients_once_with_the_state_after_every_write(
     alice: User,
