@@ -18,10 +18,9 @@ A user in several groups with quotas is ordered with the first of them by name.
 """
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -138,24 +137,10 @@ def horizon(now: datetime, half_life: float) -> datetime:
 # The database side: reads what the pure part needs, once per call.
 
 
-class Queued(Protocol):
-    """What ordering reads of a waiting job: a Job, or the scheduling pass's plain values."""
-
-    @property
-    def pk(self) -> int: ...
-    @property
-    def owner_id(self) -> int: ...
-    @property
-    def created(self) -> datetime: ...
-
-
-def sort_keys(jobs: Sequence[Queued]) -> dict[int, tuple[float, float, datetime, int]]:
-    """The fair-share sort key of each job, keyed by id: ascending keys are the order in
-    which they should be taken."""
-    if not jobs:
-        return {}
-    by_user = owner_ratios({j.owner_id for j in jobs})
-    return {j.pk: sort_key(*by_user.get(j.owner_id, (0.0, 0.0)), j.created, j.pk) for j in jobs}
+def owner_keys(owner_ids: set[int]) -> dict[int, tuple[float, float]]:
+    """The fair-share part of each of these users' jobs' sort key (sort_key without the
+    submission time): lower goes first."""
+    return {u: sort_key(g, r, datetime.min, 0)[:2] for u, (g, r) in owner_ratios(owner_ids).items()}
 
 
 def owner_ratios(owner_ids: set[int]) -> dict[int, tuple[float, float]]:

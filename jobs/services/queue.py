@@ -17,11 +17,16 @@ from django.db.models import QuerySet
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
 from jobs.services import fairshare
-from jobs.services.fairshare import Queued
 from jobs.services.queue_order import ORDER_BY
 
 
-class Prioritised(Queued, Protocol):
+class Prioritised(Protocol):
+    """What the order reads of a waiting job: a Job, or a scheduling pass's plain values."""
+
+    @property
+    def pk(self) -> int: ...
+    @property
+    def owner_id(self) -> int: ...
     @property
     def priority(self) -> int: ...
 
@@ -55,24 +60,27 @@ def waiting() -> "QuerySet[Job]":
 
 
 # What `in_order` reads of each job: a leaner query must load at least these.
-ORDER_FIELDS = ("id", "owner_id", "created", "priority")
+ORDER_FIELDS = ("id", "owner_id", "priority")
 
 
-@dataclass(frozen=True)
-class _Ranked:
+@dataclass(frozen=True, slots=True)
+class Ranked:
     """What the order reads of a waiting job, as plain values."""
 
     pk: int
     owner_id: int
-    created: datetime
     priority: int
 
 
 def ranking() -> list[int]:
     """The waiting jobs' ids, first the one the scheduler takes first: every job's place in
     the queue, from plain values (a state event may need the places of 10,000 jobs)."""
-    rows = waiting().values_list(*ORDER_FIELDS)
-    return [job.pk for job in in_order([_Ranked(*row) for row in rows])]
+    return [job.pk for job in ranked()]
+
+
+def ranked() -> list[Ranked]:
+    """The waiting jobs as the order reads them, in the queue's order."""
+    return in_order([Ranked(*row) for row in waiting().values_list(*ORDER_FIELDS)])
 
 
 def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
@@ -85,12 +93,19 @@ def in_order(jobs: list[QueuedT]) -> list[QueuedT]:
     """The one waiting order: a job that borrowed capacity was reclaimed for first (its room
     is kept for it: jobs.services.reclaim), then higher priority (jobs.services.queue_order),
     then by fair share (the group, then the user, furthest below its share:
-    jobs.services.fairshare), then first come, first served."""
+    jobs.services.fairshare), then first come, first served.
+
+    `jobs` come as `waiting()` orders them (ORDER_BY: priority, then submission time and id):
+    the sort is stable, so jobs alike in the keys before keep that order, which is the
+    submission order (fairshare.sort_key's last terms) without reading a date per job."""
     if not jobs:
         return jobs
-    keys = fairshare.sort_keys(jobs)
+    keys = fairshare.owner_keys({j.owner_id for j in jobs})
     reserved = reserved_lenders()
-    return sorted(jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys[j.pk]))
+    unknown = (0.0, 0.0)
+    return sorted(
+        jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys.get(j.owner_id, unknown))
+    )
 
 
 def reserved_lenders() -> set[int]:

@@ -131,6 +131,10 @@ def schedule() -> list[int]:
         return SchedulingPass(nodes).run()
 
 
+# Waiting jobs read and judged at a time; a pass always judges the first this many.
+JUDGED_AT_ONCE = 500
+
+
 class SchedulingPass:
     """One pass over the waiting jobs, inside the transaction that holds the node locks."""
 
@@ -170,12 +174,43 @@ class SchedulingPass:
 
     def run(self) -> list[int]:
         new_reasons: dict[int, str] = {}
-        for job in queue.in_order(waitlist.waiting_jobs()):
-            reason = self.consider(job)
-            if reason is not None and reason != job.reason:
-                new_reasons[job.pk] = reason
+        order = waitlist.queued()
+        judged = 0
+        while judged < len(order):
+            if judged and not self._a_core_is_free():
+                break
+            self._judge(order[judged : judged + JUDGED_AT_ONCE], new_reasons)
+            judged += JUDGED_AT_ONCE
+        if judged < len(order):
+            # Nothing behind can start (every instance needs a core) and nothing behind
+            # changes what is ahead: as Slurm's default_queue_depth, the rest of a full
+            # cluster's queue is not judged one by one (at 10,000 waiting jobs that is most
+            # of a pass), but for the jobs room is coming to, which must claim it.
+            rest = order[judged:]
+            own = self._own_room_coming_ids()
+            self._judge([q for q in rest if q.pk in own], new_reasons)
+            for q in rest:
+                if q.pk not in own and not q.told_no_room:
+                    new_reasons[q.pk] = waitlist.NO_ROOM_AHEAD
         transitions.set_waiting_reasons(new_reasons)
         return self.dispatched
+
+    def _judge(self, jobs: list[waitlist.Queued], new_reasons: dict[int, str]) -> None:
+        for start in range(0, len(jobs), JUDGED_AT_ONCE):
+            for job in waitlist.read([q.pk for q in jobs[start : start + JUDGED_AT_ONCE]]):
+                reason = self.consider(job)
+                if reason is not None and reason != job.reason:
+                    new_reasons[job.pk] = reason
+
+    def _a_core_is_free(self) -> bool:
+        return any(room.cpu > 0 for room in self.rooms)
+
+    def _own_room_coming_ids(self) -> set[int]:
+        """The waiting jobs room was set aside for by an earlier pass (_has_own_room_coming)."""
+        own = set(self.reserved) | set(self.preemption.stopping())
+        if self.ledger.shares:
+            own |= set(self.reclaimer.stopping())
+        return own
 
     def consider(self, job: WaitingJob) -> str | None:
         """Place the job, or say why it waits (None: placed, or gone from the queue)."""

@@ -1,10 +1,11 @@
-"""The waiting jobs as a scheduling pass reads them: plain values, in two queries.
+"""The waiting jobs as a scheduling pass reads them: plain values.
 
-A pass looks at every waiting job, and at a thousand nodes there are ten thousand of them
-(issue 24). Read as model instances, with their replicas and packages, they cost 30,000 objects
-and as many JSON decodings per pass, far more than the pass's own work. Here each job is the
-few values placement, the queue order, preemption and backfill read, its unplaced instances'
-demands folded in; the job is read whole, and locked, only when it is placed.
+At a thousand nodes ten thousand jobs wait (issue 24). Read as model instances, with their
+replicas and packages, they cost 30,000 objects and as many JSON decodings per pass, far more
+than the pass's own work. Here the queue's order is read first from a few integers per job
+(`queued`), then the jobs a pass judges, a few hundred at a time (`read`): the few values
+placement, preemption and backfill look at, their unplaced instances' demands folded in. A job
+is read whole, and locked, only when it is placed.
 """
 
 import json
@@ -14,12 +15,12 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import BooleanField, ExpressionWrapper, Q, QuerySet
 from django.db.models.sql.constants import MULTI
 
 from jobs.models import Job, Replica
+from jobs.services import queue
 from jobs.services.placement import Demand
-from jobs.services.queue_order import ORDER_BY
 
 
 @dataclass(slots=True)
@@ -62,12 +63,32 @@ JOB_FIELDS = (
 )  # fmt: skip
 
 
-def waiting_jobs() -> list[WaitingJob]:
-    """Queued jobs not yet placed, by priority then submission (queue_order.ORDER_BY): the
-    database's part of the queue's order, which `queue.in_order` completes with fair share."""
-    unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
+# What a waiting job that a pass does not judge one by one is told (see `queued`).
+NO_ROOM_AHEAD = "waiting: no node has a free CPU core, and the jobs ahead of it go first"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A waiting job as the queue's order reads it, with whether it was told NO_ROOM_AHEAD."""
+
+    pk: int
+    owner_id: int
+    priority: int
+    told_no_room: bool
+
+
+def queued() -> list[Queued]:
+    """Every waiting job, in the queue's order (queue.in_order), from a few integers each."""
+    told = ExpressionWrapper(Q(reason=NO_ROOM_AHEAD), output_field=BooleanField())
+    rows = queue.waiting().annotate(told=told).values_list("id", "owner_id", "priority", "told")
+    return queue.in_order([Queued(pk, owner, priority, bool(t)) for pk, owner, priority, t in rows])
+
+
+def read(job_ids: list[int]) -> list[WaitingJob]:
+    """These waiting jobs whole, as a pass judges them, in the order given; one that left the
+    queue since is not among them. Call it with at most a few hundred ids at once."""
     found: dict[int, WaitingJob] = {}
-    rows = Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
+    rows = Job.objects.filter(pk__in=job_ids, state=Job.State.QUEUED)
     aware = _to_aware(rows.db)
     for pk, owner, created, reason, excluded, priority, pclass, by, limit, borrowed in _rows(
         rows.values_list(*JOB_FIELDS)
@@ -78,19 +99,18 @@ def waiting_jobs() -> list[WaitingJob]:
         )  # fmt: skip
     demands = (
         Replica.objects.filter(
-            state=Replica.State.PENDING, job__state=Job.State.QUEUED, package__isnull=False
+            job_id__in=list(found), state=Replica.State.PENDING, package__isnull=False
         )
         .order_by("id")
         .values_list("job_id", "role", "index", "package__cpu", "package__gpus",
                      "package__memory_gb")
     )  # fmt: skip
     for job_id, role, index, cpu, gpus, memory_gb in _rows(demands):
-        job = found.get(job_id)
-        if job is not None:  # queued after the first query: the next pass takes it
-            job.demands.append(Demand((role, index), cpu, gpus, memory_gb))
-    for job in found.values():
+        found[job_id].demands.append(Demand((role, index), cpu, gpus, memory_gb))
+    jobs = [found[pk] for pk in job_ids if pk in found]
+    for job in jobs:
         job.demands_known()
-    return list(found.values())
+    return jobs
 
 
 def _rows(query: "QuerySet[Any]") -> list[tuple[Any, ...]]:

@@ -10,9 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.models import Job, Node, Replica
+from jobs.models import Job, Node, Quota, Replica
 from jobs.services import nodes as node_service
-from jobs.services import presenters, reports, scheduling
+from jobs.services import presenters, reports, scheduling, waitlist
 from jobs.services.placement import Demand, Room
 from jobs.services.submission import check_job_request, submit_job
 from jobs.services.waiting import Holding, NodeView, why_waiting
@@ -254,3 +254,80 @@ def test_requests_made_before_a_pass_starts_send_one_schedule_task(
     scheduling.schedule()  # the pass they asked for starts: what it reads answers them
     scheduling._send_schedule_task()
     assert sent == [contract.TASK_SCHEDULE] * 2
+
+
+def test_a_full_cluster_judges_the_head_of_its_queue_and_tells_the_rest_no_core_is_free(
+    nodes: list[Node],
+    submit: Callable[..., Job],
+    monkeypatch: pytest.MonkeyPatch,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    monkeypatch.setattr(scheduling, "JUDGED_AT_ONCE", 2)
+    Quota.objects.filter(is_default=True).update(running_jobs=10, cpu=100, memory_gb=1000)
+    running = submit(8)  # all 16 cores
+    waiting = [submit(1) for _ in range(5)]
+    scheduling.schedule()
+    for job in waiting:
+        job.refresh_from_db()
+    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 2 CPU cores"
+    assert [job.reason for job in waiting[:2]] == [f"{need} when job {running.pk} ends"] * 2
+    assert [job.reason for job in waiting[2:]] == [waitlist.NO_ROOM_AHEAD] * 3
+    # A core frees: every waiting job is judged again, and what fits starts.
+    finish(running, django_capture_on_commit_callbacks)
+    for job in waiting:
+        job.refresh_from_db()
+        assert placed(job), job.reason
+
+
+def test_a_job_past_the_judged_head_that_room_was_reserved_for_still_claims_it(
+    nodes: list[Node], submit: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduling, "JUDGED_AT_ONCE", 1)
+    submit(8)  # all 16 cores
+    waiting = [submit(1) for _ in range(3)]
+    # As if waiting[2] had preempted jobs that are stopping now (preempt_pass).
+    monkeypatch.setattr(scheduling.PreemptionPass, "stopping", lambda self: {waiting[2].pk: []})
+    judged: list[int] = []
+    real = scheduling.SchedulingPass.consider
+
+    def spy(self: scheduling.SchedulingPass, job: waitlist.WaitingJob) -> str | None:
+        judged.append(job.pk)
+        return real(self, job)
+
+    monkeypatch.setattr(scheduling.SchedulingPass, "consider", spy)
+    scheduling.schedule()
+    # The head, then past the cut only the job whose room is coming.
+    assert judged == [waiting[0].pk, waiting[2].pk]
+    waiting[1].refresh_from_db()
+    assert waiting[1].reason == waitlist.NO_ROOM_AHEAD
+
+
+def test_hundreds_of_jobs_alike_are_judged_once_and_their_reasons_written_in_one_update(
+    nodes: list[Node], submit: Callable[..., Job], alice: User
+) -> None:
+    submit(8)  # all 16 cores
+    template = submit(1)
+    replica = template.replicas.get()
+    clones = Job.objects.bulk_create(
+        Job(**{f.attname: getattr(template, f.attname) for f in Job._meta.concrete_fields
+               if f.attname != "id"} | {"reason": ""})
+        for _ in range(300)
+    )  # fmt: skip
+    Replica.objects.bulk_create(
+        Replica(job=job, role=replica.role, index=0, package=replica.package) for job in clones
+    )
+    decided: list[int] = []
+    real = scheduling.SchedulingPass.decide
+
+    def spy(self: scheduling.SchedulingPass, job: waitlist.WaitingJob) -> str | None:
+        decided.append(job.pk)
+        return real(self, job)
+
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(scheduling.SchedulingPass, "decide", spy)
+            scheduling.schedule()
+    assert len(decided) == 2  # the head (it becomes the blocker), then one of the rest alike
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    assert len(writes) == 1
+    assert len({j.reason for j in Job.objects.filter(pk__in=[c.pk for c in clones])}) == 1
