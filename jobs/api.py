@@ -897,7 +897,11 @@ def queue_list(request: HttpRequest) -> dict[str, Any]:
     Another user's job shows its place, size and submission time only."""
     return {
         "jobs": [
-            {**dataclasses.asdict(e), "submitted": e.submitted.isoformat()}
+            {
+                **dataclasses.asdict(e),
+                "submitted": e.submitted.isoformat(),
+                "estimated_start": e.estimated_start.isoformat() if e.estimated_start else None,
+            }
             for e in queue.entries(request.user)
         ]
     }

@@ -656,6 +656,9 @@ class Job(models.Model):
     # preempted once is not preempted again before TRAINYARD_PREEMPTION_MIN_RUN_SECONDS.
     preempted_by = models.JSONField(default=list, blank=True)
     last_preempted = models.DateTimeField(null=True, blank=True)
+    # While it waits at the head of the queue: the start the scheduler reserved for it from
+    # the running jobs' time limits (jobs.services.backfill); null otherwise.
+    estimated_start = models.DateTimeField(null=True, blank=True, db_index=True)
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
     log_archived = models.BooleanField(default=False)

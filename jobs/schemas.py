@@ -773,6 +773,19 @@ class QueueEntryOut(_Out):
     reason: str | None = Field(
         description="Why it waits, as its job page says; null for another user's job."
     )
+    preempting: list[int] = Field(
+        description="The jobs being stopped to make room for it (it preempted them, or they "
+        "give its group back borrowed capacity), those you may see; empty for another user's "
+        "job."
+    )
+    preempting_others: int = Field(
+        description="How many more such jobs there are, of other users (never named)."
+    )
+    estimated_start: str | None = Field(
+        description="The start the scheduler reserved for it from the running jobs' time "
+        "limits (the head of the queue, EASY backfill); null when none is known, and for "
+        "another user's job."
+    )
 
 
 class QueueOut(_Out):

@@ -911,7 +911,17 @@ def queue(json_output: Json = False) -> None:
         render.out.print("No job is waiting.")
         return
     render.table(
-        ["PLACE", "ID", "NAME", "OWNER", "PRIORITY", "CPU/GPU/GB", "SUBMITTED", "WHY IT WAITS"],
+        [
+            "PLACE",
+            "ID",
+            "NAME",
+            "OWNER",
+            "PRIORITY",
+            "CPU/GPU/GB",
+            "SUBMITTED",
+            "STARTS",
+            "WHY IT WAITS",
+        ],
         [
             [
                 str(e["position"]),
@@ -921,6 +931,7 @@ def queue(json_output: Json = False) -> None:
                 e["priority"],
                 f"{e['cpu']} / {e['gpus']} / {e['memory_gb']}",
                 render.local_time(e["submitted"]),
+                render.local_time(e["estimated_start"]) if e.get("estimated_start") else "—",
                 e["reason"] or "—",
             ]
             for e in entries

@@ -7,12 +7,14 @@ waited, never its name, id, owner or reason (a reason is written for its owner a
 their other jobs). Administrators see everything.
 """
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
 
 from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from jobs.access import visible_jobs
 from jobs.models import Job, Replica
@@ -46,6 +48,12 @@ class QueueEntry:
     memory_gb: int
     submitted: datetime
     reason: str | None
+    # The jobs being stopped to make room for it (it preempted them, or they gave back
+    # borrowed capacity to its group): those the viewer may see, and how many others.
+    preempting: list[int] = field(default_factory=list)
+    preempting_others: int = 0
+    # The start reserved for it from the running jobs' time limits (the head of the queue).
+    estimated_start: datetime | None = None
 
     @property
     def shown(self) -> bool:
@@ -121,13 +129,48 @@ def entries(viewer: User | AnonymousUser) -> list[QueueEntry]:
         .select_related("owner", "priority_class")
         .only(
             "id", "name", "owner__username", "priority_class__name", "priority",
-            "cpu_total", "gpus_total", "memory_gb_total", "created", "reason",
+            "cpu_total", "gpus_total", "memory_gb_total", "created", "reason", "estimated_start",
         )
     )  # fmt: skip
+    stopping = stopping_for()
+    victims = {v for vs in stopping.values() for v in vs}
     visible = set(
-        visible_jobs(viewer).filter(pk__in=[j.pk for j in jobs]).values_list("pk", flat=True)
+        visible_jobs(viewer)
+        .filter(pk__in=[j.pk for j in jobs] + sorted(victims))
+        .values_list("pk", flat=True)
     )
-    return [_entry(place, job, job.pk in visible) for place, job in enumerate(jobs, 1)]
+    entries = []
+    for place, job in enumerate(jobs, 1):
+        shown = job.pk in visible
+        entry = _entry(place, job, shown)
+        if shown:
+            mine = stopping.get(job.pk, [])
+            entry = dataclasses.replace(
+                entry,
+                preempting=[v for v in mine if v in visible],
+                preempting_others=sum(1 for v in mine if v not in visible),
+                estimated_start=job.estimated_start,
+            )
+        entries.append(entry)
+    return entries
+
+
+def stopping_for() -> dict[int, list[int]]:
+    """By waiting job: the jobs being stopped to make room for it, whose processes have not
+    all gone yet (preempted by it: jobs.services.preempt_pass; or giving its group back
+    borrowed capacity: jobs.services.reclaim)."""
+    # They build on the scheduler, which builds on this module.
+    from jobs.services.preempt_pass import PreemptionPass
+    from jobs.services.reclaim import Reclaimer
+
+    now = timezone.now()
+    found = {
+        preemptor: sorted(r.job_id for r in victims)
+        for preemptor, victims in PreemptionPass([], now).stopping().items()
+    }
+    for lender, holdings in Reclaimer([], now).stopping().items():
+        found[lender] = sorted({*found.get(lender, []), *(h.job_id for h in holdings)})
+    return found
 
 
 def _entry(position: int, job: Job, shown: bool) -> QueueEntry:

@@ -8,7 +8,7 @@ lock) for as long as placement takes, and a submission should not wait for that.
 
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -170,6 +170,7 @@ class SchedulingPass:
         self.fates: dict[tuple[object, ...], str] = {}
         self.changes = 0  # rooms, ledger or blocker changed: what `fates` says no longer holds
         self.dispatched: list[int] = []
+        self.head_start: tuple[int, datetime] | None = None  # the reservation of this pass
         self._users: dict[int, User] = {}
 
     def run(self) -> list[int]:
@@ -193,6 +194,8 @@ class SchedulingPass:
                 if q.pk not in own and not q.told_no_room:
                     new_reasons[q.pk] = waitlist.NO_ROOM_AHEAD
         transitions.set_waiting_reasons(new_reasons)
+        head, start = self.head_start or (None, None)
+        transitions.set_estimated_start(head, start)
         return self.dispatched
 
     def _judge(self, jobs: list[waitlist.Queued], new_reasons: dict[int, str]) -> None:
@@ -320,6 +323,7 @@ class SchedulingPass:
                 reservation = self.easy.reserve(job.pk, demands, allowed)
                 if reservation is not None:
                     reason = f"{reason}; {reservation.in_words(self.now)}"
+                    self.head_start = (job.pk, reservation.start)
             return reason
         return self.place(job, assignment, need, verdict.borrowing)
 

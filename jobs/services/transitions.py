@@ -101,6 +101,18 @@ def set_waiting_reasons(reasons: dict[int, str]) -> int:
     return written
 
 
+def set_estimated_start(job_id: int | None, start: datetime | None) -> None:
+    """The start reserved for the queue's head in this pass (job_id None: none is); every
+    other job's estimate is cleared, and only a change is written."""
+    others = Job.objects.filter(estimated_start__isnull=False)
+    if job_id is not None:
+        others = others.exclude(pk=job_id)
+        Job.objects.filter(pk=job_id, state=Job.State.QUEUED).exclude(estimated_start=start).update(
+            estimated_start=start
+        )
+    others.update(estimated_start=None)
+
+
 # Ids in one UPDATE's IN list: within every database's limit on a statement's parameters.
 _IDS_PER_UPDATE = 900
 

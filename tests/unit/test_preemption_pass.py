@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from jobs.models import Job, PriorityClass, Quota, Replica
-from jobs.services import presenters, reports
+from jobs.services import presenters, queue, reports
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from tests.conftest import set_quota
 from tests.unit.helpers import SentTasks, job_request
@@ -122,12 +122,17 @@ def test_a_high_job_preempts_the_last_started_low_job_and_keeps_the_room_it_free
     assert high.reason == "preempting a job of another user: starts once it has stopped"
     # The high job is ahead of the normal one in the queue.
     assert presenters.queue_position(high) == 1 and presenters.queue_position(normal) == 2
+    # The queue names what it preempts to whoever may see that job, and counts it for others.
+    for viewer, named, others in ((bob, [], 1), (charlie_admin, [victim.pk], 0)):
+        entry = queue.entries(viewer)[0]
+        assert (entry.job_id, entry.preempting, entry.preempting_others) == (high.pk, named, others)
 
     stopped(victim, 0, django_capture_on_commit_callbacks)
     high.refresh_from_db()
     normal.refresh_from_db()
     assert placed(high), high.reason
     assert not placed(normal)  # the room went to the job it was freed for
+    assert [e.preempting for e in queue.entries(charlie_admin)] == [[]]
     # The victim is back in the queue (its restart policy is never: it is not its failure),
     # keeping its submission time.
     Job.objects.filter(pk=victim.pk).update(restart_at=timezone.now())

@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, Node, PriorityClass, Quota, Replica, RestartPolicy
-from jobs.services import time_limits
+from jobs.services import queue, time_limits
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.time_limit_text import BadTimeLimit, in_words, parse
 from tests.unit.helpers import SentTasks, job_request
@@ -125,6 +125,9 @@ def test_a_greedy_pass_would_delay_the_head_easy_backfill_does_not(
     assert ending_placed is not None
     start = ending_placed + timedelta(minutes=30)
     assert head.reason.endswith(f"; reserved to start at {start:%H:%M} UTC on node-2")
+    head.refresh_from_db()
+    assert head.estimated_start == start  # the queue's estimated start (its page: the API)
+    assert [(e.job_id, e.estimated_start) for e in queue.entries(head.owner)] == [(head.pk, start)]
     # Two cores are free on node-2 now. A greedy pass would start this job there, and it
     # would still hold them when the head is due: it waits.
     long = submit(1)
@@ -140,6 +143,8 @@ def test_a_greedy_pass_would_delay_the_head_easy_backfill_does_not(
     assert not placed(head) and head.reason.endswith(
         f"reserved to start at {start:%H:%M} UTC on node-2"
     )
+    assert head.estimated_start == start
+    assert Job.objects.get(pk=long.pk).estimated_start is None
 
 
 def test_without_a_limit_where_the_head_needs_it_the_grace_rule_holds(
