@@ -112,13 +112,41 @@ def _key(entry: dict[str, Any]) -> ReplicaKey:
     )
 
 
-def _key_of(replica: Replica) -> ReplicaKey:
+@dataclass(slots=True)
+class HeldReplica:
+    """A replica that holds capacity, as a pass compares it: plain values. At 10,000 replicas,
+    reading them (and their jobs) as model instances took most of a pass (issue 24); one to
+    repair is read again whole (_repair)."""
+
+    pk: int
+    job_id: int
+    attempt: int
+    role: str
+    index: int
+    node_id: int
+    state: str
+    incarnation: str
+    start_sent: datetime | None
+    started: datetime | None
+    starts_sent: int
+    stop_sent: datetime | None
+    job_state: str
+    job_attempt: int
+
+
+_FIELDS = (
+    "id", "job_id", "attempt", "role", "index", "node_id", "state", "incarnation",
+    "start_sent", "started", "starts_sent", "stop_sent", "job__state", "job__attempt",
+)  # fmt: skip
+
+
+def _key_of(replica: HeldReplica) -> ReplicaKey:
     return (replica.job_id, replica.attempt, replica.role, replica.index)
 
 
-def _unwanted(replica: Replica) -> bool:
+def _unwanted(replica: HeldReplica) -> bool:
     """Should the replica's processes be gone? Its job ended, or restarted since."""
-    return not replica.job.is_active or replica.attempt < replica.job.attempt
+    return replica.job_state not in Job.ACTIVE_STATES or replica.attempt < replica.job_attempt
 
 
 def run_pass(listening_since: datetime | None = None, now: datetime | None = None) -> PassReport:
@@ -126,9 +154,8 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
     started = time.perf_counter()
     now = now or timezone.now()
     report = PassReport()
-    holding: dict[int, list[Replica]] = defaultdict(list)
-    for replica in _holding_replicas():
-        assert replica.node_id is not None
+    holding: dict[int, list[HeldReplica]] = defaultdict(list)
+    for replica in _holding_replicas(Replica.objects.all()):
         holding[replica.node_id].append(replica)
     for node in Node.objects.order_by("name"):
         _check_node(node, holding.pop(node.pk, []), now, listening_since, report)
@@ -141,24 +168,10 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
     return report
 
 
-def _holding_replicas() -> QuerySet[Replica]:
-    """Every replica that holds capacity, with what the pass compares of it and of its job.
-    Only that: at 10,000 replicas, their jobs' programs, variables and rules (a dozen JSON
-    values each) and their nodes took most of a pass to decode (issue 24). A replica to
-    repair is read again whole (_repair)."""
-    return (
-        Replica.objects.filter(state__in=Replica.HOLDING_STATES)
-        .select_related("job")
-        .only(*_COMPARED, "job__id", "job__state", "job__attempt")
-        .order_by("id")
-    )
-
-
-# What _check_node reads of a replica (and _key_of, _unwanted, _apply_outcome).
-_COMPARED = (
-    "id", "job_id", "attempt", "role", "index", "node_id", "state", "incarnation",
-    "start_sent", "started", "starts_sent", "stop_sent",
-)  # fmt: skip
+def _holding_replicas(replicas: QuerySet[Replica]) -> list[HeldReplica]:
+    """Those of `replicas` that hold capacity, as the pass compares them."""
+    held = replicas.filter(state__in=Replica.HOLDING_STATES, node__isnull=False)
+    return [HeldReplica(*row) for row in held.order_by("id").values_list(*_FIELDS)]
 
 
 def check_node_now(name: str) -> PassReport:
@@ -166,11 +179,7 @@ def check_node_now(name: str) -> PassReport:
     report = PassReport()
     node = Node.objects.filter(name=name).first()
     if node is not None:
-        replicas = list(
-            Replica.objects.filter(node=node, state__in=Replica.HOLDING_STATES)
-            .select_related("job", "node")
-            .order_by("id")
-        )
+        replicas = _holding_replicas(Replica.objects.filter(node=node))
         _check_node(node, replicas, timezone.now(), None, report)
     return report
 
@@ -193,7 +202,7 @@ def _jobs_wait() -> bool:
 
 def _check_node(
     node: Node,
-    replicas: list[Replica],
+    replicas: list[HeldReplica],
     now: datetime,
     listening_since: datetime | None,
     report: PassReport,
@@ -208,7 +217,7 @@ def _check_node(
         if replicas:
             report.lost_nodes.append(node.name)
             reason = f"{node.name} lost: no heartbeat for {(now - heard).total_seconds():.0f} s"
-            by_job: dict[int, list[Replica]] = defaultdict(list)
+            by_job: dict[int, list[HeldReplica]] = defaultdict(list)
             for replica in replicas:
                 by_job[replica.job_id].append(replica)
             for together in by_job.values():
@@ -287,7 +296,7 @@ def _unanswered(sent: datetime | None, heard: datetime, grace: timedelta) -> boo
 Repair = Callable[[Job, Replica], bool]
 
 
-def _repair(replicas: Replica | list[Replica], action: Repair) -> int:
+def _repair(replicas: HeldReplica | list[HeldReplica], action: Repair) -> int:
     """Run `action` on each replica (all of one job) as it is now, in one transaction under
     their job's lock; how many it did something to.
 
@@ -301,7 +310,6 @@ def _repair(replicas: Replica | list[Replica], action: Repair) -> int:
         if job is None:
             return 0
         for replica in together:
-            assert replica.node_id is not None  # it holds capacity: it is on a node
             current = (
                 Replica.objects.select_related("node", "job")
                 .filter(pk=replica.pk, state=replica.state, node_id=replica.node_id)
@@ -347,7 +355,7 @@ def _stop_again(job: Job, replica: Replica) -> bool:
     return True
 
 
-def _apply_outcome(replica: Replica, node: str, entry: dict[str, Any]) -> int:
+def _apply_outcome(replica: HeldReplica, node: str, entry: dict[str, Any]) -> int:
     """An end the agent's heartbeat lists but whose exit report never arrived."""
     before = replica.state
     reports.replica_exited(
