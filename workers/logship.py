@@ -27,7 +27,7 @@ import redis
 
 from workers import contract
 from workers.logquota import LogBudget, LogLimits, Marker
-from workers.logsink import LogBatch, LogSink
+from workers.logsink import GAP, Ledger, LogBatch, LogSink
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,9 @@ class _Chunk:
     # offset the lines end at, which become the batch's writer and sequence number.
     writer: str | None = None
     seq: int = 0
+    # A file's lines: the offset they start at, and the reading of the file they come from.
+    start: int = -1
+    generation: int = 0
 
 
 class _Barrier:
@@ -222,6 +225,8 @@ class LogShipper:
         self._refused_since: dict[int, float] = {}  # job id -> when Redis first refused it
         self._held_barriers: list[_Barrier] = []
         self._budgets: dict[ReplicaKey, LogBudget] = {}
+        # Per file writer, what reads its file again from where Redis has its lines.
+        self._rewinders: dict[str, Callable[[int], None]] = {}
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
@@ -242,6 +247,8 @@ class LogShipper:
         ts: float,
         lines: list[str],
         source: tuple[str, int] | None = None,
+        start: int = -1,
+        generation: int = 0,
     ) -> None:
         """Never blocks: the trainer's pipe must keep draining whatever Redis does. Lines (or
         metric points) over the replica's budget are dropped here, before they take memory,
@@ -249,7 +256,10 @@ class LogShipper:
 
         `source` (writer, offset) names lines read from a file by offset: they go to Redis under
         that writer, with the offset as sequence number, so that whoever reads the file again
-        from an offset that `shipped_offset` gave sends each line once."""
+        from an offset that `shipped_offset` gave sends each line once. With `start`, the
+        offset the lines start at (where the writer's previous lines ended) and the reading of
+        the file they come from (`generation`), Redis checks that it has those previous lines:
+        if it lost them, the writer's rewinder (see `watch`) is asked to read them again."""
         budget = self._budgets.get(key)
         marker = None
         if budget is not None:
@@ -261,8 +271,27 @@ class LogShipper:
                 lines, marker = budget.admit_lines(lines, now)
         if lines:
             writer, seq = source or (None, 0)
-            self._queue.put(_Chunk(key, stream, ts, lines, writer=writer, seq=seq))
+            chunk = _Chunk(
+                key, stream, ts, lines, writer=writer, seq=seq, start=start, generation=generation
+            )
+            self._queue.put(chunk)
         self._put_marker(key, ts, marker)
+
+    def watch(self, writer: str, rewind: Callable[[int], None]) -> None:
+        """`rewind(generation)` reads a file writer's file again when Redis lost its lines."""
+        self._rewinders[writer] = rewind
+
+    def unwatch(self, writer: str) -> None:
+        self._rewinders.pop(writer, None)
+
+    def ledger(self, job_id: int, writer: str) -> Ledger:
+        """What Redis tells of a file writer's lines (workers/filetail.py)."""
+        epoch_key = contract.log_epoch_key(job_id)
+        return Ledger(
+            seen=lambda: self._sink.seen(job_id, writer),
+            acked=lambda: self._sink.acked(job_id, writer),
+            epoch=lambda: str(self._sink.client.get(epoch_key) or ""),
+        )
 
     def shipped_offset(self, job_id: int, writer: str) -> int:
         """How far a file's lines have gone (to Redis, or to the spool, which sends them): the
@@ -354,6 +383,7 @@ class LogShipper:
                     and current.key == chunk.key
                     and current.stream == chunk.stream
                     and current.writer == chunk.writer
+                    and current.generation == chunk.generation
                     and not (current.dropped_lines or current.dropped_points)
                     and not (chunk.dropped_lines or chunk.dropped_points)
                 )
@@ -385,6 +415,7 @@ class LogShipper:
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
             writer, seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
+            chunk.start, chunk.generation,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:
@@ -396,7 +427,7 @@ class LogShipper:
             self._send_spooled()
             return
         try:
-            self._sink.append(batches)
+            self._answered(batches, self._sink.append(batches))
         except redis.RedisError as exc:
             log.warning(
                 "Redis unreachable or full (%s): spooling log lines to %s", exc, self._spool.dir
@@ -412,7 +443,7 @@ class LogShipper:
             while not self._spool.empty():
                 batches = self._spool.peek(SPOOL_REPLAY_BATCHES)
                 try:
-                    self._sink.append(batches)
+                    self._answered(batches, self._sink.append(batches))
                 except redis.exceptions.NoPermissionError:
                     self._send_one_by_one(batches)
                     continue
@@ -430,7 +461,7 @@ class LogShipper:
         long (it stays first in the spool)."""
         for batch in batches:
             try:
-                self._sink.append([batch])
+                self._answered([batch], self._sink.append([batch]))
             except redis.exceptions.NoPermissionError:
                 now = time.monotonic()
                 since = self._refused_since.setdefault(batch.job_id, now)
@@ -442,6 +473,21 @@ class LogShipper:
                     len(batch.lines),
                 )  # fmt: skip
             self._spool.consume(1)
+
+    def _answered(self, batches: list[LogBatch], cursors: list[int]) -> None:
+        """Batches Redis refused because it lost their writer's earlier lines are read again
+        from the writer's file; nothing of them was appended."""
+        for batch, cursor in zip(batches, cursors, strict=True):
+            if cursor != GAP:
+                continue
+            rewind = self._rewinders.get(batch.writer)
+            if rewind is not None:
+                rewind(batch.generation)
+            else:
+                log.error(
+                    "job %s: Redis lost lines of %s before offset %s, and no file follows it now",
+                    batch.job_id, batch.writer, batch.start,
+                )  # fmt: skip
 
     def _release_barriers(self) -> None:
         if self.spooling:

@@ -85,6 +85,9 @@ STOP_GRACE_SECONDS = 5.0
 # After SIGKILL, how long to wait for the keeper to see every group gone; a group still there
 # after that (a process stuck in the kernel) keeps its record, for the guardian or the next agent.
 KILL_WAIT_SECONDS = 5.0
+# How long a file's reader, at the file's end, waits at a time for its last lines to reach Redis
+# (Redis's answers may ask it to read them again).
+DRAIN_WAIT_SECONDS = 1.0
 # While an adopted replica waits for Redis to say where its lines stopped.
 RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -559,6 +562,8 @@ class Supervisor:
         if run.ended_at is None:
             run.ended_at = time.time()
         self._finish(run, exit_code, reason)
+        for rank in range(len(run.readers)):
+            self._shipper.unwatch(self._writer(run, "output", rank))
         if run.keeper is not None:
             run.keeper.release()
             if not any(r.is_alive() for r in run.readers):
@@ -576,6 +581,8 @@ class Supervisor:
             thread.join(max(0.0, self._bounded(time.monotonic() + 1.0, lambda c: c.flush_until)))
         if closing is not None:
             self._shipper.flush(max(0.0, closing.flush_until - time.monotonic()))
+        for rank in range(len(run.readers)):
+            self._shipper.unwatch(self._writer(run, "output", rank))
         assert run.keeper is not None
         run.keeper.detach()
         with self._lock:
@@ -734,27 +741,31 @@ class Supervisor:
             # One file per rank, both its streams in the order the keeper read them, under one
             # writer: a takeover resumes it from one offset.
             writer = self._writer(run, "output", rank)
+            holder: list[FileTail] = []  # the tail, for the emitter to read where lines start
             reader = FileTail(
                 link.output(rank),
                 offsets.get(writer, 0),
-                self._emitter(run, writer),
+                self._emitter(run, writer, holder),
                 link.done,
                 name=f"{run.spec.job_id}-{run.spec.tag}-output{rank}",
-                shipped=functools.partial(self._shipper.shipped_offset, run.spec.job_id, writer),
+                ledger=self._shipper.ledger(run.spec.job_id, writer),
+                drained=lambda: self._shipper.flush(DRAIN_WAIT_SECONDS),
             )
+            holder.append(reader)
+            self._shipper.watch(writer, reader.rewind)
             reader.start()
             run.readers.append(reader)
             run.stderr_readers[rank] = reader
         for rank, path in enumerate(metrics_files):
             writer = self._writer(run, "metrics", rank)
-            holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
+            metric_holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
             tail = MetricTail(
                 Path(path),
-                self._points_emitter(run, writer, holder),
+                self._points_emitter(run, writer, metric_holder),
                 lambda ts, notes: self._shipper.put_system(run.key, ts, notes),
                 offset=offsets.get(writer, 0),
             )
-            holder.append(tail)
+            metric_holder.append(tail)
             tail.start()
             run.tails.append(tail)
         run.sampled = SampledInstance(
@@ -772,13 +783,18 @@ class Supervisor:
         return emit
 
     def _emitter(
-        self, run: _ReplicaRun, writer: str
+        self, run: _ReplicaRun, writer: str, tail: list[FileTail]
     ) -> Callable[[float, str, list[str], int], None]:
         def emit(ts: float, stream: str, lines: list[str], offset: int) -> None:
             name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
             if name == contract.STREAM_STDERR:
                 run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
-            self._shipper.put(run.key, name, ts, lines, source=(writer, offset))
+            # Called from the tail's thread: its offset is where these lines start.
+            reading = tail[0]
+            self._shipper.put(
+                run.key, name, ts, lines, source=(writer, offset), start=reading.offset,
+                generation=reading.generation,
+            )  # fmt: skip
             self._scan(run, ts, lines)
 
         return emit
@@ -1083,6 +1099,11 @@ class Supervisor:
         for reader in run.readers:
             # They end once the keeper says every byte is in the files, and they have read them.
             reader.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
+            # One reading again what Redis lost (it waits for the log keeper to realign the
+            # stream first) ends once those lines are on their way: the exit is reported
+            # after every line, as ever. Only a shutdown stops waiting (the files stay).
+            while reader.is_alive() and reader.rewound and self._closing is None:
+                reader.join(0.2)
         for tail in run.tails:
             tail.stop()
         for tail in run.tails:

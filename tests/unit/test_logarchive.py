@@ -14,7 +14,7 @@ from jobs.services import logarchive
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import append_lines, job_request, stream_entries
 from workers import contract
-from workers.logsink import LogBatch, LogSink
+from workers.logsink import GAP, LogBatch, LogSink
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
@@ -210,3 +210,48 @@ def test_a_restarted_jobs_lines_keep_their_attempt_in_redis_the_database_and_the
     text, _, _ = logstream._text_after(job.pk, 0)
     assert text.splitlines() == ["[master] first run", "[master · attempt 2] again",
                                  "[master · attempt 2] and"]  # fmt: skip
+
+
+def test_after_redis_lost_writes_it_realigns_the_stream_and_keeps_each_line_once(
+    job: Job,
+) -> None:
+    client = get_redis()
+    sink = LogSink(client)
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    first = from_file([f"a{i}" for i in range(10)], 0, 100)
+    second = from_file([f"b{i}" for i in range(10)], 100, 200)
+    third = from_file([f"c{i}" for i in range(10)], 200, 300)
+    assert sink.append([first, second]) == [10, 20]
+    archive_all()
+    assert client.hget(contract.log_ack_key(job.pk), writer) == "200"
+    # Redis comes back as it was after the first batch (its last writes lost): the database
+    # has cursors it hands out again, and the run the keeper knew is another.
+    client.set(contract.LOG_KEEPER_REDIS_RUN_KEY, "an earlier run")
+    client.delete(contract.log_stream_key(job.pk))  # (what it had was archived and trimmed)
+    client.set(contract.log_cursor_key(job.pk), 10)
+    client.hset(contract.log_seen_key(job.pk), writer, 100)
+    client.delete(contract.log_ack_key(job.pk))
+    epoch = client.get(contract.log_epoch_key(job.pk))
+    # Meanwhile: an agent's own note takes a cursor the database has, and the file's next
+    # batch is refused (its previous one is gone).
+    note = LogBatch(job.pk, "master", 0, "node-1", "e", 2.0, ["note"], "agent-1", 1)
+    assert sink.append([note, third]) == [11, GAP]
+
+    assert logarchive.realign_if_redis_restarted(client)
+    assert not logarchive.realign_if_redis_restarted(client)  # once per Redis run
+    assert client.get(contract.log_epoch_key(job.pk)) != epoch
+    # What the database has counts as in Redis: a batch sent again from before is dropped,
+    # the rest follows the database's last cursor.
+    assert sink.acked(job.pk, writer) == sink.seen(job.pk, writer) == 200
+    assert sink.append([second, third]) == [-1, 31]
+    sink.append_end(job.pk, "job succeeded")
+    archive_all()
+    lines = every_line(job)
+    assert [x["text"] for x in lines] == [
+        *first.lines, *second.lines, "note", *third.lines,
+    ]  # fmt: skip
+    assert [x["cursor"] for x in lines] == list(range(1, 32))

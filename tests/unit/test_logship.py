@@ -17,7 +17,7 @@ from tests.tmpfs import fill, small_tmpfs
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
-from workers.logsink import LogBatch, LogSink
+from workers.logsink import GAP, LogBatch, LogSink
 
 
 class Collected:
@@ -146,6 +146,40 @@ def test_the_sink_ignores_a_batch_sent_twice(client: redis.Redis) -> None:
     assert [t for _, _, t in all_lines(client, 9)] == ["once", "other writer"]
 
 
+def test_a_batch_whose_writers_earlier_lines_redis_lost_is_refused_whole(
+    client: redis.Redis,
+) -> None:
+    sink = LogSink(client)
+    first = LogBatch(8, "master", 0, "n1", "o", 1.0, ["a", "b"], "f:x:output0", 40, start=0)
+    second = LogBatch(8, "master", 0, "n1", "o", 1.0, ["c"], "f:x:output0", 60, start=40)
+    assert sink.append([first]) == [2]
+    # Redis lost the first batch (a crash under appendfsync everysec): the second is a gap.
+    client.hdel(contract.log_seen_key(8), "f:x:output0")
+    assert sink.append([second]) == [GAP]
+    assert sink.append([first, second]) == [4, 5]  # sent again from the file, in order
+    assert [t for _, _, t in all_lines(client, 8)] == ["a", "b", "a", "b", "c"]
+    # A batch with no start (not read from a file) is never checked.
+    loose = LogBatch(8, "master", 0, "n1", "e", 1.0, ["note"], "agent", 7)
+    assert sink.append([loose]) == [6]
+
+
+def test_a_gap_answer_makes_the_writers_file_be_read_again_once_per_reading(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    asked: list[int] = []
+    shipper.watch("f:y:output0", asked.append)
+    key = ReplicaKey(3, "master", 0, "n1")
+    shipper.put(key, "o", 1.0, ["one"], source=("f:y:output0", 10), start=0)
+    assert shipper.flush(5)
+    client.hdel(contract.log_seen_key(3), "f:y:output0")  # Redis lost it
+    shipper.put(key, "o", 2.0, ["two"], source=("f:y:output0", 20), start=10, generation=0)
+    assert shipper.flush(5)
+    shipper.close()
+    assert asked == [0]
+    assert [t for _, _, t in all_lines(client, 3)] == ["one"]
+
+
 def test_an_entry_has_an_attempt_field_only_after_a_restart(
     client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -155,7 +189,10 @@ def test_an_entry_has_an_attempt_field_only_after_a_restart(
     assert shipper.flush(5)
     shipper.close()
     (first_id, first), (second_id, second) = stream_entries(client, 4)
-    # A first attempt's entry is what it was before restarts existed: no attempt field.
+    # A first attempt's entry is what it was before restarts existed: no attempt field (the
+    # append script adds the batch's writer and sequence number, for the log keeper).
+    writer = first.pop(contract.FIELD_WRITER)
+    assert first.pop(contract.FIELD_SEQ) == "1" and second[contract.FIELD_WRITER] == writer
     assert first == {
         contract.FIELD_ROLE: "worker",
         contract.FIELD_INDEX: "1",
