@@ -921,7 +921,10 @@ class LogAck(models.Model):
 
     job = models.ForeignKey(Job, related_name="log_acks", on_delete=models.CASCADE)
     writer = models.CharField(max_length=100)
-    seq = models.BigIntegerField()
+    seq = models.BigIntegerField()  # -1: none of its lines yet
+    # Where the writer's lines end, once its replica has ended (its agent's exit report): the
+    # keeper closes the job's log only when `seq` has reached it.
+    goal = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "writer"], name="one_ack_per_writer")]

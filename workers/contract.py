@@ -140,10 +140,15 @@ def exit_report(
     stderr_tail: list[str],
     ended_at: float | None,
     incarnation: str,
+    log_ends: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """What TASK_REPLICA_EXITED carries: how one replica ended on a node (or that the node does
-    not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike."""
-    return {
+    not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike.
+    `log_ends`: per file writer of the replica's lines, the sequence number its last lines end
+    at; the log keeper closes the job's log only once the database has them (so lines Redis
+    loses after the exit, and the agent sends again, still come before the end marker); absent
+    when there are none."""
+    report: dict[str, Any] = {
         "job_id": job_id,
         "attempt": attempt,
         "role": role,
@@ -156,6 +161,9 @@ def exit_report(
         "ended_at": ended_at,
         "incarnation": incarnation,
     }
+    if log_ends:
+        report["log_ends"] = dict(log_ends)
+    return report
 
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---

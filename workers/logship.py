@@ -227,6 +227,9 @@ class LogShipper:
         self._budgets: dict[ReplicaKey, LogBudget] = {}
         # Per file writer, what reads its file again from where Redis has its lines.
         self._rewinders: dict[str, Callable[[int], None]] = {}
+        # Per file writer, the sequence number of the last lines it was given (not dropped over
+        # a budget): where the writer's lines end once its file is read to the end.
+        self._last_seqs: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
@@ -271,6 +274,8 @@ class LogShipper:
                 lines, marker = budget.admit_lines(lines, now)
         if lines:
             writer, seq = source or (None, 0)
+            if writer is not None:
+                self._last_seqs[writer] = max(seq, self._last_seqs.get(writer, -1))
             chunk = _Chunk(
                 key, stream, ts, lines, writer=writer, seq=seq, start=start, generation=generation
             )
@@ -283,6 +288,14 @@ class LogShipper:
 
     def unwatch(self, writer: str) -> None:
         self._rewinders.pop(writer, None)
+
+    def last_seq(self, writer: str) -> int:
+        """The sequence number of the last lines a file writer was given here (-1: none)."""
+        return self._last_seqs.get(writer, -1)
+
+    def forget(self, writer: str) -> None:
+        """The writer's lines are all in the database (or given up on): forget its end."""
+        self._last_seqs.pop(writer, None)
 
     def ledger(self, job_id: int, writer: str) -> Ledger:
         """What Redis tells of a file writer's lines (workers/filetail.py)."""

@@ -67,6 +67,7 @@ from workers.launcher import (
 )
 from workers.logquota import LogLimits
 from workers.logship import FILE_WRITER_PREFIX, LogShipper, ReplicaKey
+from workers.logsink import Ledger
 from workers.metricfeed import MetricTail, SampledInstance, SystemSampler
 from workers.metricparse import Point, RegexScanner, compile_definitions
 from workers.procrecords import ProcRecords, Reaped, reap_all
@@ -88,6 +89,12 @@ KILL_WAIT_SECONDS = 5.0
 # How long a file's reader, at the file's end, waits at a time for its last lines to reach Redis
 # (Redis's answers may ask it to read them again).
 DRAIN_WAIT_SECONDS = 1.0
+# How long an ended replica's files are kept for the log keeper to acknowledge their last lines
+# (Redis may lose them after the exit, and they are then sent again from the files); after that
+# they go, so that a keeper that never answers cannot fill the disk (the console closes the
+# log as long after the end: jobs/services/logarchive.py).
+FILES_KEPT_FOR_ARCHIVE_SECONDS = 600.0
+ARCHIVE_POLL_SECONDS = 0.5
 # While an adopted replica waits for Redis to say where its lines stopped.
 RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -567,8 +574,99 @@ class Supervisor:
         if run.keeper is not None:
             run.keeper.release()
             if not any(r.is_alive() for r in run.readers):
-                # Every line is read (and in Redis, or in the spool): the files may go.
-                shutil.rmtree(run.keeper.folder, ignore_errors=True)
+                # Every line is read (and in Redis, or in the spool): the files go once the
+                # database has them too.
+                self._remove_files_once_archived(run)
+
+    def _log_ends(self, run: _ReplicaRun) -> dict[str, int]:
+        """Per output file writer of the replica, the sequence number its last lines end at."""
+        ends = {}
+        for rank in range(len(run.readers)):
+            writer = self._writer(run, "output", rank)
+            if (seq := self._shipper.last_seq(writer)) >= 0:
+                ends[writer] = seq
+        return ends
+
+    def _remove_files_once_archived(self, run: _ReplicaRun) -> None:
+        """Remove the ended replica's files once the log keeper has every line of them in the
+        database, sending lines again from them meanwhile if Redis loses them (in the
+        background: the replica's end is reported already). During a shutdown they go at once,
+        as before acknowledgements: the spool has what is not in Redis, and a next agent would
+        take a folder left behind for a replica to adopt."""
+        assert run.keeper is not None
+        folder = run.keeper.folder
+        ends = self._log_ends(run)
+        if not ends or self._closing is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+
+        def keep() -> None:
+            try:
+                self._send_until_archived(run, ends)
+            finally:
+                for writer in ends:
+                    self._shipper.forget(writer)
+                shutil.rmtree(folder, ignore_errors=True)
+
+        _in_background(keep, f"archive-{run.spec.job_id}-{run.spec.tag}")
+
+    def _send_until_archived(self, run: _ReplicaRun, ends: dict[str, int]) -> None:
+        """Wait until the database has each writer's lines up to its end; whenever Redis has
+        fewer of them than were sent (it lost its last writes), read the file again from what
+        Redis and the database hold. Bounded by FILES_KEPT_FOR_ARCHIVE_SECONDS."""
+        give_up_at = time.monotonic() + FILES_KEPT_FOR_ARCHIVE_SECONDS
+        ranks = {self._writer(run, "output", rank): rank for rank in range(len(run.readers))}
+        owed = dict(ends)
+        while owed:
+            for writer, end in list(owed.items()):
+                ledger = self._shipper.ledger(run.spec.job_id, writer)
+                try:
+                    if ledger.acked() >= end:
+                        del owed[writer]
+                    elif ledger.seen() < end:
+                        self._send_again(run, writer, ranks[writer], ledger)
+                except redis.RedisError as exc:  # Redis away: its answers come when it is back
+                    log.debug("job %s %s: waiting for Redis: %s", run.spec.job_id, writer, exc)
+            if not owed or self._closing is not None:
+                return
+            if time.monotonic() > give_up_at:
+                log.warning(
+                    "job %s %s: the log keeper did not acknowledge the last lines of %s within "
+                    "%.0f s; their files are removed",
+                    run.spec.job_id, run.spec.tag, sorted(owed), FILES_KEPT_FOR_ARCHIVE_SECONDS,
+                )  # fmt: skip
+                return
+            time.sleep(ARCHIVE_POLL_SECONDS)
+
+    def _send_again(self, run: _ReplicaRun, writer: str, rank: int, ledger: Ledger) -> None:
+        """Read an ended replica's output file again from where Redis and the database have
+        its lines, to its end (a gap Redis answers is filled as while it ran)."""
+        assert run.keeper is not None
+        # Never before what the database had when the file was read (its blocks there may be
+        # freed): Redis may have lost its acknowledgement too, until the keeper realigns.
+        offset = max(ledger.seen(), ledger.acked(), run.readers[rank].acked, 0)
+        log.warning(
+            "job %s %s: Redis lost lines of %s after offset %s, after the replica ended: "
+            "reading them again",
+            run.spec.job_id, run.spec.tag, writer, offset,
+        )  # fmt: skip
+        holder: list[FileTail] = []
+        tail = FileTail(
+            run.keeper.output(rank),
+            offset,
+            self._emitter(run, writer, holder, scan=False),
+            lambda: True,
+            name=f"{run.spec.job_id}-{run.spec.tag}-again{rank}",
+            ledger=ledger,
+            drained=lambda: self._shipper.flush(DRAIN_WAIT_SECONDS),
+        )
+        holder.append(tail)
+        self._shipper.watch(writer, tail.rewind)
+        try:
+            tail.start()
+            tail.join()
+        finally:
+            self._shipper.unwatch(writer)
 
     def _let_go(self, run: _ReplicaRun) -> None:
         """Hand the replica over: ship what was read, and leave the rest in its keeper's files."""
@@ -783,11 +881,14 @@ class Supervisor:
         return emit
 
     def _emitter(
-        self, run: _ReplicaRun, writer: str, tail: list[FileTail]
+        self, run: _ReplicaRun, writer: str, tail: list[FileTail], scan: bool = True
     ) -> Callable[[float, str, list[str], int], None]:
+        """Ships a file's lines; `scan`: they are new (their metrics and stderr are taken),
+        not ones sent again after the replica ended."""
+
         def emit(ts: float, stream: str, lines: list[str], offset: int) -> None:
             name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
-            if name == contract.STREAM_STDERR:
+            if name == contract.STREAM_STDERR and scan:
                 run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
             # Called from the tail's thread: its offset is where these lines start.
             reading = tail[0]
@@ -795,7 +896,8 @@ class Supervisor:
                 run.key, name, ts, lines, source=(writer, offset), start=reading.offset,
                 generation=reading.generation,
             )  # fmt: skip
-            self._scan(run, ts, lines)
+            if scan:
+                self._scan(run, ts, lines)
 
         return emit
 
@@ -1137,6 +1239,7 @@ class Supervisor:
             stderr_tail=list(run.stderr_tail),
             ended_at=run.ended_at,
             incarnation=self.incarnation,
+            log_ends=self._log_ends(run),
         )
         with self._lock:
             self._runs.pop(run.ident, None)

@@ -8,7 +8,9 @@ Redis keys expire. Several keepers may run: rows are unique per cursor, so a cop
 kept once.
 
 It also closes logs the console could not close: when a finished job's end marker never reached
-Redis (Redis was down at that moment), the keeper appends it.
+Redis (Redis was down at that moment, or lost it), the keeper appends it, once the database has
+every writer's last lines (the goals the replicas' exit reports set): lines Redis lost after the
+replicas ended, which their agents send again, come before it.
 
 Durability is end to end: with every batch it saves, the keeper records per writer (an agent's
 file, by offset) how far the database has its lines (`LogAck`), and tells the agents in Redis
@@ -24,11 +26,13 @@ import logging
 import threading
 import time
 import uuid
+from datetime import timedelta
 from typing import Any, cast
 
 import redis
 from django.db import transaction
 from django.db.models import F, Max
+from django.utils import timezone
 
 from jobs import logstream
 from jobs.logstream import RawEntry
@@ -43,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # How long an archived job's Redis keys stay, for followers that are still reading from there.
 EXPIRE_AFTER_ARCHIVE_SECONDS = 600
+# How long a finished job's log stays open for lines its agents still owe (Redis lost them after
+# the replicas ended, and the agents send them again from their files); after that it is closed
+# with what it has. Agents keep such files as long (workers/supervisor.py).
+LOG_GOAL_WAIT_SECONDS = 600.0
 BLOCK_MILLISECONDS = 1000
 ENTRIES_PER_READ = 500
 MIN_PASS_SECONDS = 0.5
@@ -154,7 +162,7 @@ def _heads(job_ids: list[int]) -> dict[int, int]:
 def _acks(job_ids: list[int]) -> dict[int, dict[str, int]]:
     """Per job, per writer, the sequence number of its last batch the database has."""
     acks: dict[int, dict[str, int]] = {}
-    for job_id, writer, seq in LogAck.objects.filter(job_id__in=job_ids).values_list(
+    for job_id, writer, seq in LogAck.objects.filter(job_id__in=job_ids, seq__gte=0).values_list(
         "job_id", "writer", "seq"
     ):
         acks.setdefault(job_id, {})[writer] = seq
@@ -310,15 +318,29 @@ def _metric_rows(job_id: int, batch: logstream.Batch) -> list[MetricPoint]:
 
 
 def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:
-    """A finished job with nothing left to archive and no end marker: append the marker."""
+    """A finished job with nothing left to archive and no end marker: append the marker, once
+    every writer's last lines are in the database (or it has waited long enough for them)."""
     if LogChunk.objects.filter(job_id=job_id, kind=LogChunk.Kind.END).exists():
         Job.objects.filter(pk=job_id).update(log_archived=True)
         return
+    job = Job.objects.get(pk=job_id)
+    owed = list(
+        LogAck.objects.filter(job_id=job_id, goal__gt=F("seq")).values_list("writer", "goal")
+    )
+    if owed:
+        if not _waited_long_enough(job):
+            return  # the agents send them again from their files
+        log.warning("job %s: closing its log without the last lines of %s", job_id, owed)
     # Cursors must keep growing past what is archived, even if Redis lost its counter.
     client.set(contract.log_cursor_key(job_id), head, nx=True)
-    job = Job.objects.get(pk=job_id)
     if LogSink(client).append_end(job_id, log_end_reason(job)) >= 0:
         log.warning("closed the log of job %s, whose end marker had not reached Redis", job_id)
+
+
+def _waited_long_enough(job: Job) -> bool:
+    """Whether a finished job's agents have had their time to send the lines they owe."""
+    ended = job.finished or job.created
+    return timezone.now() - ended > timedelta(seconds=LOG_GOAL_WAIT_SECONDS)
 
 
 def run(client: redis.Redis, stop: threading.Event) -> None:

@@ -1,16 +1,18 @@
 """The log keeper and the readers over the database and Redis together (real Redis)."""
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
+from django.utils import timezone
 
 from jobs import logstream
-from jobs.models import ApiToken, Job, LogChunk
+from jobs.models import ApiToken, Job, LogAck, LogChunk
 from jobs.redis_client import get_redis
-from jobs.services import logarchive
+from jobs.services import logarchive, reports
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import append_lines, job_request, stream_entries
 from workers import contract
@@ -97,6 +99,48 @@ def test_it_closes_a_finished_jobs_log_whose_end_marker_never_reached_redis(job:
     assert (end.first_cursor, end.text) == (26, "job succeeded")
     job.refresh_from_db()
     assert job.log_archived
+
+
+def test_it_closes_a_finished_jobs_log_only_once_the_database_has_every_writers_last_lines(
+    job: Job,
+) -> None:
+    """Redis lost a replica's last lines and the end marker after the replica ended: the log
+    stays open until the agent has sent them again from its file."""
+    sink = LogSink(get_redis())
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    assert sink.append([from_file(["a0", "a1"], 0, 100)]) == [2]
+    archive_all()
+    # The replica ended after lines up to offset 200 (its exit report says so); Redis lost
+    # them, and the marker, before the keeper had them.
+    reports.record_log_goals(job, {writer: 200, "f:bad": -3, "f:" + "x" * 200: 5})
+    assert {a.writer: (a.seq, a.goal) for a in LogAck.objects.filter(job=job)} == {
+        writer: (100, 200)
+    }
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED, reason="", log_complete=True)
+    archive_all()
+    assert not LogChunk.objects.filter(job=job, kind="end").exists(), "lines are still owed"
+    assert sink.append([from_file(["b0", "b1"], 100, 200)]) == [4]  # sent again
+    archive_all()
+    archive_all()
+    job.refresh_from_db()
+    assert job.log_archived
+    assert [x["text"] for x in every_line(job)] == ["a0", "a1", "b0", "b1"]
+    assert LogChunk.objects.get(job=job, kind="end").first_cursor == 5
+
+
+def test_a_log_whose_owed_lines_never_come_is_closed_after_the_wait(job: Job) -> None:
+    reports.record_log_goals(job, {"f:abc:output0": 200})
+    long_ago = timezone.now() - timedelta(seconds=logarchive.LOG_GOAL_WAIT_SECONDS + 1)
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.SUCCEEDED, reason="", log_complete=True, finished=long_ago
+    )
+    archive_all()
+    archive_all()
+    assert LogChunk.objects.filter(job=job, kind="end").exists()
 
 
 def test_pages_go_backwards_and_filter(job: Job) -> None:

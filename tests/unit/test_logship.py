@@ -16,6 +16,7 @@ from tests.conftest import wait_until
 from tests.tmpfs import fill, small_tmpfs
 from tests.unit.helpers import stream_entries
 from workers import contract
+from workers.logquota import LogLimits
 from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
 from workers.logsink import GAP, LogBatch, LogSink
 
@@ -178,6 +179,24 @@ def test_a_gap_answer_makes_the_writers_file_be_read_again_once_per_reading(
     shipper.close()
     assert asked == [0]
     assert [t for _, _, t in all_lines(client, 3)] == ["one"]
+
+
+def test_it_tells_where_a_file_writers_last_shipped_lines_end_not_counting_dropped_ones(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    key = ReplicaKey(4, "master", 0, "n1")
+    writer = "f:z:output0"
+    assert shipper.last_seq(writer) == -1
+    shipper.limit(key, LogLimits(max_bytes=5))
+    shipper.put(key, "o", 1.0, ["abc"], source=(writer, 10), start=0)
+    shipper.put(key, "o", 2.0, ["over the budget"], source=(writer, 30), start=10)
+    # The end of the lines that went (the agent waits for the database to have them), not of
+    # the file: the dropped ones never reach Redis.
+    assert shipper.last_seq(writer) == 10
+    shipper.forget(writer)
+    assert shipper.last_seq(writer) == -1
+    shipper.close()
 
 
 def test_an_entry_has_an_attempt_field_only_after_a_restart(
