@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0021_priority_classes_and_preemption'),
+        ('jobs', '0023_fair_share_borrowing'),
     ]
 
     operations = [

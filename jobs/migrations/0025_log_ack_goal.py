@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0022_log_acknowledgements'),
+        ('jobs', '0024_log_acknowledgements'),
     ]
 
     operations = [
