@@ -211,6 +211,14 @@ def log_ack_key(job_id: int) -> str:
     return f"trainyard:{{job:{job_id}}}:acked"
 
 
+def log_skip_key(job_id: int) -> str:
+    """Per writer, lines its agent dropped on purpose (over the replica's log budget) that are
+    not acknowledged yet: "BASE END", the lines after sequence number BASE up to END count as
+    acknowledged once the log keeper acknowledges BASE (the database will never hold them, and
+    the agent may free them). Written by the append script, applied by the log keeper's."""
+    return f"trainyard:{{job:{job_id}}}:skipped"
+
+
 def log_epoch_key(job_id: int) -> str:
     """Set anew each time the log keeper realigns the job's stream with the database (after a
     Redis restart): an agent that finds its lines missing waits for a new one before it sends
@@ -222,7 +230,7 @@ def job_log_keys(job_id: int) -> list[str]:
     """Every key of a job's log, for expiring them once the log is archived in the database."""
     return [
         log_stream_key(job_id), log_cursor_key(job_id), log_seen_key(job_id), log_ack_key(job_id),
-        log_epoch_key(job_id),
+        log_skip_key(job_id), log_epoch_key(job_id),
     ]  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -94,6 +94,22 @@ class _Chunk:
     # A file's lines: the offset they start at, and the reading of the file they come from.
     start: int = -1
     generation: int = 0
+
+
+def _is_skip(chunk: _Chunk) -> bool:
+    """A file's lines that were all dropped over the budget (LogShipper.put)."""
+    return chunk.writer is not None and not chunk.lines
+
+
+def _same_reading(current: _Chunk, chunk: _Chunk) -> bool:
+    """Whether `chunk` follows `current` in the same reading of the same file (no marker)."""
+    return (
+        current.key == chunk.key
+        and current.writer == chunk.writer
+        and current.generation == chunk.generation
+        and not (current.dropped_lines or current.dropped_points)
+        and not (chunk.dropped_lines or chunk.dropped_points)
+    )
 
 
 class _Barrier:
@@ -265,6 +281,7 @@ class LogShipper:
         if it lost them, the writer's rewinder (see `watch`) is asked to read them again."""
         budget = self._budgets.get(key)
         marker = None
+        read = len(lines)
         if budget is not None:
             now = time.monotonic()
             if stream == contract.STREAM_METRIC:
@@ -280,6 +297,16 @@ class LogShipper:
                 key, stream, ts, lines, writer=writer, seq=seq, start=start, generation=generation
             )
             self._queue.put(chunk)
+        elif read and source is not None and start >= 0:
+            # Every line of this read of a file was dropped on purpose: Redis is still told
+            # that the writer's lines went past them (a skip), or its next lines would look
+            # like a gap to fill from the file again (and be dropped again, forever); and the
+            # log keeper's acknowledgement moves past them, so the file's bytes are freed.
+            skip = _Chunk(
+                key, stream, ts, [], writer=source[0], seq=source[1], start=start,
+                generation=generation,
+            )  # fmt: skip
+            self._queue.put(skip)
         self._put_marker(key, ts, marker)
 
     def watch(self, writer: str, rewind: Callable[[int], None]) -> None:
@@ -386,11 +413,24 @@ class LogShipper:
         lines: list[str] = []
         chars = 0
         for chunk in chunks:
+            if _is_skip(chunk):
+                # Dropped lines of a file: the batch of the same reading of the file before
+                # them ends after them, or they are a batch of their own (of no lines).
+                if current is not None and _same_reading(current, chunk):
+                    seq_of = chunk
+                    continue
+                if current is not None and (lines or _is_skip(current)):
+                    batches.append(self._batch(current, lines, seq_of))
+                current, seq_of, lines, chars = chunk, chunk, [], 0
+                continue
             # A file's chunk stays whole: all of it has one sequence number (its end offset).
             step = MAX_BATCH_LINES if chunk.writer is None else max(1, len(chunk.lines))
             for start in range(0, len(chunk.lines), step):
                 part = chunk.lines[start : start + step]
                 size = sum(map(len, part))
+                if current is not None and _is_skip(current) and _same_reading(current, chunk):
+                    # Lines after a skip of the same reading: one batch, from the skip's start.
+                    current = replace(chunk, start=current.start)
                 same_pipe = (
                     current is not None
                     and current.key == chunk.key
@@ -405,7 +445,7 @@ class LogShipper:
                     or len(lines) + len(part) > MAX_BATCH_LINES
                     or chars + size > MAX_BATCH_CHARS
                 ):
-                    if current is not None and lines:
+                    if current is not None and (lines or _is_skip(current)):
                         batches.append(self._batch(current, lines, seq_of))
                     current = chunk
                     lines = []
@@ -413,7 +453,7 @@ class LogShipper:
                 lines.extend(part)
                 chars += size
                 seq_of = chunk
-        if current is not None and lines:
+        if current is not None and (lines or _is_skip(current)):
             batches.append(self._batch(current, lines, seq_of))
         return batches
 

@@ -18,18 +18,42 @@ import redis
 
 from workers import contract
 
-# KEYS[1] stream, KEYS[2] cursor counter, KEYS[3] last sequence seen per writer.
+# KEYS[1] stream, KEYS[2] cursor counter, KEYS[3] last sequence seen per writer, KEYS[4] acked per
+# writer, KEYS[5] skipped per writer (workers/contract.py, log_skip_key).
 # ARGV[1] lines in the batch, ARGV[2] approximate MAXLEN, ARGV[3] writer, ARGV[4] its sequence
 # number, ARGV[5] the sequence number the writer's previous batch ended at (-1: not checked),
 # ARGV[6..] field/value pairs. Returns the cursor of the batch's last line, -1 for a batch
-# already appended, or GAP when the writer's previous batch is not there: Redis lost it (a
-# crash under appendfsync everysec), and the writer must send again from what Redis has.
+# already appended (or one of no lines), or GAP when the writer's previous batch is not there:
+# Redis lost it (a crash under appendfsync everysec), and the writer must send again from what
+# Redis has.
+#
+# A batch of no lines is a skip: its writer's lines up to its sequence number were dropped on
+# purpose (over the replica's log budget). Nothing is appended, but Redis now has the writer's
+# lines to there (its next batch is no gap), and they count as acknowledged as soon as the
+# database has every line of the writer before them: at once if it has, else (KEYS[5]) when the
+# log keeper acknowledges the writer's last batch before the skip (jobs/services/logarchive.py).
+# Consecutive skips make one; a skip after a batch with lines starts a new one.
 _APPEND_LUA = """
 local seen = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '-1')
 if tonumber(ARGV[4]) <= seen then return -1 end
 local start = tonumber(ARGV[5])
 if start > 0 and start > seen then return -2 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+if tonumber(ARGV[1]) == 0 then
+  local base = seen
+  local pending = redis.call('HGET', KEYS[5], ARGV[3])
+  if pending then
+    local from, upto = string.match(pending, '^(%-?%d+) (%-?%d+)$')
+    if tonumber(upto) == seen then base = tonumber(from) end
+  end
+  if tonumber(redis.call('HGET', KEYS[4], ARGV[3]) or '-1') >= base then
+    redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
+    redis.call('HDEL', KEYS[5], ARGV[3])
+  else
+    redis.call('HSET', KEYS[5], ARGV[3], base .. ' ' .. ARGV[4])
+  end
+  return -1
+end
 local last = redis.call('INCRBY', KEYS[2], tonumber(ARGV[1]))
 local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], last .. '-0', 'w', ARGV[3], 'q', ARGV[4]}
 for i = 6, #ARGV do args[#args + 1] = ARGV[i] end
@@ -60,7 +84,8 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class LogBatch:
-    """Consecutive lines of one process's stdout or stderr, as one stream entry."""
+    """Consecutive lines of one process's stdout or stderr, as one stream entry; or, with no
+    lines, a file writer's skip: its lines up to `seq` were dropped over its budget."""
 
     job_id: int
     role: str
@@ -196,5 +221,7 @@ class LogSink:
             contract.log_stream_key(job_id),
             contract.log_cursor_key(job_id),
             contract.log_seen_key(job_id),
+            contract.log_ack_key(job_id),
+            contract.log_skip_key(job_id),
         ]
         return self._append(keys=keys, args=argv, client=client)

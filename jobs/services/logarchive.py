@@ -104,6 +104,28 @@ redis.call('SET', KEYS[5], ARGV[2])
 return #keep
 """
 
+# KEYS[1] acked per writer, KEYS[2] skipped per writer. ARGV: writer/sequence pairs the database
+# now has. Raises each writer's acknowledgement to its sequence number, or past the lines its
+# agent dropped on purpose right after it (workers/logsink.py, the append script's skips);
+# never lowers it (a skip may have raised it already).
+_ACK_LUA = """
+for i = 1, #ARGV, 2 do
+  local writer, seq = ARGV[i], tonumber(ARGV[i + 1])
+  local pending = redis.call('HGET', KEYS[2], writer)
+  if pending then
+    local from, upto = string.match(pending, '^(%-?%d+) (%-?%d+)$')
+    if seq >= tonumber(from) then
+      seq = math.max(seq, tonumber(upto))
+      redis.call('HDEL', KEYS[2], writer)
+    end
+  end
+  if seq > tonumber(redis.call('HGET', KEYS[1], writer) or '-1') then
+    redis.call('HSET', KEYS[1], writer, seq)
+  end
+end
+return 0
+"""
+
 
 def archive_once(
     client: redis.Redis,
@@ -253,8 +275,8 @@ def _save(
             update_fields=["seq"],
         )
     if acked:
-        # Committed: the agents may now forget these lines.
-        client.hset(contract.log_ack_key(job_id), mapping=acked)  # type: ignore[arg-type]
+        # Committed: the agents may now forget these lines (and those they dropped after them).
+        acknowledge(client, job_id, acked)
     # Redis holds only what is not archived yet: readers take archived lines from the database
     # (jobs/logstream.py reads it first, and goes back to it when Redis starts past a cursor).
     # Approximate trimming removes whole nodes of the stream only, which costs next to nothing;
@@ -270,6 +292,15 @@ def _save(
             pipe.expire(key, EXPIRE_AFTER_ARCHIVE_SECONDS)
         pipe.execute()
     return len(rows)
+
+
+def acknowledge(client: redis.Redis, job_id: int, acked: dict[str, int]) -> None:
+    """Tell the agents, per writer, how far the database has its lines (see _ACK_LUA)."""
+    keys = [contract.log_ack_key(job_id), contract.log_skip_key(job_id)]
+    args: list[str | int] = []
+    for writer, seq in acked.items():
+        args.extend((writer, seq))
+    client.register_script(_ACK_LUA)(keys=keys, args=args)
 
 
 def _count_drops(job_id: int, rows: list[LogChunk]) -> None:

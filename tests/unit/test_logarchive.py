@@ -299,3 +299,35 @@ def test_after_redis_lost_writes_it_realigns_the_stream_and_keeps_each_line_once
         *first.lines, *second.lines, "note", *third.lines,
     ]  # fmt: skip
     assert [x["cursor"] for x in lines] == list(range(1, 32))
+
+
+def test_lines_an_agent_dropped_over_its_budget_are_acknowledged_with_the_lines_before(
+    job: Job,
+) -> None:
+    """A skip (lines dropped over the budget, never in the stream) is acknowledged once the
+    keeper has the writer's lines before it, so the agent frees them and its exit's goal is
+    met; lines the keeper itself drops over the job's limit are acknowledged as it drops them."""
+    client = get_redis()
+    sink = LogSink(client)
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    assert sink.append([from_file(["a0", "a1"], 0, 100), from_file([], 100, 300)]) == [2, -1]
+    assert sink.acked(job.pk, writer) == -1  # the lines before the skip are not archived yet
+    assert sink.append([from_file([], 300, 400)]) == [-1]  # one skip with the one before
+    archive_all()
+    assert sink.acked(job.pk, writer) == 400
+    assert LogAck.objects.get(job=job, writer=writer).seq == 100  # what the database has
+    assert client.hlen(contract.log_skip_key(job.pk)) == 0
+    assert sink.append([from_file(["b0"], 400, 450)]) == [3]
+    archive_all()
+    assert sink.acked(job.pk, writer) == 450
+    assert [x["text"] for x in every_line(job)] == ["a0", "a1", "b0"]
+    # Over the job's limit, the keeper keeps a gap row instead of the lines: acknowledged too.
+    Job.objects.filter(pk=job.pk).update(log_max_mb=1)
+    assert sink.append([from_file(["x" * 3_000_000], 450, 500)]) == [4]
+    archive_all()
+    assert sink.acked(job.pk, writer) == 500
+    assert LogChunk.objects.filter(job=job, kind="gap").exists()

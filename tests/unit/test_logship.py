@@ -17,7 +17,7 @@ from tests.tmpfs import fill, small_tmpfs
 from tests.unit.helpers import stream_entries
 from workers import contract
 from workers.logquota import LogLimits
-from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
+from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, _Chunk, pump_pipe
 from workers.logsink import GAP, LogBatch, LogSink
 
 
@@ -196,6 +196,60 @@ def test_it_tells_where_a_file_writers_last_shipped_lines_end_not_counting_dropp
     assert shipper.last_seq(writer) == 10
     shipper.forget(writer)
     assert shipper.last_seq(writer) == -1
+    shipper.close()
+
+
+def test_lines_dropped_over_the_budget_are_no_gap_and_count_as_acknowledged(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    """A file's lines that the budget drops never reach the stream, but Redis is told the
+    writer's lines went past them: the next lines are appended (not answered as a gap, which
+    would make the file be read again, and the same lines dropped again, forever), and the
+    acknowledgement moves past them once the database has the lines before them."""
+    shipper = LogShipper(client, tmp_path / "spool")
+    asked: list[int] = []
+    writer = "f:d:output0"
+    shipper.watch(writer, asked.append)
+    key = ReplicaKey(5, "master", 0, "n1")
+    shipper.limit(key, LogLimits(lines_per_second=1))  # a burst of 5 lines, then 1 a second
+    shipper.put(key, "o", 1.0, [f"kept {i}" for i in range(5)], source=(writer, 50), start=0)
+    shipper.put(key, "o", 1.0, ["dropped 0", "dropped 1"], source=(writer, 70), start=50)
+    shipper.put(key, "o", 1.0, ["dropped 2"], source=(writer, 80), start=70)
+    assert shipper.flush(5)
+    sink = LogSink(client)
+    assert sink.seen(5, writer) == 80 and sink.acked(5, writer) == -1
+    assert shipper.last_seq(writer) == 50  # what the database must have
+    # Once the database has everything before them, dropped lines are acknowledged at once
+    # (the log keeper's side: tests/unit/test_logarchive.py).
+    client.hset(contract.log_ack_key(5), writer, 80)
+    shipper.put(key, "o", 1.0, ["dropped 3"], source=(writer, 90), start=80)
+    assert shipper.flush(5)
+    assert sink.seen(5, writer) == sink.acked(5, writer) == 90
+    shipper.close()
+    assert asked == []
+    texts = [t for _, _, t in all_lines(client, 5)]
+    assert [t for t in texts if not t.startswith("[trainyard]")] == [f"kept {i}" for i in range(5)]
+
+
+def test_a_skip_and_the_lines_around_it_share_batches(client: redis.Redis, tmp_path: Path) -> None:
+    """The shipper's batches: a skip after lines ends their batch further on; lines after a
+    skip start their batch at the skip's start."""
+    shipper = LogShipper(client, tmp_path / "spool")
+    key = ReplicaKey(6, "master", 0, "n1")
+    w = "f:e:output0"
+    chunks = [
+        _Chunk(key, "o", 1.0, ["a"], writer=w, seq=10, start=0),
+        _Chunk(key, "o", 1.0, [], writer=w, seq=20, start=10),
+        _Chunk(key, "e", 1.0, [], writer=w, seq=30, start=20),
+        _Chunk(key, "e", 2.0, ["b"], writer=w, seq=40, start=30),
+    ]
+
+    def packed(chunks: list[_Chunk]) -> list[tuple[list[str], int, int]]:
+        return [(list(b.lines), b.start, b.seq) for b in shipper._pack(chunks)]
+
+    assert packed(chunks) == [(["a"], 0, 30), (["b"], 30, 40)]  # two pipes: two batches
+    assert packed(chunks[1:]) == [(["b"], 10, 40)]
+    assert packed(chunks[1:3]) == [([], 10, 30)]  # a skip of its own
     shipper.close()
 
 
