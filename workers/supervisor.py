@@ -327,6 +327,9 @@ class Supervisor:
         self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
         self._lock = threading.Lock()
         self._closing: _Closing | None = None
+        # Jobs deleted since this agent started: their ended replicas' files wait for no
+        # acknowledgement (the log keeper archives no deleted job's lines).
+        self._deleted_jobs: set[int] = set()
         self._sampler = SystemSampler(self._sampled_instances, gpu_usage=inventory.gpu_usage)
         self._sampler.start()
 
@@ -613,8 +616,12 @@ class Supervisor:
     def _send_until_archived(self, run: _ReplicaRun, ends: dict[str, int]) -> None:
         """Wait until the database has each writer's lines up to its end; whenever Redis has
         fewer of them than were sent (it lost its last writes), read the file again from what
-        Redis and the database hold. Bounded by FILES_KEPT_FOR_ARCHIVE_SECONDS."""
-        give_up_at = time.monotonic() + FILES_KEPT_FOR_ARCHIVE_SECONDS
+        Redis and the database hold. Bounded: FILES_KEPT_FOR_ARCHIVE_SECONDS after the
+        replica's end (its keeper's record of it, so an agent that restarts meanwhile and
+        takes the ended replica over again waits no longer), and no longer than until its job
+        is deleted."""
+        # Wall-clock time, as the keeper records the end.
+        give_up_at = (run.ended_at or time.time()) + FILES_KEPT_FOR_ARCHIVE_SECONDS
         ranks = {self._writer(run, "output", rank): rank for rank in range(len(run.readers))}
         owed = dict(ends)
         while owed:
@@ -629,7 +636,13 @@ class Supervisor:
                     log.debug("job %s %s: waiting for Redis: %s", run.spec.job_id, writer, exc)
             if not owed or self._closing is not None:
                 return
-            if time.monotonic() > give_up_at:
+            if run.spec.job_id in self._deleted_jobs:
+                log.info(
+                    "job %s %s: the job is deleted; its files go without its last lines "
+                    "archived", run.spec.job_id, run.spec.tag,
+                )  # fmt: skip
+                return
+            if time.time() > give_up_at:
                 log.warning(
                     "job %s %s: the log keeper did not acknowledge the last lines of %s within "
                     "%.0f s; their files are removed",
@@ -1261,6 +1274,8 @@ class Supervisor:
             if any(j == job_id for j, *_ in self._runs):
                 log.warning("job %s runs here: its checkpoints stay", job_id)
                 return False
+            # Its ended replicas' log files need not wait for the log keeper any more.
+            self._deleted_jobs.add(job_id)
         folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
         removed = checkpoint_retention.remove_folder(folder)
         # The job's working folder holds what its scripts saved where they stood: the same.
