@@ -13,6 +13,9 @@ in the same run:
    pipe reader at the same pace. Each line carries its print time.
 3. The agent's CPU time (user + sys) per 100k lines during the 200,000-line job; beside the pipe
    reader's.
+   Then the same lines read back from the database after a job during which Redis was killed
+   -9 mid-stream (it comes back on its append-only file, synced once a second): lines lost,
+   duplicated and out of order.
 4. A small training loop that logs one line per step: its steps/s (timed inside the trainer) run
    by the agent with a websocket client following (the target), by the agent with nobody
    following, and with stdout to /dev/null (the baseline); rounds alternate, best of each.
@@ -29,6 +32,7 @@ or a job that does not succeed does.
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -281,6 +285,39 @@ class Console:
             raise RunFailed(f"job {job_id} ({name}) ended: {followed.reason}\n{tail}")
         return followed
 
+    def line_count(self, job_id: int) -> int:
+        response = self.http.get(f"/api/v1/jobs/{job_id}/logs/counts")
+        response.raise_for_status()
+        return int(response.json()["total"])
+
+    def wait_archived(self, job_id: int) -> dict[str, Any]:
+        """The job once it has ended and its whole log is in the database (polled)."""
+        deadline = time.monotonic() + RUN_GUARD_S
+        while True:
+            response = self.http.get(f"/api/v1/jobs/{job_id}")
+            if response.status_code == 200:
+                job: dict[str, Any] = response.json()
+                if job["state"] in ("failed", "cancelled") or job["log_archived"]:
+                    return job
+            if time.monotonic() > deadline:
+                raise RunFailed(f"job {job_id}: log not archived after {RUN_GUARD_S:.0f} s")
+            time.sleep(0.2)
+
+    def log_lines(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's whole log over the HTTP API, paged with `after`."""
+        lines: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            response = self.http.get(
+                f"/api/v1/jobs/{job_id}/logs", params={"after": after, "limit": 10_000}
+            )
+            response.raise_for_status()
+            page = response.json()
+            lines.extend(page["lines"])
+            if page["complete"] or page["next"] == after:
+                return lines
+            after = page["next"]
+
     def unwatched(self, name: str, program: str, *args: str) -> None:
         """Run a job with nobody on its log; only its state is polled, once a second (each
         poll costs the web server CPU that the trainer would feel)."""
@@ -495,6 +532,32 @@ def throughput_and_cpu(console: Console, bulk: int = 0) -> bool:
     return e2e.lines.ok(FLOOD_LINES) and pipe.ok(FLOOD_LINES)
 
 
+def redis_killed_mid_stream(console: Console) -> bool:
+    """A paced job (PACED_RATE lines/s for PACED_SECONDS) during which Redis is killed -9 once
+    a third of its lines are in; every line read back from the archived log, counted."""
+    settle(console.stack)
+    expected = int(PACED_RATE * PACED_SECONDS)
+    job_id = console.submit("bench-logs-redis-killed", "paced.py", str(PACED_RATE),
+                            str(PACED_SECONDS))  # fmt: skip
+    deadline = time.monotonic() + RUN_GUARD_S
+    while console.line_count(job_id) < expected // 3:
+        if time.monotonic() > deadline:
+            raise RunFailed(f"job {job_id}: {expected // 3} lines not in after {RUN_GUARD_S} s")
+        time.sleep(0.05)
+    console.stack.restart("redis", how=signal.SIGKILL)
+    job = console.wait_archived(job_id)
+    if job["state"] != "succeeded":
+        raise RunFailed(f"job {job_id} (Redis killed mid-stream) ended: {job.get('reason')}")
+    lines = Lines()
+    for line in console.log_lines(job_id):
+        lines.add(line["text"], 0.0)
+    print(
+        f"Redis killed -9 mid-stream ({expected:,} lines at {PACED_RATE:,}/s), lines in the "
+        f"database: {lines.fault_text(expected)}"
+    )
+    return lines.ok(expected)
+
+
 def latency(console: Console) -> bool:
     rate, seconds = str(PACED_RATE), str(PACED_SECONDS)
     expected = int(PACED_RATE * PACED_SECONDS)
@@ -628,6 +691,7 @@ def log_path() -> bool:
             # The same lines written in bulk: what the log path carries when the trainer's
             # own printing is not the limit.
             ok = throughput_and_cpu(console, bulk=FLOOD_BULK) and ok
+            ok = redis_killed_mid_stream(console) and ok
             ok = latency(console) and ok
             ok = training(console, tmp) and ok
             print(

@@ -919,6 +919,29 @@ class LogChunk(models.Model):
         return f"log {self.first_cursor}-{self.last_cursor} of job {self.job_id}"
 
 
+class LogAck(models.Model):
+    """How far the database has a job's lines from one writer (an agent's file, by the offset its
+    lines end at; or an agent's own numbered batches): the log keeper's acknowledgement.
+
+    Written with the chunks it covers, in one transaction. Agents keep a file's lines until its
+    acknowledgement passes them, and after Redis lost writes they send again from there; the
+    keeper keeps each (writer, sequence number) once.
+    """
+
+    job = models.ForeignKey(Job, related_name="log_acks", on_delete=models.CASCADE)
+    writer = models.CharField(max_length=100)
+    seq = models.BigIntegerField()  # -1: none of its lines yet
+    # Where the writer's lines end, once its replica has ended (its agent's exit report): the
+    # keeper closes the job's log only when `seq` has reached it.
+    goal = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "writer"], name="one_ack_per_writer")]
+
+    def __str__(self) -> str:
+        return f"{self.writer} of job {self.job_id} archived to {self.seq}"
+
+
 class MetricPoint(models.Model):
     """One metric value a job's process reported (or its agent sampled), archived for charts,
     figures and export. `cursor` is its place in the job's log stream, which carries points too."""

@@ -69,6 +69,7 @@ def replica_exited(payload: dict[str, Any]) -> None:
         payload.get("stderr_tail", []),
         payload.get("ended_at"),
         attempt=int(payload.get("attempt", 0)),
+        log_ends=payload.get("log_ends") or {},
     )
 
 

@@ -69,13 +69,13 @@ def redis_argv(
         "--port", str(port),
         "--bind", *bind,
         "--dir", str(data_dir),
-        # Log lines and queued messages survive a crash of this Redis (kill -9 included): an
-        # append-only file synced before each reply is sent, no RDB snapshots. "everysec"
-        # would lose the last second of writes that agents were already told had landed, and
-        # the log path promises no lost line. Redis groups the writes of one event-loop turn
-        # into one fsync, so a batching agent pays little for it.
+        # An append-only file, written before each reply and synced once a second; no RDB
+        # snapshots. A kill -9 of this Redis loses nothing it answered (the kernel has the
+        # writes); a crash of its host may lose the last second. Log lines do not rely on it:
+        # an agent keeps them in its keepers' files until the log keeper has them in the
+        # database, and sends again whatever Redis lost (jobs/services/logarchive.py).
         "--appendonly", "yes",
-        "--appendfsync", "always",
+        "--appendfsync", "everysec",
         "--save", "",
         "--maxmemory", redis_maxmemory(),
         "--maxmemory-policy", MAXMEMORY_POLICY,

@@ -140,10 +140,15 @@ def exit_report(
     stderr_tail: list[str],
     ended_at: float | None,
     incarnation: str,
+    log_ends: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """What TASK_REPLICA_EXITED carries: how one replica ended on a node (or that the node does
-    not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike."""
-    return {
+    not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike.
+    `log_ends`: per file writer of the replica's lines, the sequence number its last lines end
+    at; the log keeper closes the job's log only once the database has them (so lines Redis
+    loses after the exit, and the agent sends again, still come before the end marker); absent
+    when there are none."""
+    report: dict[str, Any] = {
         "job_id": job_id,
         "attempt": attempt,
         "role": role,
@@ -156,6 +161,9 @@ def exit_report(
         "ended_at": ended_at,
         "incarnation": incarnation,
     }
+    if log_ends:
+        report["log_ends"] = dict(log_ends)
+    return report
 
 
 # --- Celery queues and task names (tasks are sent by name: neither side imports the other's) ---
@@ -196,9 +204,39 @@ def log_seen_key(job_id: int) -> str:
     return f"trainyard:{{job:{job_id}}}:seen"
 
 
+def log_ack_key(job_id: int) -> str:
+    """Per writer, the sequence number of its last batch the log keeper has in the database:
+    what an agent may forget (its keeper's files), and where it sends from again after Redis
+    lost writes. Written by the log keeper only after its transaction commits."""
+    return f"trainyard:{{job:{job_id}}}:acked"
+
+
+def log_skip_key(job_id: int) -> str:
+    """Per writer, lines its agent dropped on purpose (over the replica's log budget) that are
+    not acknowledged yet: "BASE END", the lines after sequence number BASE up to END count as
+    acknowledged once the log keeper acknowledges BASE (the database will never hold them, and
+    the agent may free them). Written by the append script, applied by the log keeper's."""
+    return f"trainyard:{{job:{job_id}}}:skipped"
+
+
+def log_epoch_key(job_id: int) -> str:
+    """Set anew each time the log keeper realigns the job's stream with the database (after a
+    Redis restart): an agent that finds its lines missing waits for a new one before it sends
+    them again, so it sends from what the database has."""
+    return f"trainyard:{{job:{job_id}}}:epoch"
+
+
 def job_log_keys(job_id: int) -> list[str]:
     """Every key of a job's log, for expiring them once the log is archived in the database."""
-    return [log_stream_key(job_id), log_cursor_key(job_id), log_seen_key(job_id)]
+    return [
+        log_stream_key(job_id), log_cursor_key(job_id), log_seen_key(job_id), log_ack_key(job_id),
+        log_skip_key(job_id), log_epoch_key(job_id),
+    ]  # fmt: skip
+
+
+# The Redis server (its INFO run_id) the log keeper last made agree with the database: another
+# one means Redis restarted, and may have lost its last writes (appendfsync everysec).
+LOG_KEEPER_REDIS_RUN_KEY = "trainyard:logkeeper:redis-run"
 
 
 def rendezvous_key(job_id: int, attempt: int = 0) -> str:
@@ -228,6 +266,11 @@ FIELD_ATTEMPT = "a"
 FIELD_DROPPED_LINES = "d"
 FIELD_DROPPED_POINTS = "dp"
 FIELD_END = "end"  # present only on the job's final entry: the reason the log ended
+# The batch's writer and its sequence number (for a file's lines: the offset they end at), put
+# there by the append script: the log keeper archives each (writer, sequence number) once, so
+# lines an agent sends again after Redis lost them are never kept twice.
+FIELD_WRITER = "w"
+FIELD_SEQ = "q"
 STREAM_STDOUT = "o"
 STREAM_STDERR = "e"
 STREAM_METRIC = "m"  # the "lines" are metric points, one JSON object each (workers.metricparse)

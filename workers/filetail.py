@@ -10,6 +10,11 @@ a frame all of whose lines have been handed on, with none of what follows: a new
 starts from the offset the last lines in Redis or in its spool end at sends every line once,
 none lost, none twice. No partial line is held across frames here, so none can make a resume
 skip or repeat bytes.
+
+The file is the node's spool: its bytes are freed only once the log keeper has their lines in
+the database (`acked`). If Redis loses lines it had taken (a crash under appendfsync everysec),
+its answer to the next batch says so, and the tail reads the file again from where Redis and the
+database still have its lines (`rewind`).
 """
 
 import ctypes
@@ -22,6 +27,7 @@ from pathlib import Path
 
 from workers.keeper import read_frames
 from workers.logship import MAX_BATCH_LINES, MAX_LINE_CHARS, _decode, _split_long
+from workers.logsink import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +41,14 @@ _FALLOC_FL_KEEP_SIZE = 0x01
 _FALLOC_FL_PUNCH_HOLE = 0x02
 _BLOCK = 4096
 
-# (read time, stream: "out" or "err", lines, offset the frame of the last of them ends at)
+# How long a rewind waits for the log keeper to realign the job's stream with the database
+# (a new epoch) before it reads again anyway.
+REWIND_WAIT_SECONDS = 30.0
+REWIND_POLL_SECONDS = 0.1
+
+# (read time, stream: "out" or "err", lines, offset the frame of the last of them ends at). While
+# it runs, the tail's `offset` is where those lines start, and `generation` the reading they
+# belong to.
 EmitLines = Callable[[float, str, list[str], int], None]
 
 
@@ -63,15 +76,24 @@ class FileTail(threading.Thread):
         emit: EmitLines,
         ended: Callable[[], bool],
         name: str = "",
-        shipped: Callable[[], int] | None = None,
+        ledger: Ledger | None = None,
         discard_every: int = DISCARD_EVERY_BYTES,
+        drained: Callable[[], bool] | None = None,
     ) -> None:
         super().__init__(name=name or f"tail-{path.name}", daemon=True)
         self.path = path
         self.offset = offset  # where the frames handed on so far end
-        # How far the file's lines are in Redis or the spool (what a new agent would not read
-        # again): the file's bytes before that may be freed.
-        self._shipped = shipped
+        # How far the file's lines are in the database (ledger.acked): the file's bytes before
+        # that may be freed, and a rewind never goes back past it.
+        self._ledger = ledger
+        self.acked = 0
+        self.generation = 0  # one more at each rewind
+        self._rewind_of: int | None = None  # the generation a gap was answered to
+        self._lock = threading.Lock()
+        self._epoch = self._read_epoch()
+        # True once every line handed on is in Redis (waiting a while at most): at the file's
+        # end, Redis's answers to the last lines may still ask for a rewind.
+        self._drained = drained
         self._discard_every = discard_every
         self._read_since_discard = 0
         self.discarded = 0
@@ -89,8 +111,22 @@ class FileTail(threading.Thread):
         """Stop following now (the agent hands over): what is not read stays for the next."""
         self._stopping.set()
 
+    @property
+    def rewound(self) -> bool:
+        """Whether Redis lost lines of this file (it is read again, or will be)."""
+        return self.generation > 0 or self._rewind_of is not None
+
+    def rewind(self, generation: int) -> None:
+        """Redis does not have lines of reading `generation` that came before some it was sent:
+        read the file again from what it has (once per reading; any thread)."""
+        with self._lock:
+            if generation == self.generation and self._rewind_of is None:
+                self._rewind_of = generation
+
     def run(self) -> None:
         while not self._stopping.is_set():
+            if self._rewind_of is not None:
+                self._rewind()
             ended = self._ended()  # before the read: whatever it holds at the end is then read
             try:
                 got = self._read()
@@ -100,7 +136,10 @@ class FileTail(threading.Thread):
             if got:
                 continue
             if ended:
-                return
+                if self._drained is not None and not self._drained():
+                    continue  # Redis away: its answers to the last lines are still to come
+                if self._rewind_of is None:
+                    return
             self._stopping.wait(POLL_SECONDS)
 
     def _read(self) -> bool:
@@ -113,10 +152,12 @@ class FileTail(threading.Thread):
         if not data:
             return False
         self._read_since_discard += len(data)
-        if self._shipped is not None and self._read_since_discard >= self._discard_every:
+        if self._ledger is not None and self._read_since_discard >= self._discard_every:
             self._read_since_discard = 0
             self._discard()
         data = self._pending + data
+        if self._rewind_of is not None:
+            return True  # read again from elsewhere first
         try:
             frames, used = read_frames(data)
         except ValueError as exc:
@@ -137,15 +178,54 @@ class FileTail(threading.Thread):
             self._emit_lines(stream, lines, start + end)
         return True
 
-    def _discard(self) -> None:
-        """Free the file's blocks before the shipped offset (best effort: a file system without
-        hole punching keeps them)."""
-        assert self._shipped is not None
+    def _read_epoch(self) -> str:
+        if self._ledger is None:
+            return ""
         try:
-            upto = min(self._shipped(), self.offset) // _BLOCK * _BLOCK
+            return self._ledger.epoch()
+        except Exception as exc:  # Redis away: any epoch found later counts as new
+            log.debug("%s: no log epoch now: %s", self.path, exc)
+            return ""
+
+    def _rewind(self) -> None:
+        """Once the log keeper has realigned the stream with the database (a new epoch; waited
+        for a while at most), go back to where the lines Redis and the database hold end."""
+        assert self._ledger is not None
+        waited = time.monotonic() + REWIND_WAIT_SECONDS
+        while not self._stopping.is_set():
+            epoch = self._read_epoch()
+            if (epoch and epoch != self._epoch) or time.monotonic() > waited:
+                try:
+                    target = max(self._ledger.seen(), self._ledger.acked(), self.acked, 0)
+                except Exception as exc:  # Redis away again: wait for it
+                    log.debug("%s: rewind waits for Redis: %s", self.path, exc)
+                    self._stopping.wait(REWIND_POLL_SECONDS)
+                    continue
+                with self._lock:
+                    log.warning(
+                        "%s: Redis lost lines after offset %s (read to %s): reading them again",
+                        self.path, target, self.offset,
+                    )  # fmt: skip
+                    self.offset = target
+                    self._pending = b""
+                    self.generation += 1
+                    self._rewind_of = None
+                    self._epoch = epoch
+                return
+            self._stopping.wait(REWIND_POLL_SECONDS)
+
+    def _discard(self) -> None:
+        """Free the file's blocks before the offset the database has its lines to (best
+        effort: a file system without hole punching keeps them)."""
+        assert self._ledger is not None
+        try:
+            acked = self._ledger.acked()
         except Exception as exc:  # Redis away: next time
             log.debug("not freeing %s now: %s", self.path, exc)
             return
+        # A rewind never goes back before an acknowledged offset: the bytes there are gone.
+        self.acked = max(self.acked, min(acked, self.offset))
+        upto = self.acked // _BLOCK * _BLOCK
         if upto <= self.discarded:
             return
         libc = ctypes.CDLL(None, use_errno=True)

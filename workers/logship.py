@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -27,7 +27,7 @@ import redis
 
 from workers import contract
 from workers.logquota import LogBudget, LogLimits, Marker
-from workers.logsink import LogBatch, LogSink
+from workers.logsink import GAP, Ledger, LogBatch, LogSink
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +91,25 @@ class _Chunk:
     # offset the lines end at, which become the batch's writer and sequence number.
     writer: str | None = None
     seq: int = 0
+    # A file's lines: the offset they start at, and the reading of the file they come from.
+    start: int = -1
+    generation: int = 0
+
+
+def _is_skip(chunk: _Chunk) -> bool:
+    """A file's lines that were all dropped over the budget (LogShipper.put)."""
+    return chunk.writer is not None and not chunk.lines
+
+
+def _same_reading(current: _Chunk, chunk: _Chunk) -> bool:
+    """Whether `chunk` follows `current` in the same reading of the same file (no marker)."""
+    return (
+        current.key == chunk.key
+        and current.writer == chunk.writer
+        and current.generation == chunk.generation
+        and not (current.dropped_lines or current.dropped_points)
+        and not (chunk.dropped_lines or chunk.dropped_points)
+    )
 
 
 class _Barrier:
@@ -222,6 +241,11 @@ class LogShipper:
         self._refused_since: dict[int, float] = {}  # job id -> when Redis first refused it
         self._held_barriers: list[_Barrier] = []
         self._budgets: dict[ReplicaKey, LogBudget] = {}
+        # Per file writer, what reads its file again from where Redis has its lines.
+        self._rewinders: dict[str, Callable[[int], None]] = {}
+        # Per file writer, the sequence number of the last lines it was given (not dropped over
+        # a budget): where the writer's lines end once its file is read to the end.
+        self._last_seqs: dict[str, int] = {}
         self._thread = threading.Thread(target=self._run, name="log-shipper", daemon=True)
         self._thread.start()
 
@@ -242,6 +266,8 @@ class LogShipper:
         ts: float,
         lines: list[str],
         source: tuple[str, int] | None = None,
+        start: int = -1,
+        generation: int = 0,
     ) -> None:
         """Never blocks: the trainer's pipe must keep draining whatever Redis does. Lines (or
         metric points) over the replica's budget are dropped here, before they take memory,
@@ -249,9 +275,13 @@ class LogShipper:
 
         `source` (writer, offset) names lines read from a file by offset: they go to Redis under
         that writer, with the offset as sequence number, so that whoever reads the file again
-        from an offset that `shipped_offset` gave sends each line once."""
+        from an offset that `shipped_offset` gave sends each line once. With `start`, the
+        offset the lines start at (where the writer's previous lines ended) and the reading of
+        the file they come from (`generation`), Redis checks that it has those previous lines:
+        if it lost them, the writer's rewinder (see `watch`) is asked to read them again."""
         budget = self._budgets.get(key)
         marker = None
+        read = len(lines)
         if budget is not None:
             now = time.monotonic()
             if stream == contract.STREAM_METRIC:
@@ -261,8 +291,47 @@ class LogShipper:
                 lines, marker = budget.admit_lines(lines, now)
         if lines:
             writer, seq = source or (None, 0)
-            self._queue.put(_Chunk(key, stream, ts, lines, writer=writer, seq=seq))
+            if writer is not None:
+                self._last_seqs[writer] = max(seq, self._last_seqs.get(writer, -1))
+            chunk = _Chunk(
+                key, stream, ts, lines, writer=writer, seq=seq, start=start, generation=generation
+            )
+            self._queue.put(chunk)
+        elif read and source is not None and start >= 0:
+            # Every line of this read of a file was dropped on purpose: Redis is still told
+            # that the writer's lines went past them (a skip), or its next lines would look
+            # like a gap to fill from the file again (and be dropped again, forever); and the
+            # log keeper's acknowledgement moves past them, so the file's bytes are freed.
+            skip = _Chunk(
+                key, stream, ts, [], writer=source[0], seq=source[1], start=start,
+                generation=generation,
+            )  # fmt: skip
+            self._queue.put(skip)
         self._put_marker(key, ts, marker)
+
+    def watch(self, writer: str, rewind: Callable[[int], None]) -> None:
+        """`rewind(generation)` reads a file writer's file again when Redis lost its lines."""
+        self._rewinders[writer] = rewind
+
+    def unwatch(self, writer: str) -> None:
+        self._rewinders.pop(writer, None)
+
+    def last_seq(self, writer: str) -> int:
+        """The sequence number of the last lines a file writer was given here (-1: none)."""
+        return self._last_seqs.get(writer, -1)
+
+    def forget(self, writer: str) -> None:
+        """The writer's lines are all in the database (or given up on): forget its end."""
+        self._last_seqs.pop(writer, None)
+
+    def ledger(self, job_id: int, writer: str) -> Ledger:
+        """What Redis tells of a file writer's lines (workers/filetail.py)."""
+        epoch_key = contract.log_epoch_key(job_id)
+        return Ledger(
+            seen=lambda: self._sink.seen(job_id, writer),
+            acked=lambda: self._sink.acked(job_id, writer),
+            epoch=lambda: str(self._sink.client.get(epoch_key) or ""),
+        )
 
     def shipped_offset(self, job_id: int, writer: str) -> int:
         """How far a file's lines have gone (to Redis, or to the spool, which sends them): the
@@ -344,16 +413,30 @@ class LogShipper:
         lines: list[str] = []
         chars = 0
         for chunk in chunks:
+            if _is_skip(chunk):
+                # Dropped lines of a file: the batch of the same reading of the file before
+                # them ends after them, or they are a batch of their own (of no lines).
+                if current is not None and _same_reading(current, chunk):
+                    seq_of = chunk
+                    continue
+                if current is not None and (lines or _is_skip(current)):
+                    batches.append(self._batch(current, lines, seq_of))
+                current, seq_of, lines, chars = chunk, chunk, [], 0
+                continue
             # A file's chunk stays whole: all of it has one sequence number (its end offset).
             step = MAX_BATCH_LINES if chunk.writer is None else max(1, len(chunk.lines))
             for start in range(0, len(chunk.lines), step):
                 part = chunk.lines[start : start + step]
                 size = sum(map(len, part))
+                if current is not None and _is_skip(current) and _same_reading(current, chunk):
+                    # Lines after a skip of the same reading: one batch, from the skip's start.
+                    current = replace(chunk, start=current.start)
                 same_pipe = (
                     current is not None
                     and current.key == chunk.key
                     and current.stream == chunk.stream
                     and current.writer == chunk.writer
+                    and current.generation == chunk.generation
                     and not (current.dropped_lines or current.dropped_points)
                     and not (chunk.dropped_lines or chunk.dropped_points)
                 )
@@ -362,7 +445,7 @@ class LogShipper:
                     or len(lines) + len(part) > MAX_BATCH_LINES
                     or chars + size > MAX_BATCH_CHARS
                 ):
-                    if current is not None and lines:
+                    if current is not None and (lines or _is_skip(current)):
                         batches.append(self._batch(current, lines, seq_of))
                     current = chunk
                     lines = []
@@ -370,7 +453,7 @@ class LogShipper:
                 lines.extend(part)
                 chars += size
                 seq_of = chunk
-        if current is not None and lines:
+        if current is not None and (lines or _is_skip(current)):
             batches.append(self._batch(current, lines, seq_of))
         return batches
 
@@ -385,6 +468,7 @@ class LogShipper:
         return LogBatch(
             key.job_id, key.role, key.index, key.node, chunk.stream, chunk.ts, lines,
             writer, seq, key.attempt, chunk.dropped_lines, chunk.dropped_points,
+            chunk.start, chunk.generation,
         )  # fmt: skip
 
     def _deliver(self, batches: list[LogBatch]) -> None:
@@ -396,7 +480,7 @@ class LogShipper:
             self._send_spooled()
             return
         try:
-            self._sink.append(batches)
+            self._answered(batches, self._sink.append(batches))
         except redis.RedisError as exc:
             log.warning(
                 "Redis unreachable or full (%s): spooling log lines to %s", exc, self._spool.dir
@@ -412,7 +496,7 @@ class LogShipper:
             while not self._spool.empty():
                 batches = self._spool.peek(SPOOL_REPLAY_BATCHES)
                 try:
-                    self._sink.append(batches)
+                    self._answered(batches, self._sink.append(batches))
                 except redis.exceptions.NoPermissionError:
                     self._send_one_by_one(batches)
                     continue
@@ -430,7 +514,7 @@ class LogShipper:
         long (it stays first in the spool)."""
         for batch in batches:
             try:
-                self._sink.append([batch])
+                self._answered([batch], self._sink.append([batch]))
             except redis.exceptions.NoPermissionError:
                 now = time.monotonic()
                 since = self._refused_since.setdefault(batch.job_id, now)
@@ -442,6 +526,21 @@ class LogShipper:
                     len(batch.lines),
                 )  # fmt: skip
             self._spool.consume(1)
+
+    def _answered(self, batches: list[LogBatch], cursors: list[int]) -> None:
+        """Batches Redis refused because it lost their writer's earlier lines are read again
+        from the writer's file; nothing of them was appended."""
+        for batch, cursor in zip(batches, cursors, strict=True):
+            if cursor != GAP:
+                continue
+            rewind = self._rewinders.get(batch.writer)
+            if rewind is not None:
+                rewind(batch.generation)
+            else:
+                log.error(
+                    "job %s: Redis lost lines of %s before offset %s, and no file follows it now",
+                    batch.job_id, batch.writer, batch.start,
+                )  # fmt: skip
 
     def _release_barriers(self) -> None:
         if self.spooling:

@@ -10,7 +10,7 @@ dropped connection, or from its disk spool after a crash) without ever duplicati
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,17 +18,45 @@ import redis
 
 from workers import contract
 
-# KEYS[1] stream, KEYS[2] cursor counter, KEYS[3] last sequence seen per writer.
+# KEYS[1] stream, KEYS[2] cursor counter, KEYS[3] last sequence seen per writer, KEYS[4] acked per
+# writer, KEYS[5] skipped per writer (workers/contract.py, log_skip_key).
 # ARGV[1] lines in the batch, ARGV[2] approximate MAXLEN, ARGV[3] writer, ARGV[4] its sequence
-# number, ARGV[5..] field/value pairs. Returns the cursor of the batch's last line, or -1 for a
-# batch already appended.
+# number, ARGV[5] the sequence number the writer's previous batch ended at (-1: not checked),
+# ARGV[6..] field/value pairs. Returns the cursor of the batch's last line, -1 for a batch
+# already appended (or one of no lines), or GAP when the writer's previous batch is not there:
+# Redis lost it (a crash under appendfsync everysec), and the writer must send again from what
+# Redis has.
+#
+# A batch of no lines is a skip: its writer's lines up to its sequence number were dropped on
+# purpose (over the replica's log budget). Nothing is appended, but Redis now has the writer's
+# lines to there (its next batch is no gap), and they count as acknowledged as soon as the
+# database has every line of the writer before them: at once if it has, else (KEYS[5]) when the
+# log keeper acknowledges the writer's last batch before the skip (jobs/services/logarchive.py).
+# Consecutive skips make one; a skip after a batch with lines starts a new one.
 _APPEND_LUA = """
 local seen = tonumber(redis.call('HGET', KEYS[3], ARGV[3]) or '-1')
 if tonumber(ARGV[4]) <= seen then return -1 end
+local start = tonumber(ARGV[5])
+if start > 0 and start > seen then return -2 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
+if tonumber(ARGV[1]) == 0 then
+  local base = seen
+  local pending = redis.call('HGET', KEYS[5], ARGV[3])
+  if pending then
+    local from, upto = string.match(pending, '^(%-?%d+) (%-?%d+)$')
+    if tonumber(upto) == seen then base = tonumber(from) end
+  end
+  if tonumber(redis.call('HGET', KEYS[4], ARGV[3]) or '-1') >= base then
+    redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
+    redis.call('HDEL', KEYS[5], ARGV[3])
+  else
+    redis.call('HSET', KEYS[5], ARGV[3], base .. ' ' .. ARGV[4])
+  end
+  return -1
+end
 local last = redis.call('INCRBY', KEYS[2], tonumber(ARGV[1]))
-local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], last .. '-0'}
-for i = 5, #ARGV do args[#args + 1] = ARGV[i] end
+local args = {KEYS[1], 'MAXLEN', '~', ARGV[2], last .. '-0', 'w', ARGV[3], 'q', ARGV[4]}
+for i = 6, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('XADD', unpack(args))
 return last
 """
@@ -37,13 +65,27 @@ return last
 # hundred lines). The console archives entries to the database long before they are trimmed.
 DEFAULT_MAXLEN = 100_000
 
+# What append answers for a batch whose writer's previous batch Redis does not have.
+GAP = -2
+
 # The writer name of the end marker: whoever appends it first wins, every later try is a no-op.
 END_WRITER = "end"
 
 
+@dataclass(frozen=True)
+class Ledger:
+    """What Redis tells of one file's lines: how far they are in the job's stream (`seen`), how
+    far in the database (`acked`), and the job's log epoch (new after each realignment)."""
+
+    seen: Callable[[], int]
+    acked: Callable[[], int]
+    epoch: Callable[[], str]
+
+
 @dataclass(frozen=True, slots=True)
 class LogBatch:
-    """Consecutive lines of one process's stdout or stderr, as one stream entry."""
+    """Consecutive lines of one process's stdout or stderr, as one stream entry; or, with no
+    lines, a file writer's skip: its lines up to `seq` were dropped over its budget."""
 
     job_id: int
     role: str
@@ -59,6 +101,12 @@ class LogBatch:
     # it accounts for.
     dropped_lines: int = 0
     dropped_points: int = 0
+    # A file's batch: the offset its writer's previous batch ended at (its lines start there),
+    # which Redis checks; -1: not checked (lines with no file to read them from again).
+    start: int = -1
+    # Which reading of its file the batch comes from (workers/filetail.py counts them): a gap
+    # answered to a batch of an earlier reading is already being filled.
+    generation: int = 0
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -91,6 +139,11 @@ class LogBatch:
             self.writer,
             self.seq,
         ]
+        if self.start >= 0:
+            values.extend(
+                (self.attempt, self.dropped_lines, self.dropped_points, self.start, self.generation)
+            )
+            return json.dumps(values, ensure_ascii=False)
         if self.attempt > 0 or self.dropped_lines or self.dropped_points:
             values.append(self.attempt)
         if self.dropped_lines or self.dropped_points:
@@ -101,10 +154,14 @@ class LogBatch:
     def from_json(cls, text: str) -> "LogBatch":
         """Parse a spool line; one written before batches had attempts is attempt 0."""
         job_id, role, index, node, stream, ts, lines, writer, seq, *rest = json.loads(text)
-        attempt, dropped_lines, dropped_points = [*map(int, rest), 0, 0, 0][:3]
+        defaults = (0, 0, 0, -1, 0)  # attempt, dropped lines and points, start, generation
+        attempt, dropped_lines, dropped_points, start, generation = [
+            *map(int, rest[:5]),
+            *defaults[len(rest) :],
+        ]
         return cls(
             job_id, role, index, node, stream, ts, lines, writer, seq, attempt,
-            dropped_lines, dropped_points,
+            dropped_lines, dropped_points, start, generation,
         )  # fmt: skip
 
 
@@ -113,12 +170,14 @@ class LogSink:
 
     def __init__(self, client: redis.Redis, maxlen: int = DEFAULT_MAXLEN) -> None:
         self._client = client
+        self.client = client
         self._maxlen = maxlen
         self._append = client.register_script(_APPEND_LUA)
 
     def append(self, batches: Sequence[LogBatch]) -> list[int]:
         """Append batches in order with one round trip; the cursor of each one's last line
-        (-1 for a batch appended before). Raises redis.RedisError when Redis is unreachable,
+        (-1 for a batch appended before, GAP for one whose writer's previous batch Redis does
+        not have: nothing of it was appended). Raises redis.RedisError when Redis is unreachable,
         in which case any prefix of the batches may have been appended: send them all again.
         """
         if not batches:
@@ -126,8 +185,9 @@ class LogSink:
         pipe = self._client.pipeline(transaction=False)
         for batch in batches:
             self._call(
-                pipe, batch.job_id, len(batch.lines), batch.writer, batch.seq, batch.fields()
-            )
+                pipe, batch.job_id, len(batch.lines), batch.writer, batch.seq, batch.fields(),
+                batch.start,
+            )  # fmt: skip
         return [int(cursor) for cursor in pipe.execute()]
 
     def seen(self, job_id: int, writer: str) -> int:
@@ -135,19 +195,33 @@ class LogSink:
         value = self._client.hget(contract.log_seen_key(job_id), writer)
         return -1 if value is None else int(value)
 
+    def acked(self, job_id: int, writer: str) -> int:
+        """The highest sequence number of `writer` the log keeper has in the database (-1)."""
+        value = self._client.hget(contract.log_ack_key(job_id), writer)
+        return -1 if value is None else int(value)
+
     def append_end(self, job_id: int, reason: str) -> int:
         """Mark the job's log complete (once: later calls do nothing and return -1)."""
         return int(self._call(self._client, job_id, 1, END_WRITER, 1, {contract.FIELD_END: reason}))
 
     def _call(
-        self, client: Any, job_id: int, count: int, writer: str, seq: int, fields: dict[str, str]
+        self,
+        client: Any,
+        job_id: int,
+        count: int,
+        writer: str,
+        seq: int,
+        fields: dict[str, str],
+        start: int = -1,
     ) -> Any:
-        argv: list[str | int] = [count, self._maxlen, writer, seq]
+        argv: list[str | int] = [count, self._maxlen, writer, seq, start]
         for key, value in fields.items():
             argv.extend((key, value))
         keys = [
             contract.log_stream_key(job_id),
             contract.log_cursor_key(job_id),
             contract.log_seen_key(job_id),
+            contract.log_ack_key(job_id),
+            contract.log_skip_key(job_id),
         ]
         return self._append(keys=keys, args=argv, client=client)

@@ -67,6 +67,7 @@ from workers.launcher import (
 )
 from workers.logquota import LogLimits
 from workers.logship import FILE_WRITER_PREFIX, LogShipper, ReplicaKey
+from workers.logsink import Ledger
 from workers.metricfeed import MetricTail, SampledInstance, SystemSampler
 from workers.metricparse import Point, RegexScanner, compile_definitions
 from workers.procrecords import ProcRecords, Reaped, reap_all
@@ -85,6 +86,15 @@ STOP_GRACE_SECONDS = 5.0
 # After SIGKILL, how long to wait for the keeper to see every group gone; a group still there
 # after that (a process stuck in the kernel) keeps its record, for the guardian or the next agent.
 KILL_WAIT_SECONDS = 5.0
+# How long a file's reader, at the file's end, waits at a time for its last lines to reach Redis
+# (Redis's answers may ask it to read them again).
+DRAIN_WAIT_SECONDS = 1.0
+# How long an ended replica's files are kept for the log keeper to acknowledge their last lines
+# (Redis may lose them after the exit, and they are then sent again from the files); after that
+# they go, so that a keeper that never answers cannot fill the disk (the console closes the
+# log as long after the end: jobs/services/logarchive.py).
+FILES_KEPT_FOR_ARCHIVE_SECONDS = 600.0
+ARCHIVE_POLL_SECONDS = 0.5
 # While an adopted replica waits for Redis to say where its lines stopped.
 RESUME_RETRY_SECONDS = 0.5
 MONITOR_INTERVAL_SECONDS = 0.1
@@ -317,6 +327,9 @@ class Supervisor:
         self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
         self._lock = threading.Lock()
         self._closing: _Closing | None = None
+        # Jobs deleted since this agent started: their ended replicas' files wait for no
+        # acknowledgement (the log keeper archives no deleted job's lines).
+        self._deleted_jobs: set[int] = set()
         self._sampler = SystemSampler(self._sampled_instances, gpu_usage=inventory.gpu_usage)
         self._sampler.start()
 
@@ -559,11 +572,114 @@ class Supervisor:
         if run.ended_at is None:
             run.ended_at = time.time()
         self._finish(run, exit_code, reason)
+        for rank in range(len(run.readers)):
+            self._shipper.unwatch(self._writer(run, "output", rank))
         if run.keeper is not None:
             run.keeper.release()
             if not any(r.is_alive() for r in run.readers):
-                # Every line is read (and in Redis, or in the spool): the files may go.
-                shutil.rmtree(run.keeper.folder, ignore_errors=True)
+                # Every line is read (and in Redis, or in the spool): the files go once the
+                # database has them too.
+                self._remove_files_once_archived(run)
+
+    def _log_ends(self, run: _ReplicaRun) -> dict[str, int]:
+        """Per output file writer of the replica, the sequence number its last lines end at."""
+        ends = {}
+        for rank in range(len(run.readers)):
+            writer = self._writer(run, "output", rank)
+            if (seq := self._shipper.last_seq(writer)) >= 0:
+                ends[writer] = seq
+        return ends
+
+    def _remove_files_once_archived(self, run: _ReplicaRun) -> None:
+        """Remove the ended replica's files once the log keeper has every line of them in the
+        database, sending lines again from them meanwhile if Redis loses them (in the
+        background: the replica's end is reported already). During a shutdown they go at once,
+        as before acknowledgements: the spool has what is not in Redis, and a next agent would
+        take a folder left behind for a replica to adopt."""
+        assert run.keeper is not None
+        folder = run.keeper.folder
+        ends = self._log_ends(run)
+        if not ends or self._closing is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            return
+
+        def keep() -> None:
+            try:
+                self._send_until_archived(run, ends)
+            finally:
+                for writer in ends:
+                    self._shipper.forget(writer)
+                shutil.rmtree(folder, ignore_errors=True)
+
+        _in_background(keep, f"archive-{run.spec.job_id}-{run.spec.tag}")
+
+    def _send_until_archived(self, run: _ReplicaRun, ends: dict[str, int]) -> None:
+        """Wait until the database has each writer's lines up to its end; whenever Redis has
+        fewer of them than were sent (it lost its last writes), read the file again from what
+        Redis and the database hold. Bounded: FILES_KEPT_FOR_ARCHIVE_SECONDS after the
+        replica's end (its keeper's record of it, so an agent that restarts meanwhile and
+        takes the ended replica over again waits no longer), and no longer than until its job
+        is deleted."""
+        # Wall-clock time, as the keeper records the end.
+        give_up_at = (run.ended_at or time.time()) + FILES_KEPT_FOR_ARCHIVE_SECONDS
+        ranks = {self._writer(run, "output", rank): rank for rank in range(len(run.readers))}
+        owed = dict(ends)
+        while owed:
+            for writer, end in list(owed.items()):
+                ledger = self._shipper.ledger(run.spec.job_id, writer)
+                try:
+                    if ledger.acked() >= end:
+                        del owed[writer]
+                    elif ledger.seen() < end:
+                        self._send_again(run, writer, ranks[writer], ledger)
+                except redis.RedisError as exc:  # Redis away: its answers come when it is back
+                    log.debug("job %s %s: waiting for Redis: %s", run.spec.job_id, writer, exc)
+            if not owed or self._closing is not None:
+                return
+            if run.spec.job_id in self._deleted_jobs:
+                log.info(
+                    "job %s %s: the job is deleted; its files go without its last lines "
+                    "archived", run.spec.job_id, run.spec.tag,
+                )  # fmt: skip
+                return
+            if time.time() > give_up_at:
+                log.warning(
+                    "job %s %s: the log keeper did not acknowledge the last lines of %s within "
+                    "%.0f s; their files are removed",
+                    run.spec.job_id, run.spec.tag, sorted(owed), FILES_KEPT_FOR_ARCHIVE_SECONDS,
+                )  # fmt: skip
+                return
+            time.sleep(ARCHIVE_POLL_SECONDS)
+
+    def _send_again(self, run: _ReplicaRun, writer: str, rank: int, ledger: Ledger) -> None:
+        """Read an ended replica's output file again from where Redis and the database have
+        its lines, to its end (a gap Redis answers is filled as while it ran)."""
+        assert run.keeper is not None
+        # Never before what the database had when the file was read (its blocks there may be
+        # freed): Redis may have lost its acknowledgement too, until the keeper realigns.
+        offset = max(ledger.seen(), ledger.acked(), run.readers[rank].acked, 0)
+        log.warning(
+            "job %s %s: Redis lost lines of %s after offset %s, after the replica ended: "
+            "reading them again",
+            run.spec.job_id, run.spec.tag, writer, offset,
+        )  # fmt: skip
+        holder: list[FileTail] = []
+        tail = FileTail(
+            run.keeper.output(rank),
+            offset,
+            self._emitter(run, writer, holder, scan=False),
+            lambda: True,
+            name=f"{run.spec.job_id}-{run.spec.tag}-again{rank}",
+            ledger=ledger,
+            drained=lambda: self._shipper.flush(DRAIN_WAIT_SECONDS),
+        )
+        holder.append(tail)
+        self._shipper.watch(writer, tail.rewind)
+        try:
+            tail.start()
+            tail.join()
+        finally:
+            self._shipper.unwatch(writer)
 
     def _let_go(self, run: _ReplicaRun) -> None:
         """Hand the replica over: ship what was read, and leave the rest in its keeper's files."""
@@ -576,6 +692,8 @@ class Supervisor:
             thread.join(max(0.0, self._bounded(time.monotonic() + 1.0, lambda c: c.flush_until)))
         if closing is not None:
             self._shipper.flush(max(0.0, closing.flush_until - time.monotonic()))
+        for rank in range(len(run.readers)):
+            self._shipper.unwatch(self._writer(run, "output", rank))
         assert run.keeper is not None
         run.keeper.detach()
         with self._lock:
@@ -734,27 +852,31 @@ class Supervisor:
             # One file per rank, both its streams in the order the keeper read them, under one
             # writer: a takeover resumes it from one offset.
             writer = self._writer(run, "output", rank)
+            holder: list[FileTail] = []  # the tail, for the emitter to read where lines start
             reader = FileTail(
                 link.output(rank),
                 offsets.get(writer, 0),
-                self._emitter(run, writer),
+                self._emitter(run, writer, holder),
                 link.done,
                 name=f"{run.spec.job_id}-{run.spec.tag}-output{rank}",
-                shipped=functools.partial(self._shipper.shipped_offset, run.spec.job_id, writer),
+                ledger=self._shipper.ledger(run.spec.job_id, writer),
+                drained=lambda: self._shipper.flush(DRAIN_WAIT_SECONDS),
             )
+            holder.append(reader)
+            self._shipper.watch(writer, reader.rewind)
             reader.start()
             run.readers.append(reader)
             run.stderr_readers[rank] = reader
         for rank, path in enumerate(metrics_files):
             writer = self._writer(run, "metrics", rank)
-            holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
+            metric_holder: list[MetricTail] = []  # the tail, for the emitter to read its offset
             tail = MetricTail(
                 Path(path),
-                self._points_emitter(run, writer, holder),
+                self._points_emitter(run, writer, metric_holder),
                 lambda ts, notes: self._shipper.put_system(run.key, ts, notes),
                 offset=offsets.get(writer, 0),
             )
-            holder.append(tail)
+            metric_holder.append(tail)
             tail.start()
             run.tails.append(tail)
         run.sampled = SampledInstance(
@@ -772,14 +894,23 @@ class Supervisor:
         return emit
 
     def _emitter(
-        self, run: _ReplicaRun, writer: str
+        self, run: _ReplicaRun, writer: str, tail: list[FileTail], scan: bool = True
     ) -> Callable[[float, str, list[str], int], None]:
+        """Ships a file's lines; `scan`: they are new (their metrics and stderr are taken),
+        not ones sent again after the replica ended."""
+
         def emit(ts: float, stream: str, lines: list[str], offset: int) -> None:
             name = contract.STREAM_STDOUT if stream == "out" else contract.STREAM_STDERR
-            if name == contract.STREAM_STDERR:
+            if name == contract.STREAM_STDERR and scan:
                 run.stderr_tail.extend(lines[-STDERR_TAIL_LINES:])
-            self._shipper.put(run.key, name, ts, lines, source=(writer, offset))
-            self._scan(run, ts, lines)
+            # Called from the tail's thread: its offset is where these lines start.
+            reading = tail[0]
+            self._shipper.put(
+                run.key, name, ts, lines, source=(writer, offset), start=reading.offset,
+                generation=reading.generation,
+            )  # fmt: skip
+            if scan:
+                self._scan(run, ts, lines)
 
         return emit
 
@@ -1083,6 +1214,11 @@ class Supervisor:
         for reader in run.readers:
             # They end once the keeper says every byte is in the files, and they have read them.
             reader.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
+            # One reading again what Redis lost (it waits for the log keeper to realign the
+            # stream first) ends once those lines are on their way: the exit is reported
+            # after every line, as ever. Only a shutdown stops waiting (the files stay).
+            while reader.is_alive() and reader.rewound and self._closing is None:
+                reader.join(0.2)
         for tail in run.tails:
             tail.stop()
         for tail in run.tails:
@@ -1116,6 +1252,7 @@ class Supervisor:
             stderr_tail=list(run.stderr_tail),
             ended_at=run.ended_at,
             incarnation=self.incarnation,
+            log_ends=self._log_ends(run),
         )
         with self._lock:
             self._runs.pop(run.ident, None)
@@ -1137,6 +1274,8 @@ class Supervisor:
             if any(j == job_id for j, *_ in self._runs):
                 log.warning("job %s runs here: its checkpoints stay", job_id)
                 return False
+            # Its ended replicas' log files need not wait for the log keeper any more.
+            self._deleted_jobs.add(job_id)
         folder = self.checkpoint_root / f"job-{job_id}-{checkpoint_key}"
         removed = checkpoint_retention.remove_folder(folder)
         # The job's working folder holds what its scripts saved where they stood: the same.

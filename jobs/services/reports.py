@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import Job, Replica
+from jobs.models import Job, LogAck, Replica
 from jobs.services import outcomes, restarts, transitions
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,10 @@ def replica_exited(
     stderr_tail: list[str],
     ended_at: float | None = None,
     attempt: int = 0,
+    log_ends: dict[str, int] | None = None,
 ) -> None:
-    """Record how a replica ended and what that means for its job."""
+    """Record how a replica ended and what that means for its job; `log_ends`, where each of
+    its files' lines end (the log keeper closes the log once the database has them)."""
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
         if job is None:
@@ -77,6 +79,8 @@ def replica_exited(
         replica = _replica_on(job, attempt, role, index, node)
         if replica is None or replica.state in Replica.FINAL_STATES:
             return
+        # Before the end below may close the log: the goals are then in the same transaction.
+        record_log_goals(job, log_ends or {})
         if outcome == UNKNOWN:
             not_running_on_its_node(job, replica)
             return
@@ -92,6 +96,19 @@ def replica_exited(
             exit_code=exit_code,
             cause_at=datetime.fromtimestamp(ended_at, UTC) if ended_at else None,
         )
+
+
+def record_log_goals(job: Job, log_ends: dict[str, int]) -> None:
+    """Note where each writer's lines end (a writer with none in the database yet gets a row at
+    -1); a malformed entry is ignored, as the agent can only have sent it by mistake."""
+    goals = [
+        LogAck(job=job, writer=writer, seq=-1, goal=seq)
+        for writer, seq in log_ends.items()
+        if isinstance(writer, str) and len(writer) <= 100 and isinstance(seq, int) and seq >= 0
+    ]
+    LogAck.objects.bulk_create(
+        goals, update_conflicts=True, unique_fields=["job", "writer"], update_fields=["goal"]
+    )
 
 
 def replica_taken_over(replica: Replica, incarnation: str) -> bool:

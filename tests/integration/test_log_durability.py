@@ -3,11 +3,12 @@ agents, Redis, the log keeper, the ASGI server and websocket clients."""
 
 import asyncio
 import json
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -108,6 +109,115 @@ def test_a_redis_restart_mid_job_loses_no_line_and_keeps_order(
     finished = admin.wait_finished(job["id"])
     assert finished["state"] == "succeeded", finished["reason"]
     check_every_line_in_order(admin.logs(job["id"]), 2, 4000)
+
+
+def appendonly_tail(data_dir: Path) -> Path:
+    """The file Redis appends its writes to: the incremental part of Redis 7's multi-part AOF,
+    or the one file of an older Redis."""
+    parts = sorted((data_dir / "appendonlydir").glob("*.incr.aof"))
+    return parts[-1] if parts else data_dir / "appendonly.aof"
+
+
+def test_a_redis_that_comes_back_without_its_last_writes_loses_no_line_and_repeats_none(
+    own_stack: RunningStack,
+) -> None:
+    """Redis killed -9 mid-stream under appendfsync everysec, and it comes back without its
+    last writes, as after a crash of its host: lines the database already had and lines only
+    Redis had are both gone from it. The agents send again from what the database and Redis
+    hold, and the log keeper keeps each line once."""
+    stack = own_stack.stack
+    admin = own_stack.admin
+    broker = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    release = signal_file()
+    # Slow enough (15 s to the hold) that each step below comes long before the next line
+    # count it waits for, however loaded the machine.
+    job = admin.submit(numbered("redis loses writes", 2, 3000, rate=100, hold=(1500, release)))
+    seen_key = f"trainyard:{{job:{job['id']}}}:seen"
+    acked_key = f"trainyard:{{job:{job['id']}}}:acked"
+
+    def output_marks(key: str) -> dict[str, int]:
+        marks = cast(dict[str, str], broker.hgetall(key))
+        return {w: int(v) for w, v in marks.items() if w.startswith("f:") and ":output" in w}
+
+    # Redis's state to go back to: some lines of each instance in.
+    wait_until("lines of each instance", lambda: len(output_marks(seen_key)) == 2)
+    aof = appendonly_tail(stack.var_dir / "redis")
+    back_to, seen_then = aof.stat().st_size, output_marks(seen_key)
+    # The database gets lines past that state; then the log keeper stops archiving, so Redis
+    # alone has the rest of the 3,000 lines before the hold.
+    wait_until(
+        "the database to have lines past that state",
+        lambda: all(output_marks(acked_key).get(w, -1) > seq for w, seq in seen_then.items()),
+    )
+    stack.kill("log-keeper", signal.SIGSTOP)
+    try:
+        wait_until("the 3,000 lines before the hold", lambda: len(admin.logs(job["id"])) == 3000)
+        before = output_marks(seen_key)
+        stack.restart("redis", lambda: aof.write_bytes(aof.read_bytes()[:back_to]), signal.SIGKILL)
+        after = output_marks(seen_key)
+        assert all(after[w] < before[w] for w in before), "Redis came back without its last writes"
+        release.touch()
+    finally:
+        stack.kill("log-keeper", signal.SIGCONT)
+    finished = admin.wait_finished(job["id"])
+    assert finished["state"] == "succeeded", finished["reason"]
+    wait_until("the keeper to archive the log", lambda: admin.job(job["id"])["log_archived"])
+    check_every_line_in_order(admin.logs(job["id"]), 2, 3000)
+    agent_log = (stack.var_dir / "logs" / "node-1.log").read_text()
+    assert "reading them again" in agent_log, "the agents sent lost lines again from their files"
+
+
+def test_lines_redis_loses_after_the_replicas_ended_are_sent_again_before_the_log_closes(
+    own_stack: RunningStack,
+) -> None:
+    """Redis killed -9 right after a short job's replicas ended, and back without its last
+    writes (the replicas' last lines and the end marker, which the log keeper never got): the
+    agent kept the files until the database had their lines, sends the lost ones again, and the
+    log is closed only after them."""
+    stack = own_stack.stack
+    admin = own_stack.admin
+    broker = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    release = signal_file()
+    job = admin.submit(numbered("redis loses the last lines", 2, 400, hold=(200, release)))
+    seen_key = f"trainyard:{{job:{job['id']}}}:seen"
+    acked_key = f"trainyard:{{job:{job['id']}}}:acked"
+    stream_key = f"trainyard:{{job:{job['id']}}}:log"
+
+    def output_marks(key: str) -> dict[str, int]:
+        marks = cast(dict[str, str], broker.hgetall(key))
+        return {w: int(v) for w, v in marks.items() if w.startswith("f:") and ":output" in w}
+
+    def ended_in_redis() -> bool:
+        last = cast(list[tuple[str, dict[str, str]]], broker.xrevrange(stream_key, count=1))
+        return bool(last) and "end" in last[0][1]
+
+    # Both processes wait at the hold, and the database has every line before it.
+    wait_until("the 400 lines before the hold", lambda: len(admin.logs(job["id"])) == 400)
+    wait_until(
+        "the database to have them",
+        lambda: (
+            len(output_marks(seen_key)) == 2 and output_marks(acked_key) == output_marks(seen_key)
+        ),
+    )
+    aof = appendonly_tail(stack.var_dir / "redis")
+    back_to, seen_then = aof.stat().st_size, output_marks(seen_key)
+    stack.kill("log-keeper", signal.SIGSTOP)
+    try:
+        release.touch()
+        finished = admin.wait_finished(job["id"])
+        assert finished["state"] == "succeeded", finished["reason"]
+        wait_until("the end marker in Redis", ended_in_redis)
+        before = output_marks(seen_key)
+        assert all(before[w] > seen_then[w] for w in seen_then), "the last lines reached Redis"
+        stack.restart("redis", lambda: aof.write_bytes(aof.read_bytes()[:back_to]), signal.SIGKILL)
+        # Only the frozen keeper could append the marker again.
+        assert not ended_in_redis(), "Redis came back without its last writes"
+    finally:
+        stack.kill("log-keeper", signal.SIGCONT)
+    wait_until("the keeper to archive the log", lambda: admin.job(job["id"])["log_archived"])
+    check_every_line_in_order(admin.logs(job["id"]), 2, 400)
+    agent_log = (stack.var_dir / "logs" / "node-1.log").read_text()
+    assert "after the replica ended: reading them again" in agent_log
 
 
 def test_a_web_server_restart_mid_stream_resumes_the_client_without_gap(

@@ -21,6 +21,7 @@ from workers import keeper
 from workers.filetail import FileTail
 from workers.keeper import frame, read_frames, read_output
 from workers.keeperlink import KeeperLink, KeptProcess, SpareKeeper
+from workers.logsink import Ledger
 from workers.procrecords import ProcRecords
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"]
@@ -158,15 +159,17 @@ def test_from_any_offset_handed_on_the_rest_is_read_once(tmp_path: Path) -> None
         assert resumed == [entry for entry in everything if entry[2] > offset]
 
 
-def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
-    """A flooding trainer must not fill the disk through its keeper's files."""
+def test_what_the_database_has_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
+    """A flooding trainer must not fill the disk through its keeper's files; a line is freed
+    only once the log keeper acknowledges it (here: at once)."""
     path = tmp_path / "output-0"
     one = frame("out", b"x" * 99 + b"\n")
     path.write_bytes(one * 20_000)  # 2 MB
     got: list[int] = []
+    acked = lambda: got[-1] if got else 0  # noqa: E731
     tail = FileTail(
         path, 0, lambda ts, stream, lines, offset: got.append(offset), lambda: True,
-        shipped=lambda: got[-1] if got else 0, discard_every=256 * 1024,
+        ledger=Ledger(seen=acked, acked=acked, epoch=lambda: ""), discard_every=256 * 1024,
     )  # fmt: skip
     tail.run()
     size = len(one) * 20_000
@@ -174,6 +177,34 @@ def test_what_is_shipped_of_a_file_is_freed_on_disk(tmp_path: Path) -> None:
     assert tail.discarded > size // 2  # most of it; what was read last is still there
     assert path.stat().st_size == size  # offsets stay valid
     assert path.stat().st_blocks * 512 < size - tail.discarded + 64 * 1024
+
+
+def test_nothing_the_database_lacks_is_freed_and_a_rewind_reads_it_again(tmp_path: Path) -> None:
+    path = tmp_path / "output-0"
+    one = frame("out", b"x" * 99 + b"\n")
+    path.write_bytes(one * 20_000)  # 2 MB
+    got: list[tuple[int, int, int]] = []  # (start, end, generation) of each emit
+    holder: list[FileTail] = []
+
+    def emit(ts: float, stream: str, lines: list[str], offset: int) -> None:
+        got.append((holder[0].offset, offset, holder[0].generation))
+
+    epochs = iter(["one", "one", "two"])  # the keeper realigns after the first look
+    tail = FileTail(
+        path, 0, emit, lambda: True, discard_every=256 * 1024,
+        ledger=Ledger(seen=lambda: 5 * len(one), acked=lambda: 0, epoch=lambda: next(epochs)),
+    )  # fmt: skip
+    holder.append(tail)
+    tail.rewind(0)  # Redis lost what came after 5 frames
+    tail.rewind(0)  # asked again by a later batch of the same reading: one rewind
+    tail.run()
+    assert tail.discarded == 0  # nothing acknowledged, nothing freed
+    assert tail.generation == 1
+    assert got[0] == (5 * len(one), got[0][1], 1)  # read again from what Redis still has
+    assert [end for _, end, _ in got][-1] == len(one) * 20_000
+    assert all(
+        start == previous for (start, _, _), (_, previous, _) in zip(got[1:], got[:-1], strict=True)
+    )
 
 
 # Prints `count` numbered lines, alternating stdout and stderr (written straight to the pipes,

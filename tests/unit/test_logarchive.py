@@ -1,20 +1,22 @@
 """The log keeper and the readers over the database and Redis together (real Redis)."""
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
+from django.utils import timezone
 
 from jobs import logstream
-from jobs.models import ApiToken, Job, LogChunk
+from jobs.models import ApiToken, Job, LogAck, LogChunk
 from jobs.redis_client import get_redis
-from jobs.services import logarchive
+from jobs.services import logarchive, reports
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import append_lines, job_request, stream_entries
 from workers import contract
-from workers.logsink import LogBatch, LogSink
+from workers.logsink import GAP, LogBatch, LogSink
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
@@ -97,6 +99,48 @@ def test_it_closes_a_finished_jobs_log_whose_end_marker_never_reached_redis(job:
     assert (end.first_cursor, end.text) == (26, "job succeeded")
     job.refresh_from_db()
     assert job.log_archived
+
+
+def test_it_closes_a_finished_jobs_log_only_once_the_database_has_every_writers_last_lines(
+    job: Job,
+) -> None:
+    """Redis lost a replica's last lines and the end marker after the replica ended: the log
+    stays open until the agent has sent them again from its file."""
+    sink = LogSink(get_redis())
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    assert sink.append([from_file(["a0", "a1"], 0, 100)]) == [2]
+    archive_all()
+    # The replica ended after lines up to offset 200 (its exit report says so); Redis lost
+    # them, and the marker, before the keeper had them.
+    reports.record_log_goals(job, {writer: 200, "f:bad": -3, "f:" + "x" * 200: 5})
+    assert {a.writer: (a.seq, a.goal) for a in LogAck.objects.filter(job=job)} == {
+        writer: (100, 200)
+    }
+    Job.objects.filter(pk=job.pk).update(state=Job.State.SUCCEEDED, reason="", log_complete=True)
+    archive_all()
+    assert not LogChunk.objects.filter(job=job, kind="end").exists(), "lines are still owed"
+    assert sink.append([from_file(["b0", "b1"], 100, 200)]) == [4]  # sent again
+    archive_all()
+    archive_all()
+    job.refresh_from_db()
+    assert job.log_archived
+    assert [x["text"] for x in every_line(job)] == ["a0", "a1", "b0", "b1"]
+    assert LogChunk.objects.get(job=job, kind="end").first_cursor == 5
+
+
+def test_a_log_whose_owed_lines_never_come_is_closed_after_the_wait(job: Job) -> None:
+    reports.record_log_goals(job, {"f:abc:output0": 200})
+    long_ago = timezone.now() - timedelta(seconds=logarchive.LOG_GOAL_WAIT_SECONDS + 1)
+    Job.objects.filter(pk=job.pk).update(
+        state=Job.State.SUCCEEDED, reason="", log_complete=True, finished=long_ago
+    )
+    archive_all()
+    archive_all()
+    assert LogChunk.objects.filter(job=job, kind="end").exists()
 
 
 def test_pages_go_backwards_and_filter(job: Job) -> None:
@@ -210,3 +254,80 @@ def test_a_restarted_jobs_lines_keep_their_attempt_in_redis_the_database_and_the
     text, _, _ = logstream._text_after(job.pk, 0)
     assert text.splitlines() == ["[master] first run", "[master · attempt 2] again",
                                  "[master · attempt 2] and"]  # fmt: skip
+
+
+def test_after_redis_lost_writes_it_realigns_the_stream_and_keeps_each_line_once(
+    job: Job,
+) -> None:
+    client = get_redis()
+    sink = LogSink(client)
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    first = from_file([f"a{i}" for i in range(10)], 0, 100)
+    second = from_file([f"b{i}" for i in range(10)], 100, 200)
+    third = from_file([f"c{i}" for i in range(10)], 200, 300)
+    assert sink.append([first, second]) == [10, 20]
+    archive_all()
+    assert client.hget(contract.log_ack_key(job.pk), writer) == "200"
+    # Redis comes back as it was after the first batch (its last writes lost): the database
+    # has cursors it hands out again, and the run the keeper knew is another.
+    client.set(contract.LOG_KEEPER_REDIS_RUN_KEY, "an earlier run")
+    client.delete(contract.log_stream_key(job.pk))  # (what it had was archived and trimmed)
+    client.set(contract.log_cursor_key(job.pk), 10)
+    client.hset(contract.log_seen_key(job.pk), writer, 100)
+    client.delete(contract.log_ack_key(job.pk))
+    epoch = client.get(contract.log_epoch_key(job.pk))
+    # Meanwhile: an agent's own note takes a cursor the database has, and the file's next
+    # batch is refused (its previous one is gone).
+    note = LogBatch(job.pk, "master", 0, "node-1", "e", 2.0, ["note"], "agent-1", 1)
+    assert sink.append([note, third]) == [11, GAP]
+
+    assert logarchive.realign_if_redis_restarted(client)
+    assert not logarchive.realign_if_redis_restarted(client)  # once per Redis run
+    assert client.get(contract.log_epoch_key(job.pk)) != epoch
+    # What the database has counts as in Redis: a batch sent again from before is dropped,
+    # the rest follows the database's last cursor.
+    assert sink.acked(job.pk, writer) == sink.seen(job.pk, writer) == 200
+    assert sink.append([second, third]) == [-1, 31]
+    sink.append_end(job.pk, "job succeeded")
+    archive_all()
+    lines = every_line(job)
+    assert [x["text"] for x in lines] == [
+        *first.lines, *second.lines, "note", *third.lines,
+    ]  # fmt: skip
+    assert [x["cursor"] for x in lines] == list(range(1, 32))
+
+
+def test_lines_an_agent_dropped_over_its_budget_are_acknowledged_with_the_lines_before(
+    job: Job,
+) -> None:
+    """A skip (lines dropped over the budget, never in the stream) is acknowledged once the
+    keeper has the writer's lines before it, so the agent frees them and its exit's goal is
+    met; lines the keeper itself drops over the job's limit are acknowledged as it drops them."""
+    client = get_redis()
+    sink = LogSink(client)
+    writer = "f:abc:output0"
+
+    def from_file(lines: list[str], start: int, end: int) -> LogBatch:
+        return LogBatch(job.pk, "master", 0, "node-1", "o", 1.0, lines, writer, end, start=start)
+
+    assert sink.append([from_file(["a0", "a1"], 0, 100), from_file([], 100, 300)]) == [2, -1]
+    assert sink.acked(job.pk, writer) == -1  # the lines before the skip are not archived yet
+    assert sink.append([from_file([], 300, 400)]) == [-1]  # one skip with the one before
+    archive_all()
+    assert sink.acked(job.pk, writer) == 400
+    assert LogAck.objects.get(job=job, writer=writer).seq == 100  # what the database has
+    assert client.hlen(contract.log_skip_key(job.pk)) == 0
+    assert sink.append([from_file(["b0"], 400, 450)]) == [3]
+    archive_all()
+    assert sink.acked(job.pk, writer) == 450
+    assert [x["text"] for x in every_line(job)] == ["a0", "a1", "b0"]
+    # Over the job's limit, the keeper keeps a gap row instead of the lines: acknowledged too.
+    Job.objects.filter(pk=job.pk).update(log_max_mb=1)
+    assert sink.append([from_file(["x" * 3_000_000], 450, 500)]) == [4]
+    archive_all()
+    assert sink.acked(job.pk, writer) == 500
+    assert LogChunk.objects.filter(job=job, kind="gap").exists()

@@ -16,8 +16,9 @@ from tests.conftest import wait_until
 from tests.tmpfs import fill, small_tmpfs
 from tests.unit.helpers import stream_entries
 from workers import contract
-from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, pump_pipe
-from workers.logsink import LogBatch, LogSink
+from workers.logquota import LogLimits
+from workers.logship import CONTINUED, LogShipper, ReplicaKey, Spool, _Chunk, pump_pipe
+from workers.logsink import GAP, LogBatch, LogSink
 
 
 class Collected:
@@ -146,6 +147,112 @@ def test_the_sink_ignores_a_batch_sent_twice(client: redis.Redis) -> None:
     assert [t for _, _, t in all_lines(client, 9)] == ["once", "other writer"]
 
 
+def test_a_batch_whose_writers_earlier_lines_redis_lost_is_refused_whole(
+    client: redis.Redis,
+) -> None:
+    sink = LogSink(client)
+    first = LogBatch(8, "master", 0, "n1", "o", 1.0, ["a", "b"], "f:x:output0", 40, start=0)
+    second = LogBatch(8, "master", 0, "n1", "o", 1.0, ["c"], "f:x:output0", 60, start=40)
+    assert sink.append([first]) == [2]
+    # Redis lost the first batch (a crash under appendfsync everysec): the second is a gap.
+    client.hdel(contract.log_seen_key(8), "f:x:output0")
+    assert sink.append([second]) == [GAP]
+    assert sink.append([first, second]) == [4, 5]  # sent again from the file, in order
+    assert [t for _, _, t in all_lines(client, 8)] == ["a", "b", "a", "b", "c"]
+    # A batch with no start (not read from a file) is never checked.
+    loose = LogBatch(8, "master", 0, "n1", "e", 1.0, ["note"], "agent", 7)
+    assert sink.append([loose]) == [6]
+
+
+def test_a_gap_answer_makes_the_writers_file_be_read_again_once_per_reading(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    asked: list[int] = []
+    shipper.watch("f:y:output0", asked.append)
+    key = ReplicaKey(3, "master", 0, "n1")
+    shipper.put(key, "o", 1.0, ["one"], source=("f:y:output0", 10), start=0)
+    assert shipper.flush(5)
+    client.hdel(contract.log_seen_key(3), "f:y:output0")  # Redis lost it
+    shipper.put(key, "o", 2.0, ["two"], source=("f:y:output0", 20), start=10, generation=0)
+    assert shipper.flush(5)
+    shipper.close()
+    assert asked == [0]
+    assert [t for _, _, t in all_lines(client, 3)] == ["one"]
+
+
+def test_it_tells_where_a_file_writers_last_shipped_lines_end_not_counting_dropped_ones(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    shipper = LogShipper(client, tmp_path / "spool")
+    key = ReplicaKey(4, "master", 0, "n1")
+    writer = "f:z:output0"
+    assert shipper.last_seq(writer) == -1
+    shipper.limit(key, LogLimits(max_bytes=5))
+    shipper.put(key, "o", 1.0, ["abc"], source=(writer, 10), start=0)
+    shipper.put(key, "o", 2.0, ["over the budget"], source=(writer, 30), start=10)
+    # The end of the lines that went (the agent waits for the database to have them), not of
+    # the file: the dropped ones never reach Redis.
+    assert shipper.last_seq(writer) == 10
+    shipper.forget(writer)
+    assert shipper.last_seq(writer) == -1
+    shipper.close()
+
+
+def test_lines_dropped_over_the_budget_are_no_gap_and_count_as_acknowledged(
+    client: redis.Redis, tmp_path: Path
+) -> None:
+    """A file's lines that the budget drops never reach the stream, but Redis is told the
+    writer's lines went past them: the next lines are appended (not answered as a gap, which
+    would make the file be read again, and the same lines dropped again, forever), and the
+    acknowledgement moves past them once the database has the lines before them."""
+    shipper = LogShipper(client, tmp_path / "spool")
+    asked: list[int] = []
+    writer = "f:d:output0"
+    shipper.watch(writer, asked.append)
+    key = ReplicaKey(5, "master", 0, "n1")
+    shipper.limit(key, LogLimits(lines_per_second=1))  # a burst of 5 lines, then 1 a second
+    shipper.put(key, "o", 1.0, [f"kept {i}" for i in range(5)], source=(writer, 50), start=0)
+    shipper.put(key, "o", 1.0, ["dropped 0", "dropped 1"], source=(writer, 70), start=50)
+    shipper.put(key, "o", 1.0, ["dropped 2"], source=(writer, 80), start=70)
+    assert shipper.flush(5)
+    sink = LogSink(client)
+    assert sink.seen(5, writer) == 80 and sink.acked(5, writer) == -1
+    assert shipper.last_seq(writer) == 50  # what the database must have
+    # Once the database has everything before them, dropped lines are acknowledged at once
+    # (the log keeper's side: tests/unit/test_logarchive.py).
+    client.hset(contract.log_ack_key(5), writer, 80)
+    shipper.put(key, "o", 1.0, ["dropped 3"], source=(writer, 90), start=80)
+    assert shipper.flush(5)
+    assert sink.seen(5, writer) == sink.acked(5, writer) == 90
+    shipper.close()
+    assert asked == []
+    texts = [t for _, _, t in all_lines(client, 5)]
+    assert [t for t in texts if not t.startswith("[trainyard]")] == [f"kept {i}" for i in range(5)]
+
+
+def test_a_skip_and_the_lines_around_it_share_batches(client: redis.Redis, tmp_path: Path) -> None:
+    """The shipper's batches: a skip after lines ends their batch further on; lines after a
+    skip start their batch at the skip's start."""
+    shipper = LogShipper(client, tmp_path / "spool")
+    key = ReplicaKey(6, "master", 0, "n1")
+    w = "f:e:output0"
+    chunks = [
+        _Chunk(key, "o", 1.0, ["a"], writer=w, seq=10, start=0),
+        _Chunk(key, "o", 1.0, [], writer=w, seq=20, start=10),
+        _Chunk(key, "e", 1.0, [], writer=w, seq=30, start=20),
+        _Chunk(key, "e", 2.0, ["b"], writer=w, seq=40, start=30),
+    ]
+
+    def packed(chunks: list[_Chunk]) -> list[tuple[list[str], int, int]]:
+        return [(list(b.lines), b.start, b.seq) for b in shipper._pack(chunks)]
+
+    assert packed(chunks) == [(["a"], 0, 30), (["b"], 30, 40)]  # two pipes: two batches
+    assert packed(chunks[1:]) == [(["b"], 10, 40)]
+    assert packed(chunks[1:3]) == [([], 10, 30)]  # a skip of its own
+    shipper.close()
+
+
 def test_an_entry_has_an_attempt_field_only_after_a_restart(
     client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -155,7 +262,10 @@ def test_an_entry_has_an_attempt_field_only_after_a_restart(
     assert shipper.flush(5)
     shipper.close()
     (first_id, first), (second_id, second) = stream_entries(client, 4)
-    # A first attempt's entry is what it was before restarts existed: no attempt field.
+    # A first attempt's entry is what it was before restarts existed: no attempt field (the
+    # append script adds the batch's writer and sequence number, for the log keeper).
+    writer = first.pop(contract.FIELD_WRITER)
+    assert first.pop(contract.FIELD_SEQ) == "1" and second[contract.FIELD_WRITER] == writer
     assert first == {
         contract.FIELD_ROLE: "worker",
         contract.FIELD_INDEX: "1",

@@ -18,8 +18,10 @@ import redis
 
 from jobs.logstream import parse_entry
 from tests.conftest import FIXTURE_CODE_ROOT, private_redis, process_alive
+from tests.conftest import wait_until as wait_for
 from tests.unit.helpers import stream_entries
 from workers import contract
+from workers import supervisor as supervisor_module
 from workers.agent import heartbeat_payload, make_celery, make_reporter
 from workers.logship import LogShipper
 from workers.procrecords import ProcRecord, record_of
@@ -172,6 +174,52 @@ def test_it_runs_a_replica_and_reports_only_after_its_lines_are_in_redis(
     lines = texts(client)
     assert len(lines) == 21 and lines[-1] == "rank 0 done"
     assert client.get(contract.rendezvous_key(11)) is not None
+
+
+def test_an_ended_replicas_files_stay_until_the_database_has_their_lines_which_go_again_if_lost(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    supervisor.start(spec("markup.py"))
+    exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
+    [(writer, end)] = exited["log_ends"].items()
+    assert client.hget(contract.log_seen_key(11), writer) == str(end)
+
+    def kept() -> bool:
+        return any(p.is_dir() for p in supervisor.keepers_dir.iterdir())
+
+    assert kept(), "the log keeper has not acknowledged the lines"
+    # Redis loses the replica's lines (a crash after the exit, before the keeper had them).
+    client.delete(contract.log_stream_key(11))
+    client.hdel(contract.log_seen_key(11), writer)
+    wait_for("the lines sent again", lambda: len(texts(client)) == 21)
+    assert texts(client)[-1] == "rank 0 done"
+    assert client.hget(contract.log_seen_key(11), writer) == str(end)
+    assert kept()
+    client.hset(contract.log_ack_key(11), writer, end)  # the database has them all
+    wait_for("the files to go", lambda: not kept())
+
+
+def test_an_ended_replicas_files_wait_for_no_acknowledgement_once_its_job_is_deleted(
+    supervisor: Supervisor, reports: Reports, client: redis.Redis
+) -> None:
+    """The log keeper archives no deleted job's lines: its acknowledgement would never come."""
+    supervisor.start(spec("numbered.py", job_id=33, checkpoint_key="ab33", args=["--lines", "5"]))
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=33)["log_ends"]
+    assert any(p.is_dir() for p in supervisor.keepers_dir.iterdir())
+    assert supervisor.remove_checkpoints(33, "ab33")
+    wait_for("the files to go", lambda: not any(supervisor.keepers_dir.iterdir()))
+
+
+def test_an_ended_replicas_files_are_kept_for_their_acknowledgement_a_bounded_time_from_its_end(
+    supervisor: Supervisor, reports: Reports, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No log keeper answers (none runs here): the files go once the replica ended longer ago
+    than the bound, counted from its end as its keeper recorded it (an agent taking the ended
+    replica over again after a restart waits no longer)."""
+    monkeypatch.setattr(supervisor_module, "FILES_KEPT_FOR_ARCHIVE_SECONDS", 0.0)
+    supervisor.start(spec("numbered.py", job_id=34, args=["--lines", "5"]))
+    assert reports.wait_for(contract.TASK_REPLICA_EXITED, job_id=34)["log_ends"]
+    wait_for("the files to go", lambda: not any(supervisor.keepers_dir.iterdir()))
 
 
 def test_it_reports_a_failure_with_exit_code_and_stderr_tail(
