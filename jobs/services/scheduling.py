@@ -169,6 +169,9 @@ class SchedulingPass:
         # alike is told the same without being judged again.
         self.fates: dict[tuple[object, ...], str] = {}
         self.changes = 0  # rooms, ledger or blocker changed: what `fates` says no longer holds
+        # The reasons given that say only that a job waits for room (none fits it now, or it
+        # waits behind the head), not the head's own.
+        self.waits_for_room: set[str] = set()
         self.dispatched: list[int] = []
         self.head_start: tuple[int, datetime] | None = None  # the reservation of this pass
         self._users: dict[int, User] = {}
@@ -180,7 +183,7 @@ class SchedulingPass:
         while judged < len(order):
             if judged and not self._a_core_is_free():
                 break
-            self._judge(order[judged : judged + JUDGED_AT_ONCE], new_reasons)
+            self._judge(order[judged : judged + JUDGED_AT_ONCE], new_reasons, far_back=judged > 0)
             judged += JUDGED_AT_ONCE
         if judged < len(order):
             # Nothing behind can start (every instance needs a core) and nothing behind
@@ -189,19 +192,26 @@ class SchedulingPass:
             # of a pass), but for the jobs room is coming to, which must claim it.
             rest = order[judged:]
             own = self._own_room_coming_ids()
-            self._judge([q for q in rest if q.pk in own], new_reasons)
+            self._judge([q for q in rest if q.pk in own], new_reasons, far_back=True)
             for q in rest:
-                if q.pk not in own and not q.told_no_room:
-                    new_reasons[q.pk] = waitlist.NO_ROOM_AHEAD
+                if q.pk not in own and not q.told_far_back:
+                    new_reasons[q.pk] = waitlist.FAR_BACK
         transitions.set_waiting_reasons(new_reasons)
         head, start = self.head_start or (None, None)
         transitions.set_estimated_start(head, start)
         return self.dispatched
 
-    def _judge(self, jobs: list[waitlist.Queued], new_reasons: dict[int, str]) -> None:
+    def _judge(
+        self, jobs: list[waitlist.Queued], new_reasons: dict[int, str], far_back: bool
+    ) -> None:
+        """Judge these jobs; those `far_back` in the queue that only wait for room are told
+        FAR_BACK, as those past the cut are (their reason would otherwise change whenever a
+        core frees or fills, and with it 10,000 jobs' state events)."""
         for start in range(0, len(jobs), JUDGED_AT_ONCE):
             for job in waitlist.read([q.pk for q in jobs[start : start + JUDGED_AT_ONCE]]):
                 reason = self.consider(job)
+                if far_back and reason in self.waits_for_room:
+                    reason = waitlist.FAR_BACK
                 if reason is not None and reason != job.reason:
                     new_reasons[job.pk] = reason
 
@@ -263,6 +273,7 @@ class SchedulingPass:
                 if key not in self.reasons:
                     behind = jobs_in_words([blocker.pk], self._visible_to(job.owner_id))
                     self.reasons[key] = f"waiting behind {behind}, which has waited longest"
+                    self.waits_for_room.add(self.reasons[key])
                 return self.reasons[key]
         # A restarted job may stay away from the nodes its earlier attempts failed on.
         allowed = (
@@ -317,6 +328,8 @@ class SchedulingPass:
                     why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
                 self.reasons[key] = why
             reason = self.reasons[key]
+            if self.blocker is not None:
+                self.waits_for_room.add(reason)
             if self.blocker is None:
                 self.blocker = job
                 self._changed(rooms=False)  # jobs behind it are judged against it from now on

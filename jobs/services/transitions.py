@@ -110,7 +110,8 @@ def set_estimated_start(job_id: int | None, start: datetime | None) -> None:
         Job.objects.filter(pk=job_id, state=Job.State.QUEUED).exclude(estimated_start=start).update(
             estimated_start=start
         )
-    others.update(estimated_start=None)
+    if others.exists():  # a read, off an index: most passes have nothing to clear
+        others.update(estimated_start=None)
 
 
 # Ids in one UPDATE's IN list: within every database's limit on a statement's parameters.

@@ -63,23 +63,25 @@ JOB_FIELDS = (
 )  # fmt: skip
 
 
-# What a waiting job that a pass does not judge one by one is told (see `queued`).
-NO_ROOM_AHEAD = "waiting: no node has a free CPU core, and the jobs ahead of it go first"
+# What a waiting job far back in a long queue is told while it only waits for room: the same
+# whether a pass judged it or not (scheduling.SchedulingPass.run), so that its reason does not
+# change back and forth as cores free and fill.
+FAR_BACK = "waiting for room, far back in the queue: the jobs ahead of it go first"
 
 
 @dataclass(frozen=True, slots=True)
 class Queued:
-    """A waiting job as the queue's order reads it, with whether it was told NO_ROOM_AHEAD."""
+    """A waiting job as the queue's order reads it, with whether it was told FAR_BACK."""
 
     pk: int
     owner_id: int
     priority: int
-    told_no_room: bool
+    told_far_back: bool
 
 
 def queued() -> list[Queued]:
     """Every waiting job, in the queue's order (queue.in_order), from a few integers each."""
-    told = ExpressionWrapper(Q(reason=NO_ROOM_AHEAD), output_field=BooleanField())
+    told = ExpressionWrapper(Q(reason=FAR_BACK), output_field=BooleanField())
     rows = queue.waiting().annotate(told=told).values_list("id", "owner_id", "priority", "told")
     return queue.in_order([Queued(pk, owner, priority, bool(t)) for pk, owner, priority, t in rows])
 

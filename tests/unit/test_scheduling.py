@@ -271,7 +271,7 @@ def test_a_full_cluster_judges_the_head_of_its_queue_and_tells_the_rest_no_core_
         job.refresh_from_db()
     need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 2 CPU cores"
     assert [job.reason for job in waiting[:2]] == [f"{need} when job {running.pk} ends"] * 2
-    assert [job.reason for job in waiting[2:]] == [waitlist.NO_ROOM_AHEAD] * 3
+    assert [job.reason for job in waiting[2:]] == [waitlist.FAR_BACK] * 3
     # A core frees: every waiting job is judged again, and what fits starts.
     finish(running, django_capture_on_commit_callbacks)
     for job in waiting:
@@ -299,7 +299,7 @@ def test_a_job_past_the_judged_head_that_room_was_reserved_for_still_claims_it(
     # The head, then past the cut only the job whose room is coming.
     assert judged == [waiting[0].pk, waiting[2].pk]
     waiting[1].refresh_from_db()
-    assert waiting[1].reason == waitlist.NO_ROOM_AHEAD
+    assert waiting[1].reason == waitlist.FAR_BACK
 
 
 def test_hundreds_of_jobs_alike_are_judged_once_and_their_reasons_written_in_one_update(
@@ -331,3 +331,24 @@ def test_hundreds_of_jobs_alike_are_judged_once_and_their_reasons_written_in_one
     writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
     assert len(writes) == 1
     assert len({j.reason for j in Job.objects.filter(pk__in=[c.pk for c in clones])}) == 1
+
+
+def test_a_job_far_back_that_waits_for_room_is_told_so_whether_or_not_a_core_is_free(
+    nodes: list[Node], submit: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(scheduling, "JUDGED_AT_ONCE", 2)
+    Quota.objects.filter(is_default=True).update(running_jobs=10, cpu=100, memory_gb=1000)
+    submit(7)  # 14 of the 16 cores
+    submit(1, package="cpu-1")  # one more: a single core stays free, too little for cpu-2
+    waiting = [submit(1) for _ in range(4)]
+    scheduling.schedule()
+    for job in waiting:
+        job.refresh_from_db()
+        assert not placed(job)
+    # A core is free, so every job was judged; those past the first two are told they are far
+    # back, as they would be on a full cluster: no reason flips as cores free and fill.
+    assert [j.reason.startswith("waiting: needs a node") for j in waiting[:2]] == [True, True]
+    assert [j.reason for j in waiting[2:]] == [waitlist.FAR_BACK] * 2
+    with CaptureQueriesContext(connection) as queries:
+        scheduling.schedule()
+    assert not [q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
