@@ -445,6 +445,9 @@ def schedule_pass(nodes: int, waiting: int) -> dict[str, Any]:
          for job in jobs(waiting, Job.State.QUEUED)),
         batch_size=2000,
     )  # fmt: skip
+    from console.celery import freeze_startup_objects
+
+    freeze_startup_objects()  # as the console worker does once it is ready
     passes = []
     cpu = []  # the pass's own CPU time: on a loaded machine the wall time is mostly waiting
     for _ in range(4):
