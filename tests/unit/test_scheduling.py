@@ -326,6 +326,7 @@ def test_hundreds_of_jobs_alike_are_judged_once_and_their_reasons_written_in_one
     with CaptureQueriesContext(connection) as queries:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(scheduling.SchedulingPass, "decide", spy)
+            patch.setattr(scheduling, "JUDGED_AT_ONCE", 1000)  # every one of them judged
             scheduling.schedule()
     assert len(decided) == 2  # the head (it becomes the blocker), then one of the rest alike
     writes = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
