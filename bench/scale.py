@@ -47,6 +47,8 @@ INGEST_WINDOW_SECONDS = 15.0  # three heartbeat intervals
 # How long the ingest figure waits for every node to be heard from once before its window
 # opens anyway (a console that lags behind its fleet never hears from all of them in time).
 WARM_SECONDS = 30.0
+# Settings of the console's that the ingest figure takes from the bench's own environment.
+PASSED_ON = ("TRAINYARD_DB_CONN_MAX_AGE", "TRAINYARD_HEARTBEAT_BATCH_SECONDS")
 
 
 def _django(database_url: str, redis_url: str = "") -> None:
@@ -87,7 +89,8 @@ def ingest(
             extra_env={"DATABASE_URL": database_url,
                        "TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
                        # To measure the console worker without kept connections: set it to 0.
-                       **{k: v for k, v in os.environ.items() if k == "TRAINYARD_DB_CONN_MAX_AGE"}},
+                       # Before batching: TRAINYARD_HEARTBEAT_BATCH_SECONDS=0.
+                       **{k: v for k, v in os.environ.items() if k in PASSED_ON}},
             announce=lambda line: None,
         )  # fmt: skip
         stack.prepare()
