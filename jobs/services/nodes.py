@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, models, router, transaction
 from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
@@ -142,10 +142,8 @@ def _write(beats: list[Beat], now: datetime) -> set[str]:
     with transaction.atomic():
         # Locked in the order of their names: two workers' batches that share nodes take
         # their locks in the same order, so neither holds one the other waits for first.
-        nodes = {
-            node.name: node
-            for node in Node.objects.select_for_update().filter(name__in=names).order_by("name")
-        }
+        locked = Node.objects.select_for_update().filter(name__in=names).order_by("name")
+        nodes = {node.name: node for node in locked.only(*READ_FIELDS)}
         known = set(nodes)  # in the database, or created by an earlier heartbeat of the batch
         changed: dict[str, Node] = {}
         schedule = False
@@ -166,6 +164,16 @@ def _write(beats: list[Beat], now: datetime) -> set[str]:
     return restarted
 
 
+# What a batch reads of the nodes it locks: what _apply and Node.status look at, and what a
+# heartbeat may leave as it is (an admin's capacity, the previous incarnation's last heartbeat).
+# Not the running and finished lists (up to TRAINYARD_HEARTBEAT_MAX_ENTRIES each, decoded for
+# nothing: a heartbeat replaces them).
+READ_FIELDS = (
+    "name", "state", "cpu", "gpus", "memory_gb", "capacity_set_by_admin", "last_heartbeat",
+    "heartbeat_sent", "incarnation", "incarnation_since", "previous_heartbeat", "protocol",
+    "disk_full", "isolation",
+)  # fmt: skip
+
 # What a heartbeat writes of a node it knows: its other fields (state, labels, whether an admin
 # set the capacity) belong to admins and are left as they are.
 HEARTBEAT_FIELDS = (
@@ -178,8 +186,7 @@ HEARTBEAT_FIELDS = (
 
 def _save(changed: list[Node]) -> None:
     """Write the nodes a batch changed: a new one is inserted; the known ones are updated by one
-    statement run for each (executemany: no per-row query building, which was most of a
-    heartbeat's CPU), with each value converted by its own field as save() would."""
+    statement run for each (executemany: no query built per node, as save() builds one)."""
     known = [node for node in changed if node.pk is not None]
     for node in changed:
         if node.pk is None:
@@ -192,11 +199,18 @@ def _save(changed: list[Node]) -> None:
     columns = ", ".join(f"{quote(str(field.column))} = %s" for field in fields)
     # Built from the model's own names only; every value is a parameter.
     sql = f"UPDATE {quote(Node._meta.db_table)} SET {columns} WHERE {quote('id')} = %s"  # noqa: S608
-    rows = [
-        [field.get_db_prep_save(getattr(node, field.attname), connection) for field in fields]
-        + [node.pk]
-        for node in known
-    ]
+    # A text or number is written as the node holds it (beat_of made it one); the rest (JSON,
+    # times) as its field converts it for this database, as save() would.
+    plain = [isinstance(field, models.CharField | models.IntegerField | models.FloatField)
+             for field in fields]  # fmt: skip
+    rows = []
+    for node in known:
+        row = [
+            value if is_plain else field.get_db_prep_save(value, connection)
+            for field, is_plain in zip(fields, plain, strict=True)
+            for value in (getattr(node, field.attname),)
+        ]
+        rows.append([*row, node.pk])
     with connection.cursor() as cursor:
         cursor.executemany(sql, rows)
 

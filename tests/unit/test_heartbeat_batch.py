@@ -225,3 +225,10 @@ def test_without_a_window_each_heartbeat_is_written_at_once(
     tasks.node_heartbeat(signed("node-1", give_credentials("node-1"), cpus=12))
     tasks.node_heartbeat(signed("node-2", give_credentials("node-1"), cpus=12))  # forged
     assert {n.name: n.cpu for n in Node.objects.all()} == {"node-1": 12, "node-2": 8}
+
+
+def test_a_heartbeat_leaves_what_an_admin_set(nodes: list[Node]) -> None:
+    Node.objects.filter(name="node-1").update(state=Node.State.DRAINING, labels={"zone": "a"})
+    node_service.node_heartbeats([beat("node-1", 1.0, running=running(1))])
+    node1 = Node.objects.get(name="node-1")
+    assert (node1.state, node1.labels, node1.running) == ("draining", {"zone": "a"}, running(1))
