@@ -20,7 +20,7 @@ from typing import Any
 
 from bench.databases import measured_in_fresh_process
 
-NODES = 500
+NODES = 200
 ROUNDS = 3  # each node sends this many heartbeats per mode
 THREADS = 4  # the console worker's --concurrency
 RATE = 200.0  # heartbeats a second: 1,000 nodes every 5 s
