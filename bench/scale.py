@@ -131,6 +131,7 @@ def ingest(
                     cpu_before = sum(worker.cpu_times()[:2])
                     window_started = time.perf_counter()
                     sent_before = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
+                    queued_before = int(queue.llen("console"))
                     lags: dict[tuple[str, float], float] = {}
                     backlog = 0  # the most messages waiting on the console's queue
                     while time.perf_counter() - window_started < INGEST_WINDOW_SECONDS:
@@ -144,6 +145,9 @@ def ingest(
                     wall = time.perf_counter() - window_started
                     cpu = sum(worker.cpu_times()[:2]) - cpu_before
                     sent = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
+                    # Taken off the console's queue in the window: what the worker's CPU paid
+                    # for (a console that falls behind takes fewer than were sent).
+                    taken = (sent - sent_before) - (int(queue.llen("console")) - queued_before)
                     silent_since = time.time() - 3 * HEARTBEAT_SECONDS
                     stale = Node.objects.filter(
                         name__in=list(subset), heartbeat_sent__lt=silent_since
@@ -158,6 +162,8 @@ def ingest(
                     "sent_per_second": (sent - sent_before) / wall,
                     "wanted_per_second": size / HEARTBEAT_SECONDS,
                     "console_queue_max": backlog,
+                    "cpu_per_heartbeat": cpu / max(taken, 1),
+                    "taken_per_second": taken / wall,
                 }
                 # The nodes of this size go silent; let the console settle before the next.
                 time.sleep(2)
@@ -623,6 +629,13 @@ def _ingest_lines(ingest_result: dict[str, Any], quick: bool) -> None:
                 f"  {'':<46} fleet sent {at['sent_per_second']:.0f} of "
                 f"{at['wanted_per_second']:.0f} heartbeats/s; console queue at most "
                 f"{at['console_queue_max']} messages",
+                flush=True,
+            )
+        if "cpu_per_heartbeat" in at:
+            print(
+                f"  {'':<46} console worker CPU per heartbeat taken off its queue "
+                f"{at['cpu_per_heartbeat'] * 1000:.2f} ms ({base['cpu_per_heartbeat'] * 1000:.2f} "
+                f"ms at 10), {at['taken_per_second']:.0f} taken/s",
                 flush=True,
             )
 
