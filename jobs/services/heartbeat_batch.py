@@ -59,8 +59,8 @@ class Batcher:
         self._writing = False
 
     def submit(self, payload: dict[str, Any]) -> None:
-        """Hand a checked heartbeat over; returns once it is written (this thread wrote the
-        batch) or held for the thread that is writing."""
+        """Hand a heartbeat over (its size checked); returns once it is written (this thread
+        wrote the batch) or held for the thread that is writing."""
         with self._lock:
             while self._writing and len(self._pending) >= MAX_PENDING:
                 self._taken.wait()
@@ -79,7 +79,10 @@ class Batcher:
     def _write_while_pending(self) -> None:
         window = settings.TRAINYARD_HEARTBEAT_BATCH_SECONDS
         while True:
-            time.sleep(window)  # what arrives meanwhile joins this batch
+            with self._lock:
+                full = len(self._pending) >= MAX_BATCH
+            if not full:
+                time.sleep(window)  # what arrives meanwhile joins this batch
             with self._lock:
                 batch = self._pending[:MAX_BATCH]
                 del self._pending[:MAX_BATCH]
@@ -93,6 +96,7 @@ class Batcher:
                     # Cleared here, under the lock that submit() takes: a heartbeat added after
                     # this finds no writer and becomes one.
                     self._writing = False
+                    self._taken.notify_all()
                     return
 
 
