@@ -6,6 +6,10 @@ process submitting 50 alone (no contention), on SQLite and on PostgreSQL when re
 Reconciliation: one pass over 200 nodes and 2,000 replicas, next to one schedule() call on the
 same database, on SQLite and on PostgreSQL when reachable (bench/reconcile.py).
 
+Heartbeats: 200 nodes' heartbeats at 200 a second through the console's task function, written
+one transaction each beside batched: CPU per heartbeat, on SQLite and on PostgreSQL when
+reachable (bench/heartbeats.py).
+
 Parameter server: the digits example on 2 workers in kvstore modes dist_sync and dist_async,
 next to DDP with 2 ranks, same per-worker batch and seed (bench/ps.py).
 
@@ -33,6 +37,8 @@ from pathlib import Path
 
 from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from bench.heartbeats import measure_in_subprocess as heartbeats_in_subprocess
+from bench.heartbeats import summary as heartbeats_summary
 from bench.logs import log_path
 from bench.ps import ps_vs_ddp
 from bench.reconcile import measure_in_subprocess
@@ -61,6 +67,12 @@ def reconciliation(redis_url: str, tmp: Path) -> None:
     for label, fresh in _databases(tmp):
         with fresh() as url:
             print(reconcile_summary(label, measure_in_subprocess(url, redis_url)), flush=True)
+
+
+def heartbeats(redis_url: str, tmp: Path) -> None:
+    for label, fresh in _databases(tmp):
+        with fresh() as url:
+            print(heartbeats_summary(label, heartbeats_in_subprocess(url, redis_url)), flush=True)
 
 
 def _databases(tmp: Path) -> list[tuple[str, Callable[[], AbstractContextManager[str]]]]:
@@ -92,6 +104,8 @@ def main() -> int:
             ok = admission(url, tmp)
             print("== reconciliation: 200 nodes, 2,000 replicas ==")
             reconciliation(url, tmp)
+            print("== heartbeats: one transaction each vs batched, 200/s ==")
+            heartbeats(url, tmp)
     print("== parameter server vs DDP: 2 workers, same batch and seed ==")
     ok = ps_vs_ddp() and ok
     print("== recovery: kill -9 of one instance, restart and resume ==")

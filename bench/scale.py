@@ -47,6 +47,8 @@ INGEST_WINDOW_SECONDS = 15.0  # three heartbeat intervals
 # How long the ingest figure waits for every node to be heard from once before its window
 # opens anyway (a console that lags behind its fleet never hears from all of them in time).
 WARM_SECONDS = 30.0
+# Settings of the console's that the ingest figure takes from the bench's own environment.
+PASSED_ON = ("TRAINYARD_DB_CONN_MAX_AGE", "TRAINYARD_HEARTBEAT_BATCH_SECONDS")
 
 
 def _django(database_url: str, redis_url: str = "") -> None:
@@ -87,7 +89,8 @@ def ingest(
             extra_env={"DATABASE_URL": database_url,
                        "TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS),
                        # To measure the console worker without kept connections: set it to 0.
-                       **{k: v for k, v in os.environ.items() if k == "TRAINYARD_DB_CONN_MAX_AGE"}},
+                       # Before batching: TRAINYARD_HEARTBEAT_BATCH_SECONDS=0.
+                       **{k: v for k, v in os.environ.items() if k in PASSED_ON}},
             announce=lambda line: None,
         )  # fmt: skip
         stack.prepare()
@@ -128,6 +131,7 @@ def ingest(
                     cpu_before = sum(worker.cpu_times()[:2])
                     window_started = time.perf_counter()
                     sent_before = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
+                    queued_before = int(queue.llen("console"))
                     lags: dict[tuple[str, float], float] = {}
                     backlog = 0  # the most messages waiting on the console's queue
                     while time.perf_counter() - window_started < INGEST_WINDOW_SECONDS:
@@ -141,6 +145,9 @@ def ingest(
                     wall = time.perf_counter() - window_started
                     cpu = sum(worker.cpu_times()[:2]) - cpu_before
                     sent = fleet.call(lambda: sum(a.heartbeats for a in fleet.fleet.agents))
+                    # Taken off the console's queue in the window: what the worker's CPU paid
+                    # for (a console that falls behind takes fewer than were sent).
+                    taken = (sent - sent_before) - (int(queue.llen("console")) - queued_before)
                     silent_since = time.time() - 3 * HEARTBEAT_SECONDS
                     stale = Node.objects.filter(
                         name__in=list(subset), heartbeat_sent__lt=silent_since
@@ -155,6 +162,8 @@ def ingest(
                     "sent_per_second": (sent - sent_before) / wall,
                     "wanted_per_second": size / HEARTBEAT_SECONDS,
                     "console_queue_max": backlog,
+                    "cpu_per_heartbeat": cpu / max(taken, 1),
+                    "taken_per_second": taken / wall,
                 }
                 # The nodes of this size go silent; let the console settle before the next.
                 time.sleep(2)
@@ -626,6 +635,13 @@ def _ingest_lines(ingest_result: dict[str, Any], quick: bool) -> None:
                 f"  {'':<46} fleet sent {at['sent_per_second']:.0f} of "
                 f"{at['wanted_per_second']:.0f} heartbeats/s; console queue at most "
                 f"{at['console_queue_max']} messages",
+                flush=True,
+            )
+        if "cpu_per_heartbeat" in at:
+            print(
+                f"  {'':<46} console worker CPU per heartbeat taken off its queue "
+                f"{at['cpu_per_heartbeat'] * 1000:.2f} ms ({base['cpu_per_heartbeat'] * 1000:.2f} "
+                f"ms at 10), {at['taken_per_second']:.0f} taken/s",
                 flush=True,
             )
 

@@ -313,6 +313,9 @@ TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
 # than this is refused, each with a log line.
 TRAINYARD_HEARTBEAT_MIN_SPACING_SECONDS = env_float("TRAINYARD_HEARTBEAT_MIN_SPACING_SECONDS", 0.5)
 TRAINYARD_HEARTBEAT_MAX_ENTRIES = env_int("TRAINYARD_HEARTBEAT_MAX_ENTRIES", 2000)
+# Heartbeats arriving within this many seconds of each other are written in one transaction
+# (jobs/services/heartbeat_batch.py); 0: each in its own, as it comes.
+TRAINYARD_HEARTBEAT_BATCH_SECONDS = env_float("TRAINYARD_HEARTBEAT_BATCH_SECONDS", 0.1)
 # Node agents (docs/deploy.md): each has its own Redis ACL user and signs what it reports
 # (`manage.py agent_credentials NODE`). Off, a node without credentials is believed unsigned:
 # only for a development set-up whose agents use the console's own Redis URL. A node that has

@@ -16,8 +16,8 @@ from django.conf import settings
 
 from jobs.services import (
     agent_access,
+    heartbeat_batch,
     heartbeat_limits,
-    nodes,
     reconcile,
     reports,
     restarts,
@@ -30,14 +30,14 @@ from workers import contract
 
 @shared_task(name=contract.TASK_NODE_HEARTBEAT)
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    # The size first (checking a signature serialises the payload), the rate once it is known
-    # who sent it (heartbeat_limits).
+    # The size first (checking a signature serialises the payload); then the signature and the
+    # rate (heartbeat_limits) are checked, and the heartbeat written, in a batch with those
+    # arriving close to it (heartbeat_batch): this may return before it is written, and a
+    # console worker killed outright loses the few held in memory (the next comes within
+    # seconds).
     if heartbeat_limits.too_large(payload):
         return
-    if agent_access.authentic(contract.TASK_NODE_HEARTBEAT, payload) and not (
-        heartbeat_limits.too_soon(payload)
-    ):
-        nodes.node_heartbeat(payload)
+    heartbeat_batch.submit(payload)
 
 
 @shared_task(name=contract.TASK_REPLICA_STARTED)

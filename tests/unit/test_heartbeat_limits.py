@@ -15,8 +15,10 @@ from workers import contract, credentials
 
 
 @pytest.fixture(autouse=True)
-def no_heartbeat_seen() -> None:
+def no_heartbeat_seen(settings: Any) -> None:
     heartbeat_limits.forget()
+    # Each heartbeat through the task waits this long for others to write with (heartbeat_batch).
+    settings.TRAINYARD_HEARTBEAT_BATCH_SECONDS = 0.001
 
 
 def signed(key: str, incarnation: str = "a", running: int = 0, cpus: int = 8) -> dict[str, Any]:
