@@ -7,7 +7,7 @@ Time is compressed by a factor F: the console's settings that the figures depend
 preemption grace and minimum run, the fair-share half-life, the backfill and acknowledgement
 graces, the reconciliation period) and every job's duration are divided by F, and every figure
 is printed in simulated seconds (real seconds × F), with F beside it. Node timings are divided
-too, but kept above floors (heartbeat and reconciliation 2 s, node stale 10 s, lost 30 s
+too, but kept above floors (heartbeat and reconciliation 2 s, node stale 30 s, lost 120 s
 real): on a loaded
 2-core machine a console that lags a second behind its fleet must not take live nodes for
 lost. A fake job runs for its `--fleet-seconds`; a preempted one obeys the stop after
@@ -72,8 +72,10 @@ FLOORS = {
     "TRAINYARD_BACKFILL_GRACE_SECONDS": 1,
     "TRAINYARD_ACK_GRACE_SECONDS": 5,
     "TRAINYARD_RECONCILE_SECONDS": 2,
-    "TRAINYARD_NODE_STALE_SECONDS": 10,
-    "TRAINYARD_NODE_LOST_SECONDS": 30,
+    # Not under test, and not compressed: a console worker 30 s behind its queue (another
+    # bench beside this one on 2 cores) took live simulated nodes for lost and failed their jobs.
+    "TRAINYARD_NODE_STALE_SECONDS": 30,
+    "TRAINYARD_NODE_LOST_SECONDS": 120,
 }
 HEARTBEAT_SECONDS = 5.0  # the agents' default
 # Twenty heartbeats a second and a reconciliation pass a second kept a console worker on a
@@ -511,7 +513,7 @@ def preemption(clock: Clock, nodes: int, node_cpus: int, seed: int, jobs: int) -
         submitted: dict[int, str] = {}
         with FleetThread(c.urls, config) as fleet:
             _wait("every simulated node ready", _ready(c.urls))
-            backlog = 3 * nodes
+            backlog = 2 * nodes
             while len(submitted) < jobs:
                 waiting = Job.objects.filter(
                     state__in=(Job.State.PENDING, Job.State.QUEUED, Job.State.RESTARTING)
@@ -558,7 +560,8 @@ def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
     attempts: dict[int, list[JobAttempt]] = {}
     for a in JobAttempt.objects.filter(job_id__in=ids).order_by("job_id", "number"):
         attempts.setdefault(a.job_id, []).append(a)
-    findings: list[str] = []
+    findings: list[str] = []  # a preemption rule broken
+    elsewise: list[str] = []  # not a preemption rule: a job that ended otherwise, and why
     states = Counter(j.state for j in jobs.values())
     preempted_counts = Counter(len(j.preempted_by) for j in jobs.values())
     shortest_again = float("inf")  # the shortest run of an attempt preempted after a preemption
@@ -566,14 +569,14 @@ def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
     victims_by_class = Counter[str]()
     for job_id, job in jobs.items():
         if job.state != Job.State.SUCCEEDED:
-            findings.append(f"job {job_id} ended {job.state}: {job.reason}")
+            elsewise.append(f"job {job_id} ended {job.state}: {job.reason}")
         runs = attempts.get(job_id, [])
         if len(runs) != job.attempt + 1:
             findings.append(f"job {job_id}: {len(runs)} attempt rows for attempt {job.attempt}")
         preempted = [a for a in runs if a.reason.startswith("preempted")]
         others = [a for a in runs[:-1] if not a.reason.startswith("preempted")]
         for a in others:
-            findings.append(f"job {job_id} attempt {a.number} ended otherwise: {a.reason}")
+            elsewise.append(f"job {job_id} attempt {a.number} ended otherwise: {a.reason}")
         if len(preempted) != len(job.preempted_by):
             findings.append(f"job {job_id}: {len(preempted)} preempted attempts, "
                             f"preempted_by {job.preempted_by}")  # fmt: skip
@@ -616,8 +619,10 @@ def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
             {"start": 1, "exit": 1} if attempt == jobs[job_id].attempt else {"start": 1, "stop": 1}
         )
         if {k: v for k, v in kinds.items() if k != "duplicate-start"} != want:
-            findings.append(f"job {job_id} attempt {attempt} {role}-{index} on the fleet: "
-                            f"{dict(kinds)}")  # fmt: skip
+            # A job that failed (its node taken for lost) was not ended by a preemption.
+            into = findings if jobs[job_id].state == Job.State.SUCCEEDED else elsewise
+            into.append(f"job {job_id} attempt {attempt} {role}-{index} on the fleet: "
+                        f"{dict(kinds)}")  # fmt: skip
     over = [e for e in events if e.in_use_cpus > node_cpus]
     if over:
         findings.append(f"{len(over)} events with a node over-committed, e.g. {over[0]}")
@@ -631,6 +636,7 @@ def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
         "min_run_real": clock.min_run,
         "duplicate_starts": sum(k["duplicate-start"] for k in seen.values()),
         "findings": findings,
+        "other": elsewise,
     }
 
 
@@ -722,6 +728,12 @@ def print_preemption(r: dict[str, Any]) -> None:
     )
     for line in findings[:30]:
         print(f"    {line}")
+    if r["other"]:
+        print(
+            f"  jobs that did not succeed for another reason than a preemption: {len(r['other'])}"
+        )
+        for line in r["other"][:10]:
+            print(f"    {line}")
     print(f"  took {r['real_seconds']:.0f} s real ({r['submitting_real_seconds']:.0f} s of "
           f"submitting)")  # fmt: skip
 
