@@ -291,6 +291,21 @@ def waiting_reasons(group: str) -> list[tuple[int, int, str]]:
     ]
 
 
+def reclaimed_at(group: str) -> list[float]:
+    """When the group's attempts were ended to return borrowed capacity (time.time())."""
+    from jobs.models import JobAttempt
+
+    return sorted(
+        finished.timestamp()
+        for finished in JobAttempt.objects.filter(
+            job__owner__groups__name=group,
+            reason__startswith="preempted to return borrowed capacity",
+            finished__isnull=False,
+        ).values_list("finished", flat=True)
+        if finished is not None
+    )
+
+
 class Submitters:
     """Each group's users submit without pause: whenever a group has fewer than `backlog` jobs
     waiting, its next user (in turn) submits one, unless the group's quota refuses it. Jobs are
@@ -309,6 +324,7 @@ class Submitters:
         self.owned: dict[str, list[int]] = {u: [] for u in self.clients}
         self.refused = Counter[str]()
         self.first_submission: dict[str, float] = {}
+        self.answered: dict[str, list[float]] = {g: [] for g in groups}  # when each was admitted
 
     def top_up(self, groups: list[str]) -> None:
         waiting = waiting_by_group()
@@ -330,6 +346,7 @@ class Submitters:
                     self.refused[group] += 1
                     break  # the group holds and waits for all its limit allows
                 self.submitted[group].append(int(response.json()["id"]))
+                self.answered[group].append(time.time())
                 self.owned[user].append(self.submitted[group][-1])
 
     def close(self) -> None:
@@ -469,6 +486,7 @@ def lender(clock: Clock, nodes: int, node_cpus: int, seed: int) -> dict[str, Any
             stops = [e for e in events if e.kind == "stop" and group_of.get(e.job_id) == "team-a"]
             final = held_by_group()
             b_waiting = waiting_reasons("team-b")
+            evicted = reclaimed_at("team-a")
             _cancel_everything(submitters)
             submitters.close()
     first_stop = min((e.at for e in stops), default=float("nan")) - arrived
@@ -480,6 +498,10 @@ def lender(clock: Clock, nodes: int, node_cpus: int, seed: int) -> dict[str, Any
         "b_held_last": curve[-1][1] if curve else 0,
         "curve": _changes(curve),
         "b_waiting": b_waiting,
+        # What took the time: b's submissions (the web, under load), the evictions (the console
+        # worker's passes) and the victims' stops (the grace).
+        "b_admitted_real": [t - arrived for t in submitters.answered["team-b"][:16]],
+        "evicted_real": [t - arrived for t in evicted],
         "real_seconds": time.perf_counter() - started,
     }  # fmt: skip
 
@@ -691,6 +713,13 @@ def print_lender(r: dict[str, Any]) -> None:
             f"one; target one grace (met: within 1.5, the victims using all of theirs): "
             f"{'met' if sim <= grace * 1.5 else 'NOT met'}"
         )
+    admitted, evicted = r["b_admitted_real"], r["evicted_real"]
+    if admitted:
+        print(f"  team-b's first {len(admitted)} jobs admitted {admitted[0] * f:.0f} to "
+              f"{admitted[-1] * f:.0f} s simulated after its first submission")  # fmt: skip
+    if evicted:
+        print(f"  {len(evicted)} jobs of team-a evicted {evicted[0] * f:.0f} to "
+              f"{evicted[-1] * f:.0f} s simulated after it")  # fmt: skip
     for job_id, cores, reason in r["b_waiting"][:6]:
         print(f"  at the end team-b's job {job_id} ({cores} cores) waits: {reason}")
     steps = ", ".join(f"{at * f:.0f} s: {cores}" for at, cores in r["curve"][:40])
