@@ -57,7 +57,7 @@ bench-fairness: $(VENV)/.installed
 
 # 1,000 jobs of random priority classes on the simulated fleet against the real console
 # (bench/fairfleet.py, time compressed 60 times), every job's attempts checked against the
-# preemption rules at the end. It loads the machine for a quarter of an hour or more.
+# preemption rules at the end. It loads the machine for up to an hour on 2 cores.
 bench-preemption: $(VENV)/.installed
 	$(PY) -m bench.fairfleet preemption
 
