@@ -572,6 +572,24 @@ def preemption(clock: Clock, nodes: int, node_cpus: int, seed: int, jobs: int) -
     return checks
 
 
+def _attempt_story(runs: list[Any], number: int, events: list[Any], job_id: int) -> str:
+    """What the database says of the attempt, beside when the fleet saw its replicas exit:
+    enough to tell a preemption that raced a job's own end."""
+    row = next((a for a in runs if a.number == number), None)
+    if row is None:
+        return "no attempt row"
+    ends = [e.at for e in events if e.job_id == job_id and e.attempt == number
+            and e.kind in ("exit", "stop")]  # fmt: skip
+    began = (row.started or row.placed).timestamp() if (row.started or row.placed) else None
+    finished = row.finished.timestamp() if row.finished else None
+    parts = [f"reason {row.reason or '(none)'}"]
+    if began is not None and finished is not None:
+        parts.append(f"ended by the console {finished - began:.2f} s real after it started")
+    if ends and finished is not None:
+        parts.append(f"the fleet's last exit {max(ends) - finished:+.2f} s from that")
+    return ", ".join(parts)
+
+
 def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
                       node_cpus: int) -> dict[str, Any]:  # fmt: skip
     """Every job's attempts, from the database, against the rules (README, *Priority classes
@@ -643,8 +661,9 @@ def check_preemptions(ids: list[int], events: list[Any], clock: Clock,
         if {k: v for k, v in kinds.items() if k != "duplicate-start"} != want:
             # A job that failed (its node taken for lost) was not ended by a preemption.
             into = findings if jobs[job_id].state == Job.State.SUCCEEDED else elsewise
+            story = _attempt_story(attempts.get(job_id, []), attempt, events, job_id)
             into.append(f"job {job_id} attempt {attempt} {role}-{index} on the fleet: "
-                        f"{dict(kinds)}")  # fmt: skip
+                        f"{dict(kinds)}; {story}")  # fmt: skip
     over = [e for e in events if e.in_use_cpus > node_cpus]
     if over:
         findings.append(f"{len(over)} events with a node over-committed, e.g. {over[0]}")
