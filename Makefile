@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test jstest bench bench-scale bench-fairness lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -49,10 +49,17 @@ bench: $(VENV)/.installed
 bench-scale: $(VENV)/.installed
 	$(PY) -m bench.scale $(if $(QUICK),--quick)
 
-# Fair share and borrowing (bench/fairness.py): two groups' shares over 10 simulated minutes and
-# the time for a lender to get its share back, from the scheduler's own policy modules.
+# Fair share and borrowing on the simulated fleet against the real console (bench/fairfleet.py,
+# time compressed 5 times): two groups' shares over 10 simulated minutes and the time for a
+# lender to get its share back; then the same from the policy modules alone (bench/fairness.py).
 bench-fairness: $(VENV)/.installed
-	$(PY) -m bench.fairness
+	$(PY) -m bench.fairfleet shares lender
+
+# 1,000 jobs of random priority classes on the simulated fleet against the real console
+# (bench/fairfleet.py, time compressed 60 times), every job's attempts checked against the
+# preemption rules at the end. It loads the machine for up to an hour on 2 cores.
+bench-preemption: $(VENV)/.installed
+	$(PY) -m bench.fairfleet preemption
 
 lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .

@@ -54,6 +54,10 @@ class FleetConfig:
     job_seconds: float = 2.0
     fail_every: int = 0  # a job whose id is a multiple of this fails (exit 1); 0: none fail
     log_lines_per_second: float = 0.0  # per replica
+    # How long a replica takes to exit after a stop that gives it a grace (a preemption's
+    # SIGTERM: the trainer saves its checkpoint), at most that grace, as the agent's SIGKILL
+    # would cut it short; it shows "stopping" in the heartbeats meanwhile. 0: it exits at once.
+    stop_seconds: float = 0.0
     metrics_per_second: float = 0.0  # per replica
     # A misbehaving agent (issue 24, point 5): these nodes heartbeat this many times a second
     # and pad their running lists with this many made-up entries.
@@ -340,6 +344,10 @@ class FakeAgent:
         self.fleet.record(self, "exit" if state != "stopped" else "stop", run.spec)
         await self.report(contract.TASK_REPLICA_EXITED, report)
 
+    async def _stop_after(self, run: _Run, seconds: float, reason: str) -> None:
+        await asyncio.sleep(seconds)
+        await self._exit(run, "stopped", -15, f"stopped: {reason}")
+
     async def stop_job(
         self,
         job_id: int,
@@ -360,10 +368,17 @@ class FakeAgent:
             and (not only_listed or (a, r, i) in listed)
         ]  # fmt: skip
         known = {(self.ident(r.spec)[1], r.spec["role"], int(r.spec["index"])) for r in runs}
+        checkpoint = min(self.fleet.config.stop_seconds, grace_seconds or 0.0)
         for run in runs:
+            if run.state != "running":
+                continue  # stopping already: a repeated stop changes nothing
             if run.task is not None:
                 run.task.cancel()
-            await self._exit(run, "stopped", -15, f"stopped: {reason}")
+            if checkpoint > 0:
+                run.state = "stopping"
+                run.task = asyncio.create_task(self._stop_after(run, checkpoint, reason))
+            else:
+                await self._exit(run, "stopped", -15, f"stopped: {reason}")
         for attempt, role, index in sorted(listed - known):
             ident = (job_id, attempt, role, index)
             answer = self.finished.get(ident) or contract.exit_report(
