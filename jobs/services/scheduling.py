@@ -279,21 +279,29 @@ class SchedulingPass:
             # Its group is at its borrowing limit: room on the nodes would not help, so it
             # holds no one back.
             return verdict.wait
-        blocker = self.blocker
-        if blocker is not None and self.easy.reservation is None:
-            if self.now - blocker.created > self.grace:
-                key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
-                if key not in self.reasons:
-                    behind = jobs_in_words([blocker.pk], self._visible_to(job.owner_id))
-                    self.reasons[key] = f"waiting behind {behind}, which has waited longest"
-                    self.waits_for_room.add(self.reasons[key])
-                return self.reasons[key]
         # A restarted job may stay away from the nodes its earlier attempts failed on.
         allowed = (
             [room for room in self.rooms if room.node not in job.excluded_nodes]
             if job.excluded_nodes
             else self.rooms
         )
+        blocker = self.blocker
+        if blocker is not None and self.easy.reservation is None:
+            if self.now - blocker.created > self.grace:
+                # Nothing passes the job that waited longest to free room, but a job within
+                # its group's nominal share still takes back what other groups borrowed of
+                # it: that room was never free (else a group's own big job beyond its share
+                # would keep it below its share while others borrow).
+                if verdict.lender is not None:
+                    why = self._reclaim(job, allowed, need, verdict.lender)
+                    if why is not None:
+                        return why
+                key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
+                if key not in self.reasons:
+                    behind = jobs_in_words([blocker.pk], self._visible_to(job.owner_id))
+                    self.reasons[key] = f"waiting behind {behind}, which has waited longest"
+                    self.waits_for_room.add(self.reasons[key])
+                return self.reasons[key]
         key = ("unplaced", job.shape, job.excluded_nodes, job.owner_id)
         assignment = None if key in self.reasons else place(demands, allowed)
         if assignment is not None and self.easy.reservation is not None:
@@ -318,19 +326,8 @@ class SchedulingPass:
                 return made.reason
             self.reasons[no_victims] = ""
         if assignment is None and verdict.lender is not None:
-            lender = verdict.lender
-            why = self.reclaimer.make_room(
-                self._model(job),
-                demands,
-                allowed,
-                lender,
-                self.ledger.outside(lender),
-                self._visible_to(job.owner_id),
-            )
+            why = self._reclaim(job, allowed, need, verdict.lender)
             if why is not None:
-                self._changed()  # room is reserved for this job
-                self.ledger.take(job.owner_id, need)  # its group's share counts it already
-                self.blocker = self.blocker or job
                 return why
         if assignment is None:
             if key not in self.reasons:
@@ -352,6 +349,26 @@ class SchedulingPass:
                     self.head_start = (job.pk, reservation.start)
             return reason
         return self.place(job, assignment, need, verdict.borrowing)
+
+    def _reclaim(
+        self, job: WaitingJob, allowed: list[Room], need: dict[str, int], lender: str
+    ) -> str | None:
+        """Stop borrowed jobs of other groups to make room for this job of group `lender`
+        (within its nominal share), and reserve that room; its reason, or None when reclaim
+        cannot help (or it fits already)."""
+        why = self.reclaimer.make_room(
+            self._model(job),
+            job.demands,
+            allowed,
+            lender,
+            self.ledger.outside(lender),
+            self._visible_to(job.owner_id),
+        )
+        if why is not None:
+            self._changed()  # room is reserved for this job
+            self.ledger.take(job.owner_id, need)  # its group's share counts it already
+            self.blocker = self.blocker or job
+        return why
 
     def place(
         self, job: WaitingJob, assignment: dict[tuple[str, int], str], need: dict[str, int],

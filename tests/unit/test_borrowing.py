@@ -221,3 +221,32 @@ def test_an_admin_sets_a_groups_borrowing_limit_and_only_a_groups(
     assert r.status_code == 200
     assert "Only a group&#x27;s quota may borrow" in r.content.decode()
     assert not Quota.objects.filter(user=alice).exists()
+
+
+def test_a_lender_takes_back_what_was_borrowed_even_behind_a_job_that_waited_longest(
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    settings: Any,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    team("team-a", alice)
+    team("team-b", bob)
+    own, borrowed = submit(alice, 8), submit(alice, 8)  # team-a borrows team-b's share
+    start(own, django_capture_on_commit_callbacks)
+    start(borrowed, django_capture_on_commit_callbacks)
+    # team-b's big job would take it beyond its share: it may not reclaim, and it waits so
+    # long that nothing may pass it to free room.
+    big = submit(bob, 12)
+    settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
+    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(minutes=10))
+    small = submit(bob, 4)  # within team-b's share: the room team-a borrowed is its own
+    borrowed.refresh_from_db()
+    assert borrowed.state == Job.State.RESTARTING
+    assert "preempted to return borrowed capacity to group team-b" in borrowed.reason
+    assert small.reason == (
+        "waiting for borrowed capacity to be returned to group team-b: "
+        "a job of another user stopping"
+    )
+    stopped(borrowed, django_capture_on_commit_callbacks)
+    assert placed(small) and not placed(big)
