@@ -8,7 +8,7 @@ ratio is its decayed usage over what its nominal share would have accrued in the
 (a share held without pause for ever accrues share × half-life / ln 2), on its dominant
 resource: 1.0 means it has used exactly its share, 0.0 nothing, 2.0 twice.
 
-The policy (decay, ratio, key) is pure, tested without a database; `sort_keys` feeds it from the
+The policy (decay, ratio, key) is pure, tested without a database; `owner_keys` feeds it from the
 database once per call (one scheduling pass, one queue page), reading only attempts that
 ended within a few half-lives.
 

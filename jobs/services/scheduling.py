@@ -64,12 +64,6 @@ def _requests_answered() -> None:
         pass  # the mark expires by itself
 
 
-def ready_nodes(nodes: list[Node]) -> list[Node]:
-    """Nodes that take new work: not drained, heard from recently, with an agent recent enough
-    and room on its disk, and isolated where the console asks for it (Node.status says which)."""
-    return [n for n in nodes if n.status == Node.State.READY]
-
-
 def holdings(nodes: list[Node]) -> list[Holding]:
     """What each active job holds on each of these nodes (per replica, summed per job)."""
     per: dict[tuple[int, str], Holding] = {}
