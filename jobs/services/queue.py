@@ -83,12 +83,8 @@ class Ranked:
 def ranking() -> list[int]:
     """The waiting jobs' ids, first the one the scheduler takes first: every job's place in
     the queue, from plain values (a state event may need the places of 10,000 jobs)."""
-    return [job.pk for job in ranked()]
-
-
-def ranked() -> list[Ranked]:
-    """The waiting jobs as the order reads them, in the queue's order."""
-    return in_order([Ranked(*row) for row in waiting().values_list(*ORDER_FIELDS)])
+    rows = waiting().values_list(*ORDER_FIELDS)
+    return [job.pk for job in in_order([Ranked(*row) for row in rows])]
 
 
 def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:

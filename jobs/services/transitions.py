@@ -107,9 +107,9 @@ def set_estimated_start(job_id: int | None, start: datetime | None) -> None:
     others = Job.objects.filter(estimated_start__isnull=False)
     if job_id is not None:
         others = others.exclude(pk=job_id)
-        Job.objects.filter(pk=job_id, state=Job.State.QUEUED).exclude(estimated_start=start).update(
-            estimated_start=start
-        )
+        mine = Job.objects.filter(pk=job_id, state=Job.State.QUEUED)
+        if mine.exclude(estimated_start=start).exists():  # as below: write only a change
+            mine.update(estimated_start=start)
     if others.exists():  # a read, off an index: most passes have nothing to clear
         others.update(estimated_start=None)
 

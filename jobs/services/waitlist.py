@@ -135,7 +135,7 @@ def _names(value: Any) -> tuple[str, ...]:
 
 
 def _ids(value: Any) -> tuple[int, ...]:
-    return () if value == "[]" or not value else tuple(map(int, _names(value)))
+    return tuple(map(int, _names(value)))
 
 
 def _to_aware(database: str) -> Callable[[Any], datetime]:
