@@ -24,6 +24,7 @@ each still gets every line after its own cursor, once and in order, at its own p
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -115,9 +116,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
                     await self.channel_layer.group_discard(group, self.channel_name)
 
     async def _stop_tasks(self) -> None:
-        for task in self._cancel_tasks():
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Their CancelledError comes back as a result; this task's own, should it be cancelled
+        # meanwhile, is raised (suppressing CancelledError around each await swallowed it too,
+        # and a consumer cancelled while disconnecting went on waiting for messages: an event
+        # loop closing waited for it forever).
+        tasks = self._cancel_tasks()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     def _cancel_tasks(self) -> list[asyncio.Task[None]]:
         """Cancel the log relay and the watchdog (but not the task running this); the ones
@@ -230,21 +235,29 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def _send(self, frame: dict[str, Any]) -> None:
         """Send, or give up on a client that takes too long to read: the server never queues
         more than the one frame in flight for it."""
-        try:
-            await asyncio.wait_for(
-                self.send_json(frame), settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS
-            )
-        except TimeoutError:
-            raise _TooSlow from None
+        async with _client_takes_it_in_time():
+            await self.send_json(frame)
 
     async def _send_text(self, text: str) -> None:
         """`_send` of a frame already encoded (shared by every viewer at the same cursor)."""
-        try:
-            await asyncio.wait_for(
-                self.send(text_data=text), settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS
-            )
-        except TimeoutError:
-            raise _TooSlow from None
+        async with _client_takes_it_in_time():
+            await self.send(text_data=text)
+
+
+@contextlib.asynccontextmanager
+async def _client_takes_it_in_time() -> AsyncIterator[None]:
+    """_TooSlow when the send inside takes longer than TRAINYARD_WS_SEND_TIMEOUT_SECONDS.
+
+    asyncio.timeout, not asyncio.wait_for: on Python 3.11, wait_for returns normally when the
+    task is cancelled just as the send completes, and the cancel is lost; a relay cancelled by
+    its stream's close would go on relaying. (The same race inside redis-py kept cancelled
+    log feeds reading: see jobs.redis_client.get_async_redis.)
+    """
+    try:
+        async with asyncio.timeout(settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS):
+            yield
+    except TimeoutError:
+        raise _TooSlow from None
 
 
 class _TooSlow(Exception):

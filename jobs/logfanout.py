@@ -134,9 +134,7 @@ class _Feed:
         self._wake = asyncio.Event()
 
     async def _read(self) -> None:
-        client = get_async_redis(
-            blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS, name=follower_name(self.job_id)
-        )
+        client = get_async_redis(name=follower_name(self.job_id))
         follower = logstream.follow(client, self.job_id, self.position)
         try:
             while True:
@@ -254,9 +252,7 @@ async def watch(job_id: int, after: int) -> AsyncGenerator[Piece, None]:
 async def _alone(feed: _Feed, position: int) -> AsyncGenerator[Piece, None]:
     """Follow the log on a connection of one's own from `position` until the feed keeps what
     comes next (or it fails, or the log ends)."""
-    client = get_async_redis(
-        blocking_seconds=logstream.FOLLOW_BLOCK_SECONDS, name=follower_name(feed.job_id)
-    )
+    client = get_async_redis(name=follower_name(feed.job_id))
     try:
         async for batches in logstream.follow(client, feed.job_id, position):
             piece = Piece(position, batches)

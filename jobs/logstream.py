@@ -8,9 +8,10 @@ take what the database has first and the newer rest from Redis, and say so when 
 lines is in neither.
 """
 
+import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -21,7 +22,7 @@ from django.db.models import F, Max, Sum
 
 from jobs import logshape
 from jobs.models import LogChunk, MetricPoint
-from jobs.redis_client import get_redis
+from jobs.redis_client import READ_MARGIN_SECONDS, get_redis
 from workers import contract
 from workers.contract import tag_of
 
@@ -108,11 +109,15 @@ class Batch:
     def wire(self) -> dict[str, Any]:
         """A websocket "log" frame's batch: line k has cursor first + k; `shown` has, under
         "k", how line k shows when that is not simply its text (jobs/logshape.py)."""
-        shown = {
-            str(k): logshape.segments(t)
-            for k, t in enumerate(self.lines)
-            if not logshape.is_plain(t)
-        }
+        shown = (
+            {}
+            if logshape.all_plain(self.lines)
+            else {
+                str(k): logshape.segments(t)
+                for k, t in enumerate(self.lines)
+                if not logshape.is_plain(t)
+            }
+        )
         return {
             "first": self.first,
             "role": self.role,
@@ -537,6 +542,16 @@ async def log_text(job_id: int) -> AsyncIterator[bytes]:
 # --- following live, for the websocket --------------------------------------------------------
 
 
+async def _answered_in_time(command: Awaitable[Any], seconds: float) -> Any:
+    """The command's answer, or redis.TimeoutError after `seconds` (the async clients have no
+    socket timeout of their own: jobs.redis_client.get_async_redis says why)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await command
+    except TimeoutError:
+        raise redis.TimeoutError(f"Redis did not answer within {seconds} s") from None
+
+
 async def follow(
     client: redis.asyncio.Redis, job_id: int, after: int
 ) -> AsyncIterator[list[Batch]]:
@@ -560,10 +575,13 @@ async def follow(
         else:
             response = cast(
                 list[tuple[str, list[RawEntry]]],
-                await client.xread(
-                    {key: f"{position}-0"},
-                    count=PAGE_BATCHES,
-                    block=int(FOLLOW_BLOCK_SECONDS * 1000),
+                await _answered_in_time(
+                    client.xread(
+                        {key: f"{position}-0"},
+                        count=PAGE_BATCHES,
+                        block=int(FOLLOW_BLOCK_SECONDS * 1000),
+                    ),
+                    FOLLOW_BLOCK_SECONDS + READ_MARGIN_SECONDS,
                 ),
             )
             if not response:
