@@ -10,6 +10,7 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from console.lifespan import lifespan  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.ws_auth import OriginCheck, TokenAuthMiddleware  # noqa: E402
 
@@ -19,5 +20,6 @@ application = ProtocolTypeRouter(
         "websocket": OriginCheck(
             AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
         ),
+        "lifespan": lifespan,
     }
 )
