@@ -17,7 +17,9 @@ from django.conf import settings
 from jobs.services import (
     agent_access,
     heartbeat_batch,
+    heartbeat_drain,
     heartbeat_limits,
+    planner_stats,
     reconcile,
     reports,
     restarts,
@@ -30,11 +32,12 @@ from workers import contract
 
 @shared_task(name=contract.TASK_NODE_HEARTBEAT)
 def node_heartbeat(payload: dict[str, Any]) -> None:
-    # The size first (checking a signature serialises the payload); then the signature and the
-    # rate (heartbeat_limits) are checked, and the heartbeat written, in a batch with those
-    # arriving close to it (heartbeat_batch): this may return before it is written, and a
-    # console worker killed outright loses the few held in memory (the next comes within
-    # seconds).
+    # Heartbeats of agents that find no console worker draining its Redis list (heartbeat_drain,
+    # which hands them on as this does). The size first (checking a signature serialises the
+    # payload); then the signature and the rate (heartbeat_limits) are checked, and the
+    # heartbeat written, in a batch with those arriving close to it (heartbeat_batch): this may
+    # return before it is written, and a console worker killed outright loses the few held in
+    # memory (the next comes within seconds).
     if heartbeat_limits.too_large(payload):
         return
     heartbeat_batch.submit(payload)
@@ -83,9 +86,11 @@ def resume_restart(job_id: int) -> None:
     restarts.resume(job_id)
 
 
-# Timer threads of the console worker, each started once it is ready, if its interval is set:
-# reconciliation, and retention beside it (a pass is a few queries, and every console worker may
-# run one: removals are re-checked under a lock).
+# Threads of the console worker, each started once it is ready: on a timer, if its interval is
+# set, reconciliation, and retention and the planner's statistics beside it (a pass is a few
+# queries, and every console worker may run one: removals are re-checked under a lock); and,
+# unless TRAINYARD_HEARTBEAT_DRAIN is off, the heartbeat drain, which takes agents' heartbeats
+# off a Redis list past Celery (every console worker may run one: LPOP is atomic).
 _periodic: list[PeriodicPass[Any]] = []
 
 
@@ -96,14 +101,21 @@ def start_periodic_passes(**_: Any) -> None:
     for loop_class, interval in (
         (reconcile.ReconcileLoop, settings.TRAINYARD_RECONCILE_SECONDS),
         (retention.RetentionLoop, settings.TRAINYARD_RETENTION_SECONDS),
+        (planner_stats.StatisticsLoop, settings.TRAINYARD_DB_STATISTICS_SECONDS),
     ):
         if interval > 0:
             loop: PeriodicPass[Any] = loop_class(interval)
             loop.start()
             _periodic.append(loop)
+    if settings.TRAINYARD_HEARTBEAT_DRAIN:
+        drain = heartbeat_drain.DrainLoop()
+        drain.start()
+        _periodic.append(drain)
 
 
 @worker_shutdown.connect
 def stop_periodic_passes(**_: Any) -> None:
+    # The drain's stop waits for it to delete its flag (agents send tasks again at once) and
+    # write what is left on its list.
     for loop in _periodic:
         loop.stop()

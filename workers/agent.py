@@ -42,6 +42,7 @@ from workers import (
     credentials,
     diskspace,
     guardian,
+    heartbeat_route,
     inventory,
     jobfolders,
     keeper,
@@ -200,7 +201,9 @@ def heartbeat_payload(inventory: dict[str, Any], supervisor: Supervisor) -> dict
 
 
 class Heartbeat(threading.Thread):
-    """Tells the console, every few seconds, that this node lives, what it has and what it runs."""
+    """Tells the console, every few seconds, that this node lives, what it has and what it runs:
+    onto the console's heartbeat list while it drains one, else as a Celery task
+    (workers/heartbeat_route.py)."""
 
     def __init__(
         self,
@@ -209,10 +212,12 @@ class Heartbeat(threading.Thread):
         supervisor: Supervisor,
         interval: float = DEFAULT_HEARTBEAT_SECONDS,
         sign: Signer | None = None,
+        client: redis.Redis | None = None,
     ) -> None:
         super().__init__(name="heartbeat", daemon=True)
         self._sign = sign or (lambda task, payload: payload)
         self._app = app
+        self._client = client  # None: always the Celery task
         self._inventory = inventory
         self._supervisor = supervisor
         self._interval = interval
@@ -222,20 +227,35 @@ class Heartbeat(threading.Thread):
         # The first one at once: the console learns of the node (and its incarnation) now.
         while not self._stopped.is_set():
             try:
-                self._app.send_task(
-                    contract.TASK_NODE_HEARTBEAT,
-                    kwargs={
-                        "payload": self._sign(
-                            contract.TASK_NODE_HEARTBEAT,
-                            heartbeat_payload(self._inventory, self._supervisor),
-                        )
-                    },
-                    queue=contract.CONSOLE_QUEUE,
-                    expires=self._interval * HEARTBEAT_EXPIRES_INTERVALS,
+                self.send(
+                    self._sign(
+                        contract.TASK_NODE_HEARTBEAT,
+                        heartbeat_payload(self._inventory, self._supervisor),
+                    )
                 )
             except Exception:
                 log.warning("heartbeat not sent; broker unreachable?", exc_info=True)
             self._stopped.wait(self._interval)
+
+    def send(self, payload: dict[str, Any]) -> None:
+        if self._client is not None:
+            try:
+                message = heartbeat_route.route(
+                    self._client.get(contract.HEARTBEATS_DRAINED_KEY), payload
+                )
+                if message is not None:
+                    self._client.rpush(contract.HEARTBEATS_KEY, message)
+                    return
+            except redis.RedisError as exc:
+                # Quietly: an older console's ACL refuses the flag on every heartbeat; and where
+                # Redis is down the task below says so.
+                log.debug("heartbeat not pushed (%s); sending it as a task", exc)
+        self._app.send_task(
+            contract.TASK_NODE_HEARTBEAT,
+            kwargs={"payload": payload},
+            queue=contract.CONSOLE_QUEUE,
+            expires=self._interval * HEARTBEAT_EXPIRES_INTERVALS,
+        )
 
     def stop(self) -> None:
         self._stopped.set()
@@ -516,7 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         "isolation": trainer_sandbox.isolation.value,
         "isolation_reason": trainer_sandbox.reason,
     }
-    heartbeat = Heartbeat(app, inventory, supervisor, interval=args.heartbeat_seconds, sign=sign)
+    heartbeat = Heartbeat(
+        app, inventory, supervisor, interval=args.heartbeat_seconds, sign=sign, client=client
+    )
     heartbeat.start()
     worker = app.Worker(
         hostname=f"agent@{args.node}",

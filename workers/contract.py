@@ -184,6 +184,14 @@ TASK_SCHEDULE = "trainyard.console.schedule"
 TASK_RESUME_RESTART = "trainyard.console.resume_restart"
 
 
+# Heartbeats past Celery (issue 24; workers/heartbeat_route.py): while a console worker drains
+# heartbeats itself it keeps the flag key set (a TTL of seconds, refreshed), and agents then
+# RPUSH their signed heartbeat, as JSON, onto the list instead of sending TASK_NODE_HEARTBEAT.
+# An agent may push onto the list and read the flag, nothing more (workers/credentials.py).
+HEARTBEATS_KEY = "trainyard:console:heartbeats"
+HEARTBEATS_DRAINED_KEY = "trainyard:console:heartbeats-drained"
+
+
 def node_queue(node_name: str) -> str:
     """The Celery queue a node agent consumes; the console sends a node's work only there."""
     return f"node.{node_name}"

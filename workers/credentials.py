@@ -10,7 +10,8 @@ What an agent's Redis user may do (`acl_rules`), and nothing else:
 - its own Celery queue `node.<NODE>` (and kombu's priority sub-lists of it) and its own unacked
   bookkeeping (`unacked.node.<NODE>`, …; `transport_options`): consume, requeue;
 - LPUSH onto the console's queue (and nothing else there: it can neither read, empty nor
-  replace it);
+  replace it); likewise RPUSH onto the console's heartbeat list, and GET or EXISTS of the flag
+  that says whether the console drains it (workers/heartbeat_route.py);
 - read code snapshots (`trainyard:snapshot:*`);
 - read and write the keys of the jobs it runs replicas of (`trainyard:{job:N}:*`): the console
   adds and removes those patterns as replicas are placed on the node and end (jobs/services/
@@ -143,6 +144,12 @@ def acl_rules(node: str, hashed_password: str, job_ids: list[int] | set[int]) ->
     # together). Write access to the key alone would also let DEL, SET or PEXPIRE destroy it,
     # and with it every other node's reports; read access would show them.
     rules.append(f"(+lpush %W~{contract.CONSOLE_QUEUE})")
+    # Heartbeats past Celery (workers/heartbeat_route.py), as narrowly: RPUSH onto the list
+    # (never LRANGE or LPOP: other nodes' heartbeats list what they run), and GET or EXISTS of
+    # the flag that says whether the console drains it (never SET or DEL: an agent must not
+    # send the others to a list no console reads, nor take them off it).
+    rules.append(f"(+rpush %W~{contract.HEARTBEATS_KEY})")
+    rules.append(f"(+get +exists %R~{contract.HEARTBEATS_DRAINED_KEY})")
     return rules
 
 

@@ -87,10 +87,7 @@ class Batcher:
                 batch = self._pending[:MAX_BATCH]
                 del self._pending[:MAX_BATCH]
                 self._taken.notify_all()
-            try:
-                nodes.node_heartbeats(checked(batch))
-            except Exception:  # node_heartbeats logs and carries on; this is a last resort
-                log.exception("lost a batch of %d heartbeats", len(batch))
+            write(batch)
             with self._lock:
                 if not self._pending:
                     # Cleared here, under the lock that submit() takes: a heartbeat added after
@@ -98,6 +95,16 @@ class Batcher:
                     self._writing = False
                     self._taken.notify_all()
                     return
+
+
+def write(batch: list[dict[str, Any]]) -> None:
+    """Check these heartbeats (each no larger than heartbeat_limits allows) and write those that
+    pass, in one transaction; never raises. The one way in for a batch, whether the Celery
+    tasks gathered it (Batcher) or the drain took it off its Redis list (heartbeat_drain)."""
+    try:
+        nodes.node_heartbeats(checked(batch))
+    except Exception:  # node_heartbeats logs and carries on; this is a last resort
+        log.exception("lost a batch of %d heartbeats", len(batch))
 
 
 def checked(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:

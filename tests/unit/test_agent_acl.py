@@ -3,6 +3,7 @@ agent may do (its queue, reports, its jobs' keys, snapshots) and what it may not
 node-2, of another job, of the console, or of the whole server)."""
 
 import io
+import json
 import secrets
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from stack.redis_server import wait_for_redis
 from tests.conftest import private_redis
 from tests.unit.helpers import SentTasks, job_request, stream_entries
 from workers import contract, credentials, logship
-from workers.agent import make_celery
+from workers.agent import Heartbeat, make_celery
 from workers.logship import LogShipper, ReplicaKey
 from workers.logsink import LogBatch, LogSink
 
@@ -219,6 +220,105 @@ def test_it_consumes_its_own_queue_and_reports_to_the_console_through_celery(
         contract.TASK_NODE_HEARTBEAT, kwargs={"payload": {"node": "node-1"}}, queue="console"
     )
     assert admin.llen(contract.CONSOLE_QUEUE) == 1
+
+
+# --- heartbeats past Celery (workers/heartbeat_route.py) ---
+
+
+def test_it_may_push_a_heartbeat_and_read_whether_the_console_drains(
+    node_1: redis.Redis, admin: redis.Redis
+) -> None:
+    assert node_1.get(contract.HEARTBEATS_DRAINED_KEY) is None
+    admin.set(contract.HEARTBEATS_DRAINED_KEY, "console@1", ex=15)
+    assert node_1.get(contract.HEARTBEATS_DRAINED_KEY) == "console@1"
+    assert node_1.exists(contract.HEARTBEATS_DRAINED_KEY) == 1
+    assert node_1.rpush(contract.HEARTBEATS_KEY, '{"node": "node-1"}') == 1
+    assert admin.lrange(contract.HEARTBEATS_KEY, 0, -1) == ['{"node": "node-1"}']
+
+
+def test_it_cannot_read_take_or_clear_the_heartbeats_of_other_nodes(
+    node_1: redis.Redis, admin: redis.Redis
+) -> None:
+    admin.rpush(contract.HEARTBEATS_KEY, "a heartbeat of node-2")
+    key = contract.HEARTBEATS_KEY
+    for call in (
+        lambda: node_1.lrange(key, 0, -1),
+        lambda: node_1.lindex(key, 0),
+        lambda: node_1.lpop(key),
+        lambda: node_1.rpop(key),
+        lambda: node_1.blpop([key], timeout=1),
+        lambda: node_1.lmove(key, "node.node-1"),
+        lambda: node_1.ltrim(key, 1, 0),
+        lambda: node_1.lpush(key, "first in line"),
+        lambda: node_1.lset(key, 0, "forged"),
+        lambda: node_1.delete(key),
+        lambda: node_1.expire(key, 1),
+        lambda: node_1.rename(key, "node.node-1"),
+        lambda: node_1.dump(key),
+        # Scripts run under the same ACL: no way round it through EVAL.
+        lambda: node_1.eval("return redis.call('LPOP', KEYS[1])", 1, key),
+    ):
+        assert refused(call)
+    assert admin.lrange(key, 0, -1) == ["a heartbeat of node-2"]
+
+
+def test_it_cannot_set_or_clear_the_drain_flag(node_1: redis.Redis, admin: redis.Redis) -> None:
+    flag = contract.HEARTBEATS_DRAINED_KEY
+    assert refused(lambda: node_1.set(flag, "1"))  # would send every agent to an unread list
+    admin.set(flag, "console@1", ex=15)
+    for call in (
+        lambda: node_1.delete(flag),
+        lambda: node_1.expire(flag, 1000),
+        lambda: node_1.persist(flag),
+        lambda: node_1.getdel(flag),
+        lambda: node_1.eval("return redis.call('SET', KEYS[1], '1')", 1, flag),
+    ):
+        assert refused(call)
+    assert admin.get(flag) == "console@1"
+
+
+class Recorded:
+    """Stands in for the agent's Celery app: records the tasks sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send_task(self, name: str, kwargs: dict[str, Any], **_: Any) -> None:
+        self.sent.append(kwargs["payload"])
+
+
+def agent_heartbeat(url: str) -> tuple[Heartbeat, Recorded]:
+    app = Recorded()
+    return Heartbeat(app, {}, None, client=redis.Redis.from_url(url)), app  # type: ignore[arg-type]
+
+
+def test_the_agent_pushes_its_heartbeat_while_the_console_drains_else_sends_the_task(
+    agent_urls: dict[str, str], admin: redis.Redis
+) -> None:
+    heartbeat, app = agent_heartbeat(agent_urls["node-1"])
+    heartbeat.send({"node": "node-1", "n": 1})
+    assert (app.sent, admin.llen(contract.HEARTBEATS_KEY)) == ([{"node": "node-1", "n": 1}], 0)
+    admin.set(contract.HEARTBEATS_DRAINED_KEY, "console@1", ex=15)
+    heartbeat.send({"node": "node-1", "n": 2})
+    assert len(app.sent) == 1
+    assert [json.loads(m) for m in admin.lrange(contract.HEARTBEATS_KEY, 0, -1)] == [
+        {"node": "node-1", "n": 2}
+    ]
+
+
+def test_an_agent_whose_acl_predates_the_list_sends_the_task(
+    admin_url: str, admin: redis.Redis
+) -> None:
+    """An older console's rules (no grant of the flag or the list): the agent's GET is refused,
+    and its heartbeat goes as the task, as before."""
+    secret = credentials.new_secret()
+    rules = credentials.acl_rules("node-9", credentials.password_hash(secret), set())
+    older = [r for r in rules if contract.HEARTBEATS_KEY not in r]
+    admin.execute_command("ACL", "SETUSER", credentials.user_of("node-9"), *older)
+    admin.set(contract.HEARTBEATS_DRAINED_KEY, "console@1", ex=15)
+    heartbeat, app = agent_heartbeat(agent_url_for(admin_url, "node-9", secret))
+    heartbeat.send({"node": "node-9"})
+    assert (app.sent, admin.llen(contract.HEARTBEATS_KEY)) == ([{"node": "node-9"}], 0)
 
 
 # --- grants follow the jobs placed on the node ---
