@@ -127,9 +127,14 @@ class FileTail(threading.Thread):
         while not self._stopping.is_set():
             if self._rewind_of is not None:
                 self._rewind()
-            ended = self._ended()  # before the read: whatever it holds at the end is then read
             try:
-                got = self._read()
+                got, ended = self._read(), False
+                if not got:
+                    # Whether the writer has ended is asked only when a read finds nothing (a
+                    # stat per idle turn, not per read), and is followed by a read: whatever
+                    # the file held when it ended is then read.
+                    ended = self._ended()
+                    got = ended and self._read()
             except ValueError as exc:
                 log.error("%s: stops following it: %s", self.path, exc)
                 return

@@ -48,6 +48,27 @@ def batch(*lines: str) -> Batch:
     )
 
 
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["epoch 1", "", "\tindented", "<b>html</b> stays text", "ünïcode ✓"],
+        ["epoch 1", "10%\r50%", "plain"],
+        ["\x1b[31mred\x1b[0m"],
+        ["ok", "a bell \x07"],
+        ["ok", "c1 \x9b"],
+        [],
+    ],
+)
+def test_a_frame_says_how_exactly_the_lines_that_do_not_show_as_written_show(
+    lines: list[str],
+) -> None:
+    assert logshape.all_plain(lines) == all(logshape.is_plain(t) for t in lines)
+    shown = batch(*lines).wire().get("shown", {})
+    assert shown == {
+        str(k): logshape.segments(t) for k, t in enumerate(lines) if not logshape.is_plain(t)
+    }
+
+
 def test_the_search_matches_what_shows_and_says_where() -> None:
     b = batch("hidden-needle 10%\r\x1b[2Kdone", "a \x1b[1mvisible\x1b[0m-needle", "plain NEEDLE")
     search = LineFilter(text="needle")

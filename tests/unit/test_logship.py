@@ -147,6 +147,28 @@ def test_the_sink_ignores_a_batch_sent_twice(client: redis.Redis) -> None:
     assert [t for _, _, t in all_lines(client, 9)] == ["once", "other writer"]
 
 
+def script_checks(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_script|exists", {}).get("calls", 0))
+
+
+def test_the_sink_appends_in_one_round_trip_and_after_redis_forgot_its_script(
+    client: redis.Redis,
+) -> None:
+    sink = LogSink(client)
+    checks = script_checks(client)
+    assert sink.append([LogBatch(12, "master", 0, "n1", "o", 1.0, ["a"], "w", 1)]) == [1]
+    assert sink.append([LogBatch(12, "master", 0, "n1", "o", 1.0, ["b", "c"], "w", 2)]) == [3]
+    assert script_checks(client) == checks  # no SCRIPT EXISTS before each pipeline
+    client.script_flush()  # as a restarted Redis has no scripts
+    batches = [
+        LogBatch(12, "master", 0, "n1", "o", 1.0, [t], "w", n) for n, t in [(3, "d"), (4, "e")]
+    ]
+    assert sink.append(batches) == [4, 5]
+    assert sink.append(batches) == [-1, -1]
+    assert [t for _, _, t in all_lines(client, 12)] == ["a", "b", "c", "d", "e"]
+
+
 def test_a_batch_whose_writers_earlier_lines_redis_lost_is_refused_whole(
     client: redis.Redis,
 ) -> None:
