@@ -460,9 +460,19 @@ def submit_job(user: User, request: JobRequest) -> Job:
     the IMMEDIATE transaction holds the whole database), so two racing submissions can never
     both take the last of a quota.
     """
-    # Whether the nodes could ever hold it depends on no quota: judged before the lock is
-    # taken, so that reading the nodes does not lengthen every submission's turn with it.
+    # What depends on no quota is read before the lock is taken, so that it does not lengthen
+    # every submission's turn with it: whether the nodes could ever hold the job, its default
+    # time limit, its code snapshot.
     never = scheduling.why_never_placeable(request.roles)
+    time_limit = (
+        request.time_limit
+        if request.time_limit is not None
+        else default_for(user, request.priority)
+    )
+    snapshot = None
+    if "snapshot" in request.program:
+        sha256 = request.program["snapshot"]
+        snapshot = CodeSnapshot.objects.defer("archive").get(sha256=sha256)
     with transaction.atomic():
         try:
             scopes = quota.scopes_for(user, lock=True)
@@ -474,25 +484,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
         over = quota.excesses(scopes, request.totals)
         if over or never:
             raise _admission_failure(request, scopes, over, never)
-        job = create_job(
-            user,
-            request.name,
-            request.image.pk,
-            request.program,
-            request.args,
-            request.roles,
-            request.totals,
-            request.kvstore,
-            request.metric_definitions,
-            request.restart,
-            request.health_rules,
-            request.env,
-            request.log_limits,
-            request.time_limit
-            if request.time_limit is not None
-            else default_for(user, request.priority),
-            request.priority,
-        )
+        job = create_job(user, request, time_limit, snapshot)
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
         scheduling.request_schedule()
@@ -500,55 +492,38 @@ def submit_job(user: User, request: JobRequest) -> Job:
 
 
 def create_job(
-    owner: User,
-    name: str,
-    image_id: int,
-    program: dict[str, str],
-    args: list[str],
-    roles: list[RoleRequest],
-    totals: Totals,
-    kvstore: str = "",
-    metric_definitions: list[dict[str, str]] | None = None,
-    restart: RestartSettings | None = None,
-    health_rules: list[dict[str, object]] | None = None,
-    env: dict[str, str] | None = None,
-    log_limits: LogLimitSettings | None = None,
-    time_limit: int | None = None,
-    priority: PriorityClass | None = None,
+    owner: User, request: JobRequest, time_limit: int | None, snapshot: CodeSnapshot | None
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
     The caller has checked the quota inside the same transaction. The job keeps the value its
-    priority class had now (None: the default class's, or 0 where there is none).
+    priority class has now (0 where the console has no default class), and the image's
+    default environment as it is now.
     """
-    if priority is None:
-        priority = PriorityClass.objects.filter(name=PriorityClass.DEFAULT_NAME).first()
-    restart = restart or RestartSettings()
-    log_limits = log_limits or LogLimitSettings()
-    snapshot = None
-    if "snapshot" in program:
-        snapshot = CodeSnapshot.objects.defer("archive").get(sha256=program["snapshot"])
+    restart = request.restart
+    log_limits = request.log_limits
+    priority = request.priority
     job = Job.objects.create(
         owner=owner,
-        name=name,
-        image_id=image_id,
-        program=program,
+        name=request.name,
+        image_id=request.image.pk,
+        program=request.program,
         snapshot=snapshot,
-        args=args,
-        env=env or {},
-        image_env=FrameworkImage.objects.values_list("default_env", flat=True).get(pk=image_id),
+        args=request.args,
+        env=request.env,
+        image_env=request.image.default_env,
         state=Job.State.PENDING,
-        cpu_total=totals.cpu,
-        gpus_total=totals.gpus,
-        memory_gb_total=totals.memory_gb,
-        price_per_hour=totals.price_per_hour,
-        kvstore=kvstore,
-        metric_definitions=metric_definitions or [],
+        cpu_total=request.totals.cpu,
+        gpus_total=request.totals.gpus,
+        memory_gb_total=request.totals.memory_gb,
+        price_per_hour=request.totals.price_per_hour,
+        kvstore=request.kvstore,
+        metric_definitions=request.metric_definitions,
         restart_policy=restart.policy,
         max_restarts=restart.max_restarts,
         restart_backoff_seconds=restart.backoff_seconds,
         exclude_failed_node=restart.exclude_failed_node,
-        health_rules=health_rules or [],
+        health_rules=request.health_rules,
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,
         metric_points_per_second=log_limits.metric_points_per_second,
@@ -557,18 +532,21 @@ def create_job(
         priority=priority.value if priority is not None else 0,
     )
     JobAttempt.objects.create(job=job, number=0)
-    if kvstore:
+    JobRole.objects.bulk_create(
+        JobRole(job=job, role=role.role, package=role.package, instances=role.instances)
+        for role in request.roles
+    )
+    replicas = []
+    if request.kvstore:
         # The platform's scheduler: one, uncharged, placed beside server-0.
-        Replica.objects.create(job=job, role="scheduler", index=0, package=None)
-    for role in roles:
-        JobRole.objects.create(
-            job=job, role=role.role, package=role.package, instances=role.instances
-        )
-        first = first_index(role.role, bool(kvstore))
-        Replica.objects.bulk_create(
+        replicas.append(Replica(job=job, role="scheduler", index=0, package=None))
+    for role in request.roles:
+        first = first_index(role.role, bool(request.kvstore))
+        replicas.extend(
             Replica(job=job, role=role.role, index=i, package=role.package)
             for i in range(first, first + role.instances)
         )
+    Replica.objects.bulk_create(replicas)
     # Nobody can be watching a job that did not exist a moment ago: no event to build.
     transitions.move_job(job, Job.State.QUEUED, "waiting for room on the nodes", announce=False)
     return job
