@@ -301,6 +301,12 @@ if TRAINYARD_LOG_RETENTION_DAYS < 0 or TRAINYARD_RETENTION_SECONDS < 0:
         "TRAINYARD_LOG_RETENTION_DAYS and TRAINYARD_RETENTION_SECONDS must be 0 or more"
     )
 
+# How often the console worker refreshes SQLite's query planner statistics (ANALYZE, sampled:
+# jobs.services.planner_stats), and once when it starts; 0: never. PostgreSQL keeps its own.
+TRAINYARD_DB_STATISTICS_SECONDS = env_float("TRAINYARD_DB_STATISTICS_SECONDS", 3600.0)
+if TRAINYARD_DB_STATISTICS_SECONDS < 0:
+    raise ImproperlyConfiguredEnv("TRAINYARD_DB_STATISTICS_SECONDS must be 0 or more")
+
 # How long a node may stay silent before placement stops using it.
 TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 # Reconciliation (jobs.services.reconcile) compares what the database says should run with what
@@ -316,6 +322,10 @@ TRAINYARD_HEARTBEAT_MAX_ENTRIES = env_int("TRAINYARD_HEARTBEAT_MAX_ENTRIES", 200
 # Heartbeats arriving within this many seconds of each other are written in one transaction
 # (jobs/services/heartbeat_batch.py); 0: each in its own, as it comes.
 TRAINYARD_HEARTBEAT_BATCH_SECONDS = env_float("TRAINYARD_HEARTBEAT_BATCH_SECONDS", 0.1)
+# The console worker takes heartbeats off a Redis list that agents push onto, past Celery and
+# its per-task cost (jobs/services/heartbeat_drain.py); off: it never says it drains, and
+# agents send every heartbeat as a Celery task.
+TRAINYARD_HEARTBEAT_DRAIN = env_bool("TRAINYARD_HEARTBEAT_DRAIN", True)
 # Node agents (docs/deploy.md): each has its own Redis ACL user and signs what it reports
 # (`manage.py agent_credentials NODE`). Off, a node without credentials is believed unsigned:
 # only for a development set-up whose agents use the console's own Redis URL. A node that has

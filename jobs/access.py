@@ -13,11 +13,23 @@ from django.http import Http404, HttpRequest, HttpResponse
 from jobs.models import Job
 
 
+def _sees_every_job(user: User | AnonymousUser) -> bool:
+    """Staff see every user's jobs; everyone else only their own (the one rule of both below)."""
+    return bool(getattr(user, "is_staff", False))
+
+
 def visible_jobs(user: User | AnonymousUser) -> QuerySet[Job]:
     jobs = Job.objects.select_related("image", "owner", "priority_class")
-    if getattr(user, "is_staff", False):
+    if _sees_every_job(user):
         return jobs
     return jobs.filter(owner_id=user.pk)
+
+
+def sees_jobs_of(user: User | AnonymousUser, owner_id: int) -> bool:
+    """visible_jobs's rule for one job, from its owner's id alone: for a caller that knows the
+    owners of the jobs it names already (a scheduling pass words reasons for forty owners, and
+    one query per owner was a third of the pass at 10,000 waiting jobs; issue 24)."""
+    return _sees_every_job(user) or owner_id == user.pk
 
 
 def get_job_for(user: User | AnonymousUser, job_id: int) -> Job:

@@ -49,7 +49,7 @@ import math
 import re
 import statistics
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -89,6 +89,9 @@ MAX_INTERVALS = 200  # recent intervals kept per instance: bounds the state, tra
 MIN_VALUES = 5  # values before a throughput average means anything
 RECENT_VALUES = 20  # the moving window of a throughput average
 MAX_INSTANCES = 1024  # far above TRAINYARD_MAX_INSTANCES; bounds what a stray feed can grow
+# A pattern that can tell a line's start or end from a batch's: \A, \z, or multi-line mode
+# turned off by a flag group such as (?-m) or (?s-m:...). Searched line by line only.
+_LINE_BOUND_SENSITIVE = re.compile(r"\\[Az]|\(\?[A-Za-z]*-")
 MAX_SEARCH_CHARS = 16 * 1024  # a log-pattern searches this much of a line (the protocol's max)
 QUOTED_LINE_CHARS = 200
 MAX_WHOLE = 2**63  # steps and indexes beyond this are not numbers a trainer sends
@@ -787,6 +790,7 @@ class Watch:
         self.budget = budget
         self._switched_off: set[Rule] = set()
         self._switched_off_news: list[SwitchedOff] = []
+        self._batch_regexes: dict[Rule, Pattern | None] = {}
         self.rules = list(rules)
         self.started_at = _known_time(started_at)
         self._keys = {rule: rule_key(rule) for rule in self.rules}
@@ -825,18 +829,75 @@ class Watch:
         return firings
 
     def line(self, role: str, index: int, text: str, stream: str, ts: float) -> list[Firing]:
+        return self.lines(role, index, [text], stream, ts)
+
+    def lines(
+        self, role: str, index: int, texts: Sequence[str], stream: str, ts: float
+    ) -> list[Firing]:
+        """What `line` says of each of `texts` (one batch of one instance's stream), in order.
+
+        A rule is first searched once over the batch's lines joined by newlines, in multi-line
+        mode, and tried line by line only if that finds something: one search per batch
+        rather than one per line (in a print flood the log keeper spent most of its CPU on the
+        per-line calls). Joined, a line's match is still there, so no firing is missed; the
+        batch may match where no line does (a match across a newline), and the lines then
+        decide. Patterns that can tell a line's start from the batch's (\\A, \\z, or
+        multi-line mode turned off) are searched line by line only."""
         instance = self._instance(role, index)
-        if instance is None:
+        if instance is None or not texts:
             return []
         ts = float(ts)
         self._start_clock(ts)
-        searched = text[:MAX_SEARCH_CHARS]  # bounds the regex's work on a runaway line
+        searched = [text[:MAX_SEARCH_CHARS] for text in texts]  # bounds the regex's work
+        candidates = self._pattern_rules(instance, stream)
+        if len(searched) > 1:
+            joined = "\n".join(searched)
+            candidates = [
+                rule
+                for rule in candidates
+                if (batch_regex := self._batch_regex(rule)) is None
+                or self._search(rule, batch_regex, joined, instance, lines=len(searched))
+            ]
+        firings: list[Firing] = []
+        if not candidates:
+            return firings
+        for text, clipped in zip(texts, searched, strict=True):
+            firings += self._line(instance, text, clipped, candidates)
+        return firings
+
+    def _pattern_rules(self, instance: "_Instance", stream: str) -> list[Rule]:
+        return [
+            rule
+            for rule in self.rules
+            if rule.kind == "log-pattern"
+            and rule.regex is not None
+            and rule.stream in ("any", stream)
+            and not self._silenced(rule, instance)
+            and rule not in self._switched_off
+        ]
+
+    def _batch_regex(self, rule: Rule) -> Pattern | None:
+        """The rule's pattern in multi-line mode, for a whole batch; None when a batch search
+        could miss what a line search finds."""
+        if rule not in self._batch_regexes:
+            pattern = rule.pattern or ""
+            batch_regex = None
+            if not _LINE_BOUND_SENSITIVE.search(pattern):
+                try:
+                    batch_regex = compile_pattern(f"(?m){pattern}")
+                except UnsafeRegex:  # the flag made it longer than a user's pattern may be
+                    pass
+            self._batch_regexes[rule] = batch_regex
+        return self._batch_regexes[rule]
+
+    def _line(
+        self, instance: "_Instance", text: str, searched: str, rules: list[Rule]
+    ) -> list[Firing]:
         firings = []
-        for rule in self.rules:
-            if rule.kind != "log-pattern" or rule.regex is None or self._silenced(rule, instance):
-                continue
-            if rule.stream not in ("any", stream) or rule in self._switched_off:
-                continue
+        for rule in rules:
+            if self._silenced(rule, instance) or rule in self._switched_off:
+                continue  # it fired, or went over the budget, on an earlier line of the batch
+            assert rule.regex is not None
             if not self._search(rule, rule.regex, searched, instance):
                 continue
             quoted = _clip(_one_line(text[: QUOTED_LINE_CHARS * 2]), QUOTED_LINE_CHARS)
@@ -844,14 +905,17 @@ class Watch:
             firings.append(self._fire(rule, instance, None, message))
         return firings
 
-    def _search(self, rule: Rule, regex: Pattern, text: str, instance: "_Instance") -> bool:
-        """Whether `regex` finds a match in `text`, charged to the job's budget when metered;
-        the rule that goes over the budget is switched off (even if this line matched)."""
+    def _search(
+        self, rule: Rule, regex: Pattern, text: str, instance: "_Instance", lines: int = 1
+    ) -> bool:
+        """Whether `regex` finds a match in `text` (`lines` lines), charged to the job's budget
+        when metered; the rule that goes over the budget is switched off (even if this text
+        matched)."""
         if self.budget is None:
             return search(regex, text) is not None
         started = self.budget.cpu_clock()
         found = search(regex, text) is not None
-        overrun = self.budget.charge(rule, self.budget.cpu_clock() - started)
+        overrun = self.budget.charge(rule, self.budget.cpu_clock() - started, lines)
         if overrun is not None and overrun.key not in self._switched_off:
             self._switched_off.add(overrun.key)
             message = overrun.message(f"health rule '{overrun.key.name}'")

@@ -345,6 +345,11 @@ def current_protocol() -> int:
     return contract.PROTOCOL_VERSION
 
 
+# The Isolation values that hold trainers apart, as strings (a set lookup: a scheduling pass asks
+# for a thousand nodes).
+_ISOLATING = frozenset(i.value for i in Isolation if i.isolated)
+
+
 class Node(models.Model):
     """A machine with a node agent.
 
@@ -410,33 +415,53 @@ class Node(models.Model):
         return self.name
 
     def is_lost(self, now: "datetime | None" = None) -> bool:
-        if self.last_heartbeat is None:
+        return Node.lost_since(self.last_heartbeat, now or timezone.now())
+
+    @staticmethod
+    def lost_since(last_heartbeat: "datetime | None", now: "datetime") -> bool:
+        if last_heartbeat is None:
             return True
-        now = now or timezone.now()
-        return (now - self.last_heartbeat).total_seconds() > settings.TRAINYARD_NODE_STALE_SECONDS
+        return (now - last_heartbeat).total_seconds() > settings.TRAINYARD_NODE_STALE_SECONDS
 
     @property
     def isolated(self) -> bool:
         """Whether its trainers run sandboxed, each seeing nothing but its own job."""
-        try:
-            return Isolation(self.isolation).isolated
-        except ValueError:  # empty (an agent older than the sandbox) or unknown
-            return False
+        return Node.isolates(self.isolation)
+
+    @staticmethod
+    def isolates(isolation: str) -> bool:
+        # Empty (an agent older than the sandbox) or unknown: not isolated.
+        return isolation in _ISOLATING
 
     @property
     def status(self) -> str:
         """ready, draining, lost, "agent too old" (its protocol is below what this console
         needs), "disk full", or "not isolated" where this console runs jobs only on nodes that
         sandbox their trainers: what the node page shows. Only a ready node gets new work."""
-        if self.is_lost():
+        return Node.status_of(
+            self.state, self.last_heartbeat, self.protocol, self.disk_full, self.isolation
+        )
+
+    @staticmethod
+    def status_of(
+        state: str,
+        last_heartbeat: "datetime | None",
+        protocol: int,
+        disk_full: str,
+        isolation: str,
+        now: "datetime | None" = None,
+    ) -> str:
+        """`status` from the node's fields as plain values (a scheduling pass reads a thousand
+        nodes so, not as model instances)."""
+        if Node.lost_since(last_heartbeat, now or timezone.now()):
             return "lost"
-        if self.protocol < contract.MIN_AGENT_PROTOCOL:
+        if protocol < contract.MIN_AGENT_PROTOCOL:
             return AGENT_TOO_OLD
-        if self.disk_full:
+        if disk_full:
             return DISK_FULL
-        if not self.isolated and not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
+        if not Node.isolates(isolation) and not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
             return NOT_ISOLATED
-        return self.state
+        return state
 
     @property
     def status_reason(self) -> str:
@@ -532,6 +557,8 @@ class Job(models.Model):
                                       every instance is stopped, a new attempt waits
         restarting -> queued          the old attempt's processes are gone and the back-off has
                                       passed: the new attempt waits for room on the nodes
+        restarting -> succeeded       the old attempt's instances had all exited 0 on their
+                                      own before their stop arrived: the job had finished
         pending | queued | running | restarting -> failed     an instance failed and no restart
                                       is left, or a health rule stopped it
         pending | queued | running | restarting -> cancelled  a user cancelled it
@@ -559,7 +586,7 @@ class Job(models.Model):
         State.RUNNING: frozenset(
             {State.SUCCEEDED, State.RESTARTING, State.FAILED, State.CANCELLED}
         ),
-        State.RESTARTING: frozenset({State.QUEUED, State.FAILED, State.CANCELLED}),
+        State.RESTARTING: frozenset({State.QUEUED, State.SUCCEEDED, State.FAILED, State.CANCELLED}),
         State.SUCCEEDED: frozenset(),
         State.FAILED: frozenset(),
         State.CANCELLED: frozenset(),
@@ -769,9 +796,19 @@ class JobAttempt(models.Model):
     )
 
     class Meta:
-        ordering = ["job", "number"]
+        ordering = ["job_id", "number"]
         constraints = [
             models.UniqueConstraint(fields=["job", "number"], name="one_row_per_attempt")
+        ]
+        indexes = [
+            # Fair share reads, every scheduling pass, the attempts that started and have not
+            # ended or ended lately (jobs.services.fairshare.usage_by_user): without it the
+            # pass walked every job of the history for a thousand running ones (issue 24).
+            models.Index(
+                fields=["finished"],
+                condition=models.Q(started__isnull=False),
+                name="attempt_started_finished",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -795,7 +832,7 @@ class HealthEvent(models.Model):
     outcome = models.TextField(blank=True, help_text="What the console did about it.")
 
     class Meta:
-        ordering = ["job", "at", "id"]
+        ordering = ["job_id", "at", "id"]
 
     def __str__(self) -> str:
         return f"{self.rule} on job {self.job_id}"
@@ -858,7 +895,7 @@ class Replica(models.Model):
     )
 
     class Meta:
-        ordering = ["job", "id"]
+        ordering = ["job_id", "id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["job", "attempt", "role", "index"], name="one_replica_per_slot"

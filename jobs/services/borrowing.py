@@ -11,7 +11,7 @@ The arithmetic is pure (`Share`); `Ledger` reads each group's share and what its
 placed jobs hold once per scheduling pass, and keeps it true as the pass places jobs.
 """
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 RESOURCES = ("cpu", "gpus", "memory_gb")
@@ -87,8 +87,11 @@ class Ledger:
         self.groups_of = groups_of  # user id -> names of their groups with a quota, by name
 
     @classmethod
-    def read(cls, held: Iterable[tuple[int, int, int, int]]) -> "Ledger":
-        """From the database; `held` is (job id, cpu, gpus, memory_gb) per holding on a node."""
+    def read(
+        cls, held: Iterable[tuple[int, int, int, int]], owners: Mapping[int, int] | None = None
+    ) -> "Ledger":
+        """From the database; `held` is (job id, cpu, gpus, memory_gb) per holding on a node,
+        `owners` the owner of each of those jobs where the caller has read them already."""
         from django.contrib.auth.models import User
 
         from jobs.models import Job, Quota
@@ -118,7 +121,10 @@ class Ledger:
             for r, v in zip(RESOURCES, (cpu, gpus, memory_gb), strict=True):
                 total[r] += v
         if shares and per_job:
-            owners = dict(Job.objects.filter(pk__in=list(per_job)).values_list("pk", "owner_id"))
+            if owners is None:
+                owners = dict(
+                    Job.objects.filter(pk__in=list(per_job)).values_list("pk", "owner_id")
+                )
             for job_id, need in per_job.items():
                 ledger.take(owners.get(job_id, 0), need)
         return ledger

@@ -28,6 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.models import JobAttempt, Quota
+from jobs.services.plain_rows import aware_dates, plain_rows
 
 # Usage older than this many half-lives weighs less than 0.1 %: not read at all.
 HORIZON_HALF_LIVES = 10
@@ -155,32 +156,35 @@ def owner_ratios(owner_ids: set[int]) -> dict[int, tuple[float, float]]:
 def tenancies_of(user_ids: set[int]) -> dict[int, Tenancy]:
     """Each user's group with a quota (the first by name) and its members, or the user alone
     with their own or the default quota."""
-    membership = User.groups.through.objects
-    group_quotas = {
-        q.group_id: q for q in Quota.objects.filter(group__isnull=False).select_related("group")
-    }
-    first_group: dict[int, int] = {}
-    for user_id, group_id in (
-        membership.filter(user_id__in=user_ids, group_id__in=list(group_quotas))
-        .order_by("group__name")
-        .values_list("user_id", "group_id")
-    ):
-        first_group.setdefault(user_id, group_id)
+    # Two queries, not five: every quota that can matter, and every membership of a group with
+    # a quota (its members are needed anyway); a scheduling pass reads them once each.
+    quotas = list(
+        Quota.objects.filter(
+            Q(group__isnull=False) | Q(user_id__in=user_ids) | Q(is_default=True)
+        ).select_related("group")
+    )
+    group_quotas = {q.group_id: q for q in quotas if q.group_id is not None}
+    own = {q.user_id: q for q in quotas if q.user_id in user_ids}
+    defaults = sorted((q for q in quotas if q.is_default), key=lambda q: q.pk)
+    # As Quota.objects.filter(is_default=True).first() chose it: the model has no order.
+    default = defaults[0] if defaults else None
     members: dict[int, list[int]] = {}
-    for user_id, group_id in membership.filter(group_id__in=set(first_group.values())).values_list(
-        "user_id", "group_id"
-    ):
+    for user_id, group_id in User.groups.through.objects.filter(
+        group_id__in=list(group_quotas)
+    ).values_list("user_id", "group_id"):
         members.setdefault(group_id, []).append(user_id)
-    own = {q.user_id: q for q in Quota.objects.filter(user_id__in=user_ids) if q.user_id}
-    default = Quota.objects.filter(is_default=True).first()
+    first_group: dict[int, int] = {}
+    for group_id in sorted(members, key=lambda g: _name_of(group_quotas[g])):
+        for user_id in members[group_id]:
+            if user_id in user_ids:
+                first_group.setdefault(user_id, group_id)
     found: dict[int, Tenancy] = {}
     for user_id in user_ids:
         first = first_group.get(user_id)
         if first is not None:
             q = group_quotas[first]
-            assert q.group is not None
             found[user_id] = Tenancy(
-                f"group:{q.group.name}", _share(q), tuple(sorted(members[first]))
+                f"group:{_name_of(q)}", _share(q), tuple(sorted(members[first]))
             )
             continue
         quota = own.get(user_id) or default
@@ -189,25 +193,43 @@ def tenancies_of(user_ids: set[int]) -> dict[int, Tenancy]:
     return found
 
 
+def _name_of(quota: Quota) -> str:
+    assert quota.group is not None
+    return quota.group.name
+
+
 def _share(quota: Quota) -> Resources:
     return Resources(float(quota.cpu), float(quota.gpus), float(quota.memory_gb))
 
 
 def usage_by_user(user_ids: set[int], now: datetime, half_life: float) -> dict[int, Resources]:
     """Each user's decayed usage, from their jobs' attempts that started and had not ended
-    before the horizon."""
+    before the horizon: decayed_usage's sums, worked out on plain floats."""
     rows = (
         JobAttempt.objects.filter(job__owner_id__in=user_ids, started__isnull=False)
         .filter(Q(finished__isnull=True) | Q(finished__gte=horizon(now, half_life)))
+        # Unordered: nothing here needs an order, and the model's (by job id, then number)
+        # would have the database sort what it reads off the attempts' index
+        # (attempt_started_finished). Until migration 0029 it was the job's own order, which
+        # had SQLite walk every job of the history by date.
+        .order_by()
         .values_list(
             "job__owner_id", "started", "finished",
             "job__cpu_total", "job__gpus_total", "job__memory_gb_total",
         )
     )  # fmt: skip
-    records: dict[int, list[UsageRecord]] = {}
-    for owner_id, started, finished, cpu, gpus, memory_gb in rows:
+    # Plain rows, the two dates converted here, and the sums kept as floats, added as
+    # decayed_usage adds them (the same values for the same rows): a thousand running jobs'
+    # attempts are read in every scheduling pass, and a Resources made per term was a tenth
+    # of the fair-share order's cost.
+    aware = aware_dates(rows.db)
+    totals: dict[int, list[float]] = {}
+    for owner_id, started, finished, cpu, gpus, memory_gb in plain_rows(rows):
         assert started is not None  # filtered so
-        records.setdefault(owner_id, []).append(
-            UsageRecord(started, finished, Resources(cpu, gpus, memory_gb))
-        )
-    return {u: decayed_usage(rs, now, half_life) for u, rs in records.items()}
+        end = now if finished is None else min(aware(finished), now)
+        weight = decayed_weight(aware(started), end, now, half_life)
+        total = totals.setdefault(owner_id, [0.0, 0.0, 0.0])
+        total[0] += cpu * weight
+        total[1] += gpus * weight
+        total[2] += memory_gb * weight
+    return {u: Resources(*total) for u, total in totals.items()}

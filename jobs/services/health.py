@@ -93,10 +93,9 @@ class HealthMonitor:
                         float(point.get("ts") or batch.ts),
                     )
             else:
-                for text in batch.lines:
-                    firings += watched.watch.line(
-                        batch.role, batch.index, text, batch.stream, batch.ts
-                    )
+                firings += watched.watch.lines(
+                    batch.role, batch.index, batch.lines, batch.stream, batch.ts
+                )
         self._act(job_id, watched.attempt, firings)
         for off in watched.watch.take_switched_off():
             try:

@@ -68,7 +68,8 @@ def replica_ended(
     if not moved:
         return False
     if not current:
-        restarts.resume_when_ready(job)
+        if not (state == Replica.State.SUCCEEDED and restarts.finished_before_its_stop(job)):
+            restarts.resume_when_ready(job)
     elif state == Replica.State.SUCCEEDED:
         if (
             job.is_active

@@ -71,8 +71,23 @@ def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
 
 def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, int], str] | None:
     """{(role, index): node} for every instance, or None when not all of them fit now."""
-    attempt = _best_fit(demands, rooms)
+    attempt = _best_fit(demands, _open(demands, rooms))
     return None if attempt.stuck is not None else attempt.assignment
+
+
+def _open(demands: Sequence[Demand], rooms: Sequence[Room]) -> Sequence[Room]:
+    """The rooms with space for the smallest instance: no other room takes any of them (rooms
+    only shrink as instances are placed), so best fit chooses among these as among all. At a
+    thousand full nodes, copying the rest was most of a scheduling pass's placement."""
+    if not demands:
+        return rooms
+    smallest = Demand(
+        ("smallest", 0),
+        min(d.cpu for d in demands),
+        min(d.gpus for d in demands),
+        min(d.memory_gb for d in demands),
+    )
+    return [r for r in rooms if r.fits(smallest)]
 
 
 def never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> Demand | None:
@@ -92,9 +107,13 @@ def first_unplaceable(
     demands: Sequence[Demand], rooms: Sequence[Room]
 ) -> tuple[Demand, list[Room]] | None:
     """The instance placement gets stuck on, with the rooms as they were at that moment
-    (after the larger instances before it were placed); None when everything fits."""
-    attempt = _best_fit(demands, rooms)
-    return None if attempt.stuck is None else (attempt.stuck, attempt.free)
+    (after the larger instances before it were placed); None when everything fits. A room
+    that could take none of them is returned as passed in, not copied: do not change them."""
+    attempt = _best_fit(demands, _open(demands, rooms))
+    if attempt.stuck is None:
+        return None
+    then = {r.node: r for r in attempt.free}
+    return attempt.stuck, [then.get(r.node, r) for r in rooms]
 
 
 def describe(cpu: int, gpus: int, memory_gb: int) -> str:

@@ -181,8 +181,10 @@ def fewest_to_stop(
         key=lambda j: (j.started, j.job_id),
         reverse=True,  # started last first: combinations come out in the preferred order
     )
+    if not ordered:
+        return None  # nothing may be stopped (the trial's rooms are not worth reading)
     trial = _Trial(demands, rooms)
-    if not ordered or not trial.fits(ordered):
+    if not trial.fits(ordered):
         return None
     tried = 0
     for size in range(1, len(ordered) + 1):

@@ -93,7 +93,7 @@ def waiting_in_order(jobs: "QuerySet[Job] | None" = None) -> list[Job]:
     return in_order(list(waiting() if jobs is None else jobs))
 
 
-def in_order(jobs: list[QueuedT]) -> list[QueuedT]:
+def in_order(jobs: list[QueuedT], reserved: set[int] | None = None) -> list[QueuedT]:
     """The one waiting order: a job that borrowed capacity was reclaimed for first (its room
     is kept for it: jobs.services.reclaim), then higher priority (jobs.services.queue_order),
     then by fair share (the group, then the user, furthest below its share:
@@ -101,11 +101,13 @@ def in_order(jobs: list[QueuedT]) -> list[QueuedT]:
 
     `jobs` come as `waiting()` orders them (ORDER_BY: priority, then submission time and id):
     the sort is stable, so jobs alike in the keys before keep that order, which is the
-    submission order (fairshare.sort_key's last terms) without reading a date per job."""
+    submission order (fairshare.sort_key's last terms) without reading a date per job.
+    `reserved`: reserved_lenders(), where the caller has read it already."""
     if not jobs:
         return jobs
     keys = fairshare.owner_keys({j.owner_id for j in jobs})
-    reserved = reserved_lenders()
+    if reserved is None:
+        reserved = reserved_lenders()
     unknown = (0.0, 0.0)
     return sorted(
         jobs, key=lambda j: (j.pk not in reserved, -j.priority, keys.get(j.owner_id, unknown))
@@ -115,7 +117,12 @@ def in_order(jobs: list[QueuedT]) -> list[QueuedT]:
 def reserved_lenders() -> set[int]:
     """The jobs that a borrowed job was stopped for (Job.reclaimed_for) and that have not
     started since: few, and read off an index."""
-    ids = Job.objects.filter(reclaimed_for__isnull=False).values_list("reclaimed_for", flat=True)
+    # Unordered: the model's default order would make DISTINCT sort every such job by date.
+    ids = (
+        Job.objects.filter(reclaimed_for__isnull=False)
+        .order_by()
+        .values_list("reclaimed_for", flat=True)
+    )
     return {int(i) for i in ids.distinct() if i is not None}
 
 

@@ -78,15 +78,24 @@ def choose(
     )
 
 
-def reserve(demands: Sequence[Demand], rooms: list[Room], freeing: Iterable[Holding]) -> None:
-    """Take `demands` out of the rooms where they will go once `freeing` is gone, so that the
-    rest of the pass cannot take that room (a room may go below zero meanwhile)."""
+def reserve(
+    demands: Sequence[Demand],
+    rooms: list[Room],
+    freeing: Sequence[Holding],
+    also: Sequence[Holding] = (),
+) -> set[str]:
+    """Take `demands` out of the rooms where they will go once `freeing` is gone (or, if they
+    do not fit there, once `also` is gone too), so that the rest of the pass cannot take that
+    room (a room may go below zero meanwhile). Returns those nodes."""
     assignment = place(demands, rooms_with(rooms, freeing))
+    if assignment is None and also:
+        assignment = place(demands, rooms_with(rooms, [*freeing, *also]))
     if assignment is None:
-        return
+        return set()
     by_node = {room.node: room for room in rooms}
     for demand in demands:
         by_node[assignment[demand.key]].take(demand)
+    return set(assignment.values())
 
 
 class Reclaimer:
@@ -167,26 +176,37 @@ class Reclaimer:
         those stopped for it before, and reserve their room in `allowed` (taken from in place).
         Returns the job's reason while it waits, or None when reclaim cannot help it."""
         pending = self.stopping().get(job.pk, [])
+        # Victims are whole jobs: those stopped for the lenders ahead free more than these
+        # need. That excess is this job's too, once they are gone (the lenders' own room is
+        # taken out of `allowed` already: they are judged first). Without it, a group back
+        # with more jobs than victims to spare got the rest of its share a grace later.
+        others = [h for lender, hs in self.stopping().items() if lender != job.pk for h in hs]
         if not pending:
             candidates = [b for owner, b in self.borrowers().values() if not_of_group(owner)]
             victims = choose(
                 demands,
-                allowed,
+                rooms_with(allowed, others),
                 candidates,
                 self.now,
                 float(settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS),
             )
-            if not victims:
-                return None
+            if victims is None or (not victims and place(demands, allowed) is not None):
+                return None  # reclaim cannot help, or it fits now
             stopped = [v for v in victims if _stop(v.job_id, job, group)]
             if len(stopped) != len(victims):
                 return None  # one ended meanwhile: the next pass looks again
             for v in stopped:
                 self.borrowers().pop(v.job_id, None)
-            pending = _freed(stopped)
-            self.stopping()[job.pk] = pending
-        reserve(demands, allowed, pending)
-        freeing = sorted({h.job_id for h in pending})
+            if stopped:
+                pending = _freed(stopped)
+                self.stopping()[job.pk] = pending
+        going_to = reserve(demands, allowed, pending, others)
+        # The jobs whose stop it waits for: its own victims, else those freeing its nodes.
+        freeing = sorted(
+            {h.job_id for h in pending}
+            or {h.job_id for h in others if h.node in going_to}
+            or {h.job_id for h in others}
+        )
         return (
             f"waiting for borrowed capacity to be returned to group {group}: "
             f"{jobs_in_words(freeing, may_name)} stopping"

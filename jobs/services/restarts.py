@@ -9,6 +9,8 @@ their rows (and their log lines keep their attempt), so the job page lists every
     running --(failure, restarts left)--> restarting --(old processes gone, back-off over)-->
     queued --(every new replica started)--> running
 
+    restarting --(every old instance had exited 0 on its own)--> succeeded
+
 Whether an attempt's end restarts the job or fails it is decided in one place, `decide`, for
 every cause (see `Cause`); the callers only say what happened, and outcomes.end_attempt carries
 the decision out.
@@ -203,6 +205,46 @@ def resume_when_ready(job: Job) -> bool:
     if moved:
         scheduling.request_schedule()
     return moved
+
+
+def finished_before_its_stop(job: Job) -> bool:
+    """restarting -> succeeded when the attempt a restart ended had in fact finished: every one
+    of its instances exited 0 on its own (their agents say succeeded, not stopped), the exits
+    crossing the stop on the way, as when a preemption is decided the moment a job ends.
+    Running it again would train it twice (and, from its last checkpoint, report a second
+    result). The job succeeds in that attempt; the attempt the restart prepared, never placed,
+    is dropped with what it noted (a restart used, a preemption), as if it had not been."""
+    if job.state != Job.State.RESTARTING or job.attempt == 0:
+        return False
+    ended = job.attempt - 1
+    if (
+        Replica.objects.filter(job=job, attempt=ended)
+        .exclude(state=Replica.State.SUCCEEDED)
+        .exists()
+        or current_replicas(job).exclude(state=Replica.State.PENDING).exists()
+    ):
+        return False
+    row = JobAttempt.objects.filter(job=job, number=ended).first()
+    counted = row is not None and row.counted
+    preempted = row is not None and row.reason.startswith("preempted by job ") and job.preempted_by
+    moved = transitions.move_job(
+        job,
+        Job.State.SUCCEEDED,
+        "",
+        attempt=ended,
+        restarts_used=job.restarts_used - (1 if counted else 0),
+        restart_at=None,
+        preempted_by=job.preempted_by[:-1] if preempted else job.preempted_by,
+    )
+    if not moved:
+        return False
+    Replica.objects.filter(job=job, attempt=ended + 1).delete()
+    JobAttempt.objects.filter(job=job, number=ended + 1).delete()
+    JobAttempt.objects.filter(job=job, number=ended).update(reason="", counted=True)
+    log.warning(
+        "job %s: attempt %s had finished before its stop arrived: succeeded", job.pk, ended + 1
+    )
+    return True
 
 
 def _resume_later(job_id: int, delay: float) -> None:

@@ -6,9 +6,12 @@ never on a user's request: it takes the node rows' locks (on SQLite, the databas
 lock) for as long as placement takes, and a submission should not wait for that.
 """
 
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import NamedTuple, Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -18,16 +21,17 @@ from django.utils import timezone
 from redis import RedisError
 
 from console.celery import app
-from jobs.access import visible_jobs
+from jobs.access import sees_jobs_of
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
 from jobs.services import borrowing, dispatch, queue, time_limits, transitions, waitlist
 from jobs.services.backfill import Backfill, Reservation
 from jobs.services.placement import Demand, Room, gang_never_fits, never_fits, place
+from jobs.services.plain_rows import aware_dates, plain_rows
 from jobs.services.preempt_pass import PreemptionPass
 from jobs.services.reclaim import Reclaimer
 from jobs.services.totals import RoleRequest
-from jobs.services.waiting import Holding, NodeView, jobs_in_words, why_waiting
+from jobs.services.waiting import Holding, NodeView, Shortfall, jobs_in_words, shortfall
 from jobs.services.waitlist import WaitingJob
 from workers import contract
 
@@ -64,25 +68,86 @@ def _requests_answered() -> None:
         pass  # the mark expires by itself
 
 
-def holdings(nodes: list[Node]) -> list[Holding]:
+class NodeRow(NamedTuple):
+    """A node as a scheduling pass sees it: plain values, its status worked out once."""
+
+    pk: int
+    name: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+    status: str
+
+
+def locked_nodes() -> list[NodeRow]:
+    """Every node, its row locked until the transaction ends (SQLite: the whole database), read
+    as plain values: a thousand model instances were a tenth of a pass (issue 24). The running
+    lists and labels, JSON decoded for nothing, are not read."""
+    query = (
+        Node.objects.select_for_update()
+        .order_by("name")
+        .values_list(
+            "id", "name", "cpu", "gpus", "memory_gb", "state", "last_heartbeat", "protocol",
+            "disk_full", "isolation",
+        )
+    )  # fmt: skip
+    aware = aware_dates(query.db)
+    now = timezone.now()
+    rows = []
+    for pk, name, cpu, gpus, memory_gb, state, heard, protocol, disk_full, isolation in plain_rows(
+        query
+    ):
+        heard_at = aware(heard) if heard is not None else None
+        status = Node.status_of(state, heard_at, protocol, disk_full, isolation, now)
+        rows.append(NodeRow(pk, name, cpu, gpus, memory_gb, status))
+    return rows
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def holdings(nodes: Sequence[_Named]) -> list[Holding]:
     """What each active job holds on each of these nodes (per replica, summed per job)."""
+    return holdings_and_owners(nodes)[0]
+
+
+def holdings_and_owners(nodes: Sequence[_Named]) -> tuple[list[Holding], dict[int, int]]:
+    """holdings(), and the owner of every job that holds something, by job id: a pass's
+    ledger counts them by group and its reasons name them, and the owners read here, beside
+    what they hold, cost less than a query of a thousand ids after it."""
     per: dict[tuple[int, str], Holding] = {}
+    owners: dict[int, int] = {}
+    names = {n.name for n in nodes}
     # Plain values, not model instances: at 1,000 nodes a pass read 10,000 replicas with
-    # their nodes and packages as objects (issue 24).
-    held = Replica.objects.filter(
-        state__in=Replica.HOLDING_STATES, node_id__in=[n.pk for n in nodes], package__isnull=False
-    ).values_list(  # the platform's own roles hold nothing
-        "job_id", "node__name", "package__cpu", "package__gpus", "package__memory_gb"
-    )
-    for job_id, node, cpu, gpus, memory_gb in held:
+    # their nodes and packages as objects (issue 24). The nodes are picked here, not by a
+    # query's IN list of a thousand ids, whose parameters cost more to prepare than to run.
+    # Unordered: nothing here needs an order, and the model's (by job id, then id) would have
+    # the database sort what it reads off the replicas' state index. Until migration 0029 it
+    # was the job's own order, which had SQLite walk every job of the history by date.
+    held = (
+        Replica.objects.filter(
+            state__in=Replica.HOLDING_STATES, node__isnull=False, package__isnull=False
+        )
+        .order_by()
+        .values_list(  # the platform's own roles hold nothing
+            "job_id", "node__name", "package__cpu", "package__gpus", "package__memory_gb",
+            "job__owner_id",
+        )
+    )  # fmt: skip
+    for job_id, node, cpu, gpus, memory_gb, owner_id in plain_rows(held):
+        owners[job_id] = owner_id
+        if node not in names:
+            continue
         old = per.get((job_id, node), Holding(job_id, node, 0, 0, 0))
         per[(job_id, node)] = Holding(
             job_id, node, old.cpu + cpu, old.gpus + gpus, old.memory_gb + memory_gb
         )
-    return list(per.values())
+    return list(per.values()), owners
 
 
-def free_rooms(nodes: list[Node], held: list[Holding]) -> list[Room]:
+def free_rooms(nodes: Sequence[NodeRow | Node], held: list[Holding]) -> list[Room]:
     rooms = {n.name: Room(n.name, n.cpu, n.gpus, n.memory_gb) for n in nodes}
     for h in held:
         if h.node in rooms:
@@ -121,10 +186,26 @@ def schedule() -> list[int]:
         # Locking the node rows makes schedulers take turns. Waiting jobs are not locked as
         # they are read (ten thousand row locks a pass): one is locked, and read again, only
         # when it is placed.
-        nodes = list(
-            Node.objects.select_for_update().order_by("name").only(*SchedulingPass.NODE_FIELDS)
-        )
-        return SchedulingPass(nodes).run()
+        nodes = locked_nodes()
+        with _cyclic_gc_paused():
+            return SchedulingPass(nodes).run()
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cycle collector paused while the pass runs, once it holds the lock (so never
+    while it waits for it). A pass at 10,000 waiting jobs makes some 40,000 short-lived tuples
+    and rows, none in a cycle: they set off ~50 collections a pass, and every other pass one
+    of the whole heap, 7-45 ms of a ~200 ms pass in a console worker's heap (issue 24).
+    Reference counting frees them as before; cycles wait for the next collection."""
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
 
 
 # Waiting jobs read and judged at a time; a pass always judges the first this many (Slurm's
@@ -135,26 +216,21 @@ JUDGED_AT_ONCE = 200
 class SchedulingPass:
     """One pass over the waiting jobs, inside the transaction that holds the node locks."""
 
-    # What a pass reads of a node: its capacity and what its status is worked out from, not
-    # the running lists and labels of a thousand nodes (JSON, decoded for nothing).
-    NODE_FIELDS = (
-        "id", "name", "cpu", "gpus", "memory_gb", "state", "last_heartbeat", "protocol",
-        "disk_full", "isolation",
-    )  # fmt: skip
-
-    def __init__(self, nodes: list[Node]) -> None:
+    def __init__(self, nodes: list[NodeRow]) -> None:
         self.now = timezone.now()
-        # Each node's status once: it is worked out from several fields and settings (and a
-        # ready node has no reason to give).
-        self.views = []
-        for n in nodes:
-            status = n.status
-            note = "" if status == Node.State.READY else n.status_reason
-            self.views.append(NodeView(n.name, n.cpu, n.gpus, n.memory_gb, status, note))
-        self.usable = [
-            n for n, v in zip(nodes, self.views, strict=True) if v.status == Node.State.READY
+        # A node that is not ready may have a reason to give (read whole: there are few).
+        notes = {
+            n.name: n.status_reason
+            for n in Node.objects.filter(
+                pk__in=[row.pk for row in nodes if row.status != Node.State.READY]
+            )
+        }
+        self.views = [
+            NodeView(n.name, n.cpu, n.gpus, n.memory_gb, n.status, notes.get(n.name, ""))
+            for n in nodes
         ]
-        self.held = holdings(nodes)
+        self.usable = [n for n in nodes if n.status == Node.State.READY]
+        self.held, held_owners = holdings_and_owners(nodes)
         self.rooms = free_rooms(self.usable, self.held)
         self.grace = timedelta(seconds=settings.TRAINYARD_BACKFILL_GRACE_SECONDS)
         self.easy = Backfill(
@@ -164,14 +240,21 @@ class SchedulingPass:
         self.preemption = PreemptionPass(self.held, self.now)
         # Fair share with borrowing: each group's share and use, and reclaim (read lazily).
         self.ledger = borrowing.Ledger.read(
-            (h.job_id, h.cpu, h.gpus, h.memory_gb) for h in self.held
+            ((h.job_id, h.cpu, h.gpus, h.memory_gb) for h in self.held), held_owners
         )
         self.reclaimer = Reclaimer(self.held, self.now)
         self.reserved = queue.reserved_lenders()
+        # By group: the first job of it that waits, in this pass, for borrowed capacity to be
+        # returned to it (_taking_back).
+        self.reclaiming: dict[str, int] = {}
         # Until something is placed (or reserved) the rooms stay as they are, so jobs of one
         # owner with the same demands and exclusions wait for the same reason: worked out once
         # per pass, not once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
         self.reasons: dict[tuple[object, ...], str] = {}
+        # Why jobs of one shape find no room, whoever owns them (as `reasons`), and the shapes
+        # that find none.
+        self.shortfalls: dict[tuple[object, ...], Shortfall] = {}
+        self.no_room: set[tuple[object, ...]] = set()
         # What a job alike (WaitingJob.alike) was told in this state of the pass: the next one
         # alike is told the same without being judged again.
         self.fates: dict[tuple[object, ...], str] = {}
@@ -182,10 +265,16 @@ class SchedulingPass:
         self.dispatched: list[int] = []
         self.head_start: tuple[int, datetime] | None = None  # the reservation of this pass
         self._users: dict[int, User] = {}
+        # The owners of the jobs reasons name (running jobs whose end frees room, the head,
+        # victims), read in bulk as they are first named: every waiting owner is told of the
+        # same few jobs (_visible_to).
+        self._owner_of: dict[int, int | None] = dict(held_owners)
 
     def run(self) -> list[int]:
         new_reasons: dict[int, str] = {}
-        order = waitlist.queued()
+        order = waitlist.queued(self.reserved)
+        # The owners whose jobs' reasons name other jobs (_visible_to), in one query.
+        self._users = User.objects.in_bulk({q.owner_id for q in order})
         judged = 0
         while judged < len(order):
             if judged and not self._a_core_is_free():
@@ -260,6 +349,8 @@ class SchedulingPass:
         self.fates.clear()
         if rooms:
             self.reasons.clear()
+            self.shortfalls.clear()
+            self.no_room.clear()
 
     def decide(self, job: WaitingJob) -> str | None:
         demands = job.demands
@@ -273,6 +364,10 @@ class SchedulingPass:
             # Its group is at its borrowing limit: room on the nodes would not help, so it
             # holds no one back.
             return verdict.wait
+        if verdict.borrowing and self.reclaiming:
+            taking_back = self._taking_back(job.owner_id)
+            if taking_back is not None:
+                return taking_back
         # A restarted job may stay away from the nodes its earlier attempts failed on.
         allowed = (
             [room for room in self.rooms if room.node not in job.excluded_nodes]
@@ -297,7 +392,12 @@ class SchedulingPass:
                     self.waits_for_room.add(self.reasons[key])
                 return self.reasons[key]
         key = ("unplaced", job.shape, job.excluded_nodes, job.owner_id)
-        assignment = None if key in self.reasons else place(demands, allowed)
+        room_key = (job.shape, job.excluded_nodes)
+        assignment = None
+        if key not in self.reasons and room_key not in self.no_room:
+            assignment = place(demands, allowed)
+            if assignment is None:
+                self.no_room.add(room_key)
         if assignment is not None and self.easy.reservation is not None:
             limit = None if job.time_limit is None else timedelta(seconds=job.time_limit)
             held_back = ("held back", job.shape, job.excluded_nodes, limit, job.owner_id)
@@ -307,8 +407,11 @@ class SchedulingPass:
                 self.reasons.setdefault(held_back, self._held_back(self.easy.reservation, job))
                 return self.reasons[held_back]
         if assignment is None and self.preemption.may_preempt(job.priority_class_id):
-            # Jobs alike find no victims alike, until the rooms change (as `reasons`).
-            no_victims = ("no victims", key, job.priority, job.preempted_by)
+            # Jobs alike find no victims alike, until the rooms change (as `reasons`); whose
+            # they are does not matter.
+            no_victims = (
+                "no victims", job.shape, job.excluded_nodes, job.priority, job.preempted_by
+            )  # fmt: skip
             made = None
             if no_victims not in self.reasons or self.preemption.has_victims_stopping(job.pk):
                 made = self.preemption.make_room(
@@ -325,9 +428,11 @@ class SchedulingPass:
                 return why
         if assignment is None:
             if key not in self.reasons:
-                why = why_waiting(
-                    demands, allowed, self.views, self.held, self._visible_to(job.owner_id)
-                )
+                # Worked out once per shape, put in words once per owner.
+                short_key = (job.shape, job.excluded_nodes)
+                if short_key not in self.shortfalls:
+                    self.shortfalls[short_key] = shortfall(demands, allowed, self.views, self.held)
+                why = self.shortfalls[short_key].in_words(self._visible_to(job.owner_id))
                 if job.excluded_nodes:
                     why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
                 self.reasons[key] = why
@@ -362,7 +467,23 @@ class SchedulingPass:
             self._changed()  # room is reserved for this job
             self.ledger.take(job.owner_id, need)  # its group's share counts it already
             self.blocker = self.blocker or job
+            self.reclaiming.setdefault(lender, job.pk)
         return why
+
+    def _taking_back(self, owner_id: int) -> str | None:
+        """Why a job that would borrow waits while a job of its own group, ahead of it, takes
+        the group's share back: the room it would borrow now is room that job may need once
+        its victims are gone (and, run beyond the share, it would push that job beyond the
+        share too, where it may reclaim nothing)."""
+        for share in self.ledger.shares_of(owner_id):
+            ahead = self.reclaiming.get(share.group)
+            if ahead is not None:
+                return (
+                    f"waiting: {jobs_in_words([ahead], self._visible_to(owner_id))} of group "
+                    f"{share.group} is taking the group's share back first (this job would "
+                    "run on borrowed capacity)"
+                )
+        return None
 
     def place(
         self, job: WaitingJob, assignment: dict[tuple[str, int], str], need: dict[str, int],
@@ -384,7 +505,7 @@ class SchedulingPass:
         ):
             return None  # it left the queue (or was restarted) since the pass read it
         self._changed()  # the rooms change now
-        by_name = {n.name: n for n in self.usable}
+        node_ids = {n.name: n.pk for n in self.usable}
         by_room = {room.node: room for room in self.rooms}
         for demand in job.demands:
             by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
@@ -394,13 +515,13 @@ class SchedulingPass:
         for replica in replicas:
             # The scheduler goes where server-0 goes: it only coordinates.
             key = ("server", 0) if replica.package is None else (replica.role, replica.index)
-            replica.node = by_name[assignment[key]]
+            replica.node_id = node_ids[assignment[key]]
         transitions.place_replicas(replicas, sent=timezone.now())
         self.ledger.take(job.owner_id, need)
         transitions.mark_borrowed(model, borrowed)
         if job.pk in self.reserved:
             transitions.lender_started(job.pk)
-        placed = sorted({r.node.name for r in replicas if r.node is not None})
+        placed = sorted(set(assignment.values()))
         on_borrowed = " on borrowed capacity" if borrowed else ""
         transitions.set_job_reason(model, f"starting on {', '.join(placed)}{on_borrowed}")
         specs = dispatch.build_specs(Job.objects.get(pk=job.pk))
@@ -431,9 +552,19 @@ class SchedulingPass:
         owner = self._users[owner_id]
 
         def pick(job_ids: list[int]) -> set[int]:
-            return set(visible_jobs(owner).filter(pk__in=job_ids).values_list("pk", flat=True))
+            owners = self._owners(job_ids)
+            return {j for j in job_ids if (o := owners[j]) is not None and sees_jobs_of(owner, o)}
 
         return pick
+
+    def _owners(self, job_ids: list[int]) -> dict[int, int | None]:
+        """The owners of these jobs (None: gone from the database), those not known yet read
+        in one query."""
+        unknown = [j for j in job_ids if j not in self._owner_of]
+        if unknown:
+            self._owner_of.update(dict.fromkeys(unknown))
+            self._owner_of.update(Job.objects.filter(pk__in=unknown).values_list("pk", "owner_id"))
+        return self._owner_of
 
 
 def _by_key(demand: Demand) -> tuple[str, int]:

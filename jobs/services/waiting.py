@@ -38,6 +38,30 @@ class NodeView:
         return self.note or f"{self.name} {self.status}"
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """Why a job cannot start, before it is put in words for a reader: the same for every job
+    of one shape, whoever owns it (a scheduling pass works it out once per shape; issue 25)."""
+
+    text: str  # the whole reason, or its head when a node frees room once `ending` end
+    node: str = ""
+    freed: str = ""
+    ending: tuple[int, ...] = ()
+    noted: str = ""  # nodes not taking work for a reason their agent gave
+
+    def in_words(self, may_name: Callable[[list[int]], Collection[int]]) -> str:
+        """The reason as the job's owner reads it: `may_name` picks, from some job ids, those
+        the owner may see (jobs.access.visible_jobs); the others go unnamed."""
+        why = self.text
+        if self.ending:
+            verb = "ends" if len(self.ending) == 1 else "end"
+            why = (
+                f"{why}; {self.node} frees {self.freed} when "
+                f"{jobs_in_words(list(self.ending), may_name)} {verb}"
+            )
+        return f"{why} (not taking work: {self.noted})" if self.noted else why
+
+
 def why_waiting(
     demands: Sequence[Demand],
     rooms: Sequence[Room],
@@ -47,31 +71,37 @@ def why_waiting(
 ) -> str:
     """Why the job whose `demands` these are cannot start. `may_name` picks, from some job
     ids, those the job's owner may see (jobs.access.visible_jobs): the others go unnamed."""
+    return shortfall(demands, rooms, nodes, holdings).in_words(may_name)
+
+
+def shortfall(
+    demands: Sequence[Demand],
+    rooms: Sequence[Room],
+    nodes: Sequence[NodeView],
+    holdings: Sequence[Holding],
+) -> Shortfall:
+    """Why the job whose `demands` these are cannot start, for any reader."""
     if not nodes:
-        return "waiting for a node agent to register"
+        return Shortfall("waiting for a node agent to register")
     ready = [n for n in nodes if n.status == "ready"]
     if not ready:
         states = ", ".join(n.described() for n in nodes)
-        return f"waiting: no node is ready ({states})"
+        return Shortfall(f"waiting: no node is ready ({states})")
     # Nodes that would be ready but for something their agent said (a full disk, an old
     # protocol): the user should hear of them, they may be why the job waits.
     noted = "; ".join(n.note for n in nodes if n.note and n.status != "ready")
     stuck = first_unplaceable(demands, rooms)
     if stuck is None:
-        return "waiting for its turn in the queue"
-    return _with_notes(_why_no_room(stuck, ready, holdings, may_name), noted)
+        return Shortfall("waiting for its turn in the queue")
+    return _no_room(stuck, ready, holdings, noted)
 
 
-def _with_notes(why: str, noted: str) -> str:
-    return f"{why} (not taking work: {noted})" if noted else why
-
-
-def _why_no_room(
+def _no_room(
     stuck: tuple[Demand, list[Room]],
     ready: Sequence[NodeView],
     holdings: Sequence[Holding],
-    may_name: Callable[[list[int]], Collection[int]],
-) -> str:
+    noted: str,
+) -> Shortfall:
     demand, rooms_then = stuck
     need = describe(demand.cpu, demand.gpus, demand.memory_gb)
     head = f"waiting: needs a node with {need} free"
@@ -88,16 +118,17 @@ def _why_no_room(
         ending = _jobs_to_end(demand, room, held_on.get(node.name, []))
         if ending and (best is None or len(ending) < best[0]):
             best = (len(ending), node.name, ending, room)
+            if len(ending) == 1:
+                break  # no node can need fewer: at a thousand full nodes, the first will do
     if best is None:
-        return head
+        return Shortfall(head, noted=noted)
     _, node_name, ending, room = best
     freed = describe(
         max(0, demand.cpu - room.cpu),
         max(0, demand.gpus - room.gpus),
         max(0, demand.memory_gb - room.memory_gb),
     )
-    verb = "ends" if len(ending) == 1 else "end"
-    return f"{head}; {node_name} frees {freed} when {jobs_in_words(ending, may_name)} {verb}"
+    return Shortfall(head, node_name, freed, tuple(ending), noted)
 
 
 def jobs_in_words(job_ids: list[int], may_name: Callable[[list[int]], Collection[int]]) -> str:

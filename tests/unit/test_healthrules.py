@@ -712,6 +712,76 @@ def test_the_quoted_line_is_trimmed_and_cleaned() -> None:
     assert len(quoted) == 200 and quoted.endswith("…")
 
 
+BATCH_PATTERNS = [
+    "CUDA out of memory",
+    "^Traceback",
+    r"done$",
+    r"^\s+$",  # joined, it also takes the newlines between empty lines
+    r"\Aepoch",  # \A: a line's start, not the batch's
+    r"(?-m)^loss",  # multi-line mode turned off
+    r"(?s)error.*fatal",  # `.` takes the newline: the batch matches across two lines
+    r"step \d+\nstep",  # a newline no line has
+    r"(?i)\bnan\b",
+    r"[^a-z ]{3}",
+]
+BATCH_LINES = [
+    "epoch 1 done",
+    "",
+    "",
+    "   ",
+    "Traceback (most recent call last):",
+    "an error, then",
+    "a fatal one",
+    "step 12",
+    "step 13",
+    "loss NaN at epoch 2",
+    "x" * 20_000 + " CUDA out of memory",  # past the searched part of a line
+    "  RuntimeError: CUDA out of memory",
+    "loss 0.1 ===",
+]
+
+
+@pytest.mark.parametrize("pattern", BATCH_PATTERNS)
+def test_a_batch_of_lines_fires_exactly_as_its_lines_one_by_one(pattern: str) -> None:
+    rule = one_rule(kind="log-pattern", pattern=pattern, action="warn")
+    for first in range(len(BATCH_LINES)):
+        lines = BATCH_LINES[first:] + BATCH_LINES[:first]
+        one_by_one = Watch([rule], started_at=0.0)
+        expected = [
+            f.message for text in lines for f in one_by_one.line("master", 0, text, "stdout", 1.0)
+        ]
+        batched = Watch([rule], started_at=0.0)
+        assert messages(batched.lines("master", 0, lines, "stdout", 1.0)) == expected
+
+
+def test_a_batch_no_rule_matches_is_searched_once_per_rule_not_once_per_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jobs import healthrules
+
+    searched: list[int] = []
+    real = healthrules.search
+
+    def counting(regex: object, text: str) -> object:
+        searched.append(text.count("\n") + 1)
+        return real(regex, text)
+
+    monkeypatch.setattr(healthrules, "search", counting)
+    rules = [one_rule(**OOM), one_rule(kind="log-pattern", pattern="NCCL error", action="warn")]
+    watch = Watch(rules, started_at=0.0)
+    lines = [f"step {n} loss=0.{n:03d}" for n in range(1000)]
+    assert watch.lines("master", 0, lines, "stdout", 1.0) == []
+    assert searched == [1000, 1000]
+    # A batch with a match is then searched line by line, by the rule that matched only.
+    searched.clear()
+    lines[500] = "RuntimeError: CUDA out of memory"
+    (firing,) = watch.lines("master", 0, lines, "stderr", 2.0)
+    assert (
+        firing.rule == rules[0] and "printed 'RuntimeError: CUDA out of memory'" in firing.message
+    )
+    assert searched == [1000, 1000] + [1] * 501  # the rule fired on line 501: it stops there
+
+
 def test_metric_rules_ignore_lines_and_pattern_rules_ignore_metrics() -> None:
     watch = Watch([one_rule(kind="non-finite", action="stop"), one_rule(**OOM)], 0.0)
     assert watch.line("master", 0, "loss is nan", "stdout", 1.0) == []

@@ -171,6 +171,77 @@ def test_a_job_preempted_once_is_not_preempted_again_before_its_minimum_run(
     assert high.reason.startswith("waiting: ")
 
 
+def preempted_low_job(
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    capture: Capture,
+    last: tuple[int, str] = (1, "cpu-2"),
+) -> tuple[Job, Job]:
+    """alice's low jobs fill both nodes (7 of 2 cores, then one of `last`: instances,
+    package, of 2 cores in all); bob's high job preempts the one started last. (victim,
+    preemptor)."""
+    set_quota(alice, cpu=16, jobs=8)
+    instances, package = last
+    for _ in range(7):
+        start(submit(alice, "low"), capture)
+    newest = submit(alice, "low", instances=instances, package=package)
+    start(newest, capture)
+    high = submit(bob, "high")
+    victim = Job.objects.get(pk=newest.pk)
+    assert victim.state == Job.State.RESTARTING and victim.preempted_by == [high.pk]
+    return victim, high
+
+
+def exited(job: Job, states: list[str], capture: Capture) -> None:
+    """Its agents report the instances of attempt 0 ended so, in order (exit 0 for succeeded,
+    143 for stopped)."""
+    replicas = list(job.replicas.filter(attempt=0).select_related("node").order_by("id"))
+    for r, state in zip(replicas, states, strict=True):
+        assert r.node is not None
+        with capture(execute=True):
+            reports.replica_exited(
+                job.pk, r.role, r.index, r.node.name, state, 0 if state == "succeeded" else 143,
+                "", [], attempt=0,
+            )  # fmt: skip
+    job.refresh_from_db()
+
+
+def test_a_victim_that_had_finished_when_its_stop_came_succeeds_and_is_not_run_again(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    # The preemption is decided as the victim's trainers exit 0 on their own: their agents
+    # report succeeded (not stopped), the reports crossing the stop. Found on the fleet,
+    # where such a job was queued and trained again.
+    victim, high = preempted_low_job(alice, bob, submit, django_capture_on_commit_callbacks)
+    exited(victim, ["succeeded"], django_capture_on_commit_callbacks)
+    assert (victim.state, victim.reason, victim.attempt) == (Job.State.SUCCEEDED, "", 0)
+    assert (victim.preempted_by, victim.restarts_used) == ([], 0)
+    assert [(a.number, a.reason) for a in victim.attempts.all()] == [(0, "")]
+    assert set(victim.replicas.values_list("attempt", "state")) == {(0, Replica.State.SUCCEEDED)}
+    high.refresh_from_db()
+    assert placed(high), high.reason  # the room it freed went to the job that asked for it
+
+
+def test_a_restart_whose_old_instances_did_not_all_succeed_runs_again(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    victim, high = preempted_low_job(
+        alice, bob, submit, django_capture_on_commit_callbacks, last=(2, "cpu-1")
+    )
+    exited(victim, ["succeeded", "stopped"], django_capture_on_commit_callbacks)
+    assert victim.state in (Job.State.RESTARTING, Job.State.QUEUED) and victim.attempt == 1
+    assert victim.preempted_by == [high.pk]
+
+
 def test_the_new_job_form_offers_the_classes_and_launches_with_one(
     client: Any, alice: User, nodes: list[Any], sent_tasks: SentTasks
 ) -> None:

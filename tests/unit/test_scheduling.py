@@ -1,5 +1,6 @@
 """Queue order, backfill, drained and lost nodes, and the reasons a waiting job is given."""
 
+import gc
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -353,3 +354,37 @@ def test_a_job_far_back_that_waits_for_room_is_told_so_whether_or_not_a_core_is_
     with CaptureQueriesContext(connection) as queries:
         scheduling.schedule()
     assert not [q for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+
+
+def test_the_cycle_collector_is_paused_only_while_a_pass_runs(
+    nodes: list[Node], submit: Callable[..., Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    submit(6)
+    waiting = submit(4)  # does not fit: every pass judges it
+    seen: list[bool] = []
+    run = scheduling.SchedulingPass.run
+
+    def watched(self: scheduling.SchedulingPass) -> list[int]:
+        seen.append(gc.isenabled())
+        return run(self)
+
+    monkeypatch.setattr(scheduling.SchedulingPass, "run", watched)
+    assert gc.isenabled()
+    scheduling.schedule()
+    assert seen == [False] and gc.isenabled() and not placed(waiting)
+
+    def failing(self: scheduling.SchedulingPass) -> list[int]:
+        raise RuntimeError("a pass that fails")
+
+    monkeypatch.setattr(scheduling.SchedulingPass, "run", failing)
+    with pytest.raises(RuntimeError):
+        scheduling.schedule()
+    assert gc.isenabled()  # given back however the pass ends
+
+    gc.disable()  # a caller's own choice is left as it was
+    try:
+        monkeypatch.setattr(scheduling.SchedulingPass, "run", watched)
+        scheduling.schedule()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
