@@ -469,6 +469,7 @@ def lender(clock: Clock, nodes: int, node_cpus: int, seed: int) -> dict[str, Any
             arrived = time.time()
             curve: list[tuple[float, int]] = []
             reached: dict[str, float] = {}
+            mid_grace: list[tuple[int, int, str]] = []
             # Nine tenths of it, and all of it (b's jobs of 4 to 16 cores may not add up to it
             # exactly: one that would take b beyond its share reclaims nothing).
             thresholds = {"90 %": -(-9 * nominal // 10), "all": nominal}
@@ -480,6 +481,10 @@ def lender(clock: Clock, nodes: int, node_cpus: int, seed: int) -> dict[str, Any
                 for name, cores in thresholds.items():
                     if b >= cores and name not in reached:
                         reached[name] = now - arrived
+                if not mid_grace and now - arrived >= clock.grace / 2:
+                    # What b's jobs are told while the first victims save their checkpoints:
+                    # each should be reclaiming already, not waiting for a second round.
+                    mid_grace = waiting_reasons("team-b")
                 time.sleep(0.1)
             events = fleet.call(lambda: list(fleet.fleet.events))
             group_of = {j: g for g, ids in submitters.submitted.items() for j in ids}
@@ -498,6 +503,7 @@ def lender(clock: Clock, nodes: int, node_cpus: int, seed: int) -> dict[str, Any
         "b_held_last": curve[-1][1] if curve else 0,
         "curve": _changes(curve),
         "b_waiting": b_waiting,
+        "b_waiting_mid_grace": mid_grace,
         # What took the time: b's submissions (the web, under load), the evictions (the console
         # worker's passes) and the victims' stops (the grace).
         "b_admitted_real": [t - arrived for t in submitters.answered["team-b"][:16]],
@@ -739,6 +745,9 @@ def print_lender(r: dict[str, Any]) -> None:
     if evicted:
         print(f"  {len(evicted)} jobs of team-a evicted {evicted[0] * f:.0f} to "
               f"{evicted[-1] * f:.0f} s simulated after it")  # fmt: skip
+    for job_id, cores, reason in r.get("b_waiting_mid_grace", [])[:20]:
+        print(f"  half-way through the first grace, team-b's job {job_id} ({cores} cores) "
+              f"waits: {reason}")  # fmt: skip
     for job_id, cores, reason in r["b_waiting"][:6]:
         print(f"  at the end team-b's job {job_id} ({cores} cores) waits: {reason}")
     steps = ", ".join(f"{at * f:.0f} s: {cores}" for at, cores in r["curve"][:40])

@@ -5,9 +5,11 @@ Each fake agent has what a real one has: its own Redis ACL user and signing key,
 product's own provisioning (`manage.py agent_credentials`, jobs/services/agent_access.py), its
 own queue `node.<NAME>` that it consumes with BRPOP as kombu does, and Celery messages for the
 console built by the agent's own Celery app (workers.agent.make_celery) and signed with
-workers.credentials.sign. It sends heartbeats with inventory and running lists, acknowledges
-starts, reports exits and answers stops (including "unknown" for replicas it never ran), and
-appends log lines and metric points with the agent's own append script (workers.logsink).
+workers.credentials.sign. It sends heartbeats with inventory and running lists (onto the
+console's heartbeat list while the console drains one, else as Celery messages, by the agent's
+own rule: workers/heartbeat_route.py), acknowledges starts, reports exits and answers stops
+(including "unknown" for replicas it never ran), and appends log lines and metric points with
+the agent's own append script (workers.logsink).
 
 What it does not have: processes. A replica "runs" for `job_seconds`, then exits 0, or 1 when
 its job id is a multiple of `fail_every`. Everything runs on one asyncio loop; messages are
@@ -32,8 +34,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from kombu.transport import memory
 
-from workers import contract, credentials
-from workers.agent import stamped
+from workers import contract, credentials, heartbeat_route
+from workers.agent import HEARTBEAT_EXPIRES_INTERVALS, stamped
 from workers.logsink import _APPEND_LUA, DEFAULT_MAXLEN, LogBatch
 
 log = logging.getLogger("trainyard.fleet")
@@ -145,6 +147,7 @@ class FakeAgent:
     runs: dict[tuple[int, int, str, int], _Run] = field(default_factory=dict)
     finished: dict[tuple[int, int, str, int], dict[str, Any]] = field(default_factory=dict)
     heartbeats: int = 0
+    pushed: int = 0  # of them, onto the console's heartbeat list (the rest: Celery tasks)
 
     def __post_init__(self) -> None:
         found = credentials.secret_from_url(self.url)
@@ -168,13 +171,35 @@ class FakeAgent:
     async def report(
         self, task: str, payload: dict[str, Any], expires: float | None = None
     ) -> None:
+        await self._send_task(task, self._signed(task, payload), expires)
+
+    def _signed(self, task: str, payload: dict[str, Any]) -> dict[str, Any]:
         # Stamped with the protocol version as a real agent stamps it (one place):
         # the console starts nothing on an agent that does not say it speaks its protocol.
-        signed = credentials.sign(stamped(payload), self._key, task)
+        return credentials.sign(stamped(payload), self._key, task)
+
+    async def _send_task(self, task: str, signed: dict[str, Any], expires: float | None) -> None:
         message = self.fleet.envelopes.console_message(task, signed, expires)
         await self.client.lpush(contract.CONSOLE_QUEUE, message)
 
     # --- heartbeats ---
+
+    async def heartbeat(self, payload: dict[str, Any]) -> None:
+        """As the agent's Heartbeat.send: onto the console's heartbeat list while it drains
+        one, else as the Celery task (workers/heartbeat_route.py decides for both)."""
+        signed = self._signed(contract.TASK_NODE_HEARTBEAT, payload)
+        try:
+            message = heartbeat_route.route(
+                await self.client.get(contract.HEARTBEATS_DRAINED_KEY), signed
+            )
+            if message is not None:
+                await self.client.rpush(contract.HEARTBEATS_KEY, message)
+                self.pushed += 1
+                return
+        except aioredis.RedisError as exc:
+            log.debug("%s: heartbeat not pushed (%s); sending it as a task", self.node, exc)
+        expires = self.fleet.config.heartbeat_seconds * HEARTBEAT_EXPIRES_INTERVALS
+        await self._send_task(contract.TASK_NODE_HEARTBEAT, signed, expires)
 
     def running(self) -> list[dict[str, Any]]:
         return [
@@ -207,11 +232,7 @@ class FakeAgent:
         padding = config.noisy_running_entries if noisy else 0
         while not stopping.is_set():
             try:
-                await self.report(
-                    contract.TASK_NODE_HEARTBEAT,
-                    self.heartbeat_payload(padding),
-                    expires=config.heartbeat_seconds * 6,
-                )
+                await self.heartbeat(self.heartbeat_payload(padding))
                 self.heartbeats += 1
             except Exception:
                 log.warning("%s: heartbeat not sent", self.node, exc_info=True)

@@ -128,8 +128,10 @@ def test_a_job_that_fails_every_time_ends_failed_with_every_attempts_reason(
     assert "gave up after 2 restarts" in finished["reason"]
     for n in (1, 2, 3):
         assert f"attempt {n}:" in finished["reason"], finished["reason"]
-    # Every attempt's lines are kept, each tagged with its attempt.
-    said = {(x["attempt"], x["text"]) for x in admin.logs(job["id"]) if x["role"] == "master"}
+    # Every attempt's lines are kept, each tagged with its attempt. Either instance may be the
+    # one that speaks: both fail at once, and the first exit stops the other, which may not
+    # have printed yet (seen in CI: the master of attempt 1 was stopped before its print).
+    said = {(x["attempt"], x["text"]) for x in admin.logs(job["id"])}
     assert {(a, f"attempt {a} failing") for a in (0, 1, 2)} <= said
 
 
