@@ -87,8 +87,10 @@ def resumed_epochs(lines: list[dict[str, Any]], attempt: int) -> dict[str, int]:
 
 def assert_both_resumed_and_finished(finished: dict[str, Any], lines: list[dict[str, Any]]) -> None:
     assert finished["state"] == "succeeded", finished["reason"]
-    assert finished["restarts_used"] == 1, finished["attempts"]
-    assert "SIGKILL" in finished["attempts"][0]["reason"], finished["attempts"][0]
+    # Each attempt in full (the dicts' repr is cut short in a failure's message).
+    attempts = [(a["number"], a["nodes"], a["reason"]) for a in finished["attempts"]]
+    assert finished["restarts_used"] == 1, attempts
+    assert "SIGKILL" in finished["attempts"][0]["reason"], attempts
     # Rank 0 saved after epoch STALL_AFTER; every rank, wherever it runs now, starts after it.
     assert resumed_epochs(lines, 1) == {"0": STALL_AFTER + 1, "1": STALL_AFTER + 1}, [
         x["text"] for x in lines if x["attempt"] == 1
@@ -119,6 +121,6 @@ def test_a_job_moved_off_its_failed_node_resumes_there(stack: RunningStack) -> N
     )
     assert first_nodes["worker"] not in finished["attempts"][1]["nodes"], (
         first_nodes,
-        finished["attempts"],
+        [(a["number"], a["nodes"], a["reason"]) for a in finished["attempts"]],
     )
     assert_both_resumed_and_finished(finished, lines)
