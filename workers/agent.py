@@ -61,6 +61,10 @@ HEARTBEAT_SECONDS_ENV = "TRAINYARD_HEARTBEAT_SECONDS"
 DEFAULT_HEARTBEAT_SECONDS = 5.0
 CHECKPOINT_ROOT_ENV = "TRAINYARD_CHECKPOINT_ROOT"
 SANDBOX_SHARED_ENV = "TRAINYARD_SANDBOX_SHARED"
+SPARE_KEEPERS_ENV = "TRAINYARD_SPARE_KEEPERS"
+# Two: the instances of a job that one node runs arrive together, and most jobs put one or two
+# on a node; more cost 17 MB each while idle (workers/keeperlink.py, SpareKeeper).
+DEFAULT_SPARE_KEEPERS = 2
 # A heartbeat older than this many intervals is worthless: the broker drops it.
 HEARTBEAT_EXPIRES_INTERVALS = 6
 # The local stack (like systemd's default) SIGKILLs an agent 30 s after SIGTERM; end well before.
@@ -361,6 +365,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"(default: ${keeper.GRACE_ENV} or {keeper.DEFAULT_GRACE_SECONDS:g})",
     )
     parser.add_argument(
+        "--spare-keepers",
+        type=int,
+        default=int(os.environ.get(SPARE_KEEPERS_ENV, DEFAULT_SPARE_KEEPERS)),
+        help="how many replica keepers wait started ahead of need, so that replicas arriving "
+        "together start without waiting for a keeper's interpreter; each takes about 17 MB "
+        f"while it waits; 0 starts every keeper when its replica comes (default: "
+        f"${SPARE_KEEPERS_ENV} or {DEFAULT_SPARE_KEEPERS})",
+    )
+    parser.add_argument(
         "--min-free-mb",
         type=int,
         default=int(os.environ.get(diskspace.MIN_FREE_ENV, diskspace.DEFAULT_MIN_FREE_MB)),
@@ -404,6 +417,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--heartbeat-seconds must be positive")
     if args.keeper_grace <= 0:
         parser.error("--keeper-grace must be positive")
+    if args.spare_keepers < 0:
+        parser.error("--spare-keepers must be 0 or more")
     if args.stop_timeout <= CLOSING_MARGIN_SECONDS:
         parser.error(f"--stop-timeout must be more than {CLOSING_MARGIN_SECONDS:g}")
     here = inventory.interfaces()
@@ -509,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_checkpoints=args.keep_checkpoints,
         keeper_grace=args.keeper_grace,
         disk=diskspace.DiskWatch(args.node, workdir, args.min_free_mb * 1024 * 1024),
-        prestart_keeper=True,
+        spare_keepers=args.spare_keepers,
     )
     # Before any task and the first heartbeat: what an earlier agent here left to keepers is
     # ours now (the console sees it running under this incarnation), whatever else it left

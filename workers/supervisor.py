@@ -281,14 +281,16 @@ class Supervisor:
         keep_checkpoints: int = 0,
         keeper_grace: float = keeper.DEFAULT_GRACE_SECONDS,
         disk: DiskWatch | None = None,
-        prestart_keeper: bool = False,
+        spare_keepers: int = 0,
     ) -> None:
         self.node = node
-        # A keeper started ahead of the next replica (workers/keeperlink.py), so that a start
-        # does not wait for a keeper's interpreter; the agent asks for one, unit tests of the
+        # Keepers started ahead of the next replicas (workers/keeperlink.py), so that a start
+        # does not wait for a keeper's interpreter; the agent asks for some, unit tests of the
         # supervisor's other concerns do not. Started after adopt(): a restarted agent's
         # takeover runs against its keepers' grace, and comes first.
-        self._spare_keeper = SpareKeeper(start=False) if prestart_keeper else None
+        self._spare_keeper = (
+            SpareKeeper(start=False, count=spare_keepers) if spare_keepers > 0 else None
+        )
         # How long a replica's keeper waits for an agent before it stops the processes.
         self.keeper_grace = keeper_grace
         # The work disk's free space (workers/diskspace.py): no start while it is full, and a

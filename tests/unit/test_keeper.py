@@ -431,6 +431,54 @@ def test_a_trainer_from_a_spare_keeper_starts_exactly_as_from_a_cold_one(
         spares.close()
 
 
+def test_replicas_arriving_together_each_get_a_waiting_spare(
+    tmp_path: Path, links: list[KeeperLink]
+) -> None:
+    """With a pool of two, two replicas started back to back both get a keeper that was
+    already waiting (before, the second waited for a cold one), and two wait again after."""
+    spares = SpareKeeper(count=2)
+    try:
+        waiting = spares.pids()
+        assert len(waiting) == 2 and all(process_alive(p) for p in waiting)
+        kept = []
+        for name in ("master", "worker"):
+            (tmp_path / name).mkdir()
+            link = KeeperLink.start(
+                tmp_path / name / "keeper",
+                [KeptProcess(SLEEPER, {"TRAINYARD_JOB_ID": "5"}, tmp_path / name)],
+                {"spec": {"job_id": 5, "role": name, "index": 0}},
+                tmp_path / "procs",
+                grace_seconds=60.0,
+                stop_grace_seconds=1.0,
+                spares=spares,
+            )
+            links.append(link)
+            kept.append(int((link.state() or {})["keeper"]["pid"]))
+        assert kept == waiting  # the oldest first
+        assert len(spares.pids()) == 2 and not set(spares.pids()) & set(waiting)
+        left = spares.pids()
+    finally:
+        spares.close()
+    assert spares.pids() == []
+    wait_until(lambda: not any(process_alive(pid) for pid in left), 30, "the spares to exit")
+
+
+def test_a_pool_hands_out_the_next_spare_when_one_has_died(tmp_path: Path) -> None:
+    spares = SpareKeeper(count=2)
+    try:
+        dead, alive = spares.pids()
+        os.kill(dead, 9)
+        wait_until(lambda: not process_alive(dead), 30, "the first spare to die")
+        (tmp_path / "keeper").mkdir()
+        proc = spares.take(tmp_path / "keeper")
+        assert proc is not None and proc.pid == alive
+        assert len(spares.pids()) == 2 and dead not in spares.pids()
+        proc.kill()
+        proc.wait()
+    finally:
+        spares.close()
+
+
 def test_a_spare_keeper_ends_when_its_agent_no_longer_needs_it(tmp_path: Path) -> None:
     spares = SpareKeeper(start=False)
     assert spares.pid() is None  # none until asked for
