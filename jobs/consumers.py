@@ -71,6 +71,14 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     # Re-checks the credential on a timer, in case the message that would have told us is lost.
     watchdog: asyncio.Task[None] | None = None
     revoked = False
+    # Set once this consumer has closed the socket: an event that arrives after (the final
+    # state, relayed by the channel layer while the log's end went out) is dropped, since the
+    # server may not send after a close, and the error raised there aborted the connection.
+    closed = False
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        self.closed = True
+        await super().close(code=code, reason=reason)
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -155,7 +163,13 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         return False
 
     async def job_event(self, event: dict[str, Any]) -> None:
-        await self.send_json(event["payload"])
+        try:
+            await self._send(event["payload"])
+        except ClientDisconnected:
+            return
+        except _TooSlow:
+            with contextlib.suppress(ClientDisconnected):
+                await self.close(code=CLOSE_TOO_SLOW)
 
     async def credentials_changed(self, event: dict[str, Any]) -> None:
         """Something of the user's was revoked (revocation.CREDENTIALS_CHANGED): maybe what
@@ -235,13 +249,21 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
     async def _send(self, frame: dict[str, Any]) -> None:
         """Send, or give up on a client that takes too long to read: the server never queues
         more than the one frame in flight for it."""
+        self._still_open()
         async with _client_takes_it_in_time():
             await self.send_json(frame)
 
     async def _send_text(self, text: str) -> None:
         """`_send` of a frame already encoded (shared by every viewer at the same cursor)."""
+        self._still_open()
         async with _client_takes_it_in_time():
             await self.send(text_data=text)
+
+    def _still_open(self) -> None:
+        """ClientDisconnected once this consumer has closed the socket (the relay may have a
+        frame in hand when an event's too-slow client or a revocation closes it)."""
+        if self.closed:
+            raise ClientDisconnected
 
 
 @contextlib.asynccontextmanager

@@ -478,3 +478,26 @@ async def test_a_client_that_went_away_is_no_error(
     ]
     assert all(r.levelno == logging.DEBUG for r in caplog.records if r.name == "jobs.consumers")
     await comm.disconnect()
+
+
+async def test_an_event_after_the_close_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The final state can reach the job's group after the relay sent the log's end and
+    closed; uvicorn refuses a send after a close with an error that aborted the connection,
+    before the client had read the close (seen by bench.logs: "no close frame received or
+    sent"). The consumer drops it, and the relay stops at its next frame."""
+    sent: list[dict[str, Any]] = []
+
+    async def base_send(message: dict[str, Any]) -> None:
+        if sent and sent[-1]["type"] == "websocket.close":
+            raise RuntimeError(f"Unexpected ASGI message '{message['type']}' after a close")
+        sent.append(message)
+
+    consumer = JobConsumer()
+    consumer.base_send = base_send
+    await consumer.job_event({"payload": {"type": "state", "job": {"state": "running"}}})
+    assert [m["type"] for m in sent] == ["websocket.send"]
+    await consumer.close()
+    await consumer.job_event({"payload": {"type": "state", "job": {"state": "succeeded"}}})
+    with pytest.raises(ClientDisconnected):
+        await consumer._send_text('{"type": "log"}')
+    assert [m["type"] for m in sent] == ["websocket.send", "websocket.close"]
