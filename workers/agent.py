@@ -63,7 +63,7 @@ CHECKPOINT_ROOT_ENV = "TRAINYARD_CHECKPOINT_ROOT"
 SANDBOX_SHARED_ENV = "TRAINYARD_SANDBOX_SHARED"
 SPARE_KEEPERS_ENV = "TRAINYARD_SPARE_KEEPERS"
 # Two: the instances of a job that one node runs arrive together, and most jobs put one or two
-# on a node; more cost 17 MB each while idle (workers/keeperlink.py, SpareKeeper).
+# on a node; more cost 17 MB each while idle (workers/keeperlink.py, SpareKeepers).
 DEFAULT_SPARE_KEEPERS = 2
 # A heartbeat older than this many intervals is worthless: the broker drops it.
 HEARTBEAT_EXPIRES_INTERVALS = 6

@@ -72,7 +72,7 @@ class KeeperLink:
         records_dir: Path,
         grace_seconds: float,
         stop_grace_seconds: float,
-        spares: "SpareKeeper | None" = None,
+        spares: "SpareKeepers | None" = None,
     ) -> "KeeperLink":
         """Start a keeper running `procs`; returns once they run (or raises KeeperError).
         With `spares`, the keeper is its waiting spare, when it has one."""
@@ -243,7 +243,7 @@ def _spawn_keeper(args: list[str], stdin: Any, output: Any) -> subprocess.Popen[
     )
 
 
-class SpareKeeper:
+class SpareKeepers:
     """Keepers started ahead of need (`python -m workers.keeper --spare`), so that a replica's
     start does not wait for the keeper's interpreter to start and import its modules (a tenth
     of a second or more before the first trainer can even be spawned).

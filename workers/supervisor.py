@@ -56,7 +56,7 @@ from workers import (
 )
 from workers.diskspace import DiskWatch, is_no_room
 from workers.filetail import FileTail
-from workers.keeperlink import KeeperLink, KeptProcess, SpareKeeper, folder_name
+from workers.keeperlink import KeeperLink, KeptProcess, SpareKeepers, folder_name
 from workers.launcher import (
     TRAINER_LIB,
     WORKERS_PACKAGE,
@@ -288,8 +288,8 @@ class Supervisor:
         # does not wait for a keeper's interpreter; the agent asks for some, unit tests of the
         # supervisor's other concerns do not. Started after adopt(): a restarted agent's
         # takeover runs against its keepers' grace, and comes first.
-        self._spare_keeper = (
-            SpareKeeper(start=False, count=spare_keepers) if spare_keepers > 0 else None
+        self._spare_keepers = (
+            SpareKeepers(start=False, count=spare_keepers) if spare_keepers > 0 else None
         )
         # How long a replica's keeper waits for an agent before it stops the processes.
         self.keeper_grace = keeper_grace
@@ -510,8 +510,8 @@ class Supervisor:
                 )  # fmt: skip
                 run.thread.start()
             adopted.append(f"{spec.job_id}/{spec.tag}")
-        if self._spare_keeper is not None:
-            self._spare_keeper.replenish()
+        if self._spare_keepers is not None:
+            self._spare_keepers.replenish()
         return adopted
 
     def shutdown(self, timeout: float = 30.0, hand_over: bool = False) -> None:
@@ -524,8 +524,8 @@ class Supervisor:
             closing = self._closing
             runs = list(self._runs.values())
         self._sampler.stop()
-        if self._spare_keeper is not None:
-            self._spare_keeper.close()
+        if self._spare_keepers is not None:
+            self._spare_keepers.close()
         for run in runs:
             if hand_over and run.keeper is not None and not run.stop_requested.is_set():
                 run.handed_over.set()
@@ -800,7 +800,7 @@ class Supervisor:
         folder = self.keepers_dir / folder_name(spec.job_id, spec.attempt, spec.tag)
         link = KeeperLink.start(
             folder, kept, replica, self.records.directory, self.keeper_grace, run.stop_grace,
-            spares=self._spare_keeper,
+            spares=self._spare_keepers,
         )  # fmt: skip
         with self._lock:
             run.keeper = link

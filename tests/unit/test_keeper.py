@@ -20,7 +20,7 @@ from tests.unit.test_supervisor import wait_until
 from workers import keeper
 from workers.filetail import FileTail
 from workers.keeper import frame, read_frames, read_output
-from workers.keeperlink import KeeperLink, KeptProcess, SpareKeeper
+from workers.keeperlink import KeeperLink, KeptProcess, SpareKeepers
 from workers.logsink import Ledger
 from workers.procrecords import ProcRecords
 
@@ -392,7 +392,7 @@ def _seen(link: KeeperLink) -> dict[str, object]:
 def test_a_trainer_from_a_spare_keeper_starts_exactly_as_from_a_cold_one(
     tmp_path: Path, links: list[KeeperLink]
 ) -> None:
-    spares = SpareKeeper()
+    spares = SpareKeepers()
     try:
         argv = [sys.executable, "-c", SEEN, "--lr", "0.1"]
         env = {"TRAINYARD_JOB_ID": "5", "PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
@@ -436,7 +436,7 @@ def test_replicas_arriving_together_each_get_a_waiting_spare(
 ) -> None:
     """With a pool of two, two replicas started back to back both get a keeper that was
     already waiting (before, the second waited for a cold one), and two wait again after."""
-    spares = SpareKeeper(count=2)
+    spares = SpareKeepers(count=2)
     try:
         waiting = spares.pids()
         assert len(waiting) == 2 and all(process_alive(p) for p in waiting)
@@ -464,7 +464,7 @@ def test_replicas_arriving_together_each_get_a_waiting_spare(
 
 
 def test_a_pool_hands_out_the_next_spare_when_one_has_died(tmp_path: Path) -> None:
-    spares = SpareKeeper(count=2)
+    spares = SpareKeepers(count=2)
     try:
         dead, alive = spares.pids()
         os.kill(dead, 9)
@@ -480,7 +480,7 @@ def test_a_pool_hands_out_the_next_spare_when_one_has_died(tmp_path: Path) -> No
 
 
 def test_a_spare_keeper_ends_when_its_agent_no_longer_needs_it(tmp_path: Path) -> None:
-    spares = SpareKeeper(start=False)
+    spares = SpareKeepers(start=False)
     assert spares.pid() is None  # none until asked for
     spares.replenish()
     pid = spares.pid()
