@@ -168,8 +168,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         except ClientDisconnected:
             return
         except _TooSlow:
-            with contextlib.suppress(ClientDisconnected):
-                await self.close(code=CLOSE_TOO_SLOW)
+            await self._close_too_slow()
 
     async def credentials_changed(self, event: dict[str, Any]) -> None:
         """Something of the user's was revoked (revocation.CREDENTIALS_CHANGED): maybe what
@@ -231,15 +230,7 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
             # end, a tab closes): nothing failed, and nothing is left to close.
             log.debug("the client of job %s's log stream went away", self.job_id)
         except _TooSlow:
-            # Worth a line: a proxy that buffers badly, or a tab left in the background, shows
-            # up here again and again.
-            log.info(
-                "closing the log stream of job %s with %d: the client did not take a frame "
-                "within %s s (it resumes from the last frame it read)",
-                self.job_id, CLOSE_TOO_SLOW, settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS,
-            )  # fmt: skip
-            with contextlib.suppress(ClientDisconnected):
-                await self.close(code=CLOSE_TOO_SLOW)
+            await self._close_too_slow()
         except Exception:
             # Redis away, say: the client reconnects from its cursor and loses nothing.
             log.exception("relaying the log of job %s failed", self.job_id)
@@ -258,6 +249,18 @@ class JobConsumer(AsyncJsonWebsocketConsumer):
         self._still_open()
         async with _client_takes_it_in_time():
             await self.send(text_data=text)
+
+    async def _close_too_slow(self) -> None:
+        """Close a client that did not take a frame in time (a log frame or a state event)."""
+        # Worth a line: a proxy that buffers badly, or a tab left in the background, shows
+        # up here again and again.
+        log.info(
+            "closing the log stream of job %s with %d: the client did not take a frame "
+            "within %s s (it resumes from the last frame it read)",
+            self.job_id, CLOSE_TOO_SLOW, settings.TRAINYARD_WS_SEND_TIMEOUT_SECONDS,
+        )  # fmt: skip
+        with contextlib.suppress(ClientDisconnected):
+            await self.close(code=CLOSE_TOO_SLOW)
 
     def _still_open(self) -> None:
         """ClientDisconnected once this consumer has closed the socket (the relay may have a
