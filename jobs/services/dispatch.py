@@ -1,6 +1,7 @@
 """Sending work to node agents through Celery: short messages on each node's own queue."""
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -8,7 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.celery import app
-from jobs.models import Job, Replica
+from jobs.models import Job, Package, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access, snapshots
 from workers import contract
@@ -18,49 +19,75 @@ from workers.spec import FRAMEWORK_KVSTORE, FRAMEWORK_PYTORCH, ReplicaSpec
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Slot:
+    """Where one instance runs: the node's name and address, as far as they are known. Agents'
+    jobs know them when placed; a Slurm job's instances learn theirs from Slurm once it starts
+    them (workers/slurmstep.py fills them in), so there both are empty."""
+
+    role: str
+    index: int
+    package: Package | None
+    node: str = ""
+    address: str = ""
+
+
 def build_specs(job: Job) -> list[tuple[str, ReplicaSpec]]:
     """(node, spec) for every replica of a placed job's current attempt."""
     replicas = list(job.replicas.filter(attempt=job.attempt).select_related("node", "package"))
+    slots = []
+    for replica in replicas:
+        assert replica.node is not None
+        slots.append(
+            Slot(replica.role, replica.index, replica.package, replica.node.name,
+                 replica.node.address)
+        )  # fmt: skip
+    return [(spec.node, spec) for spec in specs_in_rank_order(job, slots)]
+
+
+def specs_in_rank_order(job: Job, slots: list[Slot]) -> list[ReplicaSpec]:
+    """Every instance's spec, the one that hosts the rendezvous first, in rank order."""
     if job.kvstore:
-        return _parameter_server_specs(job, replicas)
-    return _pytorch_specs(job, replicas)
+        return _parameter_server_specs(job, slots)
+    return _pytorch_specs(job, slots)
 
 
-def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, ReplicaSpec]]:
+def _pytorch_specs(job: Job, slots: list[Slot]) -> list[ReplicaSpec]:
     """In rank order: the master is node rank 0 and hosts the rendezvous; an instance runs
     its package's processes (one per GPU by default), so ranks advance by each local world
     size."""
-    replicas.sort(key=lambda r: (r.role != "master", r.index))
-    master = replicas[0]
-    assert master.role == "master" and master.node is not None
-    local_sizes = [r.package.processes_per_instance if r.package else 1 for r in replicas]
+    slots = sorted(slots, key=lambda s: (s.role != "master", s.index))
+    master = slots[0]
+    assert master.role == "master"
+    local_sizes = [s.package.processes_per_instance if s.package else 1 for s in slots]
     world_size = sum(local_sizes)
     specs = []
     rank = 0
-    for node_rank, (replica, local_size) in enumerate(zip(replicas, local_sizes, strict=True)):
-        assert replica.node is not None and replica.package is not None
-        spec = ReplicaSpec(
-            job_id=job.pk,
-            role=replica.role,
-            index=replica.index,
-            node=replica.node.name,
-            framework=FRAMEWORK_PYTORCH,
-            program=job.program,
-            args=list(job.args),
-            master_addr=master.node.address,
-            hosts_rendezvous=replica.role == "master",
-            world_size=world_size,
-            node_rank=node_rank,
-            rank_offset=rank,
-            local_world_size=local_size,
-            group_world_size=len(replicas),
-            cpus=replica.package.cpu,
-            gpus=replica.package.gpus,
-            metric_definitions=_metric_definitions(job),
-            python=job.image.python_on(replica.node.name),
-            **_attempt_fields(job, len(replicas)),
+    for node_rank, (slot, local_size) in enumerate(zip(slots, local_sizes, strict=True)):
+        assert slot.package is not None
+        specs.append(
+            ReplicaSpec(
+                job_id=job.pk,
+                role=slot.role,
+                index=slot.index,
+                node=slot.node,
+                framework=FRAMEWORK_PYTORCH,
+                program=job.program,
+                args=list(job.args),
+                master_addr=master.address,
+                hosts_rendezvous=slot.role == "master",
+                world_size=world_size,
+                node_rank=node_rank,
+                rank_offset=rank,
+                local_world_size=local_size,
+                group_world_size=len(slots),
+                cpus=slot.package.cpu,
+                gpus=slot.package.gpus,
+                metric_definitions=_metric_definitions(job),
+                python=job.image.python_on(slot.node),
+                **_attempt_fields(job, len(slots)),
+            )
         )
-        specs.append((replica.node.name, spec))
         rank += local_size
     return specs
 
@@ -68,41 +95,41 @@ def _pytorch_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, Replica
 PS_ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2}
 
 
-def _parameter_server_specs(job: Job, replicas: list[Replica]) -> list[tuple[str, ReplicaSpec]]:
+def _parameter_server_specs(job: Job, slots: list[Slot]) -> list[ReplicaSpec]:
     """The scheduler hosts the rendezvous (DMLC_PS_ROOT_URI/PORT); everyone learns how many
     servers and workers there are. One process per instance."""
-    replicas.sort(key=lambda r: (PS_ROLE_ORDER[r.role], r.index))
-    scheduler = replicas[0]
-    assert scheduler.role == "scheduler" and scheduler.node is not None
-    servers = sum(1 for r in replicas if r.role == "server")
-    workers = sum(1 for r in replicas if r.role == "worker")
+    slots = sorted(slots, key=lambda s: (PS_ROLE_ORDER[s.role], s.index))
+    scheduler = slots[0]
+    assert scheduler.role == "scheduler"
+    servers = sum(1 for s in slots if s.role == "server")
+    workers = sum(1 for s in slots if s.role == "worker")
     specs = []
-    for position, replica in enumerate(replicas):
-        assert replica.node is not None
-        spec = ReplicaSpec(
-            job_id=job.pk,
-            role=replica.role,
-            index=replica.index,
-            node=replica.node.name,
-            framework=FRAMEWORK_KVSTORE,
-            program=job.program,
-            args=list(job.args),
-            master_addr=scheduler.node.address,
-            hosts_rendezvous=replica.role == "scheduler",
-            world_size=len(replicas),
-            node_rank=position,
-            rank_offset=position,
-            local_world_size=1,
-            cpus=replica.package.cpu if replica.package else 1,
-            gpus=replica.package.gpus if replica.package else 0,
-            num_servers=servers,
-            num_workers=workers,
-            kvstore=job.kvstore,
-            metric_definitions=_metric_definitions(job),
-            python=job.image.python_on(replica.node.name),
-            **_attempt_fields(job, len(replicas)),
+    for position, slot in enumerate(slots):
+        specs.append(
+            ReplicaSpec(
+                job_id=job.pk,
+                role=slot.role,
+                index=slot.index,
+                node=slot.node,
+                framework=FRAMEWORK_KVSTORE,
+                program=job.program,
+                args=list(job.args),
+                master_addr=scheduler.address,
+                hosts_rendezvous=slot.role == "scheduler",
+                world_size=len(slots),
+                node_rank=position,
+                rank_offset=position,
+                local_world_size=1,
+                cpus=slot.package.cpu if slot.package else 1,
+                gpus=slot.package.gpus if slot.package else 0,
+                num_servers=servers,
+                num_workers=workers,
+                kvstore=job.kvstore,
+                metric_definitions=_metric_definitions(job),
+                python=job.image.python_on(slot.node),
+                **_attempt_fields(job, len(slots)),
+            )
         )
-        specs.append((replica.node.name, spec))
     return specs
 
 
