@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster slurm slurm-packages test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -18,6 +18,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 run: $(VENV)/.installed sandbox
 	$(PY) -m stack.run --port $(PORT)
 
+# A real three-node Slurm cluster on this machine (stack/slurm.py), beside `make run`, to try the
+# Slurm backend on (docs/slurm.md); Ctrl-C stops it.
+slurm: $(VENV)/.installed slurm-packages
+	$(PY) -m stack.slurm
+
 # The multi-host demo on one machine: every node agent in a network namespace of its own, with
 # its own address (needs root; docs/deploy.md).
 cluster: $(VENV)/.installed sandbox
@@ -27,7 +32,7 @@ cluster: $(VENV)/.installed sandbox
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
 # starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
-test: jstest $(VENV)/.installed chromium sandbox
+test: jstest $(VENV)/.installed chromium sandbox slurm-packages
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
@@ -94,6 +99,17 @@ sandbox:
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null; \
 		else \
 			echo "bubblewrap is missing: trainers will run without a sandbox ('sudo apt-get install bubblewrap')"; \
+		fi; \
+	fi
+
+# Debian's Slurm 22.05 and munge, for the Slurm tests (tests/integration/test_slurm.py) and
+# `make slurm`; never slurm-wlm-emulator, whose slurmctld and slurmd cannot run.
+slurm-packages:
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+		else \
+			echo "Slurm is missing: the Slurm tests will skip ('sudo apt-get install slurm-wlm munge')"; \
 		fi; \
 	fi
 
