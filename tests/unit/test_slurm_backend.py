@@ -1,0 +1,136 @@
+"""The Slurm backend's pure parts: Slurm's states in Trainyard's words, the sbatch command line
+of a job, and the step wrapper's choice of instance, rendezvous and failure reason.
+(tests/integration/test_slurm.py runs all of it on a real Slurm.)"""
+
+import json
+import sys
+import threading
+from collections import deque
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from jobs.models import FrameworkImage, Job, JobRole, Package
+from jobs.services import slurm_batch, slurm_states
+from workers import launcher, slurmstep
+from workers.spec import ReplicaSpec
+
+
+def test_slurm_states_map_onto_trainyards() -> None:
+    waiting = slurm_states.SlurmStatus("PENDING", "Resources", "")
+    assert (waiting.state, waiting.words) == (Job.State.QUEUED, "waiting for free nodes in Slurm")
+    odd = slurm_states.SlurmStatus("PENDING", "AssocMaxWallDurationPerJobLimit", "")
+    assert odd.words == "waiting in Slurm: AssocMaxWallDurationPerJobLimit"
+    lost = slurm_states.SlurmStatus("NODE_FAIL", "None", "n[1-3]")
+    assert (lost.state, lost.words) == (
+        Job.State.FAILED,
+        "a Slurm node it ran on failed (NODE_FAIL)",
+    )
+    for state in ("TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY"):
+        assert slurm_states.SlurmStatus(state, "None", "").state == Job.State.FAILED
+    assert slurm_states.SlurmStatus("COMPLETED", "None", "n1").words == ""
+    assert slurm_states.SlurmStatus("SOMETHING_NEW", "None", "").state == Job.State.FAILED
+
+
+def test_a_heterogeneous_job_is_as_far_as_its_least_advanced_component() -> None:
+    parts: list[dict[str, object]] = [
+        {"job_state": "RUNNING", "state_reason": "None", "nodes": "n1"},
+        {"job_state": "PENDING", "state_reason": "Resources", "nodes": ""},
+    ]
+    assert slurm_states.combined(parts).slurm_state == "PENDING"
+    parts[1] = {"job_state": "NODE_FAIL", "state_reason": "None", "nodes": "n2"}
+    status = slurm_states.combined(parts)
+    assert (status.slurm_state, status.nodes) == ("NODE_FAIL", "n1,n2")
+
+
+@pytest.fixture
+def ps_job(db: None, catalog: None, alice: User) -> Job:
+    job = Job.objects.create(
+        owner=alice, name="ps", image=FrameworkImage.objects.get(name="kvstore-ps:2.13"),
+        program={"example": "digits-ps"}, args=["--epochs", "1; rm -rf /"], kvstore="dist_sync",
+        cpu_total=1, gpus_total=0, memory_gb_total=1, price_per_hour=Decimal(0),
+    )  # fmt: skip
+    for role, package, instances in (
+        ("worker", "cpu-2", 2),
+        ("scheduler", "cpu-1", 1),
+        ("server", "cpu-1", 2),
+    ):
+        JobRole.objects.create(
+            job=job, role=role, package=Package.objects.get(name=package), instances=instances
+        )
+    return job
+
+
+def test_a_parameter_server_job_is_one_component_per_role_in_rank_order(
+    ps_job: Job, tmp_path: Path
+) -> None:
+    target = slurm_batch.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
+    script = slurm_batch.write_batch_script(ps_job, target, slurm_batch.write_plan(ps_job, target))
+    argv = slurm_batch.sbatch_argv(ps_job, target, script)
+    assert argv[argv.index(f"--job-name=trainyard-{ps_job.pk}") + 1 :] == [
+        "--partition=gpu",
+        f"--output={script.parent / 'slurm-%j.out'}",
+        f"--chdir={script.parent}",
+        "--no-requeue",
+        "--ntasks=1", "--cpus-per-task=1", "--mem-per-cpu=2048M", ":",
+        "--ntasks=2", "--cpus-per-task=1", "--mem-per-cpu=2048M", ":",
+        "--ntasks=2", "--cpus-per-task=2", "--mem-per-cpu=2048M",
+        str(script),
+    ]  # fmt: skip
+    # The user's arguments travel in the plan, never on a command line; task N runs spec N.
+    plan = json.loads((script.parent / "plan.json").read_text())
+    assert [(s["role"], s["index"]) for s in plan["specs"]] == [
+        ("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)
+    ]  # fmt: skip
+    assert plan["specs"][3]["args"] == ["--epochs", "1; rm -rf /"]
+    assert "rm -rf" not in script.read_text()
+    assert "--het-group=0,1,2" in script.read_text()
+
+
+def test_the_step_wrapper_takes_the_spec_of_its_task_and_refuses_a_missing_one() -> None:
+    plan: dict[str, object] = {"specs": [{"role": "master"}, {"role": "worker"}]}
+    assert slurmstep.spec_for_task(plan, 1) == {"role": "worker"}
+    with pytest.raises(slurmstep.StepError, match="no instance for Slurm task 2"):
+        slurmstep.spec_for_task(plan, 2)
+
+
+def test_the_rendezvous_file_is_read_whole_once_it_is_there(tmp_path: Path) -> None:
+    with pytest.raises(slurmstep.StepError, match="did not publish its address"):
+        slurmstep.wait_for_rendezvous(tmp_path, timeout=0)
+    writer = threading.Thread(
+        target=slurmstep.publish_rendezvous, args=(tmp_path, "10.0.0.1", 29500)
+    )
+    writer.start()
+    assert slurmstep.wait_for_rendezvous(tmp_path, timeout=30) == ("10.0.0.1", 29500)
+    writer.join()
+
+
+def test_gpus_are_the_ones_slurm_made_visible() -> None:
+    assert slurmstep.gpu_ids({"CUDA_VISIBLE_DEVICES": "2,3"}) == [2, 3]
+    assert slurmstep.gpu_ids({}) == []
+
+
+def test_a_failure_reason_prefers_what_the_process_recorded(tmp_path: Path) -> None:
+    spec = ReplicaSpec(
+        job_id=1, role="worker", index=1, node="n2", framework="pytorch",
+        program={"example": "digits-ddp"}, args=[], master_addr="10.0.0.1",
+        hosts_rendezvous=False, world_size=4, node_rank=1, rank_offset=2,
+        local_world_size=2, cpus=2, gpus=0,
+    )  # fmt: skip
+    tails = {
+        1: deque(["Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'x'"])
+    }
+    assert (
+        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails)
+        == "KeyError: 'x' (exited with code 1)"
+    )
+    launcher.error_file(tmp_path, 1).write_text(
+        json.dumps({"message": {"message": "ValueError: bad"}})
+    )
+    assert (
+        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails)
+        == "ValueError: bad (rank 3, exited with code 1)"
+    )
+    assert slurmstep.failure_reason(spec, tmp_path, [-9, 0], {}) == "killed by signal SIGKILL"

@@ -1,0 +1,266 @@
+"""One instance of a Trainyard job inside a Slurm job step: the part of the agent's supervisor
+that a node Slurm chose still needs.
+
+The console's batch script (jobs/services/slurm_batch.py) runs
+
+    srun --kill-on-bad-exit=1 [--het-group=0,1,2] python -m workers.slurmstep --plan PLAN
+
+and Slurm starts one task per instance. PLAN, a JSON file in the attempt's folder on the
+shared file system, holds every instance's spec in rank order (the console's own
+jobs.services.dispatch.specs_in_rank_order), so task SLURM_PROCID runs spec number
+SLURM_PROCID: the master (or the parameter server's scheduler) is task 0, on the first node
+of the allocation, as torch's and MXNet's launchers under Slurm have it.
+
+What Slurm does not give, this does, exactly as an agent would (workers/launcher.py builds the
+processes of both):
+- the rendezvous: task 0 takes a free port on its own address and writes both to
+  `rendezvous.json` in the attempt folder; the others wait for it. MASTER_ADDR (or
+  DMLC_PS_ROOT_URI) is therefore the first node's address, on the interface that reaches the
+  node srun was launched from, whether or not the cluster's host names resolve;
+- the whole torchrun or DMLC contract, Trainyard's variables and the job's own;
+- every line of every process, tagged `[worker-1]`, on this task's stdout (Slurm's output);
+- how it ended: the exception the process recorded (@record) or its traceback printed, in
+  `outcome-<tag>.json` beside the plan, and as a last tagged line. The exit status is the
+  first failed process's, so srun's --kill-on-bad-exit ends the other instances.
+
+No shell runs anywhere: the script's argv is a list. SIGTERM (scancel, a time limit) goes on to
+every process of the instance, which then has Slurm's KillWait to finish.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from workers import launcher, programs
+from workers.launcher import NodeNetwork
+from workers.spec import ReplicaSpec, SpecError
+from workers.supervisor import STDERR_TAIL_LINES, describe_exit, recorded_error
+from workers.tracebacks import last_exception
+
+RENDEZVOUS_FILE = "rendezvous.json"
+RENDEZVOUS_POLL_SECONDS = 0.05
+DEFAULT_RENDEZVOUS_TIMEOUT = 600.0
+# Exit statuses of the wrapper itself, when the instance never started.
+EXIT_BAD_PLAN = 2
+EXIT_NO_RENDEZVOUS = 3
+
+
+class StepError(RuntimeError):
+    """The instance cannot start; the message says why, in the user's words."""
+
+
+def outcome_file(attempt_dir: Path, tag: str) -> Path:
+    return attempt_dir / f"outcome-{tag}.json"
+
+
+def spec_for_task(plan: dict[str, object], task: int) -> dict[str, object]:
+    specs = plan.get("specs")
+    if not isinstance(specs, list) or not 0 <= task < len(specs):
+        raise StepError(f"the plan has no instance for Slurm task {task}")
+    spec = specs[task]
+    if not isinstance(spec, dict):
+        raise StepError(f"the plan's instance {task} is not a spec")
+    return spec
+
+
+def own_network(peer: str | None) -> NodeNetwork:
+    """This host's address on the interface that reaches `peer` (the node srun ran on), and
+    that interface's name. A UDP connect sends nothing: it only asks the kernel for a route."""
+    address = "127.0.0.1"
+    if peer:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((peer, 9))
+                address = probe.getsockname()[0]
+            except OSError:
+                pass
+    interface = None
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            interface = name
+            break
+    return NodeNetwork(address=address, interface=interface)
+
+
+def free_port(address: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((address, 0))
+        return int(sock.getsockname()[1])
+
+
+def publish_rendezvous(attempt_dir: Path, address: str, port: int) -> None:
+    """Atomically: a reader sees the whole file or none (rename on one file system)."""
+    temporary = attempt_dir / f".{RENDEZVOUS_FILE}.{os.getpid()}"
+    temporary.write_text(json.dumps({"address": address, "port": port}))
+    temporary.replace(attempt_dir / RENDEZVOUS_FILE)
+
+
+def wait_for_rendezvous(attempt_dir: Path, timeout: float) -> tuple[str, int]:
+    path = attempt_dir / RENDEZVOUS_FILE
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            data = json.loads(path.read_text())
+            return str(data["address"]), int(data["port"])
+        except (OSError, ValueError, KeyError):
+            pass
+        if time.monotonic() > deadline:
+            raise StepError(
+                f"the first instance did not publish its address within {timeout:.0f} s"
+            )
+        time.sleep(RENDEZVOUS_POLL_SECONDS)
+
+
+def gpu_ids(env: dict[str, str]) -> list[int]:
+    """The GPUs Slurm gave this task (it sets CUDA_VISIBLE_DEVICES for a GRES allocation)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    return [int(g) for g in visible.split(",") if g.strip().isdigit()]
+
+
+class Instance:
+    """The processes of one instance, their output relayed with its tag."""
+
+    def __init__(self, spec: ReplicaSpec, processes: list[launcher.LocalProcess], cwd: Path):
+        self.spec = spec
+        self.lock = threading.Lock()
+        self.stderr_tails: dict[int, deque[str]] = {}
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.relays: list[threading.Thread] = []
+        for process in processes:
+            child = subprocess.Popen(
+                process.argv,
+                env=process.env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            self.children.append(child)
+            tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+            self.stderr_tails[process.local_rank] = tail
+            assert child.stdout is not None and child.stderr is not None
+            for stream, keep in ((child.stdout, None), (child.stderr, tail)):
+                relay = threading.Thread(target=self._relay, args=(stream, keep), daemon=True)
+                relay.start()
+                self.relays.append(relay)
+
+    def _relay(self, stream: IO[bytes], keep: deque[str] | None) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            if keep is not None:
+                keep.append(line)
+            self.say(line)
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            sys.stdout.write(f"[{self.spec.tag}] {line}\n")
+            sys.stdout.flush()
+
+    def terminate(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    def wait(self) -> list[int]:
+        codes = [child.wait() for child in self.children]
+        for relay in self.relays:
+            relay.join()
+        return codes
+
+
+def failure_reason(
+    spec: ReplicaSpec, instance_dir: Path, codes: list[int], tails: dict[int, deque[str]]
+) -> str:
+    """How the first failed process ended, in the words the agents' reasons use."""
+    local_rank = next(i for i, code in enumerate(codes) if code != 0)
+    how = describe_exit(codes[local_rank])
+    recorded = recorded_error(launcher.error_file(instance_dir, local_rank))
+    if recorded is not None:
+        return f"{recorded} (rank {spec.rank_offset + local_rank}, {how})"
+    printed = last_exception(list(tails.get(local_rank, ())))
+    return f"{printed} ({how})" if printed else how
+
+
+def run(plan_path: Path, env: dict[str, str]) -> int:
+    attempt_dir = plan_path.parent
+    plan = json.loads(plan_path.read_text())
+    task = int(env.get("SLURM_PROCID", "0"))
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    fields = spec_for_task(plan, task)
+    network = own_network(env.get("SLURM_LAUNCH_NODE_IPADDR"))
+    timeout = float(plan.get("rendezvous_timeout") or DEFAULT_RENDEZVOUS_TIMEOUT)
+    if fields.get("hosts_rendezvous"):
+        address, port = network.address, free_port(network.address)
+        publish_rendezvous(attempt_dir, address, port)
+    else:
+        address, port = wait_for_rendezvous(attempt_dir, timeout)
+    try:
+        spec = ReplicaSpec.from_dict({**fields, "node": node, "master_addr": address})
+        script = programs.resolve_program(spec.program, Path(str(plan["code_root"])))
+    except (SpecError, programs.ProgramError, KeyError) as exc:
+        raise StepError(f"cannot start: {exc}") from None
+    instance_dir = attempt_dir / spec.tag
+    instance_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint_dir = Path(str(plan["checkpoint_dir"]))
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    processes = launcher.build_processes(
+        spec,
+        script,
+        port,
+        instance_dir,
+        checkpoint_dir,
+        gpu_ids(env),
+        python=spec.python or str(plan.get("python") or sys.executable),
+        base_env=env,
+        network=network,
+    )
+    instance = Instance(spec, processes, cwd=script.parent)
+    stopping: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        instance.terminate()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
+    codes = instance.wait()
+    if all(code == 0 for code in codes):
+        outcome = {"state": "succeeded", "exit_code": 0, "reason": ""}
+    else:
+        state = "stopped" if stopping else "failed"
+        reason = failure_reason(spec, instance_dir, codes, instance.stderr_tails)
+        if stopping:
+            reason = f"stopped by Slurm ({signal.Signals(stopping[0]).name}): {reason}"
+        first = next(code for code in codes if code != 0)
+        outcome = {"state": state, "exit_code": first, "reason": reason}
+        instance.say(f"Trainyard: {spec.tag} on {node} {state}: {reason}")
+    outcome.update(node=node, address=network.address)
+    outcome_file(attempt_dir, spec.tag).write_text(json.dumps(outcome))
+    code = int(outcome["exit_code"])  # type: ignore[call-overload]
+    return 0 if code == 0 else (code if code > 0 else 128 - code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.slurmstep")
+    parser.add_argument("--plan", type=Path, required=True, help="the attempt's plan.json")
+    args = parser.parse_args(argv)
+    try:
+        return run(args.plan, dict(os.environ))
+    except StepError as exc:
+        print(f"Trainyard: {exc}", file=sys.stderr, flush=True)
+        return EXIT_NO_RENDEZVOUS if "address" in str(exc) else EXIT_BAD_PLAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())
