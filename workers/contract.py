@@ -12,6 +12,13 @@ SOLO_ROLES = ("master", "scheduler")
 TAG_FORMAT = "{role}-{index}"
 
 
+def first_index(role: str, kvstore: bool) -> int:
+    """The index of a role's first instance: a PyTorch job's workers follow its master, rank 0
+    (`[master]`, `[worker-1]`, …); a parameter-server job's roles count from 0 (`[server-0]`,
+    `[worker-0]`, …)."""
+    return 1 if role == "worker" and not kvstore else 0
+
+
 def tag_of(role: str, index: int) -> str:
     return role if role in SOLO_ROLES else TAG_FORMAT.format(role=role, index=index)
 

@@ -12,6 +12,7 @@ from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, KVStoreMode, 
 from jobs.services import quota, scheduling, submission
 from jobs.services.batching import batch_note, mode_note
 from jobs.services.totals import RESOURCES, RoleRequest, compute_totals, formula_text
+from workers import contract
 from workers.contract import tag_of
 
 
@@ -49,7 +50,7 @@ def instance_tags(roles: list[RoleRequest], kvstore: bool) -> list[str]:
     """The log tags the job's instances will have, the platform's scheduler first."""
     shown = [f"[{tag_of(role, 0)}]" for role in PLATFORM_ROLES] if kvstore else []
     for role in roles:
-        first = submission.first_index(role.role, kvstore)
+        first = contract.first_index(role.role, kvstore)
         indices = range(first, first + role.instances)
         shown += [f"[{tag_of(role.role, i)}]" for i in indices[:NAMED_INSTANCES]]
         if role.instances > NAMED_INSTANCES:
