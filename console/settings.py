@@ -312,6 +312,9 @@ TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 # Reconciliation (jobs.services.reconcile) compares what the database says should run with what
 # agents say does run, every TRAINYARD_RECONCILE_SECONDS (0: the console worker runs no loop).
 TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
+# The Slurm pass (jobs.services.slurm_pass) submits, follows and stops the jobs of Slurm pools
+# every TRAINYARD_SLURM_SECONDS (0: never; then no job of a Slurm pool ever starts).
+TRAINYARD_SLURM_SECONDS = env_float("TRAINYARD_SLURM_SECONDS", 1.0)
 # A node silent this long (while the console could hear it) is lost: its replicas fail.
 TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
 # A misbehaving agent cannot slow the others (jobs/services/heartbeat_limits.py): of one

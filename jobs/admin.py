@@ -23,6 +23,7 @@ from jobs.models import (
     PriorityClass,
     Quota,
     Replica,
+    SlurmPool,
 )
 from jobs.services import agent_access, deletion, nodes, revocation, scheduling, tokens
 
@@ -47,6 +48,16 @@ class FrameworkImageAdmin(admin.ModelAdmin):
         "description",
     )
     list_filter = ("framework", "enabled")
+    filter_horizontal = ("slurm_pools",)
+
+
+@admin.register(SlurmPool)
+class SlurmPoolAdmin(admin.ModelAdmin):
+    """A partition of a Slurm cluster jobs can run in (docs/slurm.md says what each field is
+    for); an image or package runs there once it names the pool."""
+
+    list_display = ("name", "partition", "shared_root", "enabled")
+    list_filter = ("enabled",)
 
 
 @admin.register(Package)
@@ -63,6 +74,7 @@ class PackageAdmin(admin.ModelAdmin):
         "enabled",
     )
     list_filter = ("enabled",)
+    filter_horizontal = ("slurm_pools",)
 
 
 class QuotaForm(forms.ModelForm):

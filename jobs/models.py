@@ -13,7 +13,7 @@ from decimal import Decimal
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -71,6 +71,54 @@ DEFAULT_LOG_MAX_MB = 1000
 DEFAULT_METRIC_POINTS_PER_SECOND = 500
 
 
+class SlurmPool(models.Model):
+    """A Slurm cluster (one partition of it) jobs can run on instead of Trainyard's own agents
+    (docs/slurm.md). The console drives it with Slurm's client commands on its own host: it
+    must be a submit host of that cluster (the Slurm client, its slurm.conf, munge's key)."""
+
+    name = models.CharField(max_length=100, unique=True, validators=[validate_name])
+    partition = models.CharField(
+        max_length=100,
+        validators=[
+            RegexValidator(
+                r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                "A Slurm partition's name: letters, digits, '.', '_' and '-' (one partition).",
+            )
+        ],
+    )
+    shared_root = models.CharField(
+        max_length=500,
+        help_text="A folder of the shared file system, at the same path on this host and every "
+        "node of the partition: jobs' plans, output and checkpoints go there.",
+    )
+    python = models.CharField(
+        max_length=500,
+        help_text="An interpreter with Trainyard's workers package, at this path on every node.",
+    )
+    code_root = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Where the nodes see the code root that jobs' script paths are under; empty: "
+        "the console's own (TRAINYARD_CODE_ROOT).",
+    )
+    slurm_conf = models.CharField(
+        max_length=500, blank=True, help_text="SLURM_CONF for the client commands; empty: theirs."
+    )
+    redis_host = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="How the nodes reach the console's Redis (host or address); empty: as the "
+        "console does. Each job's instances get a Redis user of their own, for that job only.",
+    )
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class FrameworkImage(models.Model):
     """A named runtime for trainers: its framework decides the roles and how they launch."""
 
@@ -94,6 +142,9 @@ class FrameworkImage(models.Model):
         help_text='Where a node keeps it elsewhere: {"gpu-7": "/opt/conda/envs/mx/bin/python"}.',
     )
     enabled = models.BooleanField(default=True)
+    slurm_pools = models.ManyToManyField(
+        SlurmPool, blank=True, related_name="images", help_text="Slurm pools that can run it."
+    )
     metric_definitions = models.JSONField(
         default=list,
         blank=True,
@@ -201,6 +252,9 @@ class Package(models.Model):
         "0: one per GPU, or one without GPUs.",
     )
     enabled = models.BooleanField(default=True)
+    slurm_pools = models.ManyToManyField(
+        SlurmPool, blank=True, related_name="packages", help_text="Slurm pools that offer it."
+    )
 
     class Meta:
         ordering = ["cpu", "gpus", "memory_gb", "name"]
@@ -595,6 +649,8 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     name = models.CharField(max_length=200, validators=[validate_name])
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
+    # Where it runs: a Slurm pool, or (None) Trainyard's own agents.
+    slurm_pool = models.ForeignKey(SlurmPool, null=True, blank=True, on_delete=models.PROTECT)
     program = models.JSONField(
         help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or '
         '{"path": RELATIVE_PATH, "snapshot": SHA256} inside a code snapshot'
@@ -791,6 +847,8 @@ class JobAttempt(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     nodes = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True, help_text="Why it ended, when not by succeeding.")
+    # A Slurm pool's job: Slurm's id of the job this attempt is (empty until submitted).
+    slurm_job_id = models.CharField(max_length=50, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
     )
@@ -878,6 +936,8 @@ class Replica(models.Model):
     # None for the platform's own roles (the scheduler): they hold no package and no capacity.
     package = models.ForeignKey(Package, null=True, blank=True, on_delete=models.PROTECT)
     node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.PROTECT)
+    # A Slurm pool's replica: the Slurm node it runs on (it has no Node of Trainyard's).
+    slurm_node = models.CharField(max_length=100, blank=True)
     state = models.CharField(max_length=20, choices=State.choices, default=State.PENDING)
     exit_code = models.IntegerField(null=True, blank=True)
     reason = models.TextField(blank=True, help_text="How it ended, when not with exit code 0.")

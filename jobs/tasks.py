@@ -25,6 +25,7 @@ from jobs.services import (
     restarts,
     retention,
     scheduling,
+    slurm_pass,
 )
 from jobs.services.periodic import PeriodicPass
 from workers import contract
@@ -102,6 +103,7 @@ def start_periodic_passes(**_: Any) -> None:
         (reconcile.ReconcileLoop, settings.TRAINYARD_RECONCILE_SECONDS),
         (retention.RetentionLoop, settings.TRAINYARD_RETENTION_SECONDS),
         (planner_stats.StatisticsLoop, settings.TRAINYARD_DB_STATISTICS_SECONDS),
+        (slurm_pass.SlurmLoop, settings.TRAINYARD_SLURM_SECONDS),
     ):
         if interval > 0:
             loop: PeriodicPass[Any] = loop_class(interval)

@@ -18,7 +18,11 @@ processes of both):
   DMLC_PS_ROOT_URI) is therefore the first node's address, on the interface that reaches the
   node srun was launched from, whether or not the cluster's host names resolve;
 - the whole torchrun or DMLC contract, Trainyard's variables and the job's own;
-- every line of every process, tagged `[worker-1]`, on this task's stdout (Slurm's output);
+- every line of every process, tagged `[worker-1]`, on this task's stdout (Slurm's output),
+  and, where the plan names a credentials file, to the job's log in the console's Redis as an
+  agent ships it (workers/logship.py: batches, a spool on the instance's folder while Redis is
+  away, the job's log limits), with the metrics the image's regexes find in it. The Redis
+  user in that file may touch this job's keys and nothing else (jobs/services/slurm_access.py);
 - how it ended: the exception the process recorded (@record) or its traceback printed, in
   `outcome-<tag>.json` beside the plan, and as a last tagged line. The exit status is the
   first failed process's, so srun's --kill-on-bad-exit ends the other instances.
@@ -41,9 +45,14 @@ from pathlib import Path
 from typing import IO
 
 import psutil
+import redis
 
-from workers import launcher, programs
+from workers import contract, launcher, programs
 from workers.launcher import NodeNetwork
+from workers.logquota import LogLimits
+from workers.logship import LogShipper, ReplicaKey
+from workers.metricfeed import MetricTail
+from workers.metricparse import Point, RegexScanner, compile_definitions
 from workers.spec import ReplicaSpec, SpecError
 from workers.supervisor import STDERR_TAIL_LINES, describe_exit, recorded_error
 from workers.tracebacks import last_exception
@@ -54,6 +63,9 @@ DEFAULT_RENDEZVOUS_TIMEOUT = 600.0
 # Exit statuses of the wrapper itself, when the instance never started.
 EXIT_BAD_PLAN = 2
 EXIT_NO_RENDEZVOUS = 3
+# At the end, how long the last lines may take to reach Redis before the wrapper exits anyway
+# (they stay in the spool on the shared folder then).
+SHIP_CLOSE_SECONDS = 30.0
 
 
 class StepError(RuntimeError):
@@ -62,6 +74,10 @@ class StepError(RuntimeError):
 
 def outcome_file(attempt_dir: Path, tag: str) -> Path:
     return attempt_dir / f"outcome-{tag}.json"
+
+
+def where_file(attempt_dir: Path, tag: str) -> Path:
+    return attempt_dir / f"where-{tag}.json"
 
 
 def spec_for_task(plan: dict[str, object], task: int) -> dict[str, object]:
@@ -128,11 +144,63 @@ def gpu_ids(env: dict[str, str]) -> list[int]:
     return [int(g) for g in visible.split(",") if g.strip().isdigit()]
 
 
+class Shipping:
+    """An instance's lines and regex metrics on their way to the job's log in Redis."""
+
+    def __init__(self, spec: ReplicaSpec, url: str, spool: Path) -> None:
+        self.key = ReplicaKey(spec.job_id, spec.role, spec.index, spec.node, spec.attempt)
+        self.shipper = LogShipper(redis.Redis.from_url(url), spool)
+        if spec.log_limits:
+            self.shipper.limit(self.key, LogLimits.from_dict(spec.log_limits))
+        definitions, self.problems = compile_definitions(spec.metric_definitions)
+        self.scanner = RegexScanner(definitions) if definitions else None
+        self.lock = threading.Lock()
+
+    def put(self, stream: str, line: str) -> None:
+        ts = time.time()
+        self.shipper.put(self.key, stream, ts, [line])
+        if self.scanner is not None and stream == contract.STREAM_STDOUT:
+            with self.lock:  # one scanner, two relays
+                points, notes = self.scanner.scan([line], ts)
+            if points:
+                lines = [p.to_json() for p in points]
+                self.shipper.put(self.key, contract.STREAM_METRIC, ts, lines)
+            for note in notes:
+                self.note(note)
+
+    def note(self, message: str) -> None:
+        self.shipper.put_system(self.key, time.time(), [f"[trainyard] {message}"])
+
+    def follow_metrics(self, path: Path) -> MetricTail:
+        """A process's metrics file (trainyard_metrics), followed as the agents follow it."""
+
+        def points(ts: float, found: list[Point]) -> None:
+            self.shipper.put(self.key, contract.STREAM_METRIC, ts, [p.to_json() for p in found])
+
+        def notes(ts: float, lines: list[str]) -> None:
+            self.shipper.put_system(self.key, ts, lines)
+
+        tail = MetricTail(path, points, notes)
+        tail.start()
+        return tail
+
+    def close(self) -> None:
+        self.shipper.release(self.key)
+        self.shipper.close(SHIP_CLOSE_SECONDS)
+
+
 class Instance:
     """The processes of one instance, their output relayed with its tag."""
 
-    def __init__(self, spec: ReplicaSpec, processes: list[launcher.LocalProcess], cwd: Path):
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        processes: list[launcher.LocalProcess],
+        cwd: Path,
+        shipping: Shipping | None = None,
+    ):
         self.spec = spec
+        self.shipping = shipping
         self.lock = threading.Lock()
         self.stderr_tails: dict[int, deque[str]] = {}
         self.children: list[subprocess.Popen[bytes]] = []
@@ -150,22 +218,32 @@ class Instance:
             tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
             self.stderr_tails[process.local_rank] = tail
             assert child.stdout is not None and child.stderr is not None
-            for stream, keep in ((child.stdout, None), (child.stderr, tail)):
-                relay = threading.Thread(target=self._relay, args=(stream, keep), daemon=True)
+            for pipe, name, keep in (
+                (child.stdout, contract.STREAM_STDOUT, None),
+                (child.stderr, contract.STREAM_STDERR, tail),
+            ):
+                relay = threading.Thread(target=self._relay, args=(pipe, name, keep), daemon=True)
                 relay.start()
                 self.relays.append(relay)
 
-    def _relay(self, stream: IO[bytes], keep: deque[str] | None) -> None:
-        for raw in stream:
+    def _relay(self, pipe: IO[bytes], stream: str, keep: deque[str] | None) -> None:
+        for raw in pipe:
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if keep is not None:
                 keep.append(line)
-            self.say(line)
+            self.say(line, stream)
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, stream: str = "") -> None:
+        """A line to Slurm's output, tagged; and to the job's log: the trainer's own on its
+        stream, the wrapper's (no stream) as the agent's notes are."""
         with self.lock:
             sys.stdout.write(f"[{self.spec.tag}] {line}\n")
             sys.stdout.flush()
+        if self.shipping is not None:
+            if stream:
+                self.shipping.put(stream, line)
+            else:
+                self.shipping.note(line)
 
     def terminate(self) -> None:
         for child in self.children:
@@ -212,6 +290,10 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         raise StepError(f"cannot start: {exc}") from None
     instance_dir = attempt_dir / spec.tag
     instance_dir.mkdir(parents=True, exist_ok=True)
+    # Where the instance runs, for the console's page while it does (Slurm tells the nodes of
+    # the job, not which task is on which).
+    where = {"node": node, "address": network.address}
+    where_file(attempt_dir, spec.tag).write_text(json.dumps(where))
     checkpoint_dir = Path(str(plan["checkpoint_dir"]))
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     processes = launcher.build_processes(
@@ -225,7 +307,18 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         base_env=env,
         network=network,
     )
-    instance = Instance(spec, processes, cwd=script.parent)
+    shipping = None
+    if plan.get("credentials"):
+        url = Path(str(plan["credentials"])).read_text().strip()
+        shipping = Shipping(spec, url, instance_dir / "spool")
+        for problem in shipping.problems:
+            shipping.note(problem)
+    instance = Instance(spec, processes, cwd=script.parent, shipping=shipping)
+    tails = []
+    if shipping is not None:
+        tails = [
+            shipping.follow_metrics(Path(p.env[contract.TRAINYARD_METRICS_FILE])) for p in processes
+        ]
     stopping: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -235,6 +328,9 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
     codes = instance.wait()
+    for tail in tails:
+        tail.stop()
+        tail.join()
     if all(code == 0 for code in codes):
         outcome = {"state": "succeeded", "exit_code": 0, "reason": ""}
     else:
@@ -245,7 +341,11 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         first = next(code for code in codes if code != 0)
         outcome = {"state": state, "exit_code": first, "reason": reason}
         instance.say(f"Trainyard: {spec.tag} on {node} {state}: {reason}")
-    outcome.update(node=node, address=network.address)
+    # Every line in Redis before the outcome exists: the console closes the log once every
+    # instance has one, and a line after the close would be lost to the reader.
+    if shipping is not None:
+        shipping.close()
+    outcome.update(node=node, address=network.address, ended_at=time.time())
     outcome_file(attempt_dir, spec.tag).write_text(json.dumps(outcome))
     code = int(outcome["exit_code"])  # type: ignore[call-overload]
     return 0 if code == 0 else (code if code > 0 else 128 - code)

@@ -91,7 +91,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "role": r.role,
                 "index": r.index,
                 "tag": r.tag,
-                "node": r.node.name if r.node else None,
+                "node": r.node.name if r.node else (r.slurm_node or None),
                 "state": r.state,
                 "exit_code": r.exit_code,
                 "signal": signal_name(r.exit_code),

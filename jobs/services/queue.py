@@ -62,9 +62,12 @@ class QueueEntry:
 
 def waiting() -> "QuerySet[Job]":
     """The jobs waiting for room (queued, with an instance not yet placed), by priority and
-    submission (the database's part of the order: `in_order` adds fair share)."""
+    submission (the database's part of the order: `in_order` adds fair share). A Slurm pool's
+    jobs wait in Slurm's queue instead (jobs.services.slurm_pass)."""
     unplaced = Replica.objects.filter(state=Replica.State.PENDING).values("job_id")
-    return Job.objects.filter(state=Job.State.QUEUED, pk__in=unplaced).order_by(*ORDER_BY)
+    return Job.objects.filter(
+        state=Job.State.QUEUED, pk__in=unplaced, slurm_pool__isnull=True
+    ).order_by(*ORDER_BY)
 
 
 # What `in_order` reads of each job: a leaner query must load at least these.

@@ -197,7 +197,9 @@ def _resume_restarts() -> int:
 
 
 def _jobs_wait() -> bool:
-    return Replica.objects.filter(state=Replica.State.PENDING, job__state=Job.State.QUEUED).exists()
+    return Replica.objects.filter(
+        state=Replica.State.PENDING, job__state=Job.State.QUEUED, job__slurm_pool__isnull=True
+    ).exists()
 
 
 def _check_node(

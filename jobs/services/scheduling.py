@@ -179,7 +179,7 @@ def schedule() -> list[int]:
     """
     _requests_answered()
     if not Replica.objects.filter(
-        state=Replica.State.PENDING, job__state=Job.State.QUEUED
+        state=Replica.State.PENDING, job__state=Job.State.QUEUED, job__slurm_pool__isnull=True
     ).exists():
         return []  # nothing waits: no need for the write lock
     with transaction.atomic():

@@ -20,12 +20,19 @@ in plan.json.
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jobs.models import Job, Package
+from django.conf import settings
+
+from jobs.models import CodeSnapshot, Job, Package, SlurmPool
 from jobs.services.dispatch import Slot, specs_in_rank_order
-from jobs.services.submission import first_index
+from jobs.services.totals import RoleRequest
+from workers import contract, snapshot
+
+# A parameter-server job's scheduler: what the platform gives it (it is not charged).
+SCHEDULER_MEMORY_MB = 1024
 
 SBATCH_TIMEOUT_SECONDS = 60
 JOB_NAME_PREFIX = "trainyard-"
@@ -49,62 +56,145 @@ class SlurmTarget:
         return {**os.environ, **self.client_env}
 
 
+def target_of(pool: SlurmPool) -> SlurmTarget:
+    return SlurmTarget(
+        partition=pool.partition,
+        shared_root=Path(pool.shared_root),
+        python=pool.python,
+        code_root=Path(pool.code_root or settings.TRAINYARD_CODE_ROOT),
+        client_env={"SLURM_CONF": pool.slurm_conf} if pool.slurm_conf else {},
+    )
+
+
 @dataclass(frozen=True)
 class Component:
-    """One part of the allocation: its roles, their package and how many tasks."""
+    """One part of the allocation: its roles, their package and how many tasks. The package
+    is None for a parameter-server job's scheduler, which the platform adds uncharged: one
+    core and SCHEDULER_MEMORY_MB, as the agents give it beside server-0."""
 
     roles: tuple[str, ...]
-    package: Package
+    package: Package | None
     tasks: int
 
+    @property
+    def cpus(self) -> int:
+        return self.package.cpu if self.package else 1
 
-def components(job: Job) -> list[Component]:
-    roles = sorted(job.roles.select_related("package"), key=lambda r: _role_order(job, r.role))
-    if not job.kvstore and len({r.package_id for r in roles}) == 1:
+    @property
+    def memory_mb(self) -> int:
+        return self.package.memory_gb * 1024 if self.package else SCHEDULER_MEMORY_MB
+
+
+ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2, "master": 0}
+
+
+def components_of(roles: list[RoleRequest], kvstore: bool) -> list[Component]:
+    """The components of a job of these roles: one for a PyTorch job whose roles share a
+    package, else one per role (the scheduler first for a parameter-server job)."""
+    ordered = sorted(roles, key=lambda r: ROLE_ORDER.get(r.role, 1))
+    if not kvstore and len({r.package.pk for r in ordered}) == 1:
         return [
             Component(
-                tuple(r.role for r in roles), roles[0].package, sum(r.instances for r in roles)
+                tuple(r.role for r in ordered),
+                ordered[0].package,
+                sum(r.instances for r in ordered),
             )
         ]
-    return [Component((r.role,), r.package, r.instances) for r in roles]
-
-
-def _role_order(job: Job, role: str) -> int:
-    if job.kvstore:
-        return {"scheduler": 0, "server": 1, "worker": 2}[role]
-    return 0 if role == "master" else 1
-
-
-def slots(job: Job) -> list[Slot]:
-    found = []
-    for role in job.roles.select_related("package"):
-        first = first_index(role.role, bool(job.kvstore))
-        found += [Slot(role.role, first + i, role.package) for i in range(role.instances)]
+    found = [Component((r.role,), r.package, r.instances) for r in ordered]
+    if kvstore and not any(r.role == "scheduler" for r in ordered):
+        found.insert(0, Component(("scheduler",), None, 1))
     return found
 
 
-def attempt_folder(target: SlurmTarget, job: Job) -> Path:
-    return target.shared_root / "jobs" / str(job.pk) / f"attempt-{job.attempt}"
+def role_requests(job: Job) -> list[RoleRequest]:
+    return [
+        RoleRequest(r.role, r.package, r.instances) for r in job.roles.select_related("package")
+    ]
+
+
+def components(job: Job) -> list[Component]:
+    return components_of(role_requests(job), bool(job.kvstore))
+
+
+def slots(job: Job) -> list[Slot]:
+    """Every instance of the job, the platform's scheduler included."""
+    found = []
+    for component in components(job):
+        for role in component.roles:
+            instances = next((r.instances for r in role_requests(job) if r.role == role), 1)
+            first = contract.first_index(role, bool(job.kvstore))
+            found += [Slot(role, first + i, component.package) for i in range(instances)]
+    return found
+
+
+def jobs_folder(target: SlurmTarget) -> Path:
+    return target.shared_root / "jobs"
+
+
+def attempt_folder(target: SlurmTarget, job: Job, attempt: int | None = None) -> Path:
+    """The folder of the job's current attempt (or of attempt number `attempt`)."""
+    number = job.attempt if attempt is None else attempt
+    return jobs_folder(target) / str(job.pk) / f"attempt-{number}"
 
 
 def checkpoint_folder(target: SlurmTarget, job: Job) -> Path:
     return target.shared_root / "checkpoints" / job.checkpoint_key
 
 
-def write_plan(job: Job, target: SlurmTarget) -> Path:
+def write_plan(job: Job, target: SlurmTarget, redis_url: str = "") -> Path:
+    """The plan of the job's current attempt; with `redis_url`, the job's own Redis user's URL
+    in a file beside it that only its owner (the Slurm job's user) may read."""
     folder = attempt_folder(target, job)
     folder.mkdir(parents=True, exist_ok=True)
-    plan = {
+    plan: dict[str, object] = {
         "job_id": job.pk,
         "attempt": job.attempt,
         "specs": [spec.to_dict() for spec in specs_in_rank_order(job, slots(job))],
-        "code_root": str(target.code_root),
+        "code_root": str(code_root_for(job, target)),
         "checkpoint_dir": str(checkpoint_folder(target, job)),
         "python": target.python,
     }
+    if redis_url:
+        secret = folder / "credentials.url"
+        secret.unlink(missing_ok=True)
+        descriptor = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(redis_url + "\n")
+        plan["credentials"] = str(secret)
     path = folder / "plan.json"
     path.write_text(json.dumps(plan, indent=1))
     return path
+
+
+def code_root_for(job: Job, target: SlurmTarget) -> Path:
+    """Where the nodes find the job's script: its code snapshot, unpacked once on the shared
+    file system (`<shared root>/code/<sha256>`, checked as an agent checks it), or the pool's
+    code root."""
+    sha256 = job.program.get("snapshot")
+    if not sha256:
+        return target.code_root
+    if not snapshot.is_sha256(sha256):
+        raise SlurmError(f"not a code snapshot: {sha256!r}")
+    folder = target.shared_root / "code" / sha256
+    if folder.is_dir():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".unpacking-") as scratch:
+        archive = Path(scratch) / "code.tar.gz"
+        archive.write_bytes(bytes(CodeSnapshot.objects.get(sha256=sha256).archive))
+        unpacked = Path(scratch) / "code"
+        try:
+            snapshot.unpack(archive, unpacked)
+        except snapshot.SnapshotError as exc:
+            raise SlurmError(f"the code snapshot cannot be unpacked: {exc}") from None
+        # A rename on one file system: a node sees the whole folder or none. Another console
+        # worker may have won the race; its copy is the same files.
+        try:
+            unpacked.rename(folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+    return folder
 
 
 def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
@@ -137,27 +227,53 @@ def sbatch_argv(job: Job, target: SlurmTarget, script: Path) -> list[str]:
         # A failed node fails the job: Trainyard, not Slurm, decides on a restart.
         "--no-requeue",
     ]
-    for number, component in enumerate(components(job)):
-        if number:
-            argv.append(":")
-        argv += [
-            f"--ntasks={component.tasks}",
-            f"--cpus-per-task={component.package.cpu}",
-            f"--mem-per-cpu={_mem_per_cpu_mb(component.package)}M",
-        ]
-        if component.package.gpus:
-            argv.append(f"--gpus-per-task={component.package.gpus}")
+    argv += resource_options(components(job))
     argv.append(str(script))
     return argv
 
 
-def _mem_per_cpu_mb(package: Package) -> int:
-    return max(1, package.memory_gb * 1024 // max(1, package.cpu))
+def resource_options(parts: list[Component]) -> list[str]:
+    """sbatch's options for each component, separated by ":" (a heterogeneous job)."""
+    options: list[str] = []
+    for number, component in enumerate(parts):
+        if number:
+            options.append(":")
+        options += [
+            f"--ntasks={component.tasks}",
+            f"--cpus-per-task={component.cpus}",
+            f"--mem-per-cpu={max(1, component.memory_mb // component.cpus)}M",
+        ]
+        if component.package is not None and component.package.gpus:
+            options.append(f"--gpus-per-task={component.package.gpus}")
+    return options
 
 
-def submit(job: Job, target: SlurmTarget) -> str:
+def why_never_runs(roles: list[RoleRequest], kvstore: bool, target: SlurmTarget) -> str:
+    """Why the pool's partition could never hold a job of these roles ("" when it could), as
+    Slurm says it; asked before admission, with a probe script (`sbatch --test-only` queues
+    nothing). Raises SlurmError when Slurm cannot be asked."""
+    probe = target.shared_root / "probe.py"
+    if not probe.exists():
+        target.shared_root.mkdir(parents=True, exist_ok=True)
+        probe.write_text("#!/bin/false\n# Trainyard's admission asks Slurm with this script.\n")
+    argv = [
+        "sbatch",
+        f"--partition={target.partition}",
+        *resource_options(components_of(roles, kvstore)),
+        str(probe),
+    ]
+    try:
+        check_fits(argv, target)
+    except SlurmError as exc:
+        if "could not run" in str(exc):
+            raise
+        return str(exc)
+    return ""
+
+
+def submit(job: Job, target: SlurmTarget, redis_url: str = "") -> str:
     """sbatch the job's current attempt; Slurm's job id. Raises SlurmError with Slurm's words."""
-    plan = write_plan(job, target)
+    plan = write_plan(job, target, redis_url)
     script = write_batch_script(job, target, plan)
     argv = sbatch_argv(job, target, script)
     check_fits(argv, target)

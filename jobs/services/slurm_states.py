@@ -74,6 +74,8 @@ class SlurmStatus:
     slurm_state: str  # Slurm's own word: PENDING, RUNNING, NODE_FAIL, …
     slurm_reason: str  # squeue's REASON: Resources, Priority, NonZeroExitCode, …
     nodes: str  # Slurm's node list, n[1-3]
+    name: str = ""  # the job's name: trainyard-<id> for ours
+    folder: str = ""  # its working folder: the attempt's, for ours
 
     @property
     def state(self) -> str:
@@ -104,7 +106,13 @@ def combined(components: list[dict[str, object]]) -> SlurmStatus:
         state = min(states, key=lambda s: PROGRESS.index(s) if s in PROGRESS else 0)
     first = next(c for c in components if c.get("job_state") == state)
     nodes = ",".join(str(c.get("nodes") or "") for c in components if c.get("nodes"))
-    return SlurmStatus(state, str(first.get("state_reason") or "None"), nodes)
+    return SlurmStatus(
+        state,
+        str(first.get("state_reason") or "None"),
+        nodes,
+        name=str(components[0].get("name") or ""),
+        folder=str(components[0].get("current_working_directory") or "").rstrip("/"),
+    )
 
 
 def query(target: SlurmTarget, slurm_ids: list[str]) -> dict[str, SlurmStatus]:
@@ -112,6 +120,11 @@ def query(target: SlurmTarget, slurm_ids: list[str]) -> dict[str, SlurmStatus]:
     (ended more than MinJobAge ago, or never existed) is left out."""
     if not slurm_ids:
         return {}
+    return {key: s for key, s in query_all(target).items() if key in slurm_ids}
+
+
+def query_all(target: SlurmTarget) -> dict[str, SlurmStatus]:
+    """Every job Slurm knows now, by its id (a heterogeneous job's: the first component's)."""
     # Not `--jobs`: squeue refuses the whole list when one id is no longer known.
     done = run_client(["squeue", "--json"], target)
     try:
@@ -123,4 +136,4 @@ def query(target: SlurmTarget, slurm_ids: list[str]) -> dict[str, SlurmStatus]:
         het = entry.get("het_job_id") or 0
         key = str(het or entry.get("job_id"))
         by_job.setdefault(key, []).append(entry)
-    return {key: combined(parts) for key, parts in by_job.items() if key in slurm_ids}
+    return {key: combined(parts) for key, parts in by_job.items()}
