@@ -33,6 +33,7 @@ from jobs.models import (
     Package,
     PriorityClass,
     Replica,
+    SlurmPool,
 )
 from jobs.money import currency
 from jobs.schemas import (
@@ -352,6 +353,7 @@ def job_as_dict(
         "env": job.env_seen_by(viewer),
         "priority": job.priority_name,
         "priority_value": job.priority,
+        "pool": job.slurm_pool.name if job.slurm_pool_id and job.slurm_pool else "",
         "preempted_by": [int(j) for j in job.preempted_by],
         **presenters.job_state_payload(job, queue_positions),
     }
@@ -429,6 +431,17 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "summary": p.summary,
             }
             for p in Package.objects.filter(enabled=True)
+        ],
+        "pools": [
+            {
+                "name": pool.name,
+                "partition": pool.partition,
+                "images": sorted(i.name for i in pool.images.all() if i.enabled),
+                "packages": sorted(p.name for p in pool.packages.all() if p.enabled),
+            }
+            for pool in SlurmPool.objects.filter(enabled=True).prefetch_related(
+                "images", "packages"
+            )
         ],
         "priority_classes": [
             {

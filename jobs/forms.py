@@ -18,6 +18,7 @@ from jobs.models import (
     Package,
     PriorityClass,
     RestartPolicy,
+    SlurmPool,
 )
 from jobs.money import format_price
 from jobs.schemas import RoleIn
@@ -52,6 +53,7 @@ FIELD_FOR_ERROR = {
     "env": "env",
     "time_limit": "time_limit",
     "priority": "priority",
+    "pool": "pool",
 }
 # A parameter-server form has its own worker fields, and server fields.
 PS_FIELD_FOR_ERROR = {
@@ -200,6 +202,12 @@ class NewJobForm(_ShapeForm):
         help_text="Higher goes first; a class that may preempt evicts lower ones that may be "
         "preempted (they resume from their checkpoint later).",
     )
+    pool = forms.ChoiceField(
+        label="Run on",
+        required=False,
+        help_text="Trainyard's own nodes, or a Slurm pool: there Slurm places the instances "
+        "and the job waits in Slurm's queue (its reason says why).",
+    )
     restart_policy = forms.ChoiceField(
         label="When an instance fails",
         choices=[("", "the image's default")] + [(p.value, p.label) for p in RestartPolicy],
@@ -266,6 +274,18 @@ class NewJobForm(_ShapeForm):
             "priority", [(c.name, _priority_label(c)) for c in PriorityClass.objects.all()]
         )
         self.fields["priority"].initial = PriorityClass.DEFAULT_NAME
+        pools = list(SlurmPool.objects.filter(enabled=True).values_list("name", "partition"))
+        if pools:
+            self._choices(
+                "pool",
+                [("", "Trainyard's own nodes")]
+                + [
+                    (name, f"Slurm pool {name} (partition {partition})")
+                    for name, partition in pools
+                ],
+            )
+        else:
+            del self.fields["pool"]  # nothing to choose: most consoles have no Slurm pool
         packages = [
             (p.name, f"{p.name} — {p.summary} · {format_price(p.price_per_hour)}/h")
             for p in Package.objects.filter(enabled=True)
@@ -327,6 +347,8 @@ class NewJobForm(_ShapeForm):
             )
         if body.get("priority"):
             initial["priority"] = body["priority"]
+        if body.get("pool"):
+            initial["pool"] = body["pool"]
         restart = body.get("restart") or {}
         if restart:
             initial.update(
@@ -415,6 +437,8 @@ class NewJobForm(_ShapeForm):
             }
         if data.get("priority"):
             request["priority"] = data["priority"]
+        if data.get("pool"):
+            request["pool"] = data["pool"]
         if data.get("health_rules") is not None:
             request["health_rules"] = data["health_rules"]
         if data.get("env"):

@@ -97,6 +97,12 @@ class JobIn(_In):
         description='A priority class\'s name from the catalog ("low", "normal", "high"); '
         "absent: the default class. Your quota may cap the highest you may use.",
     )
+    pool: StrictStr | None = Field(
+        default=None,
+        description="Where it runs: a Slurm pool's name from the catalog (GET /api/v1/catalog "
+        'lists them), or absent / "" for Trainyard\'s own nodes. The image and every package '
+        "must be offered in that pool.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -337,6 +343,7 @@ class JobOut(_Out):
     name: str
     owner: str
     image: str
+    pool: str = Field(description='The Slurm pool it runs in; "": Trainyard\'s own nodes.')
     program: ProgramOut
     roles: dict[str, RoleOut]
     instances: InstancesOut
@@ -529,9 +536,21 @@ class MoneyOut(_Out):
     )
 
 
+class PoolOut(_Out):
+    """A Slurm pool: a partition of a Slurm cluster jobs can run in (docs/slurm.md)."""
+
+    name: str
+    partition: str
+    images: list[str] = Field(description="The images it runs.")
+    packages: list[str] = Field(description="The packages it offers.")
+
+
 class CatalogOut(_Out):
     images: list[ImageOut]
     packages: list[PackageOut]
+    pools: list[PoolOut] = Field(
+        description="Slurm pools besides Trainyard's own nodes (a job's `pool`); often none."
+    )
     priority_classes: list[PriorityClassOut] = Field(description="Highest value first.")
     examples: list[ExampleOut]
     currency: str = Field(description="The ISO 4217 code prices are in, e.g. USD.")

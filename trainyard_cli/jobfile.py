@@ -227,6 +227,7 @@ def apply_flags(
     max_restarts: int | None,
     time_limit: str | None = None,
     priority: str | None = None,
+    pool: str | None = None,
 ) -> dict[str, Any]:
     """The job file's body with the flags on top: a flag wins over the file's value."""
     body = dict(body)
@@ -247,6 +248,8 @@ def apply_flags(
         body["kvstore"] = kvstore
     if priority is not None:
         body["priority"] = priority
+    if pool is not None:
+        body["pool"] = pool
     if env:
         body["env"] = {**_section(body, "env"), **dict(parse_env(e) for e in env)}
     if restart_policy is not None or max_restarts is not None:

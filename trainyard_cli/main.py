@@ -54,6 +54,12 @@ Priority = Annotated[
     str | None,
     typer.Option(help='A priority class: "low", "normal", "high" (`trainyard priorities`).'),
 ]
+Pool = Annotated[
+    str | None,
+    typer.Option(
+        help="Run it in a Slurm pool (`trainyard pools`); default: Trainyard's own nodes."
+    ),
+]
 Follow = Annotated[
     bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
 ]
@@ -162,6 +168,7 @@ def submit(
     max_restarts: MaxRestarts = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
+    pool: Pool = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -197,6 +204,7 @@ def submit(
         max_restarts=max_restarts,
         time_limit=time_limit,
         priority=priority,
+        pool=pool,
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -581,6 +589,7 @@ def show(
         ("Ended", render.local_time(job["finished"])),
         ("Duration", render.duration(render.job_seconds(job))),
         ("Priority", _priority_text(job)),
+        ("Runs on", f"Slurm pool {job['pool']}" if job.get("pool") else "Trainyard's nodes"),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
         ("Time limit", _time_limit_text(job)),
         ("Retention", _retention_text(job.get("retention"))),
@@ -971,6 +980,25 @@ def images(json_output: Json = False) -> None:
     render.table(
         ["IMAGE", "FRAMEWORK", "ROLES", "DESCRIPTION"],
         [[i["name"], i["framework"], ", ".join(i["roles"]), i["description"]] for i in answer],
+    )
+
+
+@app.command()
+def pools(json_output: Json = False) -> None:
+    """The Slurm pools jobs can run in besides Trainyard's own nodes (--pool)."""
+    answer = _api().get("/catalog").get("pools", [])
+    if json_output:
+        render.print_json(answer)
+        return
+    if not answer:
+        print("No Slurm pools: every job runs on Trainyard's own nodes.")
+        return
+    render.table(
+        ["POOL", "PARTITION", "IMAGES", "PACKAGES"],
+        [
+            [p["name"], p["partition"], ", ".join(p["images"]), ", ".join(p["packages"])]
+            for p in answer
+        ],
     )
 
 

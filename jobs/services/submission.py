@@ -36,11 +36,13 @@ from jobs.models import (
     PriorityClass,
     Replica,
     RestartPolicy,
+    SlurmPool,
 )
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
-from jobs.services import quota, scheduling, snapshots, transitions
+from jobs.services import quota, scheduling, slurm_batch, snapshots, transitions
 from jobs.services.time_limits import default_for
 from jobs.services.totals import RoleRequest, Totals, compute_totals
+from workers import contract
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
     BUILTIN_EXAMPLES,
@@ -52,13 +54,6 @@ from workers.programs import (
 MAX_NAME_LENGTH = 200
 MAX_ARGS = 256
 MAX_ARG_LENGTH = 4096
-
-
-def first_index(role: str, kvstore: bool) -> int:
-    """The index of a role's first instance: a PyTorch job's workers follow its master, rank 0
-    (`[master]`, `[worker-1]`, …); a parameter-server job's roles count from 0 (`[server-0]`,
-    `[worker-0]`, …)."""
-    return 1 if role == "worker" and not kvstore else 0
 
 
 @dataclass(frozen=True)
@@ -110,6 +105,7 @@ class JobRequest:
     # Seconds; None: the default of whoever submits it (time_limits.default_for).
     time_limit: int | None = None
     priority: PriorityClass | None = None  # None: the default class
+    slurm_pool: SlurmPool | None = None  # None: Trainyard's own agents
 
 
 class _Errors:
@@ -339,6 +335,36 @@ def _check_priority(raw: str | None, errors: _Errors) -> PriorityClass | None:
     return found
 
 
+def _check_pool(
+    raw: str | None, image: FrameworkImage | None, roles: list[RoleRequest], errors: _Errors
+) -> SlurmPool | None:
+    """The Slurm pool the request names (None: the agents), offering its image and packages."""
+    if not raw:
+        return None
+    pool = SlurmPool.objects.filter(name=raw, enabled=True).first()
+    if pool is None:
+        known = ", ".join(SlurmPool.objects.filter(enabled=True).values_list("name", flat=True))
+        errors.add(
+            "pool",
+            f"Unknown pool {raw!r}; "
+            + (
+                f"the Slurm pools are: {known}."
+                if known
+                else "there are no Slurm pools: leave it empty for Trainyard's own nodes."
+            ),
+        )
+        return None
+    if image is not None and not image.slurm_pools.filter(pk=pool.pk).exists():
+        errors.add("image", f"{image.name} does not run in the Slurm pool {pool.name!r}.")
+    for role in roles:
+        if not role.package.slurm_pools.filter(pk=pool.pk).exists():
+            errors.add(
+                f"roles.{role.role}.package",
+                f"The Slurm pool {pool.name!r} does not offer {role.package.name!r}.",
+            )
+    return pool
+
+
 def priority_refusals(scopes: list[quota.Scope], asked: PriorityClass | None) -> list[str]:
     """Why a quota refuses the class asked for: each scope that caps its holders below it."""
     if asked is None:
@@ -413,6 +439,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     except time_limit_text.BadTimeLimit as exc:
         errors.add("time_limit", str(exc))
     priority = _check_priority(body.priority, errors)
+    slurm_pool = _check_pool(body.pool, image, roles, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -431,6 +458,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         log_limits,
         time_limit,
         priority,
+        slurm_pool,
     )
 
 
@@ -463,7 +491,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
     # What depends on no quota is read before the lock is taken, so that it does not lengthen
     # every submission's turn with it: whether the nodes could ever hold the job, its default
     # time limit, its code snapshot.
-    never = scheduling.why_never_placeable(request.roles)
+    never = _why_never_runs(request)
     time_limit = (
         request.time_limit
         if request.time_limit is not None
@@ -491,6 +519,19 @@ def submit_job(user: User, request: JobRequest) -> Job:
     return job
 
 
+def _why_never_runs(request: JobRequest) -> dict[str, str]:
+    """Why the request could never start where it asks to run, by field; {} when it could."""
+    if request.slurm_pool is None:
+        return scheduling.why_never_placeable(request.roles)
+    # Slurm places it, so Slurm is asked (sbatch --test-only: it queues nothing).
+    target = slurm_batch.target_of(request.slurm_pool)
+    try:
+        refusal = slurm_batch.why_never_runs(request.roles, bool(request.kvstore), target)
+    except slurm_batch.SlurmError as exc:
+        return {"pool": f"Slurm could not be asked about it now: {exc}. Try again later."}
+    return {"roles": refusal} if refusal else {}
+
+
 def create_job(
     owner: User, request: JobRequest, time_limit: int | None, snapshot: CodeSnapshot | None
 ) -> Job:
@@ -507,6 +548,7 @@ def create_job(
         owner=owner,
         name=request.name,
         image_id=request.image.pk,
+        slurm_pool=request.slurm_pool,
         program=request.program,
         snapshot=snapshot,
         args=request.args,
@@ -541,14 +583,19 @@ def create_job(
         # The platform's scheduler: one, uncharged, placed beside server-0.
         replicas.append(Replica(job=job, role="scheduler", index=0, package=None))
     for role in request.roles:
-        first = first_index(role.role, bool(request.kvstore))
+        first = contract.first_index(role.role, bool(request.kvstore))
         replicas.extend(
             Replica(job=job, role=role.role, index=i, package=role.package)
             for i in range(first, first + role.instances)
         )
     Replica.objects.bulk_create(replicas)
     # Nobody can be watching a job that did not exist a moment ago: no event to build.
-    transitions.move_job(job, Job.State.QUEUED, "waiting for room on the nodes", announce=False)
+    waits_for = (
+        f"waiting to be submitted to Slurm ({request.slurm_pool.name})"
+        if request.slurm_pool is not None
+        else "waiting for room on the nodes"
+    )
+    transitions.move_job(job, Job.State.QUEUED, waits_for, announce=False)
     return job
 
 

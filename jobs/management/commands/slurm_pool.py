@@ -1,0 +1,77 @@
+"""Add or change a Slurm pool, as the admin's Slurm pools page does (docs/slurm.md):
+
+    python manage.py slurm_pool NAME --partition P --shared-root DIR --python PATH
+        [--slurm-conf FILE] [--code-root DIR] [--redis-host HOST] [--all-images]
+        [--all-packages] [--check]
+
+--all-images and --all-packages offer every enabled image and package in it. --check asks
+Slurm about the partition (`sinfo`) and refuses a pool it cannot reach.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+
+from jobs.models import FrameworkImage, Package, SlurmPool
+from jobs.services import slurm_batch
+
+
+class Command(BaseCommand):
+    help = "Add or change a Slurm pool jobs can run in."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name")
+        parser.add_argument("--partition", required=True)
+        parser.add_argument("--shared-root", required=True, type=Path)
+        parser.add_argument("--python", required=True, help="Trainyard's Python on the nodes")
+        parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the commands")
+        parser.add_argument("--code-root", default="", help="the code root as nodes see it")
+        parser.add_argument("--redis-host", default="", help="Redis as the nodes reach it")
+        parser.add_argument("--all-images", action="store_true")
+        parser.add_argument("--all-packages", action="store_true")
+        parser.add_argument("--check", action="store_true", help="ask Slurm first (sinfo)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        fields = {
+            "partition": options["partition"],
+            "shared_root": str(options["shared_root"].resolve()),
+            "python": options["python"],
+            "slurm_conf": options["slurm_conf"],
+            "code_root": options["code_root"],
+            "redis_host": options["redis_host"],
+        }
+        pool = SlurmPool(name=options["name"], **fields)
+        try:
+            pool.full_clean(validate_unique=False)
+        except ValidationError as exc:
+            raise CommandError(
+                "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+            ) from None
+        if options["check"]:
+            self._check(pool)
+        with transaction.atomic():
+            pool, created = SlurmPool.objects.update_or_create(
+                name=options["name"], defaults=fields
+            )
+            if options["all_images"]:
+                pool.images.set(FrameworkImage.objects.filter(enabled=True))
+            if options["all_packages"]:
+                pool.packages.set(Package.objects.filter(enabled=True))
+        done = "Added" if created else "Changed"
+        self.stdout.write(f"{done} Slurm pool {pool.name} (partition {pool.partition})")
+
+    def _check(self, pool: SlurmPool) -> None:
+        target = slurm_batch.target_of(pool)
+        try:
+            done = slurm_batch.run_client(
+                ["sinfo", "-h", "-p", pool.partition, "-o", "%D %C"], target
+            )
+        except slurm_batch.SlurmError as exc:
+            raise CommandError(f"Slurm did not answer: {exc}") from None
+        if not done.stdout.strip():
+            raise CommandError(f"Slurm has no partition {pool.partition!r}")
+        nodes, cpus = [*done.stdout.split(), "?", "?"][:2]
+        self.stdout.write(f"Slurm partition {pool.partition}: {nodes} nodes, CPUs A/I/O/T {cpus}")
