@@ -18,10 +18,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 run: $(VENV)/.installed sandbox
 	$(PY) -m stack.run --port $(PORT)
 
-# A real three-node Slurm cluster on this machine (stack/slurm.py), beside `make run`, to try the
-# Slurm backend on (docs/slurm.md); Ctrl-C stops it.
+# A real three-node Slurm cluster on this machine (stack/slurm.py), beside `make run`, added to
+# its console as the Slurm pool "slurm" (docs/slurm.md); Ctrl-C stops it. Its three slurmd share
+# loopback, where `make run`'s Redis listens.
 slurm: $(VENV)/.installed slurm-packages
-	$(PY) -m stack.slurm
+	$(PY) -m stack.slurm --one-host --pool slurm
 
 # The multi-host demo on one machine: every node agent in a network namespace of its own, with
 # its own address (needs root; docs/deploy.md).

@@ -542,6 +542,9 @@ class Stack:
     # Each agent on a "host" of its own: a network namespace with its own address on a bridge
     # (stack/netns.py, `make cluster`). Redis then listens on the bridge too.
     hosts_in_namespaces: bool = False
+    # Addresses Redis listens on besides loopback: where hosts outside this stack reach it (a
+    # Slurm pool's nodes, whose step wrappers ship the jobs' logs there; docs/slurm.md).
+    redis_also_on: tuple[str, ...] = ()
     # The default quota from what the local nodes hold (`make run`), not the starter one that
     # the tests' stacks count on: load_catalog refits it only while it has the starter values.
     fit_default_quota: bool = False
@@ -677,7 +680,7 @@ class Stack:
             data_dir = self.var_dir / "redis"
             data_dir.mkdir(parents=True, exist_ok=True)
             url = self.redis_url
-            bind: tuple[str, ...] = ("127.0.0.1",)
+            bind: tuple[str, ...] = ("127.0.0.1", *self.redis_also_on)
             if self.network is not None:
                 # The hosts reach this machine only across the bridge.
                 bind = (*bind, self.network.gateway)

@@ -293,11 +293,23 @@ class SlurmCluster:
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def stop_slurmd(self, node_name: str) -> None:
-        """kill -9 one node's slurmd (a node lost mid-job); its job steps run on."""
+    def lose_node(self, node_name: str) -> None:
+        """The node dies, as a host that loses power does: kill -9 its slurmd and, where it is
+        a namespace of its own, everything running on it (a job step's processes)."""
         pid = self.pids.get(f"slurmd-{node_name}")
         if pid and _running(pid):
             os.kill(pid, signal.SIGKILL)
+            psutil.Process(pid).wait(STOP_TIMEOUT)
+        if self.network is not None:
+            index = [n.name for n in self.nodes].index(node_name)
+            for other in _pids_in_namespaces([self.network.hosts[index].namespace]):
+                _terminate(other, signal.SIGKILL)
+
+    def restore_node(self, node_name: str) -> None:
+        """Start the node's slurmd again; Slurm takes it back (ReturnToService=2)."""
+        index = [n.name for n in self.nodes].index(node_name)
+        self._start_slurmd(self.nodes[index], self.network.hosts[index] if self.network else None)
+        self._wait_until_idle()
 
     def stop(self) -> None:
         """Cancel what still runs, stop the daemons by their recorded PIDs, then end whatever
@@ -333,11 +345,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _terminate(pid: int) -> None:
-    """SIGTERM, then SIGKILL after STOP_TIMEOUT; reaps it if it is our child."""
+def _terminate(pid: int, first: int = signal.SIGTERM) -> None:
+    """SIGTERM (or `first`), then SIGKILL after STOP_TIMEOUT; reaps it if it is our child."""
     try:
         process = psutil.Process(pid)
-        process.terminate()
+        process.send_signal(first)
         process.wait(STOP_TIMEOUT)
     except psutil.NoSuchProcess:
         return
@@ -367,6 +379,28 @@ def _pids_in_namespaces(namespaces: list[str]) -> list[int]:
     return found
 
 
+def register_pool(cluster: SlurmCluster, name: str) -> bool:
+    """Add the cluster to this checkout's console as a Slurm pool (manage.py slurm_pool)."""
+    shared = cluster.root / "shared"
+    shared.mkdir(exist_ok=True)
+    argv = [
+        sys.executable, "manage.py", "slurm_pool", name,
+        "--partition", PARTITION,
+        "--shared-root", str(shared),
+        "--python", sys.executable,
+        "--slurm-conf", str(cluster.conf),
+        "--all-images", "--all-packages", "--check",
+    ]  # fmt: skip
+    if cluster.network is not None:
+        # The nodes reach this machine's Redis across the bridge; `make run`'s Redis listens
+        # on loopback only, so this needs a console whose Redis listens there too.
+        argv += ["--redis-host", cluster.controller_address]
+    done = subprocess.run(argv, cwd=Path(__file__).resolve().parent.parent, check=False)
+    if done.returncode == 0:
+        print(f"New job → Run on: Slurm pool {name}", flush=True)
+    return done.returncode == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m stack.slurm",
@@ -376,6 +410,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument(
         "--one-host", action="store_true", help="no network namespaces: slurmd on loopback"
+    )
+    parser.add_argument(
+        "--pool",
+        metavar="NAME",
+        help="also add it to the console in this checkout (var/, as `make run` uses) as a "
+        "Slurm pool of this name offering every image and package",
     )
     args = parser.parse_args(argv)
     try:
@@ -387,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(cluster.describe(), flush=True)
     print(f"Try it:  SLURM_CONF={cluster.conf} srun -N{len(cluster.nodes)} hostname -I", flush=True)
+    if args.pool and not register_pool(cluster, args.pool):
+        cluster.stop()
+        return 1
     stopping: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     try:

@@ -347,6 +347,26 @@ def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -
         time.sleep(0.1)
 
 
+def page_for(stack: RunningStack, username: str, password: str, path: str) -> str:
+    """A console page as the user's browser gets it (logged in with a session)."""
+    import httpx
+
+    with httpx.Client(base_url=stack.url, timeout=30) as browser:
+        browser.get("/accounts/login/")
+        answer = browser.post(
+            "/accounts/login/",
+            data={
+                "username": username,
+                "password": password,
+                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            },
+        )
+        assert answer.status_code in (200, 302), answer.text
+        page = browser.get(path)
+        assert page.status_code == 200, page.text
+        return page.text
+
+
 UNLIMITED_IMAGE = "pytorch:2.13-cpu-no-log-limits"
 
 
@@ -401,6 +421,7 @@ def running_stack(
     nodes: int = 2,
     extra_env: dict[str, str] | None = None,
     code_root: Path = FIXTURE_CODE_ROOT,
+    redis_also_on: tuple[str, ...] = (),
 ) -> Iterator[RunningStack]:
     """Redis, the ASGI server, the console worker, the log keeper and node agents, as
     `make run` runs them, stopped by PID on the way out."""
@@ -414,6 +435,7 @@ def running_stack(
         node_memory_gb=16,
         code_root=code_root,
         extra_env=dict(extra_env or {}),
+        redis_also_on=redis_also_on,
     )
     login = running.prepare()
     number_jobs_apart(running)

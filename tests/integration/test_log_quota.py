@@ -6,32 +6,13 @@ import re
 import threading
 from typing import Any
 
-import httpx
 import redis
 
-from tests.conftest import RunningStack, pytorch_request, signal_file, wait_until
+from tests.conftest import RunningStack, page_for, pytorch_request, signal_file, wait_until
 
 SPEW_LINES = 200_000  # per instance, as fast as it can
 QUIET_LINES = 3000  # per instance, at 500 lines/s: well within the default limits
 LIMIT = 200  # lines/s per instance the flooding job asks for
-
-
-def page_for(stack: RunningStack, username: str, password: str, path: str) -> str:
-    """A console page as the user's browser gets it (logged in with a session)."""
-    with httpx.Client(base_url=stack.url, timeout=30) as browser:
-        browser.get("/accounts/login/")
-        answer = browser.post(
-            "/accounts/login/",
-            data={
-                "username": username,
-                "password": password,
-                "csrfmiddlewaretoken": browser.cookies["csrftoken"],
-            },
-        )
-        assert answer.status_code in (200, 302), answer.text
-        page = browser.get(path)
-        assert page.status_code == 200, page.text
-        return page.text
 
 
 def test_a_flooding_job_is_held_to_its_limit_and_its_neighbour_keeps_every_line(

@@ -9,11 +9,13 @@ exactly as a cluster would run them. The tests skip, saying why, where Slurm can
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -22,6 +24,13 @@ from django.contrib.auth.models import User
 from jobs.models import FrameworkImage, Job, JobRole, Package
 from jobs.services import slurm_batch, slurm_states
 from stack import slurm
+from tests.conftest import (
+    RunningStack,
+    StackClient,
+    page_for,
+    pytorch_request,
+    running_stack,
+)
 from workers.slurmstep import outcome_file
 
 pytestmark = pytest.mark.django_db
@@ -285,3 +294,253 @@ def test_a_job_waiting_in_slurm_shows_slurms_reason(
     ended = slurm_states.query(target, [holding, waiting])
     assert {s.slurm_state for s in ended.values()} == {"COMPLETED"}
     assert {s.state for s in ended.values()} == {Job.State.SUCCEEDED}
+
+
+# --- through the console: the form's API, the Slurm pass, the job's log ------------------------
+
+POOL = "slurm-test"
+
+
+@pytest.fixture(scope="module")
+def slurm_stack(
+    slurm_cluster: slurm.SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningStack]:
+    """The console, as `make run` runs it, with a Slurm pool on the cluster above: its Redis
+    also listens where the Slurm nodes reach this machine (the bridge), and no agent runs."""
+    gateway = slurm_cluster.controller_address
+    also = () if gateway == "127.0.0.1" else (gateway,)
+    with running_stack(
+        tmp_path_factory.mktemp("slurm-stack"), nodes=0, redis_also_on=also
+    ) as running:
+        shared = slurm_cluster.root / "shared" / "console"
+        shared.mkdir(parents=True)
+        pool = {
+            "name": POOL,
+            "partition": slurm_cluster.partition,
+            "shared_root": str(shared),
+            "python": sys.executable,
+            "code_root": str(FIXTURE_CODE),
+            "slurm_conf": str(slurm_cluster.conf),
+            "redis_host": gateway,
+        }
+        running.stack.manage(
+            "shell",
+            "-c",
+            "from jobs.models import FrameworkImage, Package, SlurmPool\n"
+            f"pool = SlurmPool.objects.create(**{pool!r})\n"
+            "pool.images.set(FrameworkImage.objects.all())\n"
+            "pool.packages.set(Package.objects.all())",
+        )
+        yield running
+
+
+@pytest.fixture(scope="module")
+def sam(slurm_stack: RunningStack) -> StackClient:
+    return slurm_stack.create_user(
+        "sam", "sam-password-1", {"cpu": 32, "gpus": 0, "memory_gb": 256, "running_jobs": 8}
+    )
+
+
+def slurm_request(
+    script: str, instances: int, package: str = "cpu-2", args: list[str] | None = None, **more: Any
+) -> dict[str, Any]:
+    return {**pytorch_request("on-slurm", script, instances, package, args), "pool": POOL, **more}
+
+
+def test_a_ddp_job_from_the_api_runs_on_slurm_with_every_line_in_its_log(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    job = sam.submit(slurm_request("numbered.py", 3, args=["--lines", "300"]))
+    assert job["pool"] == POOL
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done
+    lines = sam.logs(job["id"])
+    # Every line tagged with its instance, and none lost: 300 numbered lines from each.
+    for role, index in (("master", 0), ("worker", 1), ("worker", 2)):
+        mine = [line["text"] for line in lines if (line["role"], line["index"]) == (role, index)]
+        numbers = sorted(int(t.split()[1]) for t in mine if t.startswith(f"{role}-{index} "))
+        assert numbers == list(range(300)), (role, index, mine[:5])
+    # One Slurm job, placed by Slurm on its three nodes.
+    attempts = done["attempts"]
+    assert len(attempts) == 1 and attempts[0]["nodes"] == ["n[1-3]"], attempts
+
+
+def test_a_parameter_server_job_from_the_api_is_a_heterogeneous_slurm_job(
+    sam: StackClient,
+) -> None:
+    request = {
+        "name": "ps on slurm",
+        "image": "kvstore-ps:2.13",
+        "program": {"script": "digits-ps", "args": ["--epochs", "2"]},
+        "roles": {
+            "server": {"package": "cpu-1", "instances": 2},
+            "worker": {"package": "cpu-1", "instances": 2},
+        },
+        "kvstore": "dist_sync",
+        "pool": POOL,
+    }
+    job = sam.submit(request)
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+    tags = sorted(r["tag"] for r in done["replicas"])
+    assert tags == ["scheduler", "server-0", "server-1", "worker-0", "worker-1"]
+    lines = sam.logs(job["id"])
+    said = {(line["role"], line["index"]) for line in lines}
+    assert said >= {("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)}
+    assert any("eval_accuracy" in line["text"] for line in lines if line["role"] == "worker")
+
+
+def test_a_failing_script_on_slurm_names_the_instance_and_its_exception(
+    sam: StackClient,
+) -> None:
+    job = sam.submit(slurm_request("fail.py", 2, package="cpu-1"))
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "failed"
+    assert "master" in done["reason"] or "worker-1" in done["reason"], done["reason"]
+    assert "RuntimeError: simulated failure in step 3 (exited with code 3)" in done["reason"]
+    failed = [r for r in done["replicas"] if r["state"] == "failed"]
+    assert failed and all("RuntimeError: simulated failure" in r["reason"] for r in failed)
+
+
+def test_cancel_ends_the_slurm_job_and_every_process(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    release = slurm_cluster.root / "shared" / "never"
+    job = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
+    sam.wait(job["id"], lambda j: j["state"] == "running")
+    # Wait for the trainers themselves: they print once they have joined.
+    sam.wait(job["id"], lambda j: len({(x["role"], x["index"]) for x in sam.logs(j["id"])}) == 3)
+    response = sam.http.post(f"/api/v1/jobs/{job['id']}/cancel")
+    assert response.status_code == 200, response.text
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "cancelled"
+    assert slurm_cluster.command(["squeue", "-h"]).stdout.strip() == ""
+    leftovers = [
+        p.pid
+        for p in psutil.process_iter()
+        if _environ(p).get("TRAINYARD_JOB_ID") == str(job["id"])
+    ]
+    assert leftovers == []
+    assert {r["state"] for r in done["replicas"]} == {"stopped"}
+
+
+def _environ(process: psutil.Process) -> dict[str, str]:
+    try:
+        return process.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return {}
+
+
+def test_a_job_larger_than_the_slurm_partition_is_refused_at_submission(
+    sam: StackClient,
+) -> None:
+    response = sam.http.post("/api/v1/jobs", json=slurm_request("numbered.py", 4))
+    assert response.status_code == 400, response.text
+    said = json.dumps(response.json())
+    assert "Slurm's partition 'trainyard' can never hold this job" in said, said
+    assert "Requested node configuration is not available" in said
+
+
+def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
+) -> None:
+    release = slurm_cluster.root / "shared" / "release-holder"
+    holder = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
+    sam.wait(holder["id"], lambda j: j["state"] == "running")
+    waiter = sam.submit(slurm_request("numbered.py", 1, package="cpu-1", args=["--lines", "3"]))
+    waiting = sam.wait(waiter["id"], lambda j: j["reason"] == "waiting for free nodes in Slurm")
+    assert waiting["state"] == "queued"
+    page = page_for(slurm_stack, "sam", "sam-password-1", f"/jobs/{waiter['id']}/")
+    assert "waiting for free nodes in Slurm" in page
+    release.touch()
+    assert sam.wait_finished(holder["id"])["state"] == "succeeded"
+    assert sam.wait_finished(waiter["id"])["state"] == "succeeded"
+
+
+def test_a_lost_slurm_node_restarts_the_job_on_the_others_from_its_checkpoint(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    release = slurm_cluster.root / "shared" / "release-checkpointer"
+    request = slurm_request(
+        "checkpointer.py", 2, args=["--hold", str(release)],
+        restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
+    )  # fmt: skip
+    job = sam.submit(request)
+    sam.wait(job["id"], lambda j: j["state"] == "running")
+    # Both trainers started (the first to write its checkpoint may be read by the other).
+    sam.wait(
+        job["id"],
+        lambda j: sum(x["text"].startswith("resumed from: ") for x in sam.logs(j["id"])) == 2,
+    )
+    first = sam.job(job["id"])["attempts"][0]["nodes"][0]  # n[1-2]: the first two
+    lost = "n2"
+    assert first == "n[1-2]", first
+    try:
+        slurm_cluster.lose_node(lost)
+        restarted = sam.wait(job["id"], lambda j: j["attempt"] == 1 and j["state"] == "running")
+        assert "n2" not in restarted["attempts"][1]["nodes"][0], restarted["attempts"]
+        release.touch()
+        done = sam.wait_finished(job["id"])
+    finally:
+        slurm_cluster.restore_node(lost)
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["restarts_used"] == 1
+    assert "NODE_FAIL" in done["attempts"][0]["reason"] or "n2" in done["attempts"][0]["reason"], (
+        done["attempts"]
+    )
+    second = [x["text"] for x in sam.logs(job["id"]) if x["attempt"] == 1]
+    resumed = [t for t in second if t.startswith("resumed from: ")]
+    assert len(resumed) == 2 and "resumed from: nothing" not in resumed, second
+
+
+@pytest.mark.browser
+def test_a_job_launched_on_the_slurm_pool_from_the_form_streams_its_log_live(
+    slurm_stack: RunningStack, sam: StackClient
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS, keep_screenshot, logged_in_page
+
+    # Closed before the test ends: Django refuses database calls from a thread in which
+    # Playwright's event loop runs, and the other tests here use the database.
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        with logged_in_page(browser, slurm_stack.url, "sam", "sam-password-1") as page:
+            page.goto(f"{slurm_stack.url}/jobs/new/")
+            page.fill("#id_name", "digits on slurm")
+            page.select_option("#id_script", "digits-ddp")
+            page.fill("#id_args", "--epochs 6")
+            page.select_option("#id_package", "cpu-2")
+            page.fill("#id_instances", "3")
+            page.select_option("#id_pool", POOL)
+            page.click("#launch")
+            page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+            expect(page.locator("#job-pool")).to_contain_text(f"Slurm pool {POOL}")
+            log = page.locator("#log")
+            # Live: the first lines are drawn while the job still runs.
+            expect(log.locator(".line[data-tag=worker-2]").first).to_be_visible()
+            assert page.locator("#job-state").inner_text() in ("queued", "running")
+            expect(log.locator(".line[data-tag=master]").first).to_be_visible()
+            expect(page.locator("#job-state")).to_have_text("succeeded")
+            expect(page.locator("#log-status")).to_contain_text("log complete")
+            page.reload()  # the Slurm job's id is on the page once it was submitted
+            expect(page.locator("#job-pool")).to_contain_text("Slurm job")
+            keep_screenshot(page, "slurm-job")
+        browser.close()
+
+
+def test_a_job_from_a_code_snapshot_runs_the_uploaded_files_on_slurm(
+    sam: StackClient, tmp_path: Path
+) -> None:
+    (tmp_path / "train.py").write_text(
+        "import os\nprint('snapshot code on', os.environ['TRAINYARD_ROLE'], flush=True)\n"
+    )
+    sha = sam.upload(tmp_path, "slurm-code")
+    request = slurm_request("train.py", 2, package="cpu-1")
+    request["program"]["snapshot"] = sha
+    done = sam.wait_finished(sam.submit(request)["id"])
+    assert done["state"] == "succeeded", done["reason"]
+    said = sorted(x["text"] for x in sam.logs(done["id"]) if x["text"].startswith("snapshot"))
+    assert said == ["snapshot code on master", "snapshot code on worker"]

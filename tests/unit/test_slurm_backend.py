@@ -134,3 +134,27 @@ def test_a_failure_reason_prefers_what_the_process_recorded(tmp_path: Path) -> N
         == "ValueError: bad (rank 3, exited with code 1)"
     )
     assert slurmstep.failure_reason(spec, tmp_path, [-9, 0], {}) == "killed by signal SIGKILL"
+
+
+def test_an_admin_adds_a_pool_from_the_command_line(
+    db: None, catalog: None, tmp_path: Path
+) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from jobs.models import SlurmPool
+
+    call_command(
+        "slurm_pool", "gpu", "--partition", "gpu", "--shared-root", str(tmp_path),
+        "--python", "/opt/trainyard/bin/python", "--all-images", "--all-packages",
+    )  # fmt: skip
+    pool = SlurmPool.objects.get(name="gpu")
+    assert pool.shared_root == str(tmp_path)
+    assert pool.images.count() == FrameworkImage.objects.filter(enabled=True).count()
+    assert pool.packages.count() == Package.objects.filter(enabled=True).count()
+    with pytest.raises(CommandError, match="partition"):
+        call_command(
+            "slurm_pool", "bad", "--partition", "no/slash", "--shared-root", str(tmp_path),
+            "--python", "python",
+        )  # fmt: skip
+    assert not SlurmPool.objects.filter(name="bad").exists()
