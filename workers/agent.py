@@ -60,7 +60,6 @@ log = logging.getLogger("trainyard.agent")
 HEARTBEAT_SECONDS_ENV = "TRAINYARD_HEARTBEAT_SECONDS"
 DEFAULT_HEARTBEAT_SECONDS = 5.0
 CHECKPOINT_ROOT_ENV = "TRAINYARD_CHECKPOINT_ROOT"
-SANDBOX_SHARED_ENV = "TRAINYARD_SANDBOX_SHARED"
 SPARE_KEEPERS_ENV = "TRAINYARD_SPARE_KEEPERS"
 # Two: the instances of a job that one node runs arrive together, and most jobs put one or two
 # on a node; more cost 17 MB each while idle (workers/keeperlink.py, SpareKeepers).
@@ -334,9 +333,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--sandbox-share",
         type=Path,
         action="append",
-        default=[Path(p) for p in os.environ.get(SANDBOX_SHARED_ENV, "").split(os.pathsep) if p],
+        default=sandbox.shared_from_env(),
         help="a folder every trainer on this node may read (a shared data set); repeat for "
-        f"more (default: ${SANDBOX_SHARED_ENV}, folders separated by '{os.pathsep}')",
+        f"more (default: ${sandbox.SHARED_ENV}, folders separated by '{os.pathsep}')",
     )
     parser.add_argument(
         "--keep-job-folders",

@@ -55,6 +55,16 @@ DEFAULT_UID_BASE = 1_900_000_000
 SYSTEM_PATHS = ("/usr", "/etc", "/sys")
 # On a merged-/usr system these are links into /usr; elsewhere, folders.
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Folders every trainer on a host may read (a shared data set), separated by os.pathsep: an
+# agent's --sandbox-share default, and what a Slurm step wrapper shares (workers/slurmstep.py).
+SHARED_ENV = "TRAINYARD_SANDBOX_SHARED"
+
+
+def shared_from_env(env: dict[str, str] | None = None) -> list[Path]:
+    value = (os.environ if env is None else env).get(SHARED_ENV, "")
+    return [Path(p) for p in value.split(os.pathsep) if p]
+
+
 # Device nodes a process with GPUs also needs, besides its own /dev/nvidiaN.
 GPU_CONTROL_DEVICES = (
     "/dev/nvidiactl",

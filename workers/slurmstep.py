@@ -27,6 +27,14 @@ processes of both):
   `outcome-<tag>.json` beside the plan, and as a last tagged line. The exit status is the
   first failed process's, so srun's --kill-on-bad-exit ends the other instances.
 
+Each trainer runs in the agents' sandbox (workers/sandbox.py), built the same way: its own PID
+namespace, a root that holds only the system, its Python, the trainer library and the job's
+code (read-only), its instance's folder and the job's checkpoint folder (writable); and, where
+the step runs as root, the uid of its console user (uid base + user id), so that one user's job
+cannot read another's folders on the shared file system. The plan, the job's Redis credentials,
+the other instances' folders, the console's files: none of them exist in there. Where bwrap
+cannot run, the instance says so in its log and runs unsandboxed.
+
 No shell runs anywhere: the script's argv is a list. SIGTERM (scancel, a time limit) goes on to
 every process of the instance, which then has Slurm's KillWait to finish.
 """
@@ -47,7 +55,7 @@ from typing import IO
 import psutil
 import redis
 
-from workers import contract, launcher, programs
+from workers import contract, launcher, programs, sandbox
 from workers.launcher import NodeNetwork
 from workers.logquota import LogLimits
 from workers.logship import LogShipper, ReplicaKey
@@ -257,6 +265,36 @@ class Instance:
         return codes
 
 
+def _sandboxed(
+    process: launcher.LocalProcess,
+    isolation: sandbox.Sandbox,
+    spec: ReplicaSpec,
+    script: Path,
+    code_root: Path,
+    instance_dir: Path,
+    checkpoint_dir: Path,
+) -> launcher.LocalProcess:
+    """The process as it runs in the sandbox: the agents' folders, for a node Slurm chose."""
+    env = process.env
+    if "example" in spec.program and isolation.isolation.isolated:
+        # A built-in example imports Trainyard's `workers` package; in the sandbox its folder
+        # shows nothing else.
+        env = dict(env, PYTHONPATH=f"{env['PYTHONPATH']}:{launcher.WORKERS_PACKAGE.parent}")
+    argv, env = isolation.wrap(
+        process.argv,
+        sandbox.Folders(
+            cwd=script.parent,
+            read_only=[launcher.WORKERS_PACKAGE, launcher.TRAINER_LIB, script.parent, code_root],
+            writable=[instance_dir, checkpoint_dir],
+            gpu_ids=gpu_ids(process.env),
+            scratch=instance_dir,
+        ),
+        env,
+        spec.owner,
+    )
+    return launcher.LocalProcess(process.local_rank, argv, env)
+
+
 def failure_reason(
     spec: ReplicaSpec, instance_dir: Path, codes: list[int], tails: dict[int, deque[str]]
 ) -> str:
@@ -296,6 +334,12 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     where_file(attempt_dir, spec.tag).write_text(json.dumps(where))
     checkpoint_dir = Path(str(plan["checkpoint_dir"]))
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    isolation = sandbox.probe(
+        wanted=bool(plan.get("sandbox", True)), shared=sandbox.shared_from_env(env)
+    )
+    sandbox.prepare_scratch(instance_dir)
+    for folder in (instance_dir, instance_dir / "tmp", instance_dir / "shm", checkpoint_dir):
+        isolation.hand_over(folder, spec.owner)
     processes = launcher.build_processes(
         spec,
         script,
@@ -307,12 +351,21 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         base_env=env,
         network=network,
     )
+    processes = [
+        _sandboxed(
+            p, isolation, spec, script, Path(str(plan["code_root"])), instance_dir, checkpoint_dir
+        )
+        for p in processes
+    ]
     shipping = None
     if plan.get("credentials"):
         url = Path(str(plan["credentials"])).read_text().strip()
-        shipping = Shipping(spec, url, instance_dir / "spool")
+        # Beside the plan, where the trainer cannot reach it (its own folder is writable to it).
+        shipping = Shipping(spec, url, attempt_dir / f".spool-{spec.tag}")
         for problem in shipping.problems:
             shipping.note(problem)
+        if not isolation.isolation.isolated:
+            shipping.note(f"this instance runs without a sandbox: {isolation.reason}")
     instance = Instance(spec, processes, cwd=script.parent, shipping=shipping)
     tails = []
     if shipping is not None:
@@ -327,7 +380,7 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    codes = instance.wait()
+    codes = [sandbox.exit_code(c, isolation) or 0 for c in instance.wait()]
     for tail in tails:
         tail.stop()
         tail.join()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import psutil
 import pytest
@@ -27,9 +28,11 @@ from stack import slurm
 from tests.conftest import (
     RunningStack,
     StackClient,
+    escape_verdicts,
     page_for,
     pytorch_request,
     running_stack,
+    signal_file,
 )
 from workers.slurmstep import outcome_file
 
@@ -221,7 +224,7 @@ def test_a_failing_script_names_its_instance_and_its_exception(
 def test_scancel_ends_the_slurm_job_and_every_process(
     slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
 ) -> None:
-    release = target.shared_root / "never-released"
+    release = signal_file("never-released")
     job = make_job(
         alice, "pytorch:2.13-cpu", {"path": "hold.py"}, ["--release", str(release)],
         {"master": ("cpu-2", 1), "worker": ("cpu-2", 2)},
@@ -265,7 +268,7 @@ def test_a_job_larger_than_the_partition_is_refused_with_slurms_reason(
 def test_a_job_waiting_in_slurm_shows_slurms_reason(
     slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
 ) -> None:
-    release = target.shared_root / "release"
+    release = signal_file()
     holder = make_job(
         alice, "pytorch:2.13-cpu", {"path": "hold.py"}, ["--release", str(release)],
         {"master": ("cpu-2", 1), "worker": ("cpu-2", 2)},
@@ -314,23 +317,16 @@ def slurm_stack(
     ) as running:
         shared = slurm_cluster.root / "shared" / "console"
         shared.mkdir(parents=True)
-        pool = {
-            "name": POOL,
-            "partition": slurm_cluster.partition,
-            "shared_root": str(shared),
-            "python": sys.executable,
-            "code_root": str(FIXTURE_CODE),
-            "slurm_conf": str(slurm_cluster.conf),
-            "redis_host": gateway,
-        }
         running.stack.manage(
-            "shell",
-            "-c",
-            "from jobs.models import FrameworkImage, Package, SlurmPool\n"
-            f"pool = SlurmPool.objects.create(**{pool!r})\n"
-            "pool.images.set(FrameworkImage.objects.all())\n"
-            "pool.packages.set(Package.objects.all())",
-        )
+            "slurm_pool", POOL,
+            "--partition", slurm_cluster.partition,
+            "--shared-root", str(shared),
+            "--python", sys.executable,
+            "--code-root", str(FIXTURE_CODE),
+            "--slurm-conf", str(slurm_cluster.conf),
+            "--redis-host", gateway,
+            "--all-images", "--all-packages", "--check",
+        )  # fmt: skip
         yield running
 
 
@@ -405,7 +401,7 @@ def test_a_failing_script_on_slurm_names_the_instance_and_its_exception(
 def test_cancel_ends_the_slurm_job_and_every_process(
     slurm_cluster: slurm.SlurmCluster, sam: StackClient
 ) -> None:
-    release = slurm_cluster.root / "shared" / "never"
+    release = signal_file("never")
     job = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
     sam.wait(job["id"], lambda j: j["state"] == "running")
     # Wait for the trainers themselves: they print once they have joined.
@@ -444,7 +440,7 @@ def test_a_job_larger_than_the_slurm_partition_is_refused_at_submission(
 def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
     slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
 ) -> None:
-    release = slurm_cluster.root / "shared" / "release-holder"
+    release = signal_file("holder")
     holder = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
     sam.wait(holder["id"], lambda j: j["state"] == "running")
     waiter = sam.submit(slurm_request("numbered.py", 1, package="cpu-1", args=["--lines", "3"]))
@@ -460,7 +456,7 @@ def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
 def test_a_lost_slurm_node_restarts_the_job_on_the_others_from_its_checkpoint(
     slurm_cluster: slurm.SlurmCluster, sam: StackClient
 ) -> None:
-    release = slurm_cluster.root / "shared" / "release-checkpointer"
+    release = signal_file("checkpointer")
     request = slurm_request(
         "checkpointer.py", 2, args=["--hold", str(release)],
         restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
@@ -544,3 +540,71 @@ def test_a_job_from_a_code_snapshot_runs_the_uploaded_files_on_slurm(
     assert done["state"] == "succeeded", done["reason"]
     said = sorted(x["text"] for x in sam.logs(done["id"]) if x["text"].startswith("snapshot"))
     assert said == ["snapshot code on master", "snapshot code on worker"]
+
+
+def test_a_job_on_slurm_reaches_nothing_beyond_itself(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, tmp_path: Path
+) -> None:
+    """escape.py as an ordinary user's Slurm job, while another user's Slurm job runs: the
+    console's files, the other job's plan, Redis credentials, code, instance and checkpoint
+    folders, and Redis itself, are all out of its reach; its own folders work."""
+    quota = {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 4}
+    mallory = slurm_stack.create_user("mallory", "mallory-pw", quota)
+    victim = slurm_stack.create_user("victim", "victim-pw", quota)
+    code = tmp_path / "victim-code"
+    code.mkdir()
+    (code / "secret_model.py").write_text((FIXTURE_CODE / "checkpointer.py").read_text())
+    sha = victim.upload(code, "victim's model")
+    hold = signal_file("victim")
+    theirs = victim.submit(
+        {
+            **slurm_request("secret_model.py", 1, package="cpu-1", args=["--hold", str(hold)]),
+            "program": {
+                "snapshot": sha,
+                "script": "secret_model.py",
+                "args": ["--hold", str(hold)],
+            },
+        }
+    )
+    try:
+        victim.wait(theirs["id"], lambda j: any(x["text"] == "ready" for x in victim.logs(j["id"])))
+        shared = slurm_cluster.root / "shared" / "console"
+        attempt = shared / "jobs" / str(theirs["id"]) / "attempt-0"
+        var = slurm_stack.stack.var_dir
+        targets = [
+            *(
+                p
+                for p in (var / "trainyard.sqlite3", var / "secret_key", var / "redis")
+                if p.exists()
+            ),
+            attempt / "plan.json",
+            attempt / "credentials.url",
+            attempt / "master",
+            shared / "code" / sha,
+            *sorted((shared / "checkpoints").iterdir()),
+        ]
+        assert all(p.exists() for p in targets), targets
+        redis = urlsplit(slurm_stack.stack.redis_url)
+        job = mallory.submit(
+            slurm_request(
+                "escape.py", 1, package="cpu-1",
+                args=[
+                    "--paths", *map(str, targets),
+                    "--redis", f"{slurm_cluster.controller_address}:{redis.port}",
+                    "--queue", "node.node-1",
+                ],
+            )
+        )  # fmt: skip
+        done = mallory.wait_finished(job["id"])
+        assert done["state"] == "succeeded", done["reason"]
+        verdicts = escape_verdicts(x["text"] for x in mallory.logs(job["id"]))
+    finally:
+        hold.touch()
+    assert victim.wait_finished(theirs["id"])["state"] == "succeeded"
+    for path in targets:
+        assert verdicts.get(f"path:{path}", "").startswith("BLOCKED"), (path, verdicts)
+    opened = {k: v for k, v in verdicts.items() if v.startswith("OPEN")}
+    assert not opened, opened
+    for own in ("write:TRAINYARD_CHECKPOINT_DIR", "write:TRAINYARD_SCRATCH_DIR", "read:own-script"):
+        assert verdicts.get(own, "").startswith("OK"), (own, verdicts)
+    assert len(verdicts) >= 12, verdicts
