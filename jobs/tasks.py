@@ -77,6 +77,11 @@ def replica_exited(payload: dict[str, Any]) -> None:
     )
 
 
+@shared_task(name=contract.TASK_SLURM_NOW)
+def slurm_pass_now() -> None:
+    slurm_pass.run_pass()
+
+
 @shared_task(name=contract.TASK_SCHEDULE)
 def schedule() -> None:
     scheduling.schedule()

@@ -187,6 +187,8 @@ TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"
 # Console-internal: place waiting jobs (sent on commit by whatever may have made room).
 TASK_SCHEDULE = "trainyard.console.schedule"
+# The Slurm pass now, not at its next tick: a job for a Slurm pool was just admitted.
+TASK_SLURM_NOW = "trainyard.console.slurm_now"
 # Console-internal: start a restarting job's next attempt once its back-off is over.
 TASK_RESUME_RESTART = "trainyard.console.resume_restart"
 

@@ -35,6 +35,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from console.celery import app
 from jobs.models import Job, JobAttempt, Replica, SlurmPool
 from jobs.services import (
     events,
@@ -49,6 +50,7 @@ from jobs.services import (
 from jobs.services.periodic import PeriodicPass
 from jobs.services.slurm_batch import SlurmError, SlurmTarget
 from jobs.services.slurm_states import SlurmStatus
+from workers import contract
 from workers.contract import tag_of
 from workers.slurmstep import outcome_file, where_file
 
@@ -70,6 +72,16 @@ class SlurmLoop(PeriodicPass[PassReport]):
 
     def one_pass(self) -> PassReport:
         return run_pass()
+
+
+def request_pass() -> None:
+    """Run a pass as soon as this transaction commits (a job was admitted), not at the next
+    tick: a submission should not wait up to TRAINYARD_SLURM_SECONDS for sbatch."""
+
+    def send() -> None:
+        app.send_task(contract.TASK_SLURM_NOW, queue=contract.CONSOLE_QUEUE)
+
+    transaction.on_commit(send, robust=True)
 
 
 def run_pass() -> PassReport:

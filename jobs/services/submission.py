@@ -39,7 +39,14 @@ from jobs.models import (
     SlurmPool,
 )
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
-from jobs.services import quota, scheduling, slurm_batch, snapshots, transitions
+from jobs.services import (
+    quota,
+    scheduling,
+    slurm_batch,
+    slurm_pass,
+    snapshots,
+    transitions,
+)
 from jobs.services.time_limits import default_for
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers import contract
@@ -515,7 +522,10 @@ def submit_job(user: User, request: JobRequest) -> Job:
         job = create_job(user, request, time_limit, snapshot)
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
-        scheduling.request_schedule()
+        if request.slurm_pool is not None:
+            slurm_pass.request_pass()
+        else:
+            scheduling.request_schedule()
     return job
 
 
