@@ -133,10 +133,11 @@ def torchrun() -> Run:
 class Console(logs.Console):
     """The log bench's API and websocket client, running one timed job at a time."""
 
-    def run(self, name: str) -> Run:
-        return asyncio.run(self._run(name))
+    def run(self, name: str, pool: str = "") -> Run:
+        """One timed job; `pool`: in that Slurm pool instead of on the agents."""
+        return asyncio.run(self._run(name, pool))
 
-    async def _run(self, name: str) -> Run:
+    async def _run(self, name: str, pool: str = "") -> Run:
         """Submit, then follow: the websocket is opened as soon as the job has an id, after=0,
         so no line is missed; a line that came before it is replayed, with its arrival time
         then (what a browser that opens the page at once would see)."""
@@ -150,6 +151,8 @@ class Console(logs.Console):
                 "worker": {"package": "cpu-1", "instances": 1},
             },
         }
+        if pool:
+            body["pool"] = pool
         async with httpx.AsyncClient(
             base_url=self.stack.url, headers=self.headers, timeout=30
         ) as http:
