@@ -847,8 +847,11 @@ class JobAttempt(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     nodes = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True, help_text="Why it ended, when not by succeeding.")
-    # A Slurm pool's job: Slurm's id of the job this attempt is (empty until submitted).
+    # A Slurm pool's job: Slurm's id of the job this attempt is (empty until submitted), and
+    # the SHA-256 of its Redis user's secret, so that the user can be made again after Redis
+    # restarts without it (jobs/services/slurm_access.py); the secret itself is not kept.
     slurm_job_id = models.CharField(max_length=50, blank=True)
+    slurm_redis_hash = models.CharField(max_length=64, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
     )

@@ -35,19 +35,25 @@ def rules(job_id: int, hashed_password: str) -> list[str]:
     ]  # fmt: skip
 
 
-def grant(job_id: int, host: str = "") -> str:
-    """Make (or remake, with a new secret) the job's user; its REDIS_URL, with `host` as the
-    nodes reach Redis (the console's own host when empty). Raises redis.RedisError."""
+def grant(job_id: int, host: str = "") -> tuple[str, str]:
+    """Make (or remake, with a new secret) the job's user: its REDIS_URL, with `host` as the
+    nodes reach Redis (the console's own host when empty), and the secret's hash (which
+    `restore` needs). Raises redis.RedisError."""
     secret = credentials.new_secret()
-    get_redis().execute_command(
-        "ACL", "SETUSER", user_of(job_id), *rules(job_id, credentials.password_hash(secret))
-    )
+    hashed = credentials.password_hash(secret)
+    restore(job_id, hashed)
     ours = urllib.parse.urlsplit(settings.REDIS_URL or "redis://127.0.0.1:6379/0")
     netloc = (
         f"{urllib.parse.quote(user_of(job_id))}:{urllib.parse.quote(secret, safe='')}"
         f"@{host or ours.hostname or '127.0.0.1'}:{ours.port or 6379}"
     )
-    return f"{ours.scheme}://{netloc}{ours.path or '/0'}"
+    return f"{ours.scheme}://{netloc}{ours.path or '/0'}", hashed
+
+
+def restore(job_id: int, hashed_password: str) -> None:
+    """Write the job's user with the secret it already has: after a Redis restart (ACLs live
+    in memory) its step wrappers' lines wait in their spools until this. Raises RedisError."""
+    get_redis().execute_command("ACL", "SETUSER", user_of(job_id), *rules(job_id, hashed_password))
 
 
 def revoke(job_id: int) -> None:

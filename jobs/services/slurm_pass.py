@@ -126,7 +126,7 @@ def _submit(job_id: int, pool: SlurmPool, target: SlurmTarget, report: PassRepor
         if not replicas:
             return
         try:
-            url = slurm_access.grant(job.pk, pool.redis_host)
+            url, hashed = slurm_access.grant(job.pk, pool.redis_host)
         except redis.RedisError as exc:
             report.errors.append(f"job {job.pk}: Redis: {exc}")
             return
@@ -141,7 +141,7 @@ def _submit(job_id: int, pool: SlurmPool, target: SlurmTarget, report: PassRepor
             return
         now = timezone.now()
         JobAttempt.objects.filter(job=job, number=job.attempt).update(
-            slurm_job_id=slurm_id, placed=now
+            slurm_job_id=slurm_id, placed=now, slurm_redis_hash=hashed
         )
         for replica in replicas:
             transitions.move_replica(replica, Replica.State.ASSIGNED, start_sent=now)
@@ -163,9 +163,25 @@ def _follow(pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
         .distinct()
     )
     statuses = slurm_states.query_all(target)
+    _restore_users(attempts, report)
     for attempt in attempts:
         _apply(attempt, statuses.get(attempt.slurm_job_id), target, report)
     _reconcile(pool, target, statuses, report)
+
+
+def _restore_users(attempts: list[JobAttempt], report: PassReport) -> None:
+    """Make again the Redis user of each running attempt that Redis no longer has (it restarted:
+    ACLs live in memory), so that its wrappers' spooled lines go on to the log."""
+    wanted = {a.job_id: a.slurm_redis_hash for a in attempts if a.slurm_redis_hash}
+    if not wanted:
+        return
+    try:
+        missing = set(wanted) - slurm_access.granted()
+        for job_id in sorted(missing):
+            slurm_access.restore(job_id, wanted[job_id])
+            log.info("job %s: its Redis user was gone (a Redis restart); made again", job_id)
+    except redis.RedisError as exc:
+        report.errors.append(f"Redis users: {exc}")
 
 
 def _apply(
@@ -292,8 +308,7 @@ def _outcome(folder: Path, replica: Replica) -> tuple[str, int | None, str, floa
         "failed": Replica.State.FAILED,
         "stopped": Replica.State.STOPPED,
     }.get(str(data.get("state")), Replica.State.FAILED)
-    where = f" on {data['node']}" if data.get("node") else ""
-    reason = f"{data.get('reason', '')}{where}" if state != Replica.State.SUCCEEDED else ""
+    reason = str(data.get("reason", "")) if state != Replica.State.SUCCEEDED else ""
     code = data.get("exit_code")
     at = data.get("ended_at")
     return (
