@@ -150,7 +150,7 @@ def root_cause(job: Job) -> str:
     if not failed:
         return job.reason
     first = _earliest(failed)
-    node = first.node.name if first.node else "?"
+    node = first.node.name if first.node else (first.slurm_node or "?")
     if first.reason.startswith((node + " ", node + ":")):
         # A node-wide cause ("node-1 lost: …") speaks for every instance that ran there.
         there = [r.tag for r in failed if r.node_id == first.node_id and r.reason == first.reason]
