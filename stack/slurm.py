@@ -41,6 +41,7 @@ import psutil
 
 from stack import netns
 from stack.redis_server import free_port
+from workers import deathsig
 
 PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
@@ -175,10 +176,14 @@ class SlurmCluster:
         record = {"pids": self.pids, "network": self.network.tag if self.network else None}
         (self.root / "pids.json").write_text(json.dumps(record, indent=1) + "\n")
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None, tie: bool = True
+    ) -> None:
+        """Start a daemon; `tie`: it dies with this process (workers/deathsig.py), so a test or
+        bench killed outright leaves no Slurm behind (the shim execs: the PID is the daemon's)."""
         log = (self.root / "log" / f"{name}.out").open("ab")
         process = subprocess.Popen(
-            argv,
+            deathsig.command(argv) if tie else argv,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -198,17 +203,19 @@ class SlurmCluster:
         key.chmod(0o400)
         for path in (munge, key):
             os.chown(path, user.pw_uid, user.pw_gid)
+        # The death signal after setpriv: a change of uid clears one set before it.
         self._spawn(
             "munged",
             [
                 "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
-                "munged", "--foreground",
+                *deathsig.command([]), "munged", "--foreground",
                 f"--socket={self.munge_socket}",
                 f"--key-file={key}",
                 f"--log-file={munge / 'munged.log'}",
                 f"--pid-file={munge / 'munged.pid'}",
                 f"--seed-file={munge / 'munged.seed'}",
             ],
+            tie=False,
         )  # fmt: skip
         _wait_for(lambda: self.munge_socket.exists(), "munged to open its socket", self.root)
 
@@ -431,12 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster.stop()
         return 1
     stopping: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
-    try:
-        while not stopping:
-            signal.pause()
-    except KeyboardInterrupt:
-        pass
+    # Both set here: a shell that starts this in the background leaves SIGINT ignored.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda number, frame: stopping.append(number))
+    while not stopping:
+        signal.pause()
     cluster.stop()
     print("Slurm stopped.", flush=True)
     return 0
