@@ -55,7 +55,7 @@ NODE_MEMORY_MB = 16000
 # the jobs on it (NODE_FAIL). Slurm's default is 300; a test of a lost node should not wait that.
 SLURMD_TIMEOUT = 10
 # How long a job's processes have between scancel's SIGTERM and its SIGKILL (Slurm: KillWait).
-KILL_WAIT = 5
+KILL_WAIT = 15
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
 

@@ -221,6 +221,9 @@ class Instance:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
+                # A group of its own, signalled whole: the sandbox's bwrap ignores SIGTERM (it
+                # would only kill the trainer outright), so the trainer must get it directly.
+                start_new_session=True,
             )
             self.children.append(child)
             tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
@@ -245,8 +248,13 @@ class Instance:
         """A line to Slurm's output, tagged; and to the job's log: the trainer's own on its
         stream, the wrapper's (no stream) as the agent's notes are."""
         with self.lock:
-            sys.stdout.write(f"[{self.spec.tag}] {line}\n")
-            sys.stdout.flush()
+            try:
+                sys.stdout.write(f"[{self.spec.tag}] {line}\n")
+                sys.stdout.flush()
+            except (OSError, ValueError):
+                # srun, which reads this, is gone (scancel ends it first on the batch node):
+                # the line still goes to the job's log, and the outcome is still written.
+                pass
         if self.shipping is not None:
             if stream:
                 self.shipping.put(stream, line)
@@ -254,9 +262,14 @@ class Instance:
                 self.shipping.note(line)
 
     def terminate(self) -> None:
+        """SIGTERM to each process group: the trainer inside its sandbox gets it, and has
+        Slurm's KillWait to save a checkpoint."""
         for child in self.children:
             if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
+                try:
+                    os.killpg(child.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     def wait(self) -> list[int]:
         codes = [child.wait() for child in self.children]
@@ -309,6 +322,18 @@ def failure_reason(
 
 
 def run(plan_path: Path, env: dict[str, str]) -> int:
+    # First of all: a stop (scancel) during the start must still end in an outcome, and reach
+    # the processes once they exist.
+    stopping: list[int] = []
+    started: list[Instance] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        stopping.append(signum)
+        for instance in started:
+            instance.terminate()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
     attempt_dir = plan_path.parent
     plan = json.loads(plan_path.read_text())
     task = int(env.get("SLURM_PROCID", "0"))
@@ -372,14 +397,9 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         tails = [
             shipping.follow_metrics(Path(p.env[contract.TRAINYARD_METRICS_FILE])) for p in processes
         ]
-    stopping: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        stopping.append(signum)
-        instance.terminate()
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
+    started.append(instance)
+    if stopping:
+        instance.terminate()  # the stop came while the processes were being started
     codes = [sandbox.exit_code(c, isolation) or 0 for c in instance.wait()]
     for tail in tails:
         tail.stop()
