@@ -41,6 +41,7 @@ from jobs.services import (
     events,
     outcomes,
     presenters,
+    reports,
     restarts,
     slurm_access,
     slurm_batch,
@@ -303,11 +304,8 @@ def _outcome(folder: Path, replica: Replica) -> tuple[str, int | None, str, floa
         data = json.loads(outcome_file(folder, tag_of(replica.role, replica.index)).read_text())
     except (OSError, ValueError):
         return None
-    state = {
-        "succeeded": Replica.State.SUCCEEDED,
-        "failed": Replica.State.FAILED,
-        "stopped": Replica.State.STOPPED,
-    }.get(str(data.get("state")), Replica.State.FAILED)
+    # The wrapper names its end as an agent's report does.
+    state = reports.AGENT_OUTCOMES.get(str(data.get("state")), Replica.State.FAILED)
     reason = str(data.get("reason", "")) if state != Replica.State.SUCCEEDED else ""
     code = data.get("exit_code")
     at = data.get("ended_at")
