@@ -71,6 +71,8 @@ lint: $(VENV)/.installed node_modules/.installed
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
+	VULTURE=$(VENV)/bin/vulture lint/vulture.sh
 	node_modules/.bin/eslint static/trainyard tests/js eslint.config.js
 
 # ESLint for the page scripts, from the npm registry, at the versions package-lock.json pins.

@@ -27,6 +27,10 @@ timeline per stage and the idle stack's RSS and CPU (bench/startup.py).
 
 Sandbox: time to a trainer's first line and its training throughput under bubblewrap, next to
 the same programs started bare by the same supervisor (bench/sandbox.py).
+
+Limits: time to a trainer's first line and its throughput with a cgroup per instance vs none,
+and a neighbour's throughput beside a 1-core job running 4 busy processes, limits on and off
+(bench/limits.py).
 """
 
 import sys
@@ -39,6 +43,7 @@ from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
 from bench.heartbeats import measure_in_subprocess as heartbeats_in_subprocess
 from bench.heartbeats import summary as heartbeats_summary
+from bench.limits import limits_cost
 from bench.logs import log_path
 from bench.ps import ps_vs_ddp
 from bench.reconcile import measure_in_subprocess
@@ -116,6 +121,8 @@ def main() -> int:
     ok = log_path() and ok
     print("== sandbox: trainers under bubblewrap vs bare, same supervisor ==")
     ok = sandbox_cost() and ok
+    print("== limits: a cgroup per instance vs none, same supervisor ==")
+    ok = limits_cost() and ok
     return 0 if ok else 1
 
 

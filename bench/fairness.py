@@ -2,12 +2,13 @@
 
 A discrete-time simulation (1 s steps, simulated time) of a cluster shared by two groups of
 equal weight, each with half the cluster as its nominal share and the other half as its
-borrowing limit. Every pass orders the waiting jobs with jobs.services.fairshare, judges them
-with jobs.services.borrowing, places them with jobs.services.placement and, for a group within
-its share that finds no room, stops borrowed jobs chosen by jobs.services.reclaim (their room
-reserved for it until they are gone), as scheduling.schedule does; only the database and the
-agents are left out (this is not the real-time fleet of bench/fleet.py: ten simulated minutes
-run in seconds, so that bench/scale.py can call `run()` later).
+borrowing limit. Every pass orders the waiting jobs with jobs.services.scheduler.fairshare, judges
+them with jobs.services.scheduler.borrowing, places them with jobs.services.placement and, for a
+group within its share that finds no room, stops borrowed jobs chosen by
+jobs.services.scheduler.reclaim (their room reserved for it until they are gone), as
+scheduling.schedule does; only the database and the agents are left out (this is not the real-time
+fleet of bench/fleet.py: ten simulated minutes run in seconds, so that bench/scale.py can call
+`run()` later).
 
 Figures:
 1. both groups submit without pause for 10 minutes: each group's share of the core-seconds
@@ -30,9 +31,14 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 django.setup()
 
-from jobs.services import borrowing, fairshare, reclaim  # noqa: E402
-from jobs.services.placement import Demand, Room, place  # noqa: E402
-from jobs.services.waiting import Holding  # noqa: E402
+from jobs.services import placement  # noqa: E402
+from jobs.services.placement import (  # noqa: E402
+    Demand,
+    Holding,
+    Room,
+    place,
+)
+from jobs.services.scheduler import borrowing, fairshare, reclaim  # noqa: E402
 
 CORES_PER_NODE = 8
 GRACE_SECONDS = 30.0
@@ -200,7 +206,7 @@ class Cluster:
                         victim.borrowed = False
                         victim.times_preempted += 1
                     stopping = [h for v in victims for h in v.holdings]
-                reclaim.reserve(job.demands(), rooms, stopping)
+                placement.reserve(job.demands(), rooms, stopping)
                 share.take(need)
                 continue
             if assignment is None:

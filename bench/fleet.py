@@ -221,6 +221,7 @@ class FakeAgent:
             "memory_gb": config.memory_gb, "gpus": config.gpus, "gpu_model": "",
             "hostname": "fleet", "pid": 0, "isolation": "none",
             "isolation_reason": "a simulated node (bench/fleet.py)",
+            "limits": "none", "limits_reason": "a simulated node (bench/fleet.py)",
             "incarnation": self.incarnation, "running": running,
             "finished": list(self.finished.values())[-50:], "sent": time.time(),
         }  # fmt: skip

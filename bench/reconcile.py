@@ -96,7 +96,8 @@ def measure(nodes: int = NODES, replicas: int = REPLICAS) -> dict[str, Any]:
     from django.utils import timezone
 
     from jobs.models import Node
-    from jobs.services import reconcile, scheduling
+    from jobs.services import reconcile
+    from jobs.services.scheduler import scheduling
 
     call_command("migrate", "--noinput", verbosity=0)
     call_command("load_catalog", verbosity=0)

@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from stack.redis_server import private_server
-from workers import contract, sandbox
+from workers import cgroups, contract, sandbox
 from workers.logship import LogShipper
 from workers.spec import ReplicaSpec
 from workers.supervisor import Supervisor
@@ -34,14 +34,23 @@ TARGET = 0.05
 class Node:
     """One supervisor, sandboxed or not, and what its trainers print."""
 
-    def __init__(self, client: redis.Redis, work: Path, trainer_sandbox: sandbox.Sandbox) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        work: Path,
+        trainer_sandbox: sandbox.Sandbox,
+        instance_limits: cgroups.Cgroups | None = None,
+        package: dict[str, Any] | None = None,
+    ) -> None:
         self.client = client
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.shipper = LogShipper(client, work / "spool")
         self.supervisor = Supervisor(
             "bench", client, self.shipper, self._report, work, PROGRAMS,
-            trainer_sandbox=trainer_sandbox,
+            trainer_sandbox=trainer_sandbox, instance_limits=instance_limits,
         )  # fmt: skip
+        # What the trainers' specs say of their package (workers/limits.py holds them to it).
+        self.package = package or {}
 
     def _report(
         self, task_name: str, payload: dict[str, Any], deadline: float | None = None
@@ -52,15 +61,15 @@ class Node:
         """Where a trainer may write: its job's checkpoint folder, in the sandbox too."""
         return self.supervisor.checkpoint_root / f"job-{job_id}" / "rate.json"
 
-    def run(self, job_id: int, script: str, args: list[str]) -> float:
-        """Seconds from start() to the first line in Redis; waits for the replica to end.
-        "RESULT" in `args` stands for result(job_id)."""
+    def run(self, job_id: int, script: str, args: list[str], wait: bool = True) -> float:
+        """Seconds from start() to the first line in Redis; waits for the replica to end
+        (unless not `wait`: then join() does). "RESULT" in `args` stands for result(job_id)."""
         args = [str(self.result(job_id)) if a == "RESULT" else a for a in args]
         spec = ReplicaSpec(
             job_id=job_id, role="master", index=0, node="bench", framework="pytorch",
             program={"path": script}, args=args, master_addr="127.0.0.1", hosts_rendezvous=True,
-            world_size=1, node_rank=0, rank_offset=0, local_world_size=1, cpus=1, gpus=0,
-            owner=1,
+            world_size=1, node_rank=0, rank_offset=0, local_world_size=1,
+            **{"cpus": 1, "gpus": 0, **self.package}, owner=1,
         )  # fmt: skip
         began = time.perf_counter()
         self.supervisor.start(spec)
@@ -68,6 +77,12 @@ class Node:
         while not self.client.xlen(key):
             time.sleep(0.001)
         first = time.perf_counter() - began
+        if wait:
+            self.join(job_id, script)
+        return first
+
+    def join(self, job_id: int, script: str) -> None:
+        """Wait for the replica of `job_id` to end; raises if it failed."""
         while not any(
             n == contract.TASK_REPLICA_EXITED and p["job_id"] == job_id for n, p in self.reports
         ):
@@ -75,7 +90,6 @@ class Node:
         exited = next(p for n, p in self.reports if p["job_id"] == job_id and "state" in p)
         if exited["state"] != "succeeded":
             raise RuntimeError(f"{script} failed: {exited['reason']}")
-        return first
 
     def close(self) -> None:
         self.supervisor.shutdown()

@@ -455,7 +455,7 @@ def schedule_pass(nodes: int, waiting: int) -> dict[str, Any]:
         Quota,
         Replica,
     )
-    from jobs.services import scheduling
+    from jobs.services.scheduler import scheduling
 
     call_command("migrate", "--noinput", verbosity=0)
     call_command("load_catalog", verbosity=0)

@@ -312,7 +312,7 @@ TRAINYARD_NODE_STALE_SECONDS = env_int("TRAINYARD_NODE_STALE_SECONDS", 15)
 # Reconciliation (jobs.services.reconcile) compares what the database says should run with what
 # agents say does run, every TRAINYARD_RECONCILE_SECONDS (0: the console worker runs no loop).
 TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
-# The Slurm pass (jobs.services.slurm_pass) submits, follows and stops the jobs of Slurm pools
+# The Slurm pass (jobs.services.slurm.slurm_pass) submits, follows and stops the jobs of Slurm pools
 # every TRAINYARD_SLURM_SECONDS (0: never; then no job of a Slurm pool ever starts).
 TRAINYARD_SLURM_SECONDS = env_float("TRAINYARD_SLURM_SECONDS", 1.0)
 # A node silent this long (while the console could hear it) is lost: its replicas fail.
@@ -348,8 +348,8 @@ TRAINYARD_START_ATTEMPTS = env_int("TRAINYARD_START_ATTEMPTS", 3)
 # How long the first job in the queue may be passed by smaller jobs that fit (backfill) before
 # the queue turns strictly first come, first served so that it cannot starve.
 TRAINYARD_BACKFILL_GRACE_SECONDS = env_int("TRAINYARD_BACKFILL_GRACE_SECONDS", 300)
-# Fair share (jobs.services.fairshare): a tenant's past usage counts half as much after this
-# long, so that yesterday's burst is forgiven while this hour's is not.
+# Fair share (jobs.services.scheduler.fairshare): a tenant's past usage counts half as much after
+# this long, so that yesterday's burst is forgiven while this hour's is not.
 TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS = env_int("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS", 21600)
 if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
     raise ImproperlyConfiguredEnv("TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS must be 1 or more")
@@ -358,8 +358,8 @@ if TRAINYARD_FAIR_SHARE_HALF_LIFE_SECONDS < 1:
 TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS = env_int("TRAINYARD_DEFAULT_TIME_LIMIT_SECONDS", 0)
 # Between the SIGTERM and the SIGKILL of a job past its time limit: time to checkpoint.
 TRAINYARD_TIME_LIMIT_GRACE_SECONDS = env_int("TRAINYARD_TIME_LIMIT_GRACE_SECONDS", 30)
-# Preemption (jobs.services.preemption): a job preempted once is not preempted again until its
-# next attempt has run this long (no preemption loops), and a victim's processes get this long
+# Preemption (jobs.services.scheduler.preemption): a job preempted once is not preempted again until
+# its next attempt has run this long (no preemption loops), and a victim's processes get this long
 # between SIGTERM and SIGKILL to save a checkpoint.
 TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = env_int("TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 600)
 TRAINYARD_PREEMPTION_GRACE_SECONDS = env_int("TRAINYARD_PREEMPTION_GRACE_SECONDS", 30)

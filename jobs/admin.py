@@ -25,7 +25,8 @@ from jobs.models import (
     Replica,
     SlurmPool,
 )
-from jobs.services import agent_access, deletion, nodes, revocation, scheduling, tokens
+from jobs.services import agent_access, deletion, nodes, revocation, tokens
+from jobs.services.lifecycle import schedule_requests
 
 # Named as the console is; templates/admin/base_site.html gives it the console's colours and a
 # way back to the console's own pages.
@@ -69,6 +70,8 @@ class PackageAdmin(admin.ModelAdmin):
         "gpu_model",
         "memory_gb",
         "processes",
+        "max_processes",
+        "disk_gb",
         "price_per_hour",
         "roles",
         "enabled",
@@ -258,7 +261,7 @@ class NodeAdmin(admin.ModelAdmin):
         if change and any(f in form.changed_data for f in CAPACITY_FIELDS):
             obj.capacity_set_by_admin = True
         super().save_model(request, obj, form, change)
-        scheduling.request_schedule()
+        schedule_requests.request_schedule()
 
     @admin.action(description="Drain: no new work (running work continues)")
     def drain(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
@@ -291,7 +294,7 @@ class NodeAdmin(admin.ModelAdmin):
             )
             node.capacity_set_by_admin = False
             node.save()
-        scheduling.request_schedule()
+        schedule_requests.request_schedule()
 
     @admin.action(description="Make or rotate agent credentials (shows each REDIS_URL once)")
     def make_agent_credentials(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:

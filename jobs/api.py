@@ -3,7 +3,6 @@ services layer; the shapes live in jobs/schemas.py, and the OpenAPI document at
 /api/v1/openapi.json (a readable reference at /api/v1/docs) is generated from them."""
 
 import dataclasses
-import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -22,7 +21,7 @@ from ninja.files import UploadedFile
 from ninja.parser import Parser
 from ninja.security import APIKeyCookie, APIKeyHeader
 
-from jobs import logstream, text
+from jobs import json_limits, logstream, text
 from jobs.access import get_job_for, visible_jobs
 from jobs.models import (
     FrameworkImage,
@@ -63,26 +62,26 @@ from jobs.schemas import (
 )
 from jobs.services import (
     baselines,
-    cluster,
     code_choices,
-    comparison,
-    counts,
-    job_pages,
-    job_search,
     metric_export,
     nodes,
-    outcomes,
-    presenters,
-    queue,
     quota,
     rerun,
     retention,
     snapshots,
-    time_limits,
-    training_report,
-    transitions,
 )
+from jobs.services.lifecycle import outcomes, time_limits, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.services.views import (
+    cluster,
+    comparison,
+    counts,
+    job_pages,
+    job_search,
+    presenters,
+    queue_listing,
+    training_report,
+)
 from jobs.tokens import user_for_token
 from jobs.upload_limit import ArchiveTooBig
 from workers.snapshot import SnapshotError, is_sha256
@@ -146,28 +145,22 @@ class SessionAuth(APIKeyCookie):
         return None  # unused: __call__ decides
 
 
-# No request of this API nests deeper than a handful of levels; a body that does is refused
-# before anything walks it (json.loads itself would hit the recursion limit near 1,000).
-MAX_JSON_DEPTH = 32
-
-
 class GuardedParser(Parser):
     """JSON bodies, refused (400, with a reason) when they are not JSON or nest too deeply.
     ninja wraps what this raises in an HttpError; `_http_error` unwraps it."""
 
     def parse_body(self, request: HttpRequest) -> Any:
-        raw = request.body
-        too_deep = ValidationFailed(
-            {"request": [f"The body is nested too deeply (more than {MAX_JSON_DEPTH} levels)."]}
-        )
-        # Counting brackets is C-speed; only a body with enough of them is walked byte by byte.
-        brackets = raw.count(b"[") + raw.count(b"{")
-        if brackets > MAX_JSON_DEPTH and _bracket_depth(raw) > MAX_JSON_DEPTH:
-            raise too_deep
         try:
-            data = json.loads(raw)
-        except RecursionError:
-            raise too_deep from None
+            data = json_limits.loads(request.body)
+        except json_limits.TooDeep:
+            raise ValidationFailed(
+                {
+                    "request": [
+                        "The body is nested too deeply "
+                        f"(more than {json_limits.MAX_JSON_DEPTH} levels)."
+                    ]
+                }
+            ) from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise ValidationFailed({"request": [f"The body is not valid JSON: {exc}"]}) from None
         problems = text.problems_by_field(data)
@@ -277,29 +270,6 @@ def _user(request: HttpRequest) -> User:
     return user
 
 
-def _bracket_depth(raw: bytes) -> int:
-    """How deep [ and { nest, outside strings: measured without parsing, so that a hostile
-    body costs one pass over its bytes."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in raw:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # closing quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):  # ] }
-            depth -= 1
-    return deepest
-
-
 def job_as_dict(
     job: Job, viewer: User | AnonymousUser, queue_positions: dict[int, int] | None = None
 ) -> dict[str, Any]:
@@ -355,6 +325,7 @@ def job_as_dict(
         "priority_value": job.priority,
         "pool": job.slurm_pool.name if job.slurm_pool_id and job.slurm_pool else "",
         "preempted_by": [int(j) for j in job.preempted_by],
+        "usage": presenters.usage(job),
         **presenters.job_state_payload(job, queue_positions),
     }
 
@@ -500,7 +471,9 @@ def _listed_jobs(user: User) -> Any:
     list costs the same few queries whatever its length."""
     return visible_jobs(user).prefetch_related(
         Prefetch("roles", queryset=JobRole.objects.select_related("package")),
-        Prefetch("replicas", queryset=Replica.objects.select_related("node").order_by("id")),
+        Prefetch(
+            "replicas", queryset=Replica.objects.select_related("node", "package").order_by("id")
+        ),
         "attempts",
         "health_events",
     )
@@ -893,6 +866,9 @@ def node_list(request: HttpRequest) -> dict[str, Any]:
                 "jobs": row.jobs,
                 "isolated": row.node.isolated,
                 "isolation": row.node.isolation or "unknown",
+                "limits_enforced": row.node.limits_enforced,
+                "limits": row.node.limits or "unknown",
+                "limits_reason": row.node.limits_reason,
                 "status_reason": row.node.status_reason,
                 "protocol": row.node.protocol,
                 "last_heartbeat": row.node.last_heartbeat.isoformat()
@@ -915,7 +891,7 @@ def queue_list(request: HttpRequest) -> dict[str, Any]:
                 "submitted": e.submitted.isoformat(),
                 "estimated_start": e.estimated_start.isoformat() if e.estimated_start else None,
             }
-            for e in queue.entries(request.user)
+            for e in queue_listing.entries(request.user)
         ]
     }
 

@@ -38,8 +38,8 @@ from uvicorn.protocols.utils import ClientDisconnected
 from jobs import logfanout, logstream
 from jobs.access import get_job_for
 from jobs.services import revocation
-from jobs.services.events import job_group
-from jobs.services.presenters import job_state_payload
+from jobs.services.lifecycle.events import job_group
+from jobs.services.views.presenters import job_state_payload
 from jobs.ws_auth import TOKEN_ID_SCOPE_KEY
 
 log = logging.getLogger(__name__)

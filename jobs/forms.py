@@ -8,6 +8,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser, User
 
+from jobs import json_limits
 from jobs.models import (
     MAX_RESTARTS_LIMIT,
     RESTART_BACKOFF_DEFAULT_SECONDS,
@@ -23,7 +24,7 @@ from jobs.models import (
 from jobs.money import format_price
 from jobs.schemas import RoleIn
 from jobs.services import code_choices, unservable
-from jobs.services.time_limits import default_for
+from jobs.services.lifecycle.time_limits import default_for
 from jobs.time_limit_text import in_words
 
 # The program menu's values besides the examples' names and the code root's paths: "type a
@@ -100,14 +101,25 @@ class PackageSelect(forms.Select):
         return option
 
 
+# Far above what MAX_RULES rules take; the API's body is bounded by the upload limit.
+MAX_HEALTH_RULES_CHARS = 64 * 1024
+
+
 def read_health_rules(text: str | None) -> Any:
     """The health-rules box's JSON, None when it is empty (the image's rules). Only the JSON is
-    read here: jobs.healthrules judges the rules."""
+    read here, with the API's depth limit (jobs/json_limits.py): jobs.healthrules judges the
+    rules."""
     text = (text or "").strip()
     if not text:
         return None
+    if len(text) > MAX_HEALTH_RULES_CHARS:
+        raise forms.ValidationError(
+            f"The rules are {len(text):,} characters long; at most {MAX_HEALTH_RULES_CHARS:,}."
+        )
     try:
-        return json.loads(text)
+        return json_limits.loads(text)
+    except json_limits.TooDeep as exc:
+        raise forms.ValidationError(f"The rules are {exc}.") from None
     except ValueError as exc:
         raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
 

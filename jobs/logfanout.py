@@ -207,11 +207,6 @@ def _leave(feed: _Feed) -> None:
         feed.task.cancel()
 
 
-def feeds_now() -> dict[int, int]:
-    """Job id -> viewers, of this event loop's feeds (for tests and operators)."""
-    return {job_id: feed.viewers for job_id, feed in _registry().items()}
-
-
 async def watch(job_id: int, after: int) -> AsyncGenerator[Piece, None]:
     """Every piece of the job's log after cursor `after`, in order, then live ones as they
     come, up to the end marker's piece; a piece without batches for each quiet period, so the

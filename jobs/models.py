@@ -1,8 +1,8 @@
 """Catalog (images, packages), nodes, quotas, jobs and their replicas.
 
 Job and replica states, and the transitions between them, are declared here, once; they are
-written only by `jobs.services.transitions`, which refuses any transition these tables do not
-allow. Everything else reads.
+written only by `jobs.services.lifecycle.transitions`, which refuses any transition these tables do
+not allow. Everything else reads.
 """
 
 import hashlib
@@ -21,6 +21,7 @@ from django.utils import timezone
 from jobs.envvars import env_problems
 from jobs.text import validate_name
 from workers import contract
+from workers.cgroups import Layout
 from workers.contract import masked_env, tag_of
 from workers.sandbox import Isolation
 
@@ -219,7 +220,7 @@ class FrameworkImage(models.Model):
             parse_rules(self.health_rules)
         except RuleError as exc:
             problems["health_rules"] = str(exc)
-        if bad_env := env_problems(self.default_env):
+        if bad_env := env_problems(self.default_env, loader_names_allowed=True):
             problems["default_env"] = " ".join(bad_env)
         paths = (
             [self.python, *self.python_per_node.values()]
@@ -251,6 +252,18 @@ class Package(models.Model):
         help_text="Processes per instance of a PyTorch job (torchrun's --nproc-per-node); "
         "0: one per GPU, or one without GPUs.",
     )
+    max_processes = models.PositiveIntegerField(
+        default=4096,
+        validators=[MinValueValidator(16)],
+        help_text="Processes and threads an instance may hold at once (the kernel counts "
+        "threads as tasks: a PyTorch process holds dozens). A fork past it fails.",
+    )
+    disk_gb = models.FloatField(
+        default=0,
+        validators=[MinValueValidator(0)],
+        help_text="Disk an instance's job may fill on its node (working folder, checkpoints, "
+        "instance folders); past it the job is stopped. 0: no limit.",
+    )
     enabled = models.BooleanField(default=True)
     slurm_pools = models.ManyToManyField(
         SlurmPool, blank=True, related_name="packages", help_text="Slurm pools that offer it."
@@ -280,9 +293,9 @@ class Package(models.Model):
 class PriorityClass(models.Model):
     """How urgent a job is (issue 25): waiting jobs go in order of `value`, highest first, and a
     job whose class may preempt may evict running jobs of strictly lower value whose class may
-    be preempted (jobs.services.preemption). A job keeps the value it was admitted with, so an
-    admin's later edit reorders no job already submitted; what it may do is read from its class
-    when the scheduler decides."""
+    be preempted (jobs.services.scheduler.preemption). A job keeps the value it was admitted with,
+    so an admin's later edit reorders no job already submitted; what it may do is read from its
+    class when the scheduler decides."""
 
     # The class a job gets when it names none (created by migration, like low and high).
     DEFAULT_NAME = "normal"
@@ -301,7 +314,7 @@ class PriorityClass(models.Model):
         blank=True,
         validators=[MinValueValidator(1)],
         help_text="Seconds a job of this class may hold its nodes per attempt, when it sets no "
-        "time limit of its own; empty: none (jobs.services.time_limits.default_for).",
+        "time limit of its own; empty: none (jobs.services.lifecycle.time_limits.default_for).",
     )
 
     class Meta:
@@ -330,8 +343,8 @@ class Quota(models.Model):
     memory_gb = models.PositiveIntegerField()
     running_jobs = models.PositiveIntegerField(help_text="Jobs queued or running at once.")
     # A group's quota is its nominal share (issue 25): its members' jobs may also run on
-    # capacity other groups leave unused, up to this much more (jobs.services.borrowing), and
-    # give it back by preemption when a group within its share needs it (reclaim.py).
+    # capacity other groups leave unused, up to this much more (jobs.services.scheduler.borrowing),
+    # and give it back by preemption when a group within its share needs it (reclaim.py).
     borrow_cpu = models.PositiveIntegerField(
         default=0, help_text="Groups: CPU cores it may borrow beyond its quota (0: none)."
     )
@@ -390,6 +403,8 @@ class Quota(models.Model):
 # What the Nodes page and the waiting reasons call a node that does not sandbox its trainers,
 # where the console runs jobs only on nodes that do (TRAINYARD_ALLOW_UNISOLATED_NODES).
 NOT_ISOLATED = "not isolated"
+# The same for a node that cannot hold its instances to their packages (workers/cgroups.py).
+LIMITS_NOT_ENFORCED = "limits not enforced"
 DISK_FULL = "disk full"
 AGENT_TOO_OLD = "agent too old"
 
@@ -402,6 +417,7 @@ def current_protocol() -> int:
 # The Isolation values that hold trainers apart, as strings (a set lookup: a scheduling pass asks
 # for a thousand nodes).
 _ISOLATING = frozenset(i.value for i in Isolation if i.isolated)
+_ENFORCING = frozenset(layout.value for layout in Layout if layout is not Layout.NONE)
 
 
 class Node(models.Model):
@@ -443,6 +459,10 @@ class Node(models.Model):
     # sandbox-shared-uid, none; empty from an agent older than the sandbox (not isolated).
     isolation = models.CharField(max_length=30, blank=True, default="")
     isolation_reason = models.CharField(max_length=300, blank=True, default="")
+    # How the node holds instances to their packages (workers/cgroups.py), as its agent says:
+    # cgroup-v1, cgroup-v2, none; empty from an agent older than limits (not enforced).
+    limits = models.CharField(max_length=30, blank=True, default="")
+    limits_reason = models.CharField(max_length=300, blank=True, default="")
     # Which run of the agent process is talking: a new value means the agent started again and
     # knows nothing of what its previous incarnation ran.
     incarnation = models.CharField(max_length=64, blank=True)
@@ -488,12 +508,27 @@ class Node(models.Model):
         return isolation in _ISOLATING
 
     @property
+    def limits_enforced(self) -> bool:
+        """Whether each instance there is held to its package (a cgroup per instance)."""
+        return Node.enforces(self.limits)
+
+    @staticmethod
+    def enforces(limits: str) -> bool:
+        # Empty (an agent older than limits) or unknown: not enforced.
+        return limits in _ENFORCING
+
+    @property
     def status(self) -> str:
         """ready, draining, lost, "agent too old" (its protocol is below what this console
         needs), "disk full", or "not isolated" where this console runs jobs only on nodes that
         sandbox their trainers: what the node page shows. Only a ready node gets new work."""
         return Node.status_of(
-            self.state, self.last_heartbeat, self.protocol, self.disk_full, self.isolation
+            self.state,
+            self.last_heartbeat,
+            self.protocol,
+            self.disk_full,
+            self.isolation,
+            limits=self.limits,
         )
 
     @staticmethod
@@ -504,6 +539,7 @@ class Node(models.Model):
         disk_full: str,
         isolation: str,
         now: "datetime | None" = None,
+        limits: str = "",
     ) -> str:
         """`status` from the node's fields as plain values (a scheduling pass reads a thousand
         nodes so, not as model instances)."""
@@ -513,8 +549,11 @@ class Node(models.Model):
             return AGENT_TOO_OLD
         if disk_full:
             return DISK_FULL
-        if not Node.isolates(isolation) and not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
-            return NOT_ISOLATED
+        if not settings.TRAINYARD_ALLOW_UNISOLATED_NODES:
+            if not Node.isolates(isolation):
+                return NOT_ISOLATED
+            if not Node.enforces(limits):
+                return LIMITS_NOT_ENFORCED
         return state
 
     @property
@@ -529,6 +568,8 @@ class Node(models.Model):
             )
         if status == DISK_FULL:
             return self.disk_full
+        if status == LIMITS_NOT_ENFORCED:
+            return f"{self.name}: limits not enforced: {self.limits_reason or 'agent too old'}"
         return ""
 
 
@@ -701,7 +742,8 @@ class Job(models.Model):
         default=False, help_text="Restart away from the node where the failure happened."
     )
     health_rules = models.JSONField(default=list, blank=True)
-    # Frozen at submission (the job's own, or the default then: jobs.services.time_limits).
+    # Frozen at submission (the job's own, or the default then:
+    # jobs.services.lifecycle.time_limits).
     time_limit = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -722,9 +764,9 @@ class Job(models.Model):
     # Names the job's checkpoint folder on the shared root together with its id, so that a job
     # id used again (a fresh database) never resumes another job's checkpoints.
     checkpoint_key = models.CharField(max_length=32, default=new_checkpoint_key)
-    # Fair share with borrowing (jobs.services.borrowing, reclaim): whether its current attempt
-    # was placed beyond its group's nominal share (on capacity other groups left unused, so it
-    # is the first given back), and the waiting job of a lending group its last attempt was
+    # Fair share with borrowing (jobs.services.scheduler.borrowing, reclaim): whether its current
+    # attempt was placed beyond its group's nominal share (on capacity other groups left unused, so
+    # it is the first given back), and the waiting job of a lending group its last attempt was
     # stopped for (that job's room stays reserved for it until it starts).
     borrowed = models.BooleanField(default=False)
     reclaimed_for = models.PositiveIntegerField(null=True, blank=True, db_index=True)
@@ -734,13 +776,13 @@ class Job(models.Model):
         PriorityClass, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
     priority = models.IntegerField(default=0)
-    # Preemption history (jobs.services.preemption): the ids of the jobs that preempted it, in
-    # order, and when the last did. A job never preempts one that preempted it, and a job
-    # preempted once is not preempted again before TRAINYARD_PREEMPTION_MIN_RUN_SECONDS.
+    # Preemption history (jobs.services.scheduler.preemption): the ids of the jobs that preempted
+    # it, in order. A job never preempts one that preempted it, and a job preempted once is not
+    # preempted again before TRAINYARD_PREEMPTION_MIN_RUN_SECONDS. Which attempt each ended
+    # is on the attempt (JobAttempt.preempted_by).
     preempted_by = models.JSONField(default=list, blank=True)
-    last_preempted = models.DateTimeField(null=True, blank=True)
     # While it waits at the head of the queue: the start the scheduler reserved for it from
-    # the running jobs' time limits (jobs.services.backfill); null otherwise.
+    # the running jobs' time limits (jobs.services.scheduler.backfill); null otherwise.
     estimated_start = models.DateTimeField(null=True, blank=True, db_index=True)
     log_complete = models.BooleanField(default=False)
     # Every line, and the end marker, is in LogChunk: the log no longer needs Redis.
@@ -779,7 +821,7 @@ class Job(models.Model):
             # user's: a page is read off the index instead of sorting every job.
             models.Index(fields=["created", "id"], name="job_created_id"),
             models.Index(fields=["owner", "created", "id"], name="job_owner_created_id"),
-            # The queue's order (jobs.services.queue_order).
+            # The queue's order (jobs.services.scheduler.queue_order).
             models.Index(fields=["state", "-priority", "created", "id"], name="job_queue_order"),
         ]
 
@@ -843,17 +885,27 @@ class JobAttempt(models.Model):
     # When the scheduler gave it its nodes: its time limit counts from here, as Slurm's
     # counts from the allocation, since it holds the nodes from then on.
     placed = models.DateTimeField(null=True, blank=True)
+    # When it joined the queue (at submission; after its restart's back-off): the head of the
+    # queue has waited since then, not since the job was submitted
+    # (jobs.services.scheduler.scheduling).
+    queued = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     nodes = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True, help_text="Why it ended, when not by succeeding.")
     # A Slurm pool's job: Slurm's id of the job this attempt is (empty until submitted), and
     # the SHA-256 of its Redis user's secret, so that the user can be made again after Redis
-    # restarts without it (jobs/services/slurm_access.py); the secret itself is not kept.
+    # restarts without it (jobs/services/slurm/slurm_access.py); the secret itself is not kept.
     slurm_job_id = models.CharField(max_length=50, blank=True)
     slurm_redis_hash = models.CharField(max_length=64, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
+    )
+    # The job whose preemption ended it: while its instances stop, their room is that job's
+    # (jobs.services.scheduler.preempt_pass), and only then; an attempt that ended otherwise has
+    # none.
+    preempted_by = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="The job whose preemption ended this attempt."
     )
 
     class Meta:
@@ -863,8 +915,8 @@ class JobAttempt(models.Model):
         ]
         indexes = [
             # Fair share reads, every scheduling pass, the attempts that started and have not
-            # ended or ended lately (jobs.services.fairshare.usage_by_user): without it the
-            # pass walked every job of the history for a thousand running ones (issue 24).
+            # ended or ended lately (jobs.services.scheduler.fairshare.usage_by_user): without it
+            # the pass walked every job of the history for a thousand running ones (issue 24).
             models.Index(
                 fields=["finished"],
                 condition=models.Q(started__isnull=False),
@@ -949,6 +1001,10 @@ class Replica(models.Model):
     cause_at = models.DateTimeField(null=True, blank=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # What it used, from its cgroup's counters on the node (workers/cgroups.py), as its agent
+    # said when it ended; None where the node enforces no limits (or it has not ended).
+    cpu_seconds = models.FloatField(null=True, blank=True)
+    memory_peak_bytes = models.BigIntegerField(null=True, blank=True)
     # Messages to the agent, so that reconciliation can send again what was never acknowledged.
     start_sent = models.DateTimeField(null=True, blank=True)
     starts_sent = models.PositiveSmallIntegerField(default=0)

@@ -338,6 +338,39 @@ class InstancesOut(_Out):
     text: str = Field(description='As the pages and the CLI say it: "5 (4 trainers + scheduler)".')
 
 
+class InstanceUsageOut(_Out):
+    instance: str = Field(description='As logs tag it: "master", "worker-1".')
+    node: str
+    package: str
+    cores_asked: int = Field(description="The package's cores.")
+    cores_used: float = Field(
+        description="CPU-seconds over its running time: cores busy at once, on average."
+    )
+    cpu_seconds: float = Field(description="From its cgroup's counter (cpuacct.usage, cpu.stat).")
+    seconds: float = Field(description="How long it ran.")
+    cpu_efficiency: float = Field(description="cores_used over cores_asked (0.23: 23 %).")
+    memory_asked_gb: float
+    memory_peak_gb: float = Field(description="Its cgroup's peak (page cache included).")
+    memory_efficiency: float
+
+
+class UsageOut(_Out):
+    """Use against the request, as Slurm's seff shows it (docs/security.md, "Limits")."""
+
+    summary: str = Field(
+        description='"CPU efficiency 23 %: asked 8 cores, used 1.9 on average; memory peak 3.1 '
+        'of 16 GB"'
+    )
+    cores_asked: int
+    cores_used: float
+    cpu_seconds: float
+    cpu_efficiency: float
+    memory_asked_gb: float
+    memory_peak_gb: float = Field(description="The instances' peaks, summed.")
+    memory_efficiency: float
+    instances: list[InstanceUsageOut]
+
+
 class JobOut(_Out):
     id: int
     name: str
@@ -396,6 +429,10 @@ class JobOut(_Out):
     )
     attempts: list[AttemptOut]
     health_events: list[HealthEventOut]
+    usage: UsageOut | None = Field(
+        description="What the current attempt's ended instances used of what their packages "
+        "held, from their cgroups; null until one ends, or where nodes enforce no limits."
+    )
 
 
 class LogLimitsRequestOut(_Out):
@@ -736,6 +773,18 @@ class NodeOut(_Out):
     isolation: str = Field(
         description="How, as its agent says: sandbox (a uid per user), sandbox-shared-uid (the "
         "agent's uid), none, or unknown (an agent older than the sandbox)."
+    )
+    limits_enforced: bool = Field(
+        description="Whether each instance there is held to its package by a cgroup of its own "
+        '(memory, cores, processes; docs/security.md, "Limits"). Where this console runs '
+        'jobs only on isolated nodes, a node that is not has the status "limits not enforced".'
+    )
+    limits: str = Field(
+        description="How, as its agent says: cgroup-v1, cgroup-v2, none, or unknown (an agent "
+        "older than limits)."
+    )
+    limits_reason: str = Field(
+        description="What its agent said of its limits: what they hold, or why there are none."
     )
     status_reason: str = Field(
         description='Why it takes no new work where its status ("disk full", "agent too old") '

@@ -21,13 +21,12 @@ from jobs.services import (
     heartbeat_limits,
     planner_stats,
     reconcile,
-    reports,
-    restarts,
     retention,
-    scheduling,
-    slurm_pass,
 )
+from jobs.services.lifecycle import reports, restarts
 from jobs.services.periodic import PeriodicPass
+from jobs.services.scheduler import scheduling
+from jobs.services.slurm import slurm_pass
 from workers import contract
 
 
@@ -74,6 +73,7 @@ def replica_exited(payload: dict[str, Any]) -> None:
         payload.get("ended_at"),
         attempt=int(payload.get("attempt", 0)),
         log_ends=payload.get("log_ends") or {},
+        usage=payload.get("usage"),
     )
 
 

@@ -105,10 +105,3 @@ def validate_name(value: str) -> None:
     problem = name_problem(value)
     if problem:
         raise ValidationError(problem, code="invalid_name")
-
-
-def validate_text(value: str) -> None:
-    """A form field's validator for free text."""
-    problem = text_problem(value)
-    if problem:
-        raise ValidationError(problem, code="invalid_text")

@@ -29,26 +29,22 @@ from jobs.api import catalog_for
 from jobs.forms import NewJobForm, RetentionForm
 from jobs.healthrules import describe_kinds, parse_stored_rules
 from jobs.models import FrameworkImage, Job, Node, Replica
-from jobs.services import (
+from jobs.services import rerun, retention, storage, totals
+from jobs.services.batching import batch_note, mode_note
+from jobs.services.lifecycle import outcomes, time_limits, transitions
+from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.services.views import (
     cluster,
     comparison,
+    efficiency,
     failure,
     group_shares,
     job_pages,
     job_search,
-    outcomes,
     presenters,
-    queue,
-    rerun,
-    retention,
-    storage,
-    time_limits,
-    totals,
-    transitions,
+    queue_listing,
 )
-from jobs.services.batching import batch_note, mode_note
-from jobs.services.durations import format_duration
-from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.services.views.durations import format_duration
 from jobs.time_limit_text import in_words
 from jobs.tokens import user_for_token
 from workers import contract
@@ -60,8 +56,8 @@ LIST_PAGE = 50
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     """Every job the user may see, filtered and sorted by the query string (the API's
-    parameters: jobs.services.job_search), a page at a time (`cursor`, jobs.services.job_pages),
-    waiting jobs with their place and reason."""
+    parameters: jobs.services.views.job_search), a page at a time (`cursor`,
+    jobs.services.views.job_pages), waiting jobs with their place and reason."""
     try:
         where = job_search.parse(request.GET, request.user)
     except job_search.BadFilter as exc:
@@ -208,6 +204,8 @@ def _job_form_page(
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_job_for(request.user, job_id)
     workers = sum(r.instances for r in job.roles.all() if r.role == "worker")
+    # What its ended instances used of their packages (seff's figures), once measured.
+    usage = efficiency.of_job(job)
     return render(
         request,
         "jobs/job_detail.html",
@@ -215,6 +213,9 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "job": job,
             "failure": failure.summary(job),
             "state": presenters.job_state_payload(job),
+            "usage": usage,
+            "usage_rows": presenters.usage_rows(usage) if usage is not None else [],
+            "usage_unmeasured": usage is None and presenters.unmeasured_because_unlimited(job),
             "roles": job.roles.all(),
             "workers": workers,
             "batch_note": batch_note(job.kvstore, workers, job.per_worker_batch),
@@ -417,6 +418,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
             "min_protocol": contract.MIN_AGENT_PROTOCOL,
             "allow_unisolated": settings.TRAINYARD_ALLOW_UNISOLATED_NODES,
             "any_unisolated": any(not row.node.isolated for row in rows),
+            "any_unlimited": any(not row.node.limits_enforced for row in rows),
         },
     )
 
@@ -424,14 +426,27 @@ def node_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def queue_page(request: HttpRequest) -> HttpResponse:
     """Every waiting job in the order the scheduler takes them; others' jobs without names."""
-    return render(request, "jobs/queue.html", {"entries": queue.entries(request.user)})
+    return render(request, "jobs/queue.html", {"entries": queue_listing.entries(request.user)})
 
 
 @login_required
 def quota_list(request: HttpRequest) -> HttpResponse:
     rows = cluster.quota_rows(request.user)  # type: ignore[arg-type]
     shares = group_shares.rows() if request.user.is_staff else []
-    return render(request, "jobs/quota_list.html", {"rows": rows, "shares": shares})
+    # Admins see who held much and used little (seff's figures) over the last day.
+    wasteful_jobs, wasteful_users = (
+        efficiency.least_efficient() if request.user.is_staff else ([], [])
+    )
+    return render(
+        request,
+        "jobs/quota_list.html",
+        {
+            "rows": rows,
+            "shares": shares,
+            "wasteful_jobs": wasteful_jobs,
+            "wasteful_users": wasteful_users,
+        },
+    )
 
 
 # The Storage page lists this many jobs, the largest first (`manage.py storage --jobs N` lists

@@ -23,6 +23,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +51,10 @@ class Host:
     interface: str = HOST_INTERFACE
 
     def run_argv(self, argv: list[str]) -> list[str]:
-        """`argv` run inside this host's namespace (`ip netns exec` execs it: same PID)."""
-        return [_ip(), "netns", "exec", self.namespace, *argv]
+        """`argv` run inside this host's namespace (`ip netns exec` execs it, and so does
+        stack/nscgroups.py, which mounts the machine's cgroups again in the fresh /sys
+        `ip netns exec` gives: same PID)."""
+        return [_ip(), "netns", "exec", self.namespace, *_with_cgroups(argv)]
 
 
 @dataclass
@@ -211,3 +214,7 @@ def _run(*args: str, check: bool = True) -> None:
     result = subprocess.run([_ip(), *args], capture_output=True, text=True, check=False)
     if check and result.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)} failed: {result.stderr.strip()}")
+
+
+def _with_cgroups(argv: list[str]) -> list[str]:
+    return [sys.executable, "-I", "-S", str(Path(__file__).with_name("nscgroups.py")), "--", *argv]

@@ -12,14 +12,29 @@ across the three nodes sends its gloo traffic between real addresses; elsewhere 
 slurmd share this host's loopback, each on its own port (Debian's build allows several slurmd
 on one host, told apart by `-N`).
 
-What the set-up leaves out, as a small site without them does: cgroups (proctrack/linuxproc),
-accounting (no slurmdbd, so no `sacct`) and PMIx. munged runs as the `munge` user with its
-socket in a folder of mode 755; slurmctld and slurmd run as root, as at a real site.
+Limits, as a site's task/cgroup sets them: where this machine has cgroup v1 hierarchies for
+cpuset, memory, devices, freezer and cpuacct, Slurm's cgroup/v1 plugin runs with
+task/cgroup,task/affinity and jobacct_gather/cgroup (ConstrainCores,
+ConstrainRAMSpace, ConstrainSwapSpace, ConstrainDevices), and memory is a consumable resource
+(CR_CPU_Memory): a step gets its --cpus-per-task as cores of its own and is OOM-killed past its
+--mem (Slurm: OUT_OF_MEMORY). Each cluster has a group of its own per controller, below this
+process's (`<own cgroup>/trainyard-slurm-<token>`), which cgroup.conf's CgroupMountpoint
+points at through symlinks (`<root>/cgroup/<controller>`); the three slurmd make their
+`slurm_<node>` groups there, as Debian's --enable-multiple-slurmd build names them. The
+process tracking stays proctrack/linuxproc (CGROUP_PROCTRACK says why). Elsewhere
+(cgroup v2 only: Slurm 22.05's cgroup/v2 wants systemd; no cgroups; `cgroups=False`) it falls
+back to proctrack/linuxproc and task/none, with no limits. docs/slurm.md: "Limits on Slurm
+pools".
+
+What the set-up leaves out, as a small site without them does: accounting (no slurmdbd, so no
+`sacct`) and PMIx. munged runs as the `munge` user with its socket in a folder of mode 755;
+slurmctld and slurmd run as root, as at a real site.
 
 Every process is started with an argv list, never a shell, and its PID goes into
 `<root>/pids.json`; stop() signals exactly those PIDs, then anything still running inside the
 cluster's own network namespaces (a job step's processes, which slurmstepd keeps after slurmd
-has gone), and removes the namespaces.
+has gone), and removes the namespaces; then whatever is left in the cluster's cgroups, and
+the groups.
 """
 
 import argparse
@@ -41,6 +56,7 @@ import psutil
 
 from stack import netns
 from stack.redis_server import free_port
+from workers import cgroups as cgroup_files
 from workers import deathsig
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -56,6 +72,17 @@ NODE_MEMORY_MB = 16000
 SLURMD_TIMEOUT = 10
 # How long a job's processes have between scancel's SIGTERM and its SIGKILL (Slurm: KillWait).
 KILL_WAIT = 15
+# The cgroup v1 controllers Slurm's cgroup/v1 plugin uses here: cpuset and memory (task/cgroup's
+# ConstrainCores and ConstrainRAMSpace), devices (ConstrainDevices), freezer (proctrack/cgroup)
+# and cpuacct (jobacct_gather/cgroup).
+CGROUP_CONTROLLERS = ("cpuset", "memory", "devices", "freezer", "cpuacct")
+# The process tracking beside task/cgroup. Not proctrack/cgroup, which sites run: it sends a
+# step's SIGTERM (scancel, a time limit) to slurmstepd's own children only, the step wrappers,
+# and a wrapper stopped while it starts its sandbox passes it on before the trainer exists, so
+# the trainer runs on until KillWait's SIGKILL and no outcome is written (test_slurm.py's
+# test_scancel_ends_the_slurm_job_and_every_process failed 2 runs in 4 with it).
+# proctrack/linuxproc sends it to every process of the step, as without cgroups.
+CGROUP_PROCTRACK = "proctrack/linuxproc"
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
 
@@ -80,6 +107,38 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def cgroup_unavailable_reason() -> str | None:
+    """Why Slurm's task/cgroup cannot run here (None: it can): it needs a writable cgroup v1
+    hierarchy for each of CGROUP_CONTROLLERS (Slurm 22.05's cgroup/v2 plugin needs systemd)."""
+    hierarchies = _cgroup_hierarchies()
+    missing = [c for c in CGROUP_CONTROLLERS if c not in hierarchies]
+    if missing:
+        return (
+            f"no cgroup v1 hierarchy for {', '.join(missing)} "
+            "(Slurm 22.05's cgroup/v2 plugin needs systemd)"
+        )
+    read_only = [c for c, m in hierarchies.items() if "ro" in m.options]
+    if read_only:
+        return f"the cgroup v1 hierarchies of {', '.join(read_only)} are read-only"
+    if os.geteuid() != 0:
+        return "only root can make cgroups for slurmd"
+    return None
+
+
+def _cgroup_hierarchies() -> dict[str, cgroup_files.Mount]:
+    """This process's cgroup v1 mounts by controller (the first that shows the whole tree)."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return {}
+    found: dict[str, cgroup_files.Mount] = {}
+    for mount in cgroup_files.read_mounts(mountinfo):
+        for controller in CGROUP_CONTROLLERS:
+            if mount.fstype == "cgroup" and controller in mount.options:
+                found.setdefault(controller, mount)
+    return found
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
@@ -95,6 +154,10 @@ class SlurmCluster:
     controller_port: int
     pids: dict[str, int] = field(default_factory=dict)
     network: netns.HostNetwork | None = None
+    # Slurm's task/cgroup is on: the cluster's own group for each of CGROUP_CONTROLLERS, where
+    # the slurmd make theirs. Empty: no limits, for `cgroups_off`'s reason.
+    cgroups: list[Path] = field(default_factory=list)
+    cgroups_off: str = ""
 
     @property
     def conf(self) -> Path:
@@ -107,6 +170,12 @@ class SlurmCluster:
     @property
     def partition(self) -> str:
         return PARTITION
+
+    @property
+    def cgroup_mountpoint(self) -> Path:
+        """cgroup.conf's CgroupMountpoint: a folder of symlinks, one per controller, to the
+        cluster's own groups (Slurm makes `slurm_<node>` below each)."""
+        return self.root / "cgroup"
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """An environment in which Slurm's client commands talk to this cluster."""
@@ -124,11 +193,20 @@ class SlurmCluster:
 
     @classmethod
     def start(
-        cls, root: Path | None = None, nodes: int = 3, use_namespaces: bool | None = None
+        cls,
+        root: Path | None = None,
+        nodes: int = 3,
+        use_namespaces: bool | None = None,
+        cgroups: bool | None = None,
     ) -> "SlurmCluster":
+        """`cgroups`: Slurm's task/cgroup (limits); None: where the machine allows it, True:
+        or SlurmUnavailable saying why not, False: never (proctrack/linuxproc, task/none)."""
         reason = unavailable_reason()
         if reason:
             raise SlurmUnavailable(reason)
+        cgroups_off = "turned off" if cgroups is False else cgroup_unavailable_reason() or ""
+        if cgroups and cgroups_off:
+            raise SlurmUnavailable(f"task/cgroup cannot run here: {cgroups_off}")
         if root is None:
             # Not under pytest's 0700 folders: munged, running as its own user, must reach it.
             root = Path(tempfile.mkdtemp(prefix="trainyard-slurm-"))
@@ -158,8 +236,11 @@ class SlurmCluster:
             controller_address=controller,
             controller_port=free_port(),
             network=network,
+            cgroups_off=cgroups_off,
         )
         try:
+            if not cgroups_off:
+                cluster._make_cgroups()
             cluster._start_munge()
             cluster._write_conf()
             cluster._start_controller()
@@ -173,7 +254,14 @@ class SlurmCluster:
 
     def _record(self, name: str, pid: int) -> None:
         self.pids[name] = pid
-        record = {"pids": self.pids, "network": self.network.tag if self.network else None}
+        self._write_record()
+
+    def _write_record(self) -> None:
+        record = {
+            "pids": self.pids,
+            "network": self.network.tag if self.network else None,
+            "cgroups": [str(folder) for folder in self.cgroups],
+        }
         (self.root / "pids.json").write_text(json.dumps(record, indent=1) + "\n")
 
     def _spawn(
@@ -192,6 +280,32 @@ class SlurmCluster:
         )
         log.close()
         self._record(name, process.pid)
+
+    def _make_cgroups(self) -> None:
+        """The cluster's own group in each controller, below this process's own (so that its
+        jobs count where this process does), and CgroupMountpoint's symlinks to them."""
+        hierarchies = _cgroup_hierarchies()
+        try:
+            memberships = cgroup_files.read_memberships(Path("/proc/self/cgroup").read_text())
+        except OSError as exc:
+            raise SlurmUnavailable(f"cannot read /proc/self/cgroup: {exc}") from exc
+        name = f"trainyard-slurm-{secrets.token_hex(4)}"
+        self.cgroup_mountpoint.mkdir(exist_ok=True)
+        for controller in CGROUP_CONTROLLERS:
+            mount = hierarchies[controller]
+            own = memberships.get(controller, "/")
+            if mount.root != "/" and (own == mount.root or own.startswith(mount.root + "/")):
+                own = own[len(mount.root) :]
+            folder = mount.point / own.lstrip("/") / name
+            folder.mkdir()
+            self.cgroups.append(folder)
+            self._write_record()
+            if controller == "cpuset":
+                # v1 gives a new cpuset group no cores and no memory nodes: it takes its
+                # parent's, which Slurm's slurm_<node> groups then copy.
+                for knob in ("cpuset.cpus", "cpuset.mems"):
+                    (folder / knob).write_text((folder.parent / knob).read_text().strip())
+            (self.cgroup_mountpoint / controller).symlink_to(folder)
 
     def _start_munge(self) -> None:
         (self.root / "log").mkdir(exist_ok=True)
@@ -241,13 +355,26 @@ class SlurmCluster:
             f"SlurmdPidFile={self.root / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={self.root / 'log' / 'slurmctld.log'}",
             f"SlurmdLogFile={self.root / 'log' / 'slurmd-%n.log'}",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
+            *(
+                [
+                    f"ProctrackType={CGROUP_PROCTRACK}",
+                    "TaskPlugin=task/cgroup,task/affinity",
+                    "JobAcctGatherType=jobacct_gather/cgroup",
+                ]
+                if self.cgroups
+                else [
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                ]
+            ),
             "JobCompType=jobcomp/none",
             "AccountingStorageType=accounting_storage/none",
-            "JobAcctGatherType=jobacct_gather/none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_CPU",
+            # Memory is consumable, with or without cgroups (the same scheduling either way):
+            # a job gets its --mem, or DefMemPerCPU per CPU, not the whole node.
+            "SelectTypeParameters=CR_CPU_Memory",
+            f"DefMemPerCPU={NODE_MEMORY_MB // NODE_CPUS}",
             "MpiDefault=none",
             "SwitchType=switch/none",
             "MailProg=/bin/true",
@@ -268,6 +395,18 @@ class SlurmCluster:
             f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP"
         )
         self.conf.write_text("\n".join(lines) + "\n")
+        if self.cgroups:
+            # Read by slurmd and slurmstepd from slurm.conf's folder. No swap beyond the RAM
+            # (AllowedSwapSpace=0): a step past its --mem is OOM-killed, not swapped.
+            cgroup_lines = [
+                "CgroupPlugin=cgroup/v1",
+                f"CgroupMountpoint={self.cgroup_mountpoint}",
+                "ConstrainCores=yes",
+                "ConstrainRAMSpace=yes",
+                "ConstrainSwapSpace=yes",
+                "ConstrainDevices=yes",
+            ]
+            (self.root / "cgroup.conf").write_text("\n".join(cgroup_lines) + "\n")
 
     def _start_controller(self) -> None:
         # -i: a fresh state folder has no state files to recover; -D: stay in the foreground.
@@ -311,6 +450,8 @@ class SlurmCluster:
             index = [n.name for n in self.nodes].index(node_name)
             for other in _pids_in_namespaces([self.network.hosts[index].namespace]):
                 _terminate(other, signal.SIGKILL)
+        # Its job steps' processes, by their cgroups (on loopback they share this host).
+        _end_cgroups([folder / f"slurm_{node_name}" for folder in self.cgroups], remove=False)
 
     def restore_node(self, node_name: str) -> None:
         """Start the node's slurmd again; Slurm takes it back (ReturnToService=2)."""
@@ -329,11 +470,18 @@ class SlurmCluster:
             for pid in _pids_in_namespaces([h.namespace for h in self.network.hosts]):
                 _terminate(pid)
             self.network.destroy()
+        if self.cgroups:
+            _end_cgroups(self.cgroups, remove=True)
+            self.cgroups = [folder for folder in self.cgroups if folder.exists()]
+            self._write_record()
 
     def describe(self) -> str:
         where = "network namespaces" if self.network else "this host's loopback"
         nodes = ", ".join(f"{n.name} {n.address}" for n in self.nodes)
-        return f"Slurm: {len(self.nodes)} nodes in {where} ({nodes}); SLURM_CONF={self.conf}"
+        limits = "task/cgroup (cgroup v1)" if self.cgroups else f"no limits ({self.cgroups_off})"
+        return (
+            f"Slurm: {len(self.nodes)} nodes in {where} ({nodes}); {limits}; SLURM_CONF={self.conf}"
+        )
 
 
 def _wait_for(condition: object, what: str, root: Path, timeout: float = READY_TIMEOUT) -> None:
@@ -366,6 +514,64 @@ def _terminate(pid: int, first: int = signal.SIGTERM) -> None:
             process.wait(STOP_TIMEOUT)
         except (psutil.NoSuchProcess, psutil.TimeoutExpired):
             pass
+
+
+def _end_cgroups(folders: list[Path], remove: bool) -> None:
+    """SIGKILL every process in these cgroup folders and their sub-groups (a job step's, which
+    slurmstepd may keep after slurmd has gone; only this cluster's are there), then, with
+    `remove`, remove the groups, the deepest first. A frozen group is thawed first (a frozen
+    process cannot die)."""
+    deadline = time.monotonic() + STOP_TIMEOUT
+    while True:
+        groups = [g for folder in folders if folder.is_dir() for g in _groups_under(folder)]
+        pids: set[int] = set()
+        for group in groups:
+            state = group / "freezer.state"
+            if state.exists() and "FROZEN" in _read_text(state):
+                try:
+                    state.write_text("THAWED")
+                except OSError:
+                    pass
+            pids.update(int(p) for p in _read_text(group / "cgroup.procs").split() if p.isdigit())
+        pids.discard(os.getpid())
+        if not pids or time.monotonic() > deadline:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    if not remove:
+        return
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for group in sorted(_groups_under(folder), key=lambda g: len(g.parts), reverse=True):
+            for _ in range(50):  # a killed process leaves its group a moment after it dies
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _groups_under(folder: Path) -> list[Path]:
+    """A cgroup folder and every group below it (cgroupfs has no symlinks; its files are the
+    controls)."""
+    found = [folder]
+    for parent, children, _files in os.walk(folder):
+        found.extend(Path(parent) / child for child in children)
+    return found
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 def _pids_in_namespaces(namespaces: list[str]) -> list[int]:
@@ -419,6 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         "--one-host", action="store_true", help="no network namespaces: slurmd on loopback"
     )
     parser.add_argument(
+        "--no-cgroups",
+        action="store_true",
+        help="no task/cgroup (proctrack/linuxproc, task/none): no limits on jobs",
+    )
+    parser.add_argument(
         "--pool",
         metavar="NAME",
         help="also add it to the console in this checkout (var/, as `make run` uses) as a "
@@ -427,7 +638,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cluster = SlurmCluster.start(
-            args.root, args.nodes, use_namespaces=False if args.one_host else None
+            args.root,
+            args.nodes,
+            use_namespaces=False if args.one_host else None,
+            cgroups=False if args.no_cgroups else None,
         )
     except SlurmUnavailable as exc:
         print(f"Slurm could not start: {exc}", file=sys.stderr)

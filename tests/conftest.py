@@ -208,17 +208,23 @@ def set_quota(user: User, cpu: int = 8, gpus: int = 0, memory_gb: int = 32, jobs
     )
 
 
+def required_here(what: str, reason: str | None) -> None:
+    """A part of the suite that needs something of the host (`reason`: why it is missing,
+    None when it is there): skipped with the reason on a developer's machine, but under
+    CI=true a failure, since there a skip would hide a broken set-up."""
+    if reason is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run {what}, but {reason}")
+    pytest.skip(f"SKIPPED, not run: {reason}")
+
+
 def require_postgres() -> None:
     """Skip (with the reason) where no PostgreSQL server answers; under CI=true, fail: CI
     must run what needs it."""
     from bench.databases import postgres_unreachable_reason
 
-    reason = postgres_unreachable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the tests that need PostgreSQL, but {reason}")
-    pytest.skip(f"SKIPPED, not run: {reason}")
+    required_here("the tests that need PostgreSQL", postgres_unreachable_reason())
 
 
 # --- the real stack, for integration and browser tests ------------------------------------------

@@ -584,6 +584,7 @@ def show(
             f"{totals['cpu']} CPU, {totals['gpus']} GPU, {totals['memory_gb']} GB, "
             f"{render.money(totals['price_per_hour'], currency)} per hour",
         ),
+        ("Use", (job.get("usage") or {}).get("summary") or "—"),
         ("Created", render.local_time(job["created"])),
         ("Started", render.local_time(job["started"])),
         ("Ended", render.local_time(job["finished"])),
@@ -891,7 +892,17 @@ def nodes(json_output: Json = False) -> None:
         return f"{n['used'].get(resource, 0)} / {n['capacity'].get(resource, 0)}"
 
     render.table(
-        ["NODE", "STATUS", "ADDRESS", "CPU", "GPUS", "MEMORY GB", "JOBS", "LAST HEARTBEAT"],
+        [
+            "NODE",
+            "STATUS",
+            "ADDRESS",
+            "CPU",
+            "GPUS",
+            "MEMORY GB",
+            "JOBS",
+            "LIMITS",
+            "LAST HEARTBEAT",
+        ],
         [
             [
                 n["name"],
@@ -901,6 +912,8 @@ def nodes(json_output: Json = False) -> None:
                 use(n, "gpus"),
                 use(n, "memory_gb"),
                 ", ".join(str(j) for j in n["jobs"]) or "—",
+                # How the node holds jobs to their packages (a cgroup per instance), or not.
+                n.get("limits", "unknown") if n.get("limits_enforced") else "not enforced",
                 render.ago(n["last_heartbeat"]),
             ]
             for n in answer

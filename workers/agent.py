@@ -36,6 +36,7 @@ from celery import Celery
 from kombu import Queue
 
 from workers import (
+    cgroups,
     checkpoint_retention,
     containers,
     contract,
@@ -322,6 +323,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "can, and the node is shown as not isolated (docs/security.md)",
     )
     parser.add_argument(
+        "--no-limits",
+        dest="limits",
+        action="store_false",
+        help="run instances without a cgroup of their own: nothing then holds a job to its "
+        "package's cores, memory and processes, and the node is shown as \"limits not "
+        'enforced" (docs/security.md)',
+    )
+    parser.add_argument(
         "--sandbox-uid-base",
         type=int,
         default=int(os.environ.get("TRAINYARD_SANDBOX_UID_BASE", sandbox.DEFAULT_UID_BASE)),
@@ -504,6 +513,18 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(
             "NOT ISOLATED: trainers can read what this agent can: %s", trainer_sandbox.reason
         )
+    instance_limits = cgroups.probe(args.node, str(workdir), wanted=args.limits).sharing_cores(
+        args.cpus
+    )
+    if instance_limits.enforced:
+        log.info("instances are held to their packages: %s", instance_limits.reason)
+    else:
+        log.warning("LIMITS NOT ENFORCED: %s", instance_limits.reason)
+    # The agent (and the keepers and Redis it starts) is the OOM killer's last choice; its
+    # trainers take a normal score back (workers/deathsig.py).
+    not_lowered = cgroups.lower_oom_priority()
+    if not_lowered is not None:
+        log.info("the agent's OOM score stays as it was: %s", not_lowered)
     # Lines wait here while Redis is unreachable, and survive a restart of this agent.
     shipper = LogShipper(client, spool_dir=workdir / "log-spool")
     supervisor = Supervisor(
@@ -524,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
         keeper_grace=args.keeper_grace,
         disk=diskspace.DiskWatch(args.node, workdir, args.min_free_mb * 1024 * 1024),
         spare_keepers=args.spare_keepers,
+        instance_limits=instance_limits,
+        agent_oom_lowered=not_lowered is None,
     )
     # Before any task and the first heartbeat: what an earlier agent here left to keepers is
     # ours now (the console sees it running under this incarnation), whatever else it left
@@ -534,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     adopted = supervisor.adopt()
     if adopted:
         log.info("took over from an earlier agent: %s", ", ".join(adopted))
+    if instance_limits.enforced and (swept := instance_limits.sweep()):
+        log.info("removed %d empty cgroups an earlier agent left", swept)
     reaper = guardian.start(supervisor.records.directory)
     stopping = StopRequest()
     signal.signal(signal.SIGUSR2, stopping.stop_trainers)
@@ -549,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         "pid": os.getpid(),
         "isolation": trainer_sandbox.isolation.value,
         "isolation_reason": trainer_sandbox.reason,
+        "limits": instance_limits.layout.value,
+        "limits_reason": instance_limits.reason,
     }
     heartbeat = Heartbeat(
         app, inventory, supervisor, interval=args.heartbeat_seconds, sign=sign, client=client
@@ -579,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
         # Lines Redis did not take stay in the spool; the next agent sends them.
         shipper.close(timeout=SHIPPER_CLOSE_SECONDS)
         guardian.release(reaper, timeout=GUARDIAN_RELEASE_SECONDS)
+        # The node's cgroup folders go with the last instance's (those keepers still hold for
+        # the next agent stay, with their folders).
+        instance_limits.remove_node_folders()
         log.info("agent %s stopped", args.node)
         workdir_lock.close()
     return int(worker.exitcode or 0)

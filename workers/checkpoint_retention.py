@@ -12,8 +12,9 @@ agent removed already is not an error. A deleted job's whole folder goes when th
 
 import logging
 import re
-import shutil
 from pathlib import Path
+
+from workers import jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ def prune(folder: Path, keep: int) -> list[str]:
     for entry in old_checkpoints(folder, keep):
         try:
             if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
+                if not jobfiles.remove_tree(entry):
+                    log.warning("cannot remove old checkpoint %s whole", entry)
+                    continue
             else:
                 entry.unlink()
         except FileNotFoundError:
@@ -71,6 +74,6 @@ def remove_folder(folder: Path) -> bool:
     """Remove a deleted job's whole checkpoint folder; False when there was none."""
     if not folder.is_dir() or folder.is_symlink():
         return False
-    shutil.rmtree(folder, ignore_errors=True)
+    jobfiles.remove_tree(folder)
     log.info("removed the checkpoints of deleted job folder %s", folder.name)
     return not folder.exists()

@@ -17,10 +17,12 @@ Stopping the `run` process does not always stop the container (a SIGKILL never r
 the supervisor removes it by name afterwards (`remove_argv`).
 """
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.cgroups import Request
 from workers.launcher import INHERITED_ENV, WORKERS_PACKAGE, LocalProcess
 
 RUNTIMES = ("docker", "podman")
@@ -87,9 +89,16 @@ def write_env_file(path: Path, env: dict[str, str]) -> None:
     bad = sorted(k for k, v in env.items() if "\n" in v or "\n" in k or "=" in k)
     if bad:
         raise ContainerError(f"variables that an env file cannot carry: {', '.join(bad)}")
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
+    # The caller puts it in the attempt's folder, where no job writes; all the same, whatever
+    # is at its name is removed (unlink follows no link) and the file made anew: it is never
+    # written through a link, nor readable to anyone but root and the job.
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write("".join(f"{k}={v}\n" for k, v in sorted(env.items())))
 
 
 def run_argv(
@@ -105,6 +114,7 @@ def run_argv(
     script: Path | None = None,
     user: str | None = None,
     shared_ipc: bool = False,
+    limits: Request | None = None,
 ) -> list[str]:
     """The argv that runs `process` (its script, or `script` inside the image, and its
     arguments) in `image`.
@@ -123,6 +133,8 @@ def run_argv(
     ]  # fmt: skip
     if user is not None:
         argv += ["--user", user]
+    if limits is not None:
+        argv += limit_options(limits)
     for mount in mounts:
         argv += ["--volume", mount.option()]
     if gpu_ids:
@@ -135,6 +147,20 @@ def run_argv(
             argv += ["--gpus", f'"device={ids}"']
     script_inside = str(script) if script is not None else process.argv[1]
     return [*argv, image, PYTHON_IN_IMAGE, script_inside, *process.argv[2:]]
+
+
+def limit_options(limits: Request) -> list[str]:
+    """The runtime's own flags for a container's share of its instance's package: the
+    container runs under the runtime's cgroup, not the instance's (workers/cgroups.py)."""
+    options = []
+    if limits.memory_bytes:
+        # --memory-swap equal to --memory: no swap beyond it, as for a sandboxed instance.
+        options += ["--memory", str(limits.memory_bytes), "--memory-swap", str(limits.memory_bytes)]
+    if limits.cpus:
+        options += ["--cpus", f"{limits.cpus:g}"]
+    if limits.max_processes:
+        options += ["--pids-limit", str(limits.max_processes)]
+    return options
 
 
 def remove_argv(runtime: str, name: str) -> list[str]:

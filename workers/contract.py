@@ -111,6 +111,25 @@ def is_reserved_env_name(name: str) -> bool:
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 
+# Names the dynamic loader and the C library act on before a program's own code runs: glibc's
+# list of what it removes for setuid programs (UNSECURE_ENVVARS in sysdeps/generic/unsecvars.h),
+# without TMPDIR (the sandbox sets it), and every LD_ and MALLOC_ name. A job's variables reach
+# only its own trainer, after the privilege drop (workers/jobenv.py); these are refused from
+# jobs all the same, so that a mistake in that chain is not a way to root. An admin may set
+# them in an image's defaults (an LD_LIBRARY_PATH for its libraries, say).
+LOADER_ENV_NAMES = frozenset(
+    {
+        "GCONV_PATH", "GETCONF_DIR", "GLIBC_TUNABLES", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH",
+        "NIS_PATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS", "TZDIR",
+    }
+)  # fmt: skip
+LOADER_ENV_PREFIXES = ("LD_", "MALLOC_")
+
+
+def is_loader_env_name(name: str) -> bool:
+    return name in LOADER_ENV_NAMES or name.startswith(LOADER_ENV_PREFIXES)
+
+
 def looks_secret(name: str) -> bool:
     return any(part in name.upper() for part in SECRET_NAME_PARTS)
 
@@ -148,13 +167,15 @@ def exit_report(
     ended_at: float | None,
     incarnation: str,
     log_ends: dict[str, int] | None = None,
+    usage: dict[str, float | int] | None = None,
 ) -> dict[str, Any]:
     """What TASK_REPLICA_EXITED carries: how one replica ended on a node (or that the node does
     not know it: state REPLICA_UNKNOWN), sent by real agents and the simulated fleet alike.
     `log_ends`: per file writer of the replica's lines, the sequence number its last lines end
     at; the log keeper closes the job's log only once the database has them (so lines Redis
     loses after the exit, and the agent sends again, still come before the end marker); absent
-    when there are none."""
+    when there are none. `usage`: what the replica used, from its cgroup's counters
+    (workers/cgroups.Usage), where the node enforces limits."""
     report: dict[str, Any] = {
         "job_id": job_id,
         "attempt": attempt,
@@ -170,6 +191,8 @@ def exit_report(
     }
     if log_ends:
         report["log_ends"] = dict(log_ends)
+    if usage is not None:
+        report["usage"] = dict(usage)
     return report
 
 

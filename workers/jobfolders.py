@@ -10,12 +10,13 @@ same job starting right then makes a fresh folder instead of losing files to the
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Collection
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
+
+from workers import jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,9 @@ def remove_ended(
                 continue
             moved.append((folder.name, trash))
     for _, trash in moved:
-        shutil.rmtree(trash, ignore_errors=True)
+        jobfiles.remove_tree(trash)
     for leftover in jobs_dir.glob(f"{TRASH_PREFIX}*"):  # an earlier pass cut short
-        shutil.rmtree(leftover, ignore_errors=True)
+        jobfiles.remove_tree(leftover)
     if moved:
         log.info("removed the folders of ended jobs %s", ", ".join(name for name, _ in moved))
     return [name for name, _ in moved]

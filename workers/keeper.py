@@ -30,12 +30,14 @@ is orphaned, and ends once they have.
     python -m workers.keeper FOLDER
     python -m workers.keeper --spare      (then FOLDER on stdin: see wait_as_spare)
 
-FOLDER holds `spec.json` ({"procs": [{"argv", "env", "cwd"}], "grace_seconds",
+FOLDER holds `spec.json` ({"procs": [{"argv", "env", "cwd"}] (argv ends in workers/jobenv.py,
+which is given env on stdin: nothing before it runs with the job's variables), "grace_seconds",
 "stop_grace_seconds", "records_dir", "job_id", "role", "index"}), written by the agent, which
 the keeper removes once read. The keeper writes `state.json` ({"keeper": {"pid",
 "create_time"}, "procs": [{"pid", "create_time"}]}) once every process has started (or
 {"error": ...} if one could not start). It runs with an environment of its own (the agent's
-secrets are not in it) and imports the standard library, psutil and workers.procrecords only.
+secrets are not in it, nor the job's variables) and imports the standard library, psutil,
+workers.procrecords and workers.jobenv only.
 """
 
 import ctypes
@@ -56,7 +58,7 @@ from typing import Any
 
 import psutil
 
-from workers import deathsig
+from workers import deathsig, jobenv
 from workers.procrecords import ProcRecord, ProcRecords, group_members, reap
 
 SPEC = "spec.json"
@@ -133,15 +135,6 @@ def read_frames(data: bytes) -> tuple[list[tuple[str, bytes, bool, int]], int]:
         frames.append((stream, data[used + FRAME_HEADER.size : end], cut, end))
         used = end
     return frames, used
-
-
-def read_output(path: Path) -> dict[str, bytes]:
-    """A rank's output file, by stream: {"out": stdout's bytes, "err": stderr's}."""
-    frames, _ = read_frames(path.read_bytes())
-    out = {"out": b"", "err": b""}
-    for stream, data, _, _ in frames:
-        out[stream] += data
-    return out
 
 
 def exit_name(rank: int) -> str:
@@ -330,15 +323,27 @@ class Keeper:
 
     def start(self) -> None:
         for rank, entry in enumerate(self.spec["procs"]):
-            proc = subprocess.Popen(
-                deathsig.command(list(entry["argv"])),  # dies with this keeper, whatever kills it
-                env=dict(entry["env"]),
-                cwd=entry["cwd"],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own group: a stop reaches its children
-            )
+            # The job's variables go on stdin to the chain's last step (workers/jobenv.py),
+            # which runs as the job's uid: everything before it, this keeper's root or agent's
+            # uid included, runs with an environment of ours.
+            job_env = jobenv.stdin_for(entry["env"])
+            try:
+                proc = subprocess.Popen(
+                    # Dies with this keeper, inside the instance's cgroups.
+                    deathsig.command(
+                        list(entry["argv"]),
+                        cgroups=list(entry.get("cgroups", [])),
+                        oom_score_adj=entry.get("oom_score_adj"),
+                    ),
+                    env=jobenv.privileged_env(),
+                    cwd=entry["cwd"],
+                    stdin=job_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group: a stop reaches its children
+                )
+            finally:
+                os.close(job_env)
             record = ProcRecord(
                 int(self.spec["job_id"]),
                 str(self.spec["role"]),

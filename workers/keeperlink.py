@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,10 @@ class KeptProcess:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    # The cgroup.procs files of the instance's cgroups (workers/cgroups.py), joined before the
+    # program starts, and its OOM score (None: the keeper's).
+    cgroups: list[str] = field(default_factory=list)
+    oom_score_adj: int | None = None
 
 
 def folder_name(job_id: int, attempt: int, tag: str) -> str:
@@ -78,7 +82,16 @@ class KeeperLink:
         With `spares`, the keeper is its waiting spare, when it has one."""
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         spec = {
-            "procs": [{"argv": p.argv, "env": p.env, "cwd": str(p.cwd)} for p in procs],
+            "procs": [
+                {
+                    "argv": p.argv,
+                    "env": p.env,
+                    "cwd": str(p.cwd),
+                    "cgroups": p.cgroups,
+                    "oom_score_adj": p.oom_score_adj,
+                }
+                for p in procs
+            ],
             "grace_seconds": grace_seconds,
             "stop_grace_seconds": stop_grace_seconds,
             "records_dir": str(records_dir),

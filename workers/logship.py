@@ -579,10 +579,6 @@ class Spool:
     def empty(self) -> bool:
         return not self._segments and not self._in_memory
 
-    @property
-    def held_in_memory(self) -> int:
-        return len(self._in_memory)
-
     def last_seqs(self, prefix: str) -> dict[str, int]:
         """The highest sequence number per writer whose name starts with `prefix`, over every
         batch in the spool (read once, when an agent starts)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from workers import jobfiles
 from workers.logquota import TokenBucket
 from workers.metricparse import KNOWN_METRICS, BadMetric, Point, parse_line
 
@@ -36,10 +37,23 @@ class MetricTail(threading.Thread):
     """Follows one process's metrics file until stopped, then reads what is left once more."""
 
     def __init__(
-        self, path: Path, emit_points: EmitPoints, emit_notes: EmitNotes, offset: int = 0
+        self,
+        path: Path,
+        emit_points: EmitPoints,
+        emit_notes: EmitNotes,
+        offset: int = 0,
+        *,
+        below: Path,
+        uid: int,
     ) -> None:
+        """`path` is in a folder the job writes to: it is read only as the job's own regular
+        file, every folder from `below` (one no job can write to) down opened without
+        following a link, and only if `uid` (the job's) owns it (workers/jobfiles.py)."""
         super().__init__(name=f"metrics-{path.name}", daemon=True)
         self.path = path
+        self._below = below
+        self._uid = uid
+        self._refused: str | None = None  # why the file was last refused, said once
         self._emit_points = emit_points
         self._emit_notes = emit_notes
         self._stop_requested = threading.Event()
@@ -77,11 +91,17 @@ class MetricTail(threading.Thread):
 
     def _read(self) -> None:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read(READ_BYTES)
+            data = jobfiles.read_file(self.path, self._below, self._uid, self._offset, READ_BYTES)
         except FileNotFoundError:
             return  # the trainer reports nothing (yet)
+        except jobfiles.UnsafeFile as exc:
+            # A link, a FIFO, a folder or another's file where the metrics file should be:
+            # nothing of it is read; the job is told once (and again if the reason changes).
+            if str(exc) != self._refused:
+                self._refused = str(exc)
+                self._note(f"not reading {self.path.name}: {exc}")
+            return
+        self._refused = None
         if not data:
             return
         self._offset += len(data)

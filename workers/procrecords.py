@@ -64,17 +64,6 @@ class ProcRecord:
         return f"{self.job_id}-{role}-{self.index}-{self.pid}.json"
 
 
-def record_of(job_id: int, role: str, index: int, pid: int) -> ProcRecord:
-    """The record of a process we just started in a new session (so it leads its own group).
-
-    Called while the process is still our unreaped child, so it can be read even if it has
-    already exited.
-    """
-    return ProcRecord(
-        job_id, role, index, pid, pgid=pid, create_time=psutil.Process(pid).create_time()
-    )
-
-
 class ProcRecords:
     """The folder of records; each write is atomic, so a reader never sees half a record."""
 

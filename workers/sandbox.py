@@ -29,6 +29,10 @@ it dies (--die-with-parent), so bwrap runs with SIGTERM ignored (coreutils `env
 starts: SIGTERM reaches the trainer alone, which keeps its grace to checkpoint. bwrap reports a
 trainer killed by signal N as exit code 128 + N, as shells do (exit_code() undoes that).
 
+Environment: nothing before the drop to the job's uid runs with the job's variables (an
+LD_PRELOAD there would run as root): the chain starts with the agent's own fixed environment,
+and the job's reaches workers/jobenv.py, the last step, on its stdin.
+
 No namespace code is written here: bwrap, setpriv (util-linux) and env (coreutils) do it all.
 """
 
@@ -44,8 +48,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers import jobenv
+
 log = logging.getLogger(__name__)
 
+# The last step before a trainer, which sets the job's environment (workers/jobenv.py).
+JOBENV_SHIM = Path(jobenv.__file__).resolve()
 # Above systemd's range for containers' users (524288-1879048191) and below 2^31, so that no
 # tool that keeps a uid in a signed 32-bit integer is surprised.
 DEFAULT_UID_BASE = 1_900_000_000
@@ -124,6 +132,14 @@ class Sandbox:
         """The uid a console user's trainers run as on every node."""
         return self.uid_base + owner
 
+    def file_owner(self, owner: int, container: bool = False) -> int:
+        """The uid that owns what a console user's trainers write on this node: their own
+        where this agent gives uids (a root agent gives its containers the owner's uid even
+        unsandboxed: container_user), else the agent's (trainers then run as the agent)."""
+        if self.switches_uid or (container and os.geteuid() == 0):
+            return self.uid_of(owner)
+        return os.geteuid()
+
     def container_user(self, owner: int) -> str | None:
         """docker's --user for a job's containers: the owner's uid where this agent gives
         uids (root), else None (the image's own user)."""
@@ -135,17 +151,29 @@ class Sandbox:
     def hand_over(self, path: Path, owner: int) -> None:
         """Make a folder the trainer writes to its own, and nobody else's (0700). A root agent
         gives it to the owner's uid even unsandboxed: its containers run as that uid."""
-        if self.switches_uid or os.geteuid() == 0:
-            uid = self.uid_of(owner)
-            os.chown(path, uid, uid)
-        path.chmod(0o700)
+        # Through a descriptor of the folder itself, never through a link at its name, never
+        # blocking on a FIFO put there.
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags)
+        try:
+            if self.switches_uid or os.geteuid() == 0:
+                uid = self.uid_of(owner)
+                os.fchown(fd, uid, uid)
+            os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
 
     def wrap(
         self, argv: list[str], folders: Folders, env: dict[str, str], owner: int
     ) -> tuple[list[str], dict[str, str]]:
-        """The argv (and environment) that runs `argv` in this sandbox, starting in `cwd`."""
+        """The argv that runs `argv` in this sandbox, starting in `cwd`, and the environment
+        it is to have. The argv must be started with jobenv.privileged_env() and that
+        environment on its stdin (jobenv.stdin_for): every process before the drop to the
+        job's uid has an environment of the agent's, and the job's is set by the last step
+        (workers/jobenv.py), as the job's uid. Unsandboxed, the same shim sets it."""
+        shim_python = _shim_python(argv[0])
         if not self.isolation.isolated:
-            return argv, env
+            return jobenv.command(argv, folders.cwd, shim_python), dict(env)
         env = dict(env)
         inside: list[str] = []
         if folders.scratch is not None:
@@ -161,13 +189,22 @@ class Sandbox:
                 self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                 "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
             ]  # fmt: skip
-        inside += [self.env, f"--chdir={folders.cwd}", "--default-signal=TERM", *argv]
+        # SIGTERM's default back before the shim, not in it: a stop that comes while the shim
+        # starts must end it (a signal ignored then would be lost to the trainer).
+        inside += [
+            self.env,
+            "--default-signal=TERM",
+            *jobenv.command(argv, folders.cwd, shim_python),
+        ]
         return [
             self.env,
             "--ignore-signal=TERM",
             self.bwrap,
             *self._namespaces(),
-            *mounts(folders, [*python_paths(argv[0]), *self.shared]),
+            *mounts(
+                folders,
+                [*python_paths(argv[0]), *python_paths(shim_python), JOBENV_SHIM, *self.shared],
+            ),
             "--",
             *inside,
         ], env
@@ -178,6 +215,12 @@ class Sandbox:
             # setpriv needs these two to become the job's uid; it drops every capability after.
             return [*shared, "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         return ["--unshare-user", *shared]
+
+
+def _shim_python(program: str) -> str:
+    """The interpreter that runs workers/jobenv.py in front of `program`: the trainer's own
+    where the program is a Python (its files are in the sandbox already), else the agent's."""
+    return program if Path(program).name.startswith("python") else sys.executable
 
 
 def exit_code(code: int | None, sandbox: Sandbox) -> int | None:
@@ -229,14 +272,30 @@ def mounts(folders: Folders, python: Iterable[Path]) -> list[str]:
             options += ["--dev-bind-try", device, device]
     if folders.scratch is not None:
         # Shared by the processes of one instance (NCCL and DataLoader workers use it).
-        options += ["--bind", str(folders.scratch / "shm"), PRIVATE_SHM]
+        options += ["--bind", str(shm_folder(folders.scratch)), PRIVATE_SHM]
     return options
 
 
+def shm_folder(scratch: Path) -> Path:
+    """The instance's /dev/shm on the host: beside its scratch folder, not in it. bwrap binds
+    it by its path each time a process of the instance starts, after others may be running:
+    in a folder the job can write to, a trainer could put a link there and have the next
+    process's sandbox bind whatever it names, an agent's folder included. The scratch
+    folder's parent (the attempt's) is the agent's alone."""
+    return scratch.with_name(f".{scratch.name}.shm")
+
+
+def scratch_folders(scratch: Path) -> list[Path]:
+    """The folders an instance writes to on its node: its scratch folder, the `tmp` in it,
+    and its /dev/shm; each to be handed to the job's uid."""
+    return [scratch, scratch / "tmp", shm_folder(scratch)]
+
+
 def prepare_scratch(scratch: Path) -> None:
-    """The folders a scratch folder lends the sandbox as /tmp and /dev/shm."""
-    for name in ("tmp", "shm"):
-        (scratch / name).mkdir(exist_ok=True)
+    """The folders a scratch folder lends the sandbox as /tmp and /dev/shm (made before any
+    trainer of the instance runs)."""
+    for folder in scratch_folders(scratch)[1:]:
+        folder.mkdir(exist_ok=True)
 
 
 def _outermost(paths: list[Path], exclude: Iterable[Path] = ()) -> list[Path]:
@@ -320,11 +379,18 @@ def _try(sandbox: Sandbox) -> str | None:
     folders = Folders(cwd=Path("/usr"))
     argv, env = sandbox.wrap(["true"], folders, {"PATH": os.environ.get("PATH", "")}, owner=0)
     try:
-        result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        result = subprocess.run(
+            argv,
+            env=jobenv.privileged_env(),
+            input=jobenv.pack(env),
+            capture_output=True,
+            timeout=30,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return str(exc)
     if result.returncode != 0:
-        return (result.stderr.strip() or f"exit code {result.returncode}").splitlines()[-1]
+        said = result.stderr.decode(errors="replace").strip()
+        return (said or f"exit code {result.returncode}").splitlines()[-1]
     return None
 
 

@@ -1,13 +1,13 @@
 """One instance of a Trainyard job inside a Slurm job step: the part of the agent's supervisor
 that a node Slurm chose still needs.
 
-The console's batch script (jobs/services/slurm_batch.py) runs
+The console's batch script (jobs/services/slurm/slurm_batch.py) runs
 
     srun --kill-on-bad-exit=1 [--het-group=0,1,2] python -m workers.slurmstep --plan PLAN
 
 and Slurm starts one task per instance. PLAN, a JSON file in the attempt's folder on the
 shared file system, holds every instance's spec in rank order (the console's own
-jobs.services.dispatch.specs_in_rank_order), so task SLURM_PROCID runs spec number
+jobs.services.lifecycle.dispatch.specs_in_rank_order), so task SLURM_PROCID runs spec number
 SLURM_PROCID: the master (or the parameter server's scheduler) is task 0, on the first node
 of the allocation, as torch's and MXNet's launchers under Slurm have it.
 
@@ -22,7 +22,8 @@ processes of both):
   and, where the plan names a credentials file, to the job's log in the console's Redis as an
   agent ships it (workers/logship.py: batches, a spool on the instance's folder while Redis is
   away, the job's log limits), with the metrics the image's regexes find in it. The Redis
-  user in that file may touch this job's keys and nothing else (jobs/services/slurm_access.py);
+  user in that file may touch this job's keys and nothing else
+  (jobs/services/slurm/slurm_access.py);
 - how it ended: the exception the process recorded (@record) or its traceback printed, in
   `outcome-<tag>.json` beside the plan, and as a last tagged line. The exit status is the
   first failed process's, so srun's --kill-on-bad-exit ends the other instances.
@@ -55,7 +56,7 @@ from typing import IO
 import psutil
 import redis
 
-from workers import contract, launcher, programs, sandbox
+from workers import cgroups, contract, jobenv, launcher, limits, programs, sandbox
 from workers.launcher import NodeNetwork
 from workers.logquota import LogLimits
 from workers.logship import LogShipper, ReplicaKey
@@ -179,8 +180,9 @@ class Shipping:
     def note(self, message: str) -> None:
         self.shipper.put_system(self.key, time.time(), [f"[trainyard] {message}"])
 
-    def follow_metrics(self, path: Path) -> MetricTail:
-        """A process's metrics file (trainyard_metrics), followed as the agents follow it."""
+    def follow_metrics(self, path: Path, below: Path, uid: int) -> MetricTail:
+        """A process's metrics file (trainyard_metrics), followed as the agents follow it: as
+        the job's own file (`uid`'s), below `below`, which no job can write to."""
 
         def points(ts: float, found: list[Point]) -> None:
             self.shipper.put(self.key, contract.STREAM_METRIC, ts, [p.to_json() for p in found])
@@ -188,7 +190,7 @@ class Shipping:
         def notes(ts: float, lines: list[str]) -> None:
             self.shipper.put_system(self.key, ts, lines)
 
-        tail = MetricTail(path, points, notes)
+        tail = MetricTail(path, points, notes, below=below, uid=uid)
         tail.start()
         return tail
 
@@ -214,17 +216,23 @@ class Instance:
         self.children: list[subprocess.Popen[bytes]] = []
         self.relays: list[threading.Thread] = []
         for process in processes:
-            child = subprocess.Popen(
-                process.argv,
-                env=process.env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                # A group of its own, signalled whole: the sandbox's bwrap ignores SIGTERM (it
-                # would only kill the trainer outright), so the trainer must get it directly.
-                start_new_session=True,
-            )
+            # The job's variables go on stdin to the last step (workers/jobenv.py), which runs
+            # as the job's uid; this wrapper may be root, and so are bwrap and setpriv.
+            job_env = jobenv.stdin_for(process.env)
+            try:
+                child = subprocess.Popen(
+                    process.argv,
+                    env=jobenv.privileged_env(),
+                    cwd=cwd,
+                    stdin=job_env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    # A group of its own, signalled whole: the sandbox's bwrap ignores SIGTERM
+                    # (it would only kill the trainer outright), so the trainer must get it.
+                    start_new_session=True,
+                )
+            finally:
+                os.close(job_env)
             self.children.append(child)
             tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
             self.stderr_tails[process.local_rank] = tail
@@ -309,12 +317,19 @@ def _sandboxed(
 
 
 def failure_reason(
-    spec: ReplicaSpec, instance_dir: Path, codes: list[int], tails: dict[int, deque[str]]
+    spec: ReplicaSpec,
+    instance_dir: Path,
+    codes: list[int],
+    tails: dict[int, deque[str]],
+    file_owner: int,
 ) -> str:
-    """How the first failed process ended, in the words the agents' reasons use."""
+    """How the first failed process ended, in the words the agents' reasons use. The error
+    file is read as the job's own (`file_owner`'s), below the attempt's folder."""
     local_rank = next(i for i, code in enumerate(codes) if code != 0)
     how = describe_exit(codes[local_rank])
-    recorded = recorded_error(launcher.error_file(instance_dir, local_rank))
+    recorded = recorded_error(
+        launcher.error_file(instance_dir, local_rank), instance_dir.parent, file_owner
+    )
     if recorded is not None:
         return f"{recorded} (rank {spec.rank_offset + local_rank}, {how})"
     printed = last_exception(list(tails.get(local_rank, ())))
@@ -363,7 +378,7 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         wanted=bool(plan.get("sandbox", True)), shared=sandbox.shared_from_env(env)
     )
     sandbox.prepare_scratch(instance_dir)
-    for folder in (instance_dir, instance_dir / "tmp", instance_dir / "shm", checkpoint_dir):
+    for folder in (*sandbox.scratch_folders(instance_dir), checkpoint_dir):
         isolation.hand_over(folder, spec.owner)
     processes = launcher.build_processes(
         spec,
@@ -395,7 +410,12 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     tails = []
     if shipping is not None:
         tails = [
-            shipping.follow_metrics(Path(p.env[contract.TRAINYARD_METRICS_FILE])) for p in processes
+            shipping.follow_metrics(
+                Path(p.env[contract.TRAINYARD_METRICS_FILE]),
+                attempt_dir,
+                isolation.file_owner(spec.owner),
+            )
+            for p in processes
         ]
     started.append(instance)
     if stopping:
@@ -404,11 +424,19 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     for tail in tails:
         tail.stop()
         tail.join()
+    # The site's task/cgroup holds the step (docs/slurm.md); its counters are the step's use,
+    # and say whether it was the OOM killer that ended it.
+    usage = cgroups.slurm_step_usage()
     if all(code == 0 for code in codes):
-        outcome = {"state": "succeeded", "exit_code": 0, "reason": ""}
+        outcome: dict[str, object] = {"state": "succeeded", "exit_code": 0, "reason": ""}
     else:
         state = "stopped" if stopping else "failed"
-        reason = failure_reason(spec, instance_dir, codes, instance.stderr_tails)
+        reason = failure_reason(
+            spec, instance_dir, codes, instance.stderr_tails, isolation.file_owner(spec.owner)
+        )
+        limited = limits.end_reason(spec, usage) if usage is not None else None
+        if limited is not None:
+            reason = f"{limited}: {reason}"
         if stopping:
             reason = f"stopped by Slurm ({signal.Signals(stopping[0]).name}): {reason}"
         first = next(code for code in codes if code != 0)
@@ -419,6 +447,8 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     if shipping is not None:
         shipping.close()
     outcome.update(node=node, address=network.address, ended_at=time.time())
+    if usage is not None:
+        outcome["usage"] = usage.to_dict()
     outcome_file(attempt_dir, spec.tag).write_text(json.dumps(outcome))
     code = int(outcome["exit_code"])  # type: ignore[call-overload]
     return 0 if code == 0 else (code if code > 0 else 128 - code)

@@ -60,6 +60,12 @@ class ReplicaSpec:
     python: str = ""
     # The console user who owns the job: a sandboxed trainer runs as a uid made from it.
     owner: int = 0
+    # The package's name and what it gives the instance beyond cpus and gpus (workers/limits.py
+    # holds the instance to them); 0: no such limit (a console older than limits).
+    package: str = ""
+    memory_gb: float = 0
+    max_processes: int = 0
+    disk_gb: float = 0
     # The instance's log budget (workers.logquota.LogLimits as a dict); empty: none (a console
     # older than log limits).
     log_limits: dict[str, int] = field(default_factory=dict)
@@ -71,6 +77,8 @@ class ReplicaSpec:
             raise SpecError("job id, index and attempt must be positive")
         if not all(c.isalnum() for c in self.checkpoint_key):
             raise SpecError("the checkpoint key must be letters and digits")
+        if min(self.memory_gb, self.max_processes, self.disk_gb) < 0:
+            raise SpecError("limits must not be negative")
         if self.local_world_size < 1:
             raise SpecError("an instance runs at least one process")
         if not 0 <= self.rank_offset < self.world_size:

@@ -24,6 +24,7 @@ Messages are idempotent: a start of a replica that runs, or ended lately, starts
 re-sends what was already reported; a stop of a replica this node does not run says so.
 """
 
+import dataclasses
 import enum
 import functools
 import json
@@ -45,12 +46,15 @@ from typing import Any, Protocol
 import redis
 
 from workers import (
+    cgroups,
     checkpoint_retention,
     containers,
     contract,
     inventory,
+    jobfiles,
     jobfolders,
     keeper,
+    limits,
     sandbox,
     workfolder,
 )
@@ -74,7 +78,7 @@ from workers.procrecords import ProcRecords, Reaped, reap_all
 from workers.programs import ProgramError, resolve_program, resolve_under_root
 from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
-from workers.tracebacks import last_exception
+from workers.tracebacks import known_abort, last_exception
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +182,7 @@ class _ReplicaRun:
     # The reader of each local rank's output file (its stderr in it), by local rank.
     stderr_readers: dict[int, FileTail] = field(default_factory=dict)
     gpu_ids: list[int] = field(default_factory=list)
+    cores: list[int] = field(default_factory=list)  # its own cores (cpuset); empty: shared
     thread: threading.Thread | None = None
     tails: list[MetricTail] = field(default_factory=list)
     # Its regex metrics, matched on the pipe readers' threads (never the heartbeat's), under
@@ -189,6 +194,13 @@ class _ReplicaRun:
     containers: list[str] = field(default_factory=list)  # names, for jobs on container images
     instance_dir: Path | None = None  # this attempt's folder of the instance, once started
     failed_local_rank: int | None = None  # the process whose failure ended the replica
+    cgroup: cgroups.InstanceGroup | None = None  # its limits and counters, where enforced
+    # Set when the agent stops the replica for a limit (the disk's): its failure's reason.
+    limit_reason: str = ""
+    limit_stop_at: float = 0.0  # monotonic time of that stop, for the SIGKILL after the grace
+    limits_checked_at: float = 0.0
+    disk_warned: bool = False
+    process_limit_told: bool = False
 
     @property
     def ident(self) -> "Ident":
@@ -231,14 +243,17 @@ MAX_ERROR_FILE_BYTES = 1 << 20
 MAX_RECORDED_MESSAGE = 500
 
 
-def recorded_error(path: Path) -> str | None:
+def recorded_error(path: Path, below: Path, uid: int) -> str | None:
     """The exception a process recorded before it died (torch.distributed.elastic's @record:
-    {"message": {"message": "RuntimeError: ...", "extraInfo": {...}}}), or None."""
+    {"message": {"message": "RuntimeError: ...", "extraInfo": {...}}}), or None. The file is
+    in the job's own folder: it is read only as the job's regular file (workers/jobfiles.py),
+    `below` being a folder above it that no job can write to and `uid` the job's."""
     try:
-        if path.stat().st_size > MAX_ERROR_FILE_BYTES:
+        raw = jobfiles.read_file(path, below, uid, limit=MAX_ERROR_FILE_BYTES + 1)
+        if len(raw) > MAX_ERROR_FILE_BYTES:
             return None
-        data = json.loads(path.read_text(errors="replace"))
-    except (OSError, ValueError):
+        data = json.loads(raw.decode(errors="replace"))
+    except (OSError, ValueError, jobfiles.UnsafeFile):
         return None
     message = data.get("message") if isinstance(data, dict) else None
     if isinstance(message, dict):
@@ -282,6 +297,8 @@ class Supervisor:
         keeper_grace: float = keeper.DEFAULT_GRACE_SECONDS,
         disk: DiskWatch | None = None,
         spare_keepers: int = 0,
+        instance_limits: cgroups.Cgroups | None = None,
+        agent_oom_lowered: bool = False,
     ) -> None:
         self.node = node
         # Keepers started ahead of the next replicas (workers/keeperlink.py), so that a start
@@ -305,6 +322,14 @@ class Supervisor:
         self.sandbox = trainer_sandbox or sandbox.Sandbox(
             sandbox.Isolation.NONE, reason="no sandbox was asked for"
         )
+        # A cgroup per instance (workers/cgroups.py); None: none, as in unit tests of the
+        # supervisor's other concerns.
+        self.limits = instance_limits or cgroups.Cgroups(
+            cgroups.Layout.NONE, "no limits were asked for"
+        )
+        # Trainers take back a normal OOM score only where the agent gave itself a low one
+        # (which its keepers inherit); raising a score needs no privilege.
+        self._trainer_oom_score = limits.TRAINER_OOM_SCORE if agent_oom_lowered else None
         # Names this agent process in every report, so the console can tell a restarted agent
         # (which knows nothing of its predecessor's replicas) from the same one repeating itself.
         self.incarnation = incarnation or f"{os.getpid()}-{time.time_ns()}"
@@ -325,6 +350,7 @@ class Supervisor:
         self.keepers_dir = workdir / "keepers"
         self.snapshots = SnapshotCache(client, workdir / "snapshots")
         self._free_gpus = set(range(gpus))
+        self._free_cores = set(self.limits.cores)
         self._runs: dict[Ident, _ReplicaRun] = {}
         self._finished: OrderedDict[Ident, _Outcome] = OrderedDict()
         self._lock = threading.Lock()
@@ -372,6 +398,11 @@ class Supervisor:
         if spec.gpus:
             run.gpu_ids = sorted(self._free_gpus)[: spec.gpus]
             self._free_gpus -= set(run.gpu_ids)
+        if 0 < spec.cpus <= len(self._free_cores):
+            # Cores of its own where the node has that many free; else the quota alone. From
+            # the highest: core 0 takes most of the system's own work (interrupts, daemons).
+            run.cores = sorted(self._free_cores, reverse=True)[: spec.cpus]
+            self._free_cores -= set(run.cores)
         self._runs[run.ident] = run
         # A daemon only so that a thread stuck on an unreachable Redis cannot keep a dying
         # agent alive: shutdown() waits for these threads up to its deadline, and whatever
@@ -494,8 +525,13 @@ class Supervisor:
             run = _ReplicaRun(spec, key, state=ReplicaState.RUNNING, keeper=link, adopted=True)
             run.nonce = str(doc.get("nonce", ""))
             run.gpu_ids = [int(g) for g in doc.get("gpu_ids", [])]
+            run.cores = [int(c) for c in doc.get("cores", [])]
             run.containers = [str(c) for c in doc.get("containers", [])]
             run.instance_dir = Path(doc["instance_dir"]) if doc.get("instance_dir") else None
+            if self.limits.enforced:
+                # Its processes are still in the group the earlier agent made.
+                group = self.limits.group(folder_name(spec.job_id, spec.attempt, spec.tag))
+                run.cgroup = group if group.exists() else None
             link.claim()  # at once: its grace runs
             with self._lock:
                 if run.ident in self._runs:
@@ -503,6 +539,7 @@ class Supervisor:
                 if spec.log_limits:
                     self._shipper.limit(key, LogLimits.from_dict(spec.log_limits))
                 self._free_gpus -= set(run.gpu_ids)
+                self._free_cores -= set(run.cores)
                 self._runs[run.ident] = run
                 run.thread = threading.Thread(
                     target=self._run, args=(run,), name=f"replica-{spec.job_id}-{spec.tag}",
@@ -567,13 +604,18 @@ class Supervisor:
             run.state = ReplicaState.FAILED
             reason = self._with_disk_reason(str(exc) or type(exc).__name__, exc)
         self._stop(run)
+        # Read once every process is gone, then the group goes (one left with a process in
+        # it, which only a stuck process makes, goes at the agent's next start: sweep()).
+        usage = self._usage(run)
+        if run.cgroup is not None:
+            run.cgroup.remove()
         if run.state == ReplicaState.STOPPED and run.keeper is not None:
             # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
             codes = [sandbox.exit_code(e["code"], self.sandbox) for e in run.keeper.exits() if e]
             exit_code = next((c for c in codes if c != 0), 0 if codes else None)
         if run.ended_at is None:
             run.ended_at = time.time()
-        self._finish(run, exit_code, reason)
+        self._finish(run, exit_code, reason, usage)
         for rank in range(len(run.readers)):
             self._shipper.unwatch(self._writer(run, "output", rank))
         if run.keeper is not None:
@@ -748,8 +790,9 @@ class Supervisor:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
         # The folders the trainer writes to become its own; nobody else's trainers enter.
         sandbox.prepare_scratch(job_dir)
-        for folder in (job_dir, job_dir / "tmp", job_dir / "shm", checkpoint_dir, cwd):
+        for folder in (*sandbox.scratch_folders(job_dir), checkpoint_dir, cwd):
             self.sandbox.hand_over(folder, spec.owner)
+        joined = self._make_cgroup(run)
         kept: list[KeptProcess] = []
         metrics_files: list[str] = []
         for local in build_processes(
@@ -765,6 +808,7 @@ class Supervisor:
             argv, env = local.argv, local.env
             if spec.container_image:
                 argv = self._in_container(run, local, cwd, script, code, job_dir, checkpoint_dir)
+                env = {}  # the container's come from its env file; the runtime gets none of it
             else:
                 if "example" in spec.program and self.sandbox.isolation.isolated:
                     # A built-in example imports the agent's own `workers` package, whatever
@@ -784,13 +828,14 @@ class Supervisor:
                     env,
                     spec.owner,
                 )
-            kept.append(KeptProcess(argv, env, cwd))
+            kept.append(KeptProcess(argv, env, cwd, joined, self._trainer_oom_score))
             metrics_files.append(local.env[contract.TRAINYARD_METRICS_FILE])
         run.nonce = f"{os.getpid():x}{time.time_ns():x}"
         replica = {
             "spec": spec.to_dict(),
             "nonce": run.nonce,
             "gpu_ids": run.gpu_ids,
+            "cores": run.cores,
             "instance_dir": str(job_dir),
             "containers": run.containers,
             "metrics_files": metrics_files,
@@ -810,6 +855,83 @@ class Supervisor:
         self._follow(run, {}, metrics_files)
         run.state = ReplicaState.RUNNING
         self._send_report(contract.TASK_REPLICA_STARTED, self._started(run))
+
+    def _make_cgroup(self, run: _ReplicaRun) -> list[str]:
+        """The instance's cgroup, made with its package's limits where this node enforces
+        them; the cgroup.procs files its processes join (none where it does not)."""
+        if not self.limits.enforced:
+            return []
+        spec = run.spec
+        gpu_devices = [f"/dev/nvidia{g}" for g in run.gpu_ids]
+        if run.gpu_ids:
+            gpu_devices += list(sandbox.GPU_CONTROL_DEVICES)
+        try:
+            run.cgroup = self.limits.create(
+                folder_name(spec.job_id, spec.attempt, spec.tag),
+                dataclasses.replace(limits.request_for(spec, gpu_devices), cores=tuple(run.cores)),
+            )
+        except cgroups.CgroupError as exc:
+            raise RuntimeError(
+                f"cannot hold the instance to its package on {self.node}: {exc}"
+            ) from None
+        return run.cgroup.procs_files()
+
+    def _usage(self, run: _ReplicaRun) -> cgroups.Usage | None:
+        """The instance's counters; None without a group, or for a container image, whose
+        trainers run in the runtime's cgroups (their limits are the runtime's flags)."""
+        if run.cgroup is None or run.spec.container_image:
+            return None
+        return run.cgroup.usage()
+
+    def _check_limits(self, run: _ReplicaRun) -> None:
+        """Now and then: a line in the job's log once its process limit is hit (forks fail
+        from then on, which a trainer may report obscurely or not at all), and the disk."""
+        now = time.monotonic()
+        if run.limit_reason or now < run.limits_checked_at:
+            return
+        run.limits_checked_at = now + limits.LIMITS_CHECK_SECONDS
+        usage = self._usage(run)
+        if usage is not None and usage.process_limit_hits and not run.process_limit_told:
+            run.process_limit_told = True
+            self._note(run, f"{limits.process_limit_note(run.spec)}: forks fail from now on")
+        self._check_disk(run, now)
+
+    def _check_disk(self, run: _ReplicaRun, now: float) -> None:
+        """Measure the job's folders on this node against its disk limit: a warning line near
+        it, a stop with its reason past it."""
+        spec = run.spec
+        if spec.disk_gb <= 0:
+            return
+        with self._lock:
+            # Instances of the job on this node share its working and checkpoint folders:
+            # they are measured against the sum of their limits.
+            mine = [r for r in self._runs.values() if r.spec.job_id == spec.job_id]
+        folders = [
+            workfolder.folder_of(self.checkpoint_root, spec.job_id, spec.checkpoint_key),
+            self._checkpoint_folder(spec),
+            # Each instance's folder and its /dev/shm folder (on disk, beside it).
+            *(
+                folder
+                for r in mine
+                if r.instance_dir is not None
+                for folder in (r.instance_dir, sandbox.shm_folder(r.instance_dir))
+            ),
+        ]
+        use = limits.disk_use(folders, sum(r.spec.disk_gb for r in mine), self._file_owner(run))
+        if use is None:
+            return
+        # Files removed but held open count too (du cannot see them).
+        held = sum(limits.unlinked_bytes(r.cgroup.pids()) for r in mine if r.cgroup is not None)
+        use = dataclasses.replace(use, used_bytes=use.used_bytes + held)
+        if use.over:
+            run.limit_reason = limits.disk_reason(spec, use)
+            run.limit_stop_at = now
+            self._note(run, f"stopped: {run.limit_reason}")
+            if run.keeper is not None:
+                run.keeper.terminate()
+        elif use.near and not run.disk_warned:
+            run.disk_warned = True
+            self._note(run, limits.disk_warning(spec, use))
 
     def _resume(self, run: _ReplicaRun) -> None:
         """Follow an adopted replica's files from where the lines that left an earlier agent
@@ -877,6 +999,8 @@ class Supervisor:
                 self._points_emitter(run, writer, metric_holder),
                 lambda ts, notes: self._shipper.put_system(run.key, ts, notes),
                 offset=offsets.get(writer, 0),
+                below=self._workdir,
+                uid=self._file_owner(run),
             )
             metric_holder.append(tail)
             tail.start()
@@ -988,7 +1112,10 @@ class Supervisor:
                 f"image {spec.container_image} runs in containers, but {self.node} has no "
                 "container runtime (docker or podman; the agent's --container-runtime)"
             )
-        env_file = instance_dir / f"env-{local.local_rank}"
+        # Beside the instance's folder, in the attempt's, which is the agent's alone: the
+        # runtime (root) opens it by name when this process starts, maybe after another
+        # process of the instance is already running and could put a link in its own folder.
+        env_file = instance_dir.with_name(f".{instance_dir.name}.env-{local.local_rank}")
         folders = {cwd, instance_dir, checkpoint_dir}
         if not code.is_relative_to(cwd):
             folders.add(code)  # the code root; a snapshot is inside the working folder
@@ -1016,6 +1143,7 @@ class Supervisor:
             script=script_inside,
             user=self.sandbox.container_user(spec.owner),
             shared_ipc=spec.local_world_size > 1,
+            limits=limits.share_of(limits.request_for(spec, []), spec.local_world_size),
         )
 
     def _remove_containers(self, names: list[str]) -> None:
@@ -1057,8 +1185,13 @@ class Supervisor:
             )
         folder.mkdir(parents=True, exist_ok=True)
         if not marker.exists():
+            # The folder is the job's to write (another instance may already run): the
+            # temporary is made anew, never opened through a link planted at its name, and
+            # the rename replaces whatever is at the marker's name without following it.
             temporary = folder / f".{CHECKPOINT_MARKER}.{os.getpid()}.{threading.get_ident()}"
-            temporary.write_text(f"{spec.job_id}\n")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            with os.fdopen(os.open(temporary, flags, 0o644), "w") as out:
+                out.write(f"{spec.job_id}\n")
             os.replace(temporary, marker)
         return folder
 
@@ -1105,6 +1238,14 @@ class Supervisor:
             exits = link.exits()
             codes = [sandbox.exit_code(e["code"], self.sandbox) if e else None for e in exits]
             failed = next((c for c in codes if c not in (None, 0)), None)
+            if run.limit_reason and failed is None and all(c is not None for c in codes):
+                # Stopped for a limit, and it ended cleanly on the SIGTERM: still a failure.
+                failed = -signal.SIGTERM
+                run.failed_local_rank = 0
+                run.ended_at = time.time()
+                return failed
+            if run.limit_reason and time.monotonic() > run.limit_stop_at + run.stop_grace:
+                link.kill()
             if failed is not None:
                 if run.stop_requested.is_set():
                     return None  # it died of our SIGTERM: a stop, not a failure
@@ -1115,6 +1256,7 @@ class Supervisor:
             if all(c == 0 for c in codes):
                 run.ended_at = max(float(e["at"]) for e in exits if e)
                 return 0
+            self._check_limits(run)
             if not link.alive() and not link.done():
                 raise RuntimeError(
                     f"its keeper process on {self.node} died, and its processes with it"
@@ -1129,6 +1271,12 @@ class Supervisor:
         """How the first failed process ended; with the exception it recorded (torch's @record
         writes it to TORCHELASTIC_ERROR_FILE), that exception and its rank."""
         how = describe_exit(exit_code)
+        if run.limit_reason:
+            return run.limit_reason
+        usage = self._usage(run)
+        limited = limits.end_reason(run.spec, usage) if usage is not None else None
+        if limited is not None and limits.killed_by_the_kernel(exit_code):
+            return limited  # the OOM killer's SIGKILL: nothing the trainer said matters more
         if run.keeper is not None and any(e and e.get("unclaimed") for e in run.keeper.exits()):
             return (
                 f"stopped by its keeper ({how}): no agent on {self.node} took it over within "
@@ -1136,14 +1284,27 @@ class Supervisor:
             )
         recorded = None
         if run.failed_local_rank is not None and run.instance_dir is not None:
-            recorded = recorded_error(error_file(run.instance_dir, run.failed_local_rank))
+            recorded = recorded_error(
+                error_file(run.instance_dir, run.failed_local_rank),
+                self._workdir,
+                self._file_owner(run),
+            )
         if recorded is not None:
             assert run.failed_local_rank is not None
-            return f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
+            said = f"{recorded} (rank {run.spec.rank_offset + run.failed_local_rank}, {how})"
+            return f"{limited}: {said}" if limited else said
         # No @record: the exception its traceback ended with, if it printed one.
         self._read_stderr_to_its_end(run)
-        printed = last_exception(list(run.stderr_tail))
-        return self._with_disk_reason(f"{printed} ({how})" if printed else how)
+        tail = list(run.stderr_tail)
+        printed = last_exception(tail) or known_abort(tail)
+        said = f"{printed} ({how})" if printed else how
+        # A limit reached on the way (a child killed for memory, a fork refused) comes first:
+        # the trainer's own error is what followed from it.
+        return self._with_disk_reason(f"{limited}: {said}" if limited else said)
+
+    def _file_owner(self, run: _ReplicaRun) -> int:
+        """The uid the replica's metrics and error files must belong to (workers/jobfiles.py)."""
+        return self.sandbox.file_owner(run.spec.owner, bool(run.spec.container_image))
 
     def _read_stderr_to_its_end(self, run: _ReplicaRun) -> None:
         """Let the failed rank's reader reach the end of its output file: the keeper records an
@@ -1227,7 +1388,13 @@ class Supervisor:
             tail.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
         self._remove_containers(run.containers)
 
-    def _finish(self, run: _ReplicaRun, exit_code: int | None, reason: str) -> None:
+    def _finish(
+        self,
+        run: _ReplicaRun,
+        exit_code: int | None,
+        reason: str,
+        usage: cgroups.Usage | None = None,
+    ) -> None:
         spec = run.spec
         # Drops not yet told go in before the flush, so the console sees them with the rest.
         self._shipper.release(run.key)
@@ -1255,10 +1422,12 @@ class Supervisor:
             ended_at=run.ended_at,
             incarnation=self.incarnation,
             log_ends=self._log_ends(run),
+            usage=usage.to_dict() if usage is not None else None,
         )
         with self._lock:
             self._runs.pop(run.ident, None)
             self._free_gpus |= set(run.gpu_ids)
+            self._free_cores |= set(run.cores)
             self._finished[run.ident] = _Outcome(report, time.monotonic() + FINISHED_KEEP_SECONDS)
             self._finished.move_to_end(run.ident)
             self._forget_old_outcomes()

@@ -36,3 +36,21 @@ def last_exception(lines: list[str]) -> str | None:
             if EXCEPTION_HEAD.match(line):
                 found = line[:MAX_EXCEPTION_CHARS]
     return found
+
+
+# What libstdc++ prints when a C++ thread object is destroyed while its thread still runs. A
+# torch script that exits without destroy_process_group() can end so (gloo's threads outlive
+# the interpreter): it trained, then died of SIGABRT. Said plainly, with the fix.
+UNJOINED_THREAD = "terminate called without an active exception"
+UNJOINED_THREAD_HINT = (
+    'aborted while exiting: a C++ thread was still running ("terminate called without an '
+    'active exception"); a torch script that never calls '
+    "torch.distributed.destroy_process_group() can end so: call it at the end of the script"
+)
+
+
+def known_abort(lines: list[str]) -> str | None:
+    """A plain reason for a native abort whose cause is known, from stderr's last lines."""
+    if any(UNJOINED_THREAD in RANK_PREFIX.sub("", line) for line in lines):
+        return UNJOINED_THREAD_HINT
+    return None

@@ -30,10 +30,11 @@ the end of its retention (jobs/services/retention.py); never by checkpoint pruni
 
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from workers import jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,10 @@ def install_code(work: Path, unpack: Callable[[Path], None]) -> Path:
         )
     if code.is_dir():
         return code
-    staging = work / f"{STAGING_PREFIX}{os.getpid()}-{time.time_ns()}"
+    # Staged beside the working folder, not in it: the job's trainers on another node may
+    # already write there, and could put a link in place of a staging folder while it is
+    # filled (as root). The folder of working folders is the agents' alone.
+    staging = work.with_name(f"{STAGING_PREFIX}{work.name}-{os.getpid()}-{time.time_ns()}")
     try:
         unpack(staging)
         staging.chmod(0o755)  # the trainers run as the job's user, not the agent's
@@ -85,7 +89,7 @@ def install_code(work: Path, unpack: Callable[[Path], None]) -> Path:
                 raise
             # Another node renamed its copy in first: the same files, by their hash.
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        jobfiles.remove_tree(staging)
     return code
 
 
@@ -112,6 +116,6 @@ def remove(folder: Path) -> bool:
     """Remove a deleted or expired job's working folder; False when there was none."""
     if not folder.is_dir() or folder.is_symlink():
         return False
-    shutil.rmtree(folder, ignore_errors=True)
+    jobfiles.remove_tree(folder)
     log.info("removed the working folder %s", folder.name)
     return not folder.exists()

@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -17,149 +16,333 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='FrameworkImage',
+            name="FrameworkImage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('framework', models.CharField(choices=[('pytorch', 'PyTorch DDP')], max_length=20)),
-                ('description', models.CharField(blank=True, max_length=300)),
-                ('container_image', models.CharField(blank=True, help_text='Optional image reference for container clusters.', max_length=300)),
-                ('enabled', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "framework",
+                    models.CharField(choices=[("pytorch", "PyTorch DDP")], max_length=20),
+                ),
+                ("description", models.CharField(blank=True, max_length=300)),
+                (
+                    "container_image",
+                    models.CharField(
+                        blank=True,
+                        help_text="Optional image reference for container clusters.",
+                        max_length=300,
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('address', models.CharField(max_length=255)),
-                ('cpu', models.PositiveIntegerField()),
-                ('gpus', models.PositiveIntegerField(default=0)),
-                ('gpu_model', models.CharField(blank=True, max_length=50)),
-                ('memory_gb', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('draining', 'Draining')], default='ready', max_length=20)),
-                ('last_heartbeat', models.DateTimeField(blank=True, null=True)),
-                ('registered', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                ("address", models.CharField(max_length=255)),
+                ("cpu", models.PositiveIntegerField()),
+                ("gpus", models.PositiveIntegerField(default=0)),
+                ("gpu_model", models.CharField(blank=True, max_length=50)),
+                ("memory_gb", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("ready", "Ready"), ("draining", "Draining")],
+                        default="ready",
+                        max_length=20,
+                    ),
+                ),
+                ("last_heartbeat", models.DateTimeField(blank=True, null=True)),
+                ("registered", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Package',
+            name="Package",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True)),
-                ('cpu', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
-                ('gpus', models.PositiveIntegerField(default=0)),
-                ('gpu_model', models.CharField(blank=True, max_length=50)),
-                ('memory_gb', models.PositiveIntegerField(validators=[django.core.validators.MinValueValidator(1)])),
-                ('price_per_hour', models.DecimalField(decimal_places=4, default=Decimal('0'), max_digits=10)),
-                ('roles', models.JSONField(blank=True, default=list, help_text='Roles that may use it, e.g. ["worker"]; empty: any.')),
-                ('enabled', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=100, unique=True)),
+                (
+                    "cpu",
+                    models.PositiveIntegerField(
+                        validators=[django.core.validators.MinValueValidator(1)]
+                    ),
+                ),
+                ("gpus", models.PositiveIntegerField(default=0)),
+                ("gpu_model", models.CharField(blank=True, max_length=50)),
+                (
+                    "memory_gb",
+                    models.PositiveIntegerField(
+                        validators=[django.core.validators.MinValueValidator(1)]
+                    ),
+                ),
+                (
+                    "price_per_hour",
+                    models.DecimalField(decimal_places=4, default=Decimal("0"), max_digits=10),
+                ),
+                (
+                    "roles",
+                    models.JSONField(
+                        blank=True,
+                        default=list,
+                        help_text='Roles that may use it, e.g. ["worker"]; empty: any.',
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['cpu', 'gpus', 'memory_gb', 'name'],
+                "ordering": ["cpu", "gpus", "memory_gb", "name"],
             },
         ),
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('digest', models.CharField(max_length=64, unique=True)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("digest", models.CharField(max_length=64, unique=True)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=200)),
-                ('program', models.JSONField(help_text='{"example": NAME} or {"path": RELATIVE_PATH}')),
-                ('args', models.JSONField(default=list)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], default='pending', max_length=20)),
-                ('cpu_total', models.PositiveIntegerField()),
-                ('gpus_total', models.PositiveIntegerField()),
-                ('memory_gb_total', models.PositiveIntegerField()),
-                ('price_per_hour', models.DecimalField(decimal_places=4, max_digits=12)),
-                ('reason', models.TextField(blank=True, help_text='Why the job waits, failed or was cancelled.')),
-                ('log_complete', models.BooleanField(default=False)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('started', models.DateTimeField(blank=True, null=True)),
-                ('finished', models.DateTimeField(blank=True, null=True)),
-                ('image', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='jobs.frameworkimage')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=200)),
+                (
+                    "program",
+                    models.JSONField(help_text='{"example": NAME} or {"path": RELATIVE_PATH}'),
+                ),
+                ("args", models.JSONField(default=list)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="pending",
+                        max_length=20,
+                    ),
+                ),
+                ("cpu_total", models.PositiveIntegerField()),
+                ("gpus_total", models.PositiveIntegerField()),
+                ("memory_gb_total", models.PositiveIntegerField()),
+                ("price_per_hour", models.DecimalField(decimal_places=4, max_digits=12)),
+                (
+                    "reason",
+                    models.TextField(
+                        blank=True, help_text="Why the job waits, failed or was cancelled."
+                    ),
+                ),
+                ("log_complete", models.BooleanField(default=False)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("started", models.DateTimeField(blank=True, null=True)),
+                ("finished", models.DateTimeField(blank=True, null=True)),
+                (
+                    "image",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, to="jobs.frameworkimage"
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created', '-id'],
+                "ordering": ["-created", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='JobRole',
+            name="JobRole",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(max_length=20)),
-                ('instances', models.PositiveIntegerField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='roles', to='jobs.job')),
-                ('package', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='jobs.package')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("role", models.CharField(max_length=20)),
+                ("instances", models.PositiveIntegerField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="roles",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "package",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, to="jobs.package"
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Quota',
+            name="Quota",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('is_default', models.BooleanField(default=False)),
-                ('cpu', models.PositiveIntegerField()),
-                ('gpus', models.PositiveIntegerField()),
-                ('memory_gb', models.PositiveIntegerField()),
-                ('running_jobs', models.PositiveIntegerField(help_text='Jobs queued or running at once.')),
-                ('user', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("is_default", models.BooleanField(default=False)),
+                ("cpu", models.PositiveIntegerField()),
+                ("gpus", models.PositiveIntegerField()),
+                ("memory_gb", models.PositiveIntegerField()),
+                (
+                    "running_jobs",
+                    models.PositiveIntegerField(help_text="Jobs queued or running at once."),
+                ),
+                (
+                    "user",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Replica',
+            name="Replica",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(max_length=20)),
-                ('index', models.PositiveIntegerField()),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('assigned', 'Assigned'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('stopped', 'Stopped')], default='pending', max_length=20)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('started', models.DateTimeField(blank=True, null=True)),
-                ('finished', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='replicas', to='jobs.job')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='jobs.node')),
-                ('package', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, to='jobs.package')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("role", models.CharField(max_length=20)),
+                ("index", models.PositiveIntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("assigned", "Assigned"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("stopped", "Stopped"),
+                        ],
+                        default="pending",
+                        max_length=20,
+                    ),
+                ),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("started", models.DateTimeField(blank=True, null=True)),
+                ("finished", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="replicas",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "node",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        to="jobs.node",
+                    ),
+                ),
+                (
+                    "package",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, to="jobs.package"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', 'id'],
+                "ordering": ["job", "id"],
             },
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['owner', 'state'], name='jobs_job_owner_i_cbf92c_idx'),
+            model_name="job",
+            index=models.Index(fields=["owner", "state"], name="jobs_job_owner_i_cbf92c_idx"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state'], name='jobs_job_state_7f24c5_idx'),
+            model_name="job",
+            index=models.Index(fields=["state"], name="jobs_job_state_7f24c5_idx"),
         ),
         migrations.AddConstraint(
-            model_name='jobrole',
-            constraint=models.UniqueConstraint(fields=('job', 'role'), name='one_row_per_role'),
+            model_name="jobrole",
+            constraint=models.UniqueConstraint(fields=("job", "role"), name="one_row_per_role"),
         ),
         migrations.AddConstraint(
-            model_name='quota',
-            constraint=models.UniqueConstraint(condition=models.Q(('is_default', True)), fields=('is_default',), name='one_default_quota'),
+            model_name="quota",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("is_default", True)),
+                fields=("is_default",),
+                name="one_default_quota",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='quota',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('is_default', True), ('user__isnull', True)), models.Q(('is_default', False), ('user__isnull', False)), _connector='OR'), name='quota_is_default_xor_user'),
+            model_name="quota",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("is_default", True), ("user__isnull", True)),
+                    models.Q(("is_default", False), ("user__isnull", False)),
+                    _connector="OR",
+                ),
+                name="quota_is_default_xor_user",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='replica',
-            constraint=models.UniqueConstraint(fields=('job', 'role', 'index'), name='one_replica_per_slot'),
+            model_name="replica",
+            constraint=models.UniqueConstraint(
+                fields=("job", "role", "index"), name="one_replica_per_slot"
+            ),
         ),
     ]

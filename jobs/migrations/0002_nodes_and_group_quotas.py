@@ -6,75 +6,100 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('auth', '0012_alter_user_first_name_max_length'),
-        ('jobs', '0001_initial'),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("jobs", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='quota',
-            name='quota_is_default_xor_user',
+            model_name="quota",
+            name="quota_is_default_xor_user",
         ),
         migrations.AddField(
-            model_name='node',
-            name='capacity_set_by_admin',
-            field=models.BooleanField(default=False, help_text='Keep the advertised capacity instead of what the agent reports.'),
+            model_name="node",
+            name="capacity_set_by_admin",
+            field=models.BooleanField(
+                default=False,
+                help_text="Keep the advertised capacity instead of what the agent reports.",
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='labels',
+            model_name="node",
+            name="labels",
             field=models.JSONField(blank=True, default=dict, help_text='e.g. {"zone": "a"}'),
         ),
         migrations.AddField(
-            model_name='node',
-            name='reported_cpu',
+            model_name="node",
+            name="reported_cpu",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='node',
-            name='reported_gpus',
+            model_name="node",
+            name="reported_gpus",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='node',
-            name='reported_memory_gb',
+            model_name="node",
+            name="reported_memory_gb",
             field=models.PositiveIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='node',
-            name='running',
-            field=models.JSONField(blank=True, default=list, help_text='What the agent said it runs, at its last heartbeat.'),
+            model_name="node",
+            name="running",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="What the agent said it runs, at its last heartbeat.",
+            ),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='group',
-            field=models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='auth.group'),
+            model_name="quota",
+            name="group",
+            field=models.OneToOneField(
+                blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to="auth.group"
+            ),
         ),
         migrations.AlterField(
-            model_name='node',
-            name='cpu',
-            field=models.PositiveIntegerField(help_text='Advertised CPU cores.'),
+            model_name="node",
+            name="cpu",
+            field=models.PositiveIntegerField(help_text="Advertised CPU cores."),
         ),
         migrations.AlterField(
-            model_name='node',
-            name='gpus',
-            field=models.PositiveIntegerField(default=0, help_text='Advertised GPUs.'),
+            model_name="node",
+            name="gpus",
+            field=models.PositiveIntegerField(default=0, help_text="Advertised GPUs."),
         ),
         migrations.AlterField(
-            model_name='node',
-            name='memory_gb',
-            field=models.PositiveIntegerField(help_text='Advertised memory.'),
+            model_name="node",
+            name="memory_gb",
+            field=models.PositiveIntegerField(help_text="Advertised memory."),
         ),
         migrations.AlterField(
-            model_name='node',
-            name='state',
-            field=models.CharField(choices=[('ready', 'Ready'), ('draining', 'draining (no new work)')], default='ready', max_length=20),
+            model_name="node",
+            name="state",
+            field=models.CharField(
+                choices=[("ready", "Ready"), ("draining", "draining (no new work)")],
+                default="ready",
+                max_length=20,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='quota',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('group__isnull', True), ('is_default', True), ('user__isnull', True)), models.Q(('group__isnull', True), ('is_default', False), ('user__isnull', False)), models.Q(('group__isnull', False), ('is_default', False), ('user__isnull', True)), _connector='OR'), name='quota_has_one_scope', violation_error_message="A quota is the default, a user's or a group's."),
+            model_name="quota",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("group__isnull", True), ("is_default", True), ("user__isnull", True)),
+                    models.Q(
+                        ("group__isnull", True), ("is_default", False), ("user__isnull", False)
+                    ),
+                    models.Q(
+                        ("group__isnull", False), ("is_default", False), ("user__isnull", True)
+                    ),
+                    _connector="OR",
+                ),
+                name="quota_has_one_scope",
+                violation_error_message="A quota is the default, a user's or a group's.",
+            ),
         ),
     ]

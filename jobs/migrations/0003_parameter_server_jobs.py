@@ -5,25 +5,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0002_nodes_and_group_quotas'),
+        ("jobs", "0002_nodes_and_group_quotas"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='kvstore',
-            field=models.CharField(blank=True, choices=[('dist_sync', 'dist_sync'), ('dist_device_sync', 'dist_device_sync'), ('dist_async', 'dist_async')], help_text='Parameter-server jobs.', max_length=20),
+            model_name="job",
+            name="kvstore",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("dist_sync", "dist_sync"),
+                    ("dist_device_sync", "dist_device_sync"),
+                    ("dist_async", "dist_async"),
+                ],
+                help_text="Parameter-server jobs.",
+                max_length=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='frameworkimage',
-            name='framework',
-            field=models.CharField(choices=[('pytorch', 'PyTorch DDP'), ('kvstore', 'Parameter server (MXNet kvstore style)')], max_length=20),
+            model_name="frameworkimage",
+            name="framework",
+            field=models.CharField(
+                choices=[
+                    ("pytorch", "PyTorch DDP"),
+                    ("kvstore", "Parameter server (MXNet kvstore style)"),
+                ],
+                max_length=20,
+            ),
         ),
         migrations.AlterField(
-            model_name='replica',
-            name='package',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='jobs.package'),
+            model_name="replica",
+            name="package",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                to="jobs.package",
+            ),
         ),
     ]

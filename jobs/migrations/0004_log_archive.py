@@ -5,34 +5,68 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_parameter_server_jobs'),
+        ("jobs", "0003_parameter_server_jobs"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='log_archived',
+            model_name="job",
+            name="log_archived",
             field=models.BooleanField(default=False),
         ),
         migrations.CreateModel(
-            name='LogChunk',
+            name="LogChunk",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('first_cursor', models.BigIntegerField()),
-                ('last_cursor', models.BigIntegerField()),
-                ('kind', models.CharField(choices=[('lines', 'Lines'), ('gap', 'Gap'), ('end', 'End')], default='lines', max_length=5)),
-                ('role', models.CharField(blank=True, max_length=20)),
-                ('index', models.IntegerField(default=0)),
-                ('node', models.CharField(blank=True, max_length=100)),
-                ('stream', models.CharField(blank=True, help_text='stdout or stderr', max_length=6)),
-                ('ts', models.FloatField(default=0.0, help_text='When the agent read the first line.')),
-                ('text', models.TextField(blank=True, help_text='The lines joined by newlines; for END, why the log ended.')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='log_chunks', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("first_cursor", models.BigIntegerField()),
+                ("last_cursor", models.BigIntegerField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("lines", "Lines"), ("gap", "Gap"), ("end", "End")],
+                        default="lines",
+                        max_length=5,
+                    ),
+                ),
+                ("role", models.CharField(blank=True, max_length=20)),
+                ("index", models.IntegerField(default=0)),
+                ("node", models.CharField(blank=True, max_length=100)),
+                (
+                    "stream",
+                    models.CharField(blank=True, help_text="stdout or stderr", max_length=6),
+                ),
+                (
+                    "ts",
+                    models.FloatField(default=0.0, help_text="When the agent read the first line."),
+                ),
+                (
+                    "text",
+                    models.TextField(
+                        blank=True,
+                        help_text="The lines joined by newlines; for END, why the log ended.",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="log_chunks",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('job', 'last_cursor'), name='one_chunk_per_cursor')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "last_cursor"), name="one_chunk_per_cursor"
+                    )
+                ],
             },
         ),
     ]

@@ -5,45 +5,75 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0004_log_archive'),
+        ("jobs", "0004_log_archive"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='frameworkimage',
-            name='metric_definitions',
-            field=models.JSONField(blank=True, default=list, help_text='Metrics read off log lines of every job on this image: [{"name": "loss", "regex": "loss=([0-9.]+)"}]'),
+            model_name="frameworkimage",
+            name="metric_definitions",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text='Metrics read off log lines of every job on this image: [{"name": "loss", "regex": "loss=([0-9.]+)"}]',
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='baseline',
-            field=models.ForeignKey(blank=True, help_text='An earlier job this one is compared with (curves, speedup, samples per dollar).', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='jobs.job'),
+            model_name="job",
+            name="baseline",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="An earlier job this one is compared with (curves, speedup, samples per dollar).",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="jobs.job",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='metric_definitions',
-            field=models.JSONField(blank=True, default=list, help_text="Regex metrics of this job, beside the image's."),
+            model_name="job",
+            name="metric_definitions",
+            field=models.JSONField(
+                blank=True, default=list, help_text="Regex metrics of this job, beside the image's."
+            ),
         ),
         migrations.CreateModel(
-            name='MetricPoint',
+            name="MetricPoint",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('cursor', models.BigIntegerField()),
-                ('role', models.CharField(max_length=20)),
-                ('index', models.IntegerField()),
-                ('node', models.CharField(blank=True, max_length=100)),
-                ('name', models.CharField(max_length=64)),
-                ('value', models.FloatField()),
-                ('step', models.BigIntegerField(blank=True, null=True)),
-                ('epoch', models.FloatField(blank=True, null=True)),
-                ('ts', models.FloatField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("cursor", models.BigIntegerField()),
+                ("role", models.CharField(max_length=20)),
+                ("index", models.IntegerField()),
+                ("node", models.CharField(blank=True, max_length=100)),
+                ("name", models.CharField(max_length=64)),
+                ("value", models.FloatField()),
+                ("step", models.BigIntegerField(blank=True, null=True)),
+                ("epoch", models.FloatField(blank=True, null=True)),
+                ("ts", models.FloatField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="metric_points",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'indexes': [models.Index(fields=['job', 'name', 'cursor'], name='jobs_metric_job_id_1c7665_idx')],
-                'constraints': [models.UniqueConstraint(fields=('job', 'cursor'), name='one_point_per_cursor')],
+                "indexes": [
+                    models.Index(
+                        fields=["job", "name", "cursor"], name="jobs_metric_job_id_1c7665_idx"
+                    )
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("job", "cursor"), name="one_point_per_cursor")
+                ],
             },
         ),
     ]

@@ -4,60 +4,71 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0005_metrics'),
+        ("jobs", "0005_metrics"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='finished',
-            field=models.JSONField(blank=True, default=list, help_text='How replicas ended there lately, as the agent said at its last heartbeat.'),
+            model_name="node",
+            name="finished",
+            field=models.JSONField(
+                blank=True,
+                default=list,
+                help_text="How replicas ended there lately, as the agent said at its last heartbeat.",
+            ),
         ),
         migrations.AddField(
-            model_name='node',
-            name='incarnation',
+            model_name="node",
+            name="incarnation",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='node',
-            name='incarnation_since',
+            model_name="node",
+            name="incarnation_since",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='node',
-            name='previous_heartbeat',
-            field=models.DateTimeField(blank=True, help_text="The last heartbeat of the agent's previous incarnation.", null=True),
+            model_name="node",
+            name="previous_heartbeat",
+            field=models.DateTimeField(
+                blank=True,
+                help_text="The last heartbeat of the agent's previous incarnation.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='cause_at',
+            model_name="replica",
+            name="cause_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='incarnation',
-            field=models.CharField(blank=True, help_text='The agent process that reported it started.', max_length=64),
+            model_name="replica",
+            name="incarnation",
+            field=models.CharField(
+                blank=True, help_text="The agent process that reported it started.", max_length=64
+            ),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='reason',
-            field=models.TextField(blank=True, help_text='How it ended, when not with exit code 0.'),
+            model_name="replica",
+            name="reason",
+            field=models.TextField(
+                blank=True, help_text="How it ended, when not with exit code 0."
+            ),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='start_sent',
+            model_name="replica",
+            name="start_sent",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='starts_sent',
+            model_name="replica",
+            name="starts_sent",
             field=models.PositiveSmallIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='stop_sent',
+            model_name="replica",
+            name="stop_sent",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -7,47 +7,85 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0007_restarts_and_health'),
+        ("jobs", "0007_restarts_and_health"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='CodeSnapshot',
+            name="CodeSnapshot",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('sha256', models.CharField(max_length=64, unique=True)),
-                ('archive', models.BinaryField()),
-                ('size', models.PositiveBigIntegerField(help_text='Bytes of the archive.')),
-                ('unpacked_size', models.PositiveBigIntegerField(help_text='Bytes of its files.')),
-                ('files', models.JSONField(default=list, help_text='Paths of its files, sorted.')),
-                ('created', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("sha256", models.CharField(max_length=64, unique=True)),
+                ("archive", models.BinaryField()),
+                ("size", models.PositiveBigIntegerField(help_text="Bytes of the archive.")),
+                ("unpacked_size", models.PositiveBigIntegerField(help_text="Bytes of its files.")),
+                ("files", models.JSONField(default=list, help_text="Paths of its files, sorted.")),
+                ("created", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.AlterField(
-            model_name='job',
-            name='program',
-            field=models.JSONField(help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or {"path": RELATIVE_PATH, "snapshot": SHA256} inside a code snapshot'),
+            model_name="job",
+            name="program",
+            field=models.JSONField(
+                help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or {"path": RELATIVE_PATH, "snapshot": SHA256} inside a code snapshot'
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='snapshot',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='jobs.codesnapshot'),
+            model_name="job",
+            name="snapshot",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="jobs.codesnapshot",
+            ),
         ),
         migrations.CreateModel(
-            name='CodeUpload',
+            name="CodeUpload",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(blank=True, max_length=200)),
-                ('uploaded', models.DateTimeField(default=django.utils.timezone.now, help_text='The latest upload of it.')),
-                ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
-                ('snapshot', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='uploads', to='jobs.codesnapshot')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(blank=True, max_length=200)),
+                (
+                    "uploaded",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now, help_text="The latest upload of it."
+                    ),
+                ),
+                (
+                    "owner",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL
+                    ),
+                ),
+                (
+                    "snapshot",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="uploads",
+                        to="jobs.codesnapshot",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-uploaded'],
-                'constraints': [models.UniqueConstraint(fields=('owner', 'snapshot'), name='one_upload_per_owner')],
+                "ordering": ["-uploaded"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("owner", "snapshot"), name="one_upload_per_owner"
+                    )
+                ],
             },
         ),
     ]

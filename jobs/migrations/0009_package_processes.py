@@ -4,15 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0008_code_snapshots'),
+        ("jobs", "0008_code_snapshots"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='package',
-            name='processes',
-            field=models.PositiveSmallIntegerField(default=0, help_text="Processes per instance of a PyTorch job (torchrun's --nproc-per-node); 0: one per GPU, or one without GPUs."),
+            model_name="package",
+            name="processes",
+            field=models.PositiveSmallIntegerField(
+                default=0,
+                help_text="Processes per instance of a PyTorch job (torchrun's --nproc-per-node); 0: one per GPU, or one without GPUs.",
+            ),
         ),
     ]

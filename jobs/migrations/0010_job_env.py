@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0009_package_processes'),
+        ("jobs", "0009_package_processes"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='env',
-            field=models.JSONField(blank=True, default=dict, help_text="The job's own environment variables {NAME: value}."),
+            model_name="job",
+            name="env",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="The job's own environment variables {NAME: value}.",
+            ),
         ),
     ]

@@ -4,20 +4,27 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0010_job_env'),
+        ("jobs", "0010_job_env"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='frameworkimage',
-            name='python',
-            field=models.CharField(blank=True, help_text="The Python its trainers run with on every node, e.g. /opt/envs/mxnet/bin/python; empty: the agent's --trainer-python.", max_length=500),
+            model_name="frameworkimage",
+            name="python",
+            field=models.CharField(
+                blank=True,
+                help_text="The Python its trainers run with on every node, e.g. /opt/envs/mxnet/bin/python; empty: the agent's --trainer-python.",
+                max_length=500,
+            ),
         ),
         migrations.AddField(
-            model_name='frameworkimage',
-            name='python_per_node',
-            field=models.JSONField(blank=True, default=dict, help_text='Where a node keeps it elsewhere: {"gpu-7": "/opt/conda/envs/mx/bin/python"}.'),
+            model_name="frameworkimage",
+            name="python_per_node",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text='Where a node keeps it elsewhere: {"gpu-7": "/opt/conda/envs/mx/bin/python"}.',
+            ),
         ),
     ]

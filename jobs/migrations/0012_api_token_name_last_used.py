@@ -4,29 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0011_image_python'),
+        ("jobs", "0011_image_python"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='apitoken',
-            options={'ordering': ['-created', '-id'], 'verbose_name': 'API token'},
+            name="apitoken",
+            options={"ordering": ["-created", "-id"], "verbose_name": "API token"},
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='last_used',
+            model_name="apitoken",
+            name="last_used",
             field=models.DateTimeField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='name',
+            model_name="apitoken",
+            name="name",
             field=models.CharField(blank=True, max_length=100),
         ),
         migrations.AddField(
-            model_name='apitoken',
-            name='prefix',
+            model_name="apitoken",
+            name="prefix",
             field=models.CharField(blank=True, editable=False, max_length=8),
         ),
     ]

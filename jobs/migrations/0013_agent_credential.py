@@ -4,24 +4,28 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0012_api_token_name_last_used'),
+        ("jobs", "0012_api_token_name_last_used"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='AgentCredential',
+            name="AgentCredential",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('node_name', models.CharField(max_length=63, unique=True)),
-                ('password_sha256', models.CharField(max_length=64)),
-                ('signing_key', models.CharField(max_length=64)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('rotated', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("node_name", models.CharField(max_length=63, unique=True)),
+                ("password_sha256", models.CharField(max_length=64)),
+                ("signing_key", models.CharField(max_length=64)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("rotated", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['node_name'],
+                "ordering": ["node_name"],
             },
         ),
     ]

@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0012_api_token_name_last_used'),
+        ("jobs", "0012_api_token_name_last_used"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='isolation',
-            field=models.CharField(blank=True, default='', max_length=30),
+            model_name="node",
+            name="isolation",
+            field=models.CharField(blank=True, default="", max_length=30),
         ),
         migrations.AddField(
-            model_name='node',
-            name='isolation_reason',
-            field=models.CharField(blank=True, default='', max_length=300),
+            model_name="node",
+            name="isolation_reason",
+            field=models.CharField(blank=True, default="", max_length=300),
         ),
     ]

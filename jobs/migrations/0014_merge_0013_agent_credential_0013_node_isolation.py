@@ -4,11 +4,9 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0013_agent_credential'),
-        ('jobs', '0013_node_isolation'),
+        ("jobs", "0013_agent_credential"),
+        ("jobs", "0013_node_isolation"),
     ]
 
-    operations = [
-    ]
+    operations = []

@@ -5,60 +5,71 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0014_merge_0013_agent_credential_0013_node_isolation'),
+        ("jobs", "0014_merge_0013_agent_credential_0013_node_isolation"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='frameworkimage',
-            name='log_lines_per_second',
-            field=models.PositiveIntegerField(default=2000, help_text="Lines per second each instance of a job may print (a few seconds' burst more); lines over it are dropped and counted.", validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="frameworkimage",
+            name="log_lines_per_second",
+            field=models.PositiveIntegerField(
+                default=2000,
+                help_text="Lines per second each instance of a job may print (a few seconds' burst more); lines over it are dropped and counted.",
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddField(
-            model_name='frameworkimage',
-            name='log_max_mb',
-            field=models.PositiveIntegerField(default=1000, help_text='Megabytes of log a job may keep in all (shared among its instances); lines beyond are dropped and counted.', validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="frameworkimage",
+            name="log_max_mb",
+            field=models.PositiveIntegerField(
+                default=1000,
+                help_text="Megabytes of log a job may keep in all (shared among its instances); lines beyond are dropped and counted.",
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddField(
-            model_name='frameworkimage',
-            name='metric_points_per_second',
-            field=models.PositiveIntegerField(default=500, help_text='Metric points per second each instance of a job may report.', validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="frameworkimage",
+            name="metric_points_per_second",
+            field=models.PositiveIntegerField(
+                default=500,
+                help_text="Metric points per second each instance of a job may report.",
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='log_dropped_lines',
+            model_name="job",
+            name="log_dropped_lines",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='log_dropped_points',
+            model_name="job",
+            name="log_dropped_points",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='log_lines_per_second',
+            model_name="job",
+            name="log_lines_per_second",
             field=models.PositiveIntegerField(default=2000),
         ),
         migrations.AddField(
-            model_name='job',
-            name='log_max_mb',
+            model_name="job",
+            name="log_max_mb",
             field=models.PositiveIntegerField(default=1000),
         ),
         migrations.AddField(
-            model_name='job',
-            name='metric_points_per_second',
+            model_name="job",
+            name="metric_points_per_second",
             field=models.PositiveIntegerField(default=500),
         ),
         migrations.AddField(
-            model_name='logchunk',
-            name='dropped_lines',
+            model_name="logchunk",
+            name="dropped_lines",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='logchunk',
-            name='dropped_points',
+            model_name="logchunk",
+            name="dropped_points",
             field=models.PositiveBigIntegerField(default=0),
         ),
     ]

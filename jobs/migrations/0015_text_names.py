@@ -5,40 +5,49 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0014_merge_0013_agent_credential_0013_node_isolation'),
+        ("jobs", "0014_merge_0013_agent_credential_0013_node_isolation"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='apitoken',
-            name='name',
-            field=models.CharField(blank=True, max_length=100, validators=[jobs.text.validate_name]),
+            model_name="apitoken",
+            name="name",
+            field=models.CharField(
+                blank=True, max_length=100, validators=[jobs.text.validate_name]
+            ),
         ),
         migrations.AlterField(
-            model_name='codeupload',
-            name='name',
-            field=models.CharField(blank=True, max_length=200, validators=[jobs.text.validate_name]),
+            model_name="codeupload",
+            name="name",
+            field=models.CharField(
+                blank=True, max_length=200, validators=[jobs.text.validate_name]
+            ),
         ),
         migrations.AlterField(
-            model_name='frameworkimage',
-            name='name',
-            field=models.CharField(max_length=100, unique=True, validators=[jobs.text.validate_name]),
+            model_name="frameworkimage",
+            name="name",
+            field=models.CharField(
+                max_length=100, unique=True, validators=[jobs.text.validate_name]
+            ),
         ),
         migrations.AlterField(
-            model_name='job',
-            name='name',
+            model_name="job",
+            name="name",
             field=models.CharField(max_length=200, validators=[jobs.text.validate_name]),
         ),
         migrations.AlterField(
-            model_name='node',
-            name='name',
-            field=models.CharField(max_length=100, unique=True, validators=[jobs.text.validate_name]),
+            model_name="node",
+            name="name",
+            field=models.CharField(
+                max_length=100, unique=True, validators=[jobs.text.validate_name]
+            ),
         ),
         migrations.AlterField(
-            model_name='package',
-            name='name',
-            field=models.CharField(max_length=100, unique=True, validators=[jobs.text.validate_name]),
+            model_name="package",
+            name="name",
+            field=models.CharField(
+                max_length=100, unique=True, validators=[jobs.text.validate_name]
+            ),
         ),
     ]

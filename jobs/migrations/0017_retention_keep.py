@@ -4,25 +4,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0016_merge_0015_logquota_log_limits_0015_text_names'),
+        ("jobs", "0016_merge_0015_logquota_log_limits_0015_text_names"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='keep',
-            field=models.BooleanField(default=False, help_text='Keep its log and metrics however old it is (retention).'),
+            model_name="job",
+            name="keep",
+            field=models.BooleanField(
+                default=False, help_text="Keep its log and metrics however old it is (retention)."
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='log_retention_days',
-            field=models.PositiveIntegerField(blank=True, help_text="Days its log and metrics are kept after it ends; empty: the console's default; 0: forever.", null=True),
+            model_name="job",
+            name="log_retention_days",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Days its log and metrics are kept after it ends; empty: the console's default; 0: forever.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='logs_pruned',
+            model_name="job",
+            name="logs_pruned",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -5,20 +5,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0017_retention_keep'),
+        ("jobs", "0017_retention_keep"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='node',
-            name='disk_full',
-            field=models.CharField(blank=True, default='', max_length=300),
+            model_name="node",
+            name="disk_full",
+            field=models.CharField(blank=True, default="", max_length=300),
         ),
         migrations.AddField(
-            model_name='node',
-            name='protocol',
+            model_name="node",
+            name="protocol",
             field=models.PositiveIntegerField(default=jobs.models.current_protocol),
         ),
     ]

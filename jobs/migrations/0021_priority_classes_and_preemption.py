@@ -33,56 +33,97 @@ def create_starter_classes(apps, schema_editor):  # type: ignore[no-untyped-def]
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0020_image_default_env'),
+        ("jobs", "0020_image_default_env"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PriorityClass',
+            name="PriorityClass",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=50, unique=True, validators=[jobs.text.validate_name])),
-                ('value', models.IntegerField(help_text='Higher goes first; only strictly higher preempts.')),
-                ('may_preempt', models.BooleanField(default=False, help_text='Its waiting jobs may evict lower-priority running jobs.')),
-                ('may_be_preempted', models.BooleanField(default=False, help_text='Its running jobs may be evicted by higher-priority ones.')),
-                ('description', models.CharField(blank=True, max_length=300)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=50, unique=True, validators=[jobs.text.validate_name]
+                    ),
+                ),
+                (
+                    "value",
+                    models.IntegerField(
+                        help_text="Higher goes first; only strictly higher preempts."
+                    ),
+                ),
+                (
+                    "may_preempt",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Its waiting jobs may evict lower-priority running jobs.",
+                    ),
+                ),
+                (
+                    "may_be_preempted",
+                    models.BooleanField(
+                        default=False,
+                        help_text="Its running jobs may be evicted by higher-priority ones.",
+                    ),
+                ),
+                ("description", models.CharField(blank=True, max_length=300)),
             ],
             options={
-                'verbose_name_plural': 'priority classes',
-                'ordering': ['-value', 'name'],
+                "verbose_name_plural": "priority classes",
+                "ordering": ["-value", "name"],
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='last_preempted',
+            model_name="job",
+            name="last_preempted",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='preempted_by',
+            model_name="job",
+            name="preempted_by",
             field=models.JSONField(blank=True, default=list),
         ),
         migrations.AddField(
-            model_name='job',
-            name='priority',
+            model_name="job",
+            name="priority",
             field=models.IntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='job',
-            name='priority_class',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='jobs.priorityclass'),
+            model_name="job",
+            name="priority_class",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="jobs",
+                to="jobs.priorityclass",
+            ),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='max_priority',
-            field=models.ForeignKey(blank=True, help_text='The highest priority class its holders may ask for; empty: any.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='jobs.priorityclass'),
+            model_name="quota",
+            name="max_priority",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The highest priority class its holders may ask for; empty: any.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="jobs.priorityclass",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state', '-priority', 'created', 'id'], name='job_queue_order'),
+            model_name="job",
+            index=models.Index(
+                fields=["state", "-priority", "created", "id"], name="job_queue_order"
+            ),
         ),
         migrations.RunPython(create_starter_classes, migrations.RunPython.noop),
     ]

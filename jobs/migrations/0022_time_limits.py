@@ -5,30 +5,43 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0021_priority_classes_and_preemption'),
+        ("jobs", "0021_priority_classes_and_preemption"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='time_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='Seconds each attempt may hold its nodes, counted from its placement; then it is stopped and the job fails. Empty: no limit.', null=True),
+            model_name="job",
+            name="time_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Seconds each attempt may hold its nodes, counted from its placement; then it is stopped and the job fails. Empty: no limit.",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='jobattempt',
-            name='placed',
+            model_name="jobattempt",
+            name="placed",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='priorityclass',
-            name='default_time_limit',
-            field=models.PositiveIntegerField(blank=True, help_text='Seconds a job of this class may hold its nodes per attempt, when it sets no time limit of its own; empty: none (jobs.services.time_limits.default_for).', null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="priorityclass",
+            name="default_time_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Seconds a job of this class may hold its nodes per attempt, when it sets no time limit of its own; empty: none (jobs.services.time_limits.default_for).",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='default_time_limit',
-            field=models.PositiveIntegerField(blank=True, help_text="Seconds a member's job may hold its nodes per attempt, when the job sets no time limit of its own (groups' quotas); empty: none.", null=True, validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="quota",
+            name="default_time_limit",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="Seconds a member's job may hold its nodes per attempt, when the job sets no time limit of its own (groups' quotas); empty: none.",
+                null=True,
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
     ]

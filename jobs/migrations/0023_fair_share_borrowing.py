@@ -4,35 +4,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0022_time_limits'),
+        ("jobs", "0022_time_limits"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='borrowed',
+            model_name="job",
+            name="borrowed",
             field=models.BooleanField(default=False),
         ),
         migrations.AddField(
-            model_name='job',
-            name='reclaimed_for',
+            model_name="job",
+            name="reclaimed_for",
             field=models.PositiveIntegerField(blank=True, db_index=True, null=True),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='borrow_cpu',
-            field=models.PositiveIntegerField(default=0, help_text='Groups: CPU cores it may borrow beyond its quota (0: none).'),
+            model_name="quota",
+            name="borrow_cpu",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Groups: CPU cores it may borrow beyond its quota (0: none)."
+            ),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='borrow_gpus',
-            field=models.PositiveIntegerField(default=0, help_text='Groups: GPUs it may borrow beyond its quota (0: none).'),
+            model_name="quota",
+            name="borrow_gpus",
+            field=models.PositiveIntegerField(
+                default=0, help_text="Groups: GPUs it may borrow beyond its quota (0: none)."
+            ),
         ),
         migrations.AddField(
-            model_name='quota',
-            name='borrow_memory_gb',
-            field=models.PositiveIntegerField(default=0, help_text='Groups: GB of memory it may borrow beyond its quota (0: none).'),
+            model_name="quota",
+            name="borrow_memory_gb",
+            field=models.PositiveIntegerField(
+                default=0,
+                help_text="Groups: GB of memory it may borrow beyond its quota (0: none).",
+            ),
         ),
     ]

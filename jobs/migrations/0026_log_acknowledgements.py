@@ -5,22 +5,35 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0025_job_estimated_start'),
+        ("jobs", "0025_job_estimated_start"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='LogAck',
+            name="LogAck",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('writer', models.CharField(max_length=100)),
-                ('seq', models.BigIntegerField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='log_acks', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("writer", models.CharField(max_length=100)),
+                ("seq", models.BigIntegerField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="log_acks",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('job', 'writer'), name='one_ack_per_writer')],
+                "constraints": [
+                    models.UniqueConstraint(fields=("job", "writer"), name="one_ack_per_writer")
+                ],
             },
         ),
     ]

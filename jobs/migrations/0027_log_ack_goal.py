@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0026_log_acknowledgements'),
+        ("jobs", "0026_log_acknowledgements"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='logack',
-            name='goal',
+            model_name="logack",
+            name="goal",
             field=models.BigIntegerField(blank=True, null=True),
         ),
     ]

@@ -4,14 +4,17 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0027_log_ack_goal'),
+        ("jobs", "0027_log_ack_goal"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='jobattempt',
-            index=models.Index(condition=models.Q(('started__isnull', False)), fields=['finished'], name='attempt_started_finished'),
+            model_name="jobattempt",
+            index=models.Index(
+                condition=models.Q(("started__isnull", False)),
+                fields=["finished"],
+                name="attempt_started_finished",
+            ),
         ),
     ]

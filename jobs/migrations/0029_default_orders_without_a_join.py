@@ -4,22 +4,21 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0028_attempt_usage_index'),
+        ("jobs", "0028_attempt_usage_index"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='healthevent',
-            options={'ordering': ['job_id', 'at', 'id']},
+            name="healthevent",
+            options={"ordering": ["job_id", "at", "id"]},
         ),
         migrations.AlterModelOptions(
-            name='jobattempt',
-            options={'ordering': ['job_id', 'number']},
+            name="jobattempt",
+            options={"ordering": ["job_id", "number"]},
         ),
         migrations.AlterModelOptions(
-            name='replica',
-            options={'ordering': ['job_id', 'id']},
+            name="replica",
+            options={"ordering": ["job_id", "id"]},
         ),
     ]

@@ -7,57 +7,125 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0029_default_orders_without_a_join'),
+        ("jobs", "0029_default_orders_without_a_join"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SlurmPool',
+            name="SlurmPool",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True, validators=[jobs.text.validate_name])),
-                ('partition', models.CharField(max_length=100, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9_.-]*$', "A Slurm partition's name: letters, digits, '.', '_' and '-' (one partition).")])),
-                ('shared_root', models.CharField(help_text="A folder of the shared file system, at the same path on this host and every node of the partition: jobs' plans, output and checkpoints go there.", max_length=500)),
-                ('python', models.CharField(help_text="An interpreter with Trainyard's workers package, at this path on every node.", max_length=500)),
-                ('code_root', models.CharField(blank=True, help_text="Where the nodes see the code root that jobs' script paths are under; empty: the console's own (TRAINYARD_CODE_ROOT).", max_length=500)),
-                ('slurm_conf', models.CharField(blank=True, help_text='SLURM_CONF for the client commands; empty: theirs.', max_length=500)),
-                ('redis_host', models.CharField(blank=True, help_text="How the nodes reach the console's Redis (host or address); empty: as the console does. Each job's instances get a Redis user of their own, for that job only.", max_length=255)),
-                ('enabled', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=100, unique=True, validators=[jobs.text.validate_name]
+                    ),
+                ),
+                (
+                    "partition",
+                    models.CharField(
+                        max_length=100,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                "A Slurm partition's name: letters, digits, '.', '_' and '-' (one partition).",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "shared_root",
+                    models.CharField(
+                        help_text="A folder of the shared file system, at the same path on this host and every node of the partition: jobs' plans, output and checkpoints go there.",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "python",
+                    models.CharField(
+                        help_text="An interpreter with Trainyard's workers package, at this path on every node.",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "code_root",
+                    models.CharField(
+                        blank=True,
+                        help_text="Where the nodes see the code root that jobs' script paths are under; empty: the console's own (TRAINYARD_CODE_ROOT).",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "slurm_conf",
+                    models.CharField(
+                        blank=True,
+                        help_text="SLURM_CONF for the client commands; empty: theirs.",
+                        max_length=500,
+                    ),
+                ),
+                (
+                    "redis_host",
+                    models.CharField(
+                        blank=True,
+                        help_text="How the nodes reach the console's Redis (host or address); empty: as the console does. Each job's instances get a Redis user of their own, for that job only.",
+                        max_length=255,
+                    ),
+                ),
+                ("enabled", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.AddField(
-            model_name='jobattempt',
-            name='slurm_job_id',
+            model_name="jobattempt",
+            name="slurm_job_id",
             field=models.CharField(blank=True, max_length=50),
         ),
         migrations.AddField(
-            model_name='jobattempt',
-            name='slurm_redis_hash',
+            model_name="jobattempt",
+            name="slurm_redis_hash",
             field=models.CharField(blank=True, max_length=64),
         ),
         migrations.AddField(
-            model_name='replica',
-            name='slurm_node',
+            model_name="replica",
+            name="slurm_node",
             field=models.CharField(blank=True, max_length=100),
         ),
         migrations.AddField(
-            model_name='frameworkimage',
-            name='slurm_pools',
-            field=models.ManyToManyField(blank=True, help_text='Slurm pools that can run it.', related_name='images', to='jobs.slurmpool'),
+            model_name="frameworkimage",
+            name="slurm_pools",
+            field=models.ManyToManyField(
+                blank=True,
+                help_text="Slurm pools that can run it.",
+                related_name="images",
+                to="jobs.slurmpool",
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='slurm_pool',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, to='jobs.slurmpool'),
+            model_name="job",
+            name="slurm_pool",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                to="jobs.slurmpool",
+            ),
         ),
         migrations.AddField(
-            model_name='package',
-            name='slurm_pools',
-            field=models.ManyToManyField(blank=True, help_text='Slurm pools that offer it.', related_name='packages', to='jobs.slurmpool'),
+            model_name="package",
+            name="slurm_pools",
+            field=models.ManyToManyField(
+                blank=True,
+                help_text="Slurm pools that offer it.",
+                related_name="packages",
+                to="jobs.slurmpool",
+            ),
         ),
     ]

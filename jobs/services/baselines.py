@@ -14,7 +14,7 @@ from django.db import transaction
 
 from jobs.access import visible_jobs
 from jobs.models import Job, JobRole
-from jobs.services import figures, submission
+from jobs.services import figures, rerun, submission
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ def launch_single_worker_baseline(user: User, job: Job) -> Job:
         },
         "roles": roles,
         "metrics": list(job.metric_definitions),
-        "env": dict(job.env),
+        # What "Run again" copies: another user's masked values stay theirs.
+        "env": rerun.copyable_env(job, user),
     }
     if job.kvstore:
         request["kvstore"] = job.kvstore

@@ -29,7 +29,7 @@ from django.db import transaction
 from jobs import logstream
 from jobs.healthrules import Firing, SwitchedOff, Watch, parse_stored_rules
 from jobs.models import Framework, HealthEvent, Job, JobAttempt, Replica
-from jobs.services import events, outcomes, presenters, restarts
+from jobs.services.lifecycle import events, outcomes, restarts
 from workers import contract
 from workers.logsink import LogBatch, LogSink
 from workers.userregex import MatchBudget
@@ -163,7 +163,7 @@ def switched_off(
             message=message,
             outcome="the rule was switched off for this attempt",
         )
-        events.state_changed_on_commit(job.pk, presenters.states_of)
+        events.state_changed_on_commit(job.pk)
     if client is not None and where is not None:
         node = _node_of(job_id, attempt, where.role, where.index)
         _write_note(client, job_id, attempt, where.role, where.index, node, message)
@@ -211,7 +211,7 @@ def fired(job_id: int, attempt: int, firing: Firing, client: redis.Redis | None 
             message=firing.message,
             outcome=outcome,
         )
-        events.state_changed_on_commit(job.pk, presenters.states_of)
+        events.state_changed_on_commit(job.pk)
     return outcome
 
 

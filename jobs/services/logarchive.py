@@ -38,8 +38,8 @@ from jobs import logstream
 from jobs.logstream import RawEntry
 from jobs.models import Job, LogAck, LogChunk, MetricPoint
 from jobs.services.health import HealthMonitor
+from jobs.services.lifecycle.outcomes import log_end_reason
 from jobs.services.logceiling import KeptBytes
-from jobs.services.presenters import log_end_reason
 from workers import contract
 from workers.logsink import LogSink
 

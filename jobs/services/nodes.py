@@ -15,7 +15,7 @@ from django.db import connections, models, router, transaction
 from django.utils import timezone
 
 from jobs.models import Job, Node, Replica
-from jobs.services import scheduling
+from jobs.services.lifecycle import schedule_requests
 from workers import contract
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ class Beat:
     gpu_model: str
     isolation: str
     isolation_reason: str
+    limits: str
+    limits_reason: str
     protocol: int
     disk_full: str
     running: list[Any]
@@ -56,6 +58,8 @@ def beat_of(payload: dict[str, Any]) -> Beat:
         gpu_model=str(payload.get("gpu_model", "")),
         isolation=str(payload.get("isolation", ""))[:30],
         isolation_reason=str(payload.get("isolation_reason", ""))[:300],
+        limits=str(payload.get("limits", ""))[:30],
+        limits_reason=str(payload.get("limits_reason", ""))[:300],
         protocol=_protocol_of(payload),
         disk_full=str(payload.get("disk_full") or "")[:300],
         running=list(payload.get("running", [])),
@@ -160,7 +164,7 @@ def _write(beats: list[Beat], now: datetime) -> set[str]:
                     restarted.add(beat.name)
         _save(sorted(changed.values(), key=lambda node: node.name))
         if schedule:
-            scheduling.request_schedule()
+            schedule_requests.request_schedule()
     return restarted
 
 
@@ -171,13 +175,14 @@ def _write(beats: list[Beat], now: datetime) -> set[str]:
 READ_FIELDS = (
     "name", "state", "cpu", "gpus", "memory_gb", "capacity_set_by_admin", "last_heartbeat",
     "heartbeat_sent", "incarnation", "incarnation_since", "previous_heartbeat", "protocol",
-    "disk_full", "isolation",
+    "disk_full", "isolation", "limits",
 )  # fmt: skip
 
 # What a heartbeat writes of a node it knows: its other fields (state, labels, whether an admin
 # set the capacity) belong to admins and are left as they are.
 HEARTBEAT_FIELDS = (
-    "address", "gpu_model", "isolation", "isolation_reason", "protocol", "disk_full",
+    "address", "gpu_model", "isolation", "isolation_reason", "limits", "limits_reason",
+    "protocol", "disk_full",
     "reported_cpu", "reported_gpus", "reported_memory_gb", "cpu", "gpus", "memory_gb",
     "running", "finished", "last_heartbeat", "heartbeat_sent", "incarnation",
     "incarnation_since", "previous_heartbeat",
@@ -232,6 +237,8 @@ def _apply(node: Node, beat: Beat, known: bool, now: datetime) -> tuple[bool, bo
     node.gpu_model = beat.gpu_model
     node.isolation = beat.isolation
     node.isolation_reason = beat.isolation_reason
+    node.limits = beat.limits
+    node.limits_reason = beat.limits_reason
     node.protocol = beat.protocol
     node.disk_full = beat.disk_full
     node.reported_cpu = beat.reported_cpu
@@ -273,7 +280,7 @@ def drain(names: list[str], evict: bool = False, grace_seconds: float = EVICT_GR
     failure is the platform's, not the job's. A job whose policy is never fails, saying why.
     Returns the ids of the jobs evicted.
     """
-    from jobs.services import outcomes, restarts  # both build on this module's neighbours
+    from jobs.services.lifecycle import outcomes, restarts
 
     Node.objects.filter(name__in=names).update(state=Node.State.DRAINING)
     if not evict:
@@ -304,10 +311,10 @@ def drain(names: list[str], evict: bool = False, grace_seconds: float = EVICT_GR
                 job, restarts.Cause.EVICTION, why, "evicted", grace_seconds=grace_seconds
             )
             evicted.append(job_id)
-    scheduling.request_schedule()
+    schedule_requests.request_schedule()
     return evicted
 
 
 def return_to_service(names: list[str]) -> None:
     Node.objects.filter(name__in=names).update(state=Node.State.READY)
-    scheduling.request_schedule()
+    schedule_requests.request_schedule()

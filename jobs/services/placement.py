@@ -3,8 +3,20 @@
 Pure functions over plain values, so the policy is tested without a database.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Sized(Protocol):
+    """What one instance of a package asks for (a Package row, or its plain values)."""
+
+    @property
+    def cpu(self) -> int: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def memory_gb(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -15,6 +27,22 @@ class Demand:
     cpu: int
     gpus: int
     memory_gb: int
+
+    @classmethod
+    def of(cls, key: tuple[str, int], package: Sized) -> "Demand":
+        """An instance of `package`."""
+        return cls(key, package.cpu, package.gpus, package.memory_gb)
+
+
+def smallest(demands: Sequence[Demand]) -> Demand:
+    """An instance as small as the smallest of `demands` in each resource: a room that cannot
+    hold it takes none of them."""
+    return Demand(
+        ("smallest", 0),
+        min(d.cpu for d in demands),
+        min(d.gpus for d in demands),
+        min(d.memory_gb for d in demands),
+    )
 
 
 @dataclass
@@ -33,6 +61,52 @@ class Room:
         self.cpu -= d.cpu
         self.gpus -= d.gpus
         self.memory_gb -= d.memory_gb
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What one job holds on one node: running instances' room, as the scheduler, preemption,
+    reclaim and backfill all read it."""
+
+    job_id: int
+    node: str
+    cpu: int
+    gpus: int
+    memory_gb: int
+
+
+def with_freed(rooms: Sequence[Room], freed: Iterable[Holding]) -> list[Room]:
+    """Copies of the free rooms once `freed` is given back: what preemption, reclaim and their
+    reservations place into. A node not among `rooms` (draining, lost) frees nothing usable."""
+    out = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
+    for h in freed:
+        room = out.get(h.node)
+        if room is not None:
+            room.cpu += h.cpu
+            room.gpus += h.gpus
+            room.memory_gb += h.memory_gb
+    return list(out.values())
+
+
+def reserve(
+    demands: Sequence[Demand],
+    rooms: list[Room],
+    freeing: Sequence[Holding],
+    also: Sequence[Holding] = (),
+) -> set[str]:
+    """Take `demands` out of the rooms where they will go once `freeing` is gone (or, if they
+    do not fit there, once `also` is gone too), so that the rest of the pass cannot take that
+    room (a room may go below zero meanwhile): the room a preemption or a reclaim made is kept
+    for the job it was made for. Returns those nodes."""
+    assignment = place(demands, with_freed(rooms, freeing))
+    if assignment is None and also:
+        assignment = place(demands, with_freed(rooms, [*freeing, *also]))
+    if assignment is None:
+        return set()
+    by_node = {room.node: room for room in rooms}
+    for demand in demands:
+        by_node[assignment[demand.key]].take(demand)
+    return set(assignment.values())
 
 
 @dataclass
@@ -81,13 +155,8 @@ def _open(demands: Sequence[Demand], rooms: Sequence[Room]) -> Sequence[Room]:
     thousand full nodes, copying the rest was most of a scheduling pass's placement."""
     if not demands:
         return rooms
-    smallest = Demand(
-        ("smallest", 0),
-        min(d.cpu for d in demands),
-        min(d.gpus for d in demands),
-        min(d.memory_gb for d in demands),
-    )
-    return [r for r in rooms if r.fits(smallest)]
+    least = smallest(demands)
+    return [r for r in rooms if r.fits(least)]
 
 
 def never_fits(demands: Sequence[Demand], capacities: Sequence[Room]) -> Demand | None:

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field, replace
 from django.contrib.auth.models import User
 
 from jobs.models import PLATFORM_ROLES, Framework, FrameworkImage, KVStoreMode, batch_size_in
-from jobs.services import quota, scheduling, submission
+from jobs.services import quota, submission
 from jobs.services.batching import batch_note, mode_note
+from jobs.services.scheduler import scheduling
 from jobs.services.totals import RESOURCES, RoleRequest, compute_totals, formula_text
 from workers import contract
 from workers.contract import tag_of

@@ -45,7 +45,8 @@ class Scope:
     @property
     def limit(self) -> dict[str, int]:
         """What its holders may hold at once: a group's nominal share plus its borrowing limit
-        (jobs.services.borrowing decides, at placement, which jobs run on borrowed capacity)."""
+        (jobs.services.scheduler.borrowing decides, at placement, which jobs run on borrowed
+        capacity)."""
         q, more = self.quota, self.borrow
         return {
             "cpu": q.cpu + more["cpu"],

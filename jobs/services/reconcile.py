@@ -13,7 +13,7 @@ each pass repairs the difference, one replica at a time.
 - A replica the agent runs although its job has ended: the stop is sent again.
 - A process the agent runs that the database does not want running: told to stop.
 - A job whose attempt has held its nodes for its whole time limit is stopped and fails
-  ("time limit of 2 h reached", jobs.services.time_limits).
+  ("time limit of 2 h reached", jobs.services.lifecycle.time_limits).
 - Every agent's Redis ACL user is as the database says (jobs.services.agent_access): re-made
   after Redis restarts, a job's keys taken away once it ended there.
 
@@ -44,16 +44,10 @@ from redis import RedisError
 
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
-from jobs.services import (
-    agent_access,
-    dispatch,
-    outcomes,
-    reports,
-    restarts,
-    scheduling,
-    time_limits,
-)
+from jobs.services import agent_access
+from jobs.services.lifecycle import dispatch, outcomes, reports, restarts, time_limits
 from jobs.services.periodic import PeriodicPass
+from jobs.services.scheduler import scheduling
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,7 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     program: dict[str, Any] = {"script": job.script, "args": list(job.args)}
     if job.program.get("snapshot"):
         program["snapshot"] = job.program["snapshot"]
-    own = getattr(viewer, "pk", None) == job.owner_id
-    seen = job.env_seen_by(viewer)
-    env = {k: v for k, v in job.env.items() if own or seen.get(k) == v}
+    env = copyable_env(job, viewer)
     body: dict[str, Any] = {
         "name": job.name,
         "image": job.image.name,
@@ -65,6 +63,15 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     if env:
         body["env"] = env
     return body
+
+
+def copyable_env(job: Job, viewer: User | AnonymousUser) -> dict[str, str]:
+    """The job's variables that `viewer` may copy into a job of their own: all of them for its
+    owner; for anyone else (an admin), none of those whose values are masked to them: a mask
+    is not a value, and the secret itself is never theirs to copy."""
+    own = getattr(viewer, "pk", None) == job.owner_id
+    seen = job.env_seen_by(viewer)
+    return {k: v for k, v in job.env.items() if own or seen.get(k) == v}
 
 
 def has_image_health_rules(job: Job) -> bool:

@@ -39,15 +39,11 @@ from jobs.models import (
     SlurmPool,
 )
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
-from jobs.services import (
-    quota,
-    scheduling,
-    slurm_batch,
-    slurm_pass,
-    snapshots,
-    transitions,
-)
-from jobs.services.time_limits import default_for
+from jobs.services import quota, snapshots
+from jobs.services.lifecycle import schedule_requests, transitions
+from jobs.services.lifecycle.time_limits import default_for
+from jobs.services.scheduler import scheduling
+from jobs.services.slurm import slurm_batch, slurm_pass
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers import contract
 from workers.metricparse import BadMetric, check_definitions
@@ -525,7 +521,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
         if request.slurm_pool is not None:
             slurm_pass.request_pass()
         else:
-            scheduling.request_schedule()
+            schedule_requests.request_schedule()
     return job
 
 

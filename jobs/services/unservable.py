@@ -53,7 +53,7 @@ def _over_quota(package: Package, scopes: list[quota.Scope]) -> list[str]:
 
 
 def _on_no_node(package: Package, rooms: list[Room]) -> list[str]:
-    demand = Demand((package.name, 0), package.cpu, package.gpus, package.memory_gb)
+    demand = Demand.of((package.name, 0), package)
     if not rooms or not never_fits([demand], rooms):
         return []
     if package.gpus and not any(r.gpus for r in rooms):

@@ -16,8 +16,8 @@ from django.utils.safestring import SafeString
 
 from jobs.models import Job
 from jobs.money import currency, format_price
-from jobs.services.counts import instance_count
-from jobs.services.durations import format_ago, format_duration, run_seconds
+from jobs.services.views.counts import instance_count
+from jobs.services.views.durations import format_ago, format_duration, run_seconds
 from workers.logquota import human_bytes
 
 register = template.Library()

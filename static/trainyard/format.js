@@ -1,6 +1,6 @@
 // How the console writes numbers, money, durations and times for people, in one place, so
 // that every page says "350 M", "$0.15" and "3 min 05 s" alike. The server writes the same
-// (jobs/money.py, jobs/services/durations.py) where it renders them itself.
+// (jobs/money.py, jobs/services/views/durations.py) where it renders them itself.
 import { money, timeZone } from "./rules.js";
 
 const whole = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from jobs.money import format_price
-from jobs.services.durations import format_duration
+from jobs.services.views.durations import format_duration
 from tests.browser.conftest import keep_screenshot, user_page, wait_in_page
 from tests.conftest import RunningStack, StackClient, pytorch_request, signal_file
 from trainyard_cli import render

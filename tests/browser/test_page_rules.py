@@ -14,7 +14,8 @@ from playwright.sync_api import Browser, Page, expect
 
 from jobs import consumers
 from jobs.models import Job
-from jobs.services import dispatch, totals
+from jobs.services import totals
+from jobs.services.lifecycle import dispatch
 from jobs.services.submission import check_job_request, submit_job
 from tests.browser.conftest import logged_in_page
 from tests.conftest import pytorch_request, set_quota

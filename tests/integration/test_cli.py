@@ -303,7 +303,9 @@ def test_every_listing_prints_json_that_parses(cli: Any, project: Path) -> None:
     assert re.search(r"\$\d+\.\d{2,4} per hour", cli("show", str(job_id)).stdout)
     packages = cli("packages").stdout
     assert "$" in packages and "USD" not in packages
-    assert re.search(r"\b\d+ s ago\b", cli("nodes").stdout)
+    nodes = cli("nodes").stdout
+    assert re.search(r"\b\d+ s ago\b", nodes)
+    assert re.search(r"cgroup-v[12]|not enforced", nodes), nodes  # how it holds jobs to packages
     assert cli("show", "999999").returncode == 4
     assert cli("cancel", str(job_id)).returncode == 2  # it has ended
 

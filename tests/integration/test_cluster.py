@@ -13,7 +13,6 @@ docs/deploy.md says a cluster is.
 Each host has 2 CPU cores, so jobs of `cpu-2` instances spread one instance per host.
 """
 
-import os
 import re
 import secrets
 import shutil
@@ -40,6 +39,7 @@ from tests.conftest import (
     process_alive,
     pytorch_request,
     require_postgres,
+    required_here,
     signal_file,
     trainer_pids,
     wait_until,
@@ -55,12 +55,7 @@ AGENT_SOURCES = ("pyproject.toml", "README.md", "console", "jobs", "workers", "s
 
 
 def require_hosts() -> None:
-    reason = netns.unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"CI must run the multi-host tests, but {reason}")
-    pytest.skip(f"SKIPPED, not run: {reason}")
+    required_here("the multi-host tests", netns.unavailable_reason())
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,9 @@ from tests.conftest import (
     trainer_pids,
     wait_until,
 )
+from tests.keeper_output import read_output
 from workers import contract
-from workers.keeper import STATE, read_output
+from workers.keeper import STATE
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def held_cpu(stack: RunningStack) -> dict[str, int]:
         "shell",
         "-c",
         "import json; from django.contrib.auth.models import AnonymousUser; "
-        "from jobs.services.cluster import node_rows; "
+        "from jobs.services.views.cluster import node_rows; "
         "print(json.dumps({r.node.name: r.used['cpu'] for r in node_rows(AnonymousUser())}))",
     )
     held: dict[str, int] = json.loads(out.strip().splitlines()[-1])

@@ -1,14 +1,13 @@
 """Trainyard jobs as Slurm jobs, on a real three-node Slurm (stack/slurm.py): munged,
 slurmctld and three slurmd, each slurmd in a network namespace of its own where root allows.
 
-The jobs are built by the console's own code (jobs.services.slurm_batch: components, plan,
+The jobs are built by the console's own code (jobs.services.slurm.slurm_batch: components, plan,
 Python batch script, sbatch) and every instance runs under workers.slurmstep, the step wrapper,
 exactly as a cluster would run them. The tests skip, saying why, where Slurm cannot run
 (not installed, or not root); under CI=true they fail instead.
 """
 
 import json
-import os
 import re
 import sys
 import time
@@ -23,7 +22,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs.models import FrameworkImage, Job, JobRole, Package
-from jobs.services import slurm_batch, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_states
 from stack import slurm
 from tests.conftest import (
     RunningStack,
@@ -31,6 +30,7 @@ from tests.conftest import (
     escape_verdicts,
     page_for,
     pytorch_request,
+    required_here,
     running_stack,
     signal_file,
 )
@@ -43,12 +43,8 @@ FIXTURE_CODE = Path(__file__).resolve().parent.parent / "fixtures" / "code"
 
 @pytest.fixture(scope="module")
 def slurm_cluster() -> Iterator[slurm.SlurmCluster]:
-    reason = slurm.unavailable_reason()
-    if reason:
-        # CI has root and installs Slurm (`make test`): there, a skip would hide a broken set-up.
-        if os.environ.get("CI"):
-            pytest.fail(f"no real Slurm here: {reason}")
-        pytest.skip(f"no real Slurm here: {reason}")
+    # CI has root and installs Slurm (`make test`).
+    required_here("the Slurm tests", slurm.unavailable_reason())
     cluster = slurm.SlurmCluster.start()
     yield cluster
     cluster.stop()
@@ -673,3 +669,110 @@ def test_a_job_on_slurm_reaches_nothing_beyond_itself(
     for own in ("write:TRAINYARD_CHECKPOINT_DIR", "write:TRAINYARD_SCRATCH_DIR", "read:own-script"):
         assert verdicts.get(own, "").startswith("OK"), (own, verdicts)
     assert len(verdicts) >= 12, verdicts
+
+
+# The console's own variables (stack/run.py's Stack.env, as a deployment sets them): none may
+# reach a Slurm job, by name or by value.
+CONSOLE_NAMES = (
+    "REDIS_URL",
+    "TRAINYARD_HEALTHZ_TOKEN",
+    "DJANGO_SETTINGS_MODULE",
+    "TRAINYARD_VAR_DIR",
+)
+# What slurmd sets in a step beside SLURM_* and the exported names.
+SET_BY_SLURMD = ("TMPDIR",)
+
+
+def slurm_id_of(cluster: slurm.SlurmCluster, job_id: int) -> str:
+    name = f"{slurm_batch.JOB_NAME_PREFIX}{job_id}"
+    ids = cluster.command(["squeue", "-h", f"--name={name}", "--format=%A"]).stdout.split()
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def job_processes(cluster: slurm.SlurmCluster, slurm_id: str) -> dict[int, str]:
+    """Every process of one Slurm job on every node, with its step ("batch", "0", …), as the
+    job's own slurmstepds list them (scontrol listpids): asked of Slurm, not looked for among
+    the machine's processes, where other clusters and stacks may run beside this one."""
+    found = {}
+    for node in cluster.nodes:
+        listed = cluster.command(["scontrol", "listpids", slurm_id, node.name], check=False)
+        for line in listed.stdout.splitlines()[1:]:
+            pid, job, step, *_ = [*line.split(), "", "", ""]
+            if pid.isdigit() and job == slurm_id:
+                found[int(pid)] = step
+    return found
+
+
+def environ_of(pid: int) -> list[bytes]:
+    """A process's environment as it was started ("NAME=value" entries); [] once it ended."""
+    try:
+        return [e for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if e]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def environment_leaks(where: str, environ: bytes, secrets: dict[str, str]) -> list[str]:
+    """What of the console's is in one NUL-separated environment (a saved job's, a process's):
+    the names of its variables and the values of its secrets."""
+    entries = environ.split(b"\0")
+    named = [n for n in CONSOLE_NAMES if any(e.startswith(n.encode() + b"=") for e in entries)]
+    valued = [what for what, value in secrets.items() if value.encode() in environ]
+    return [f"{where}: {what}" for what in named + valued]
+
+
+def test_slurm_keeps_and_exports_none_of_the_consoles_secrets(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
+) -> None:
+    """sbatch gives a job the environment it is run with: slurmctld keeps it in its saved
+    state and every node's batch and step processes get it. The console worker that runs
+    sbatch holds Redis's administrator URL and the health token; neither may be in there,
+    and the batch script and the step wrappers get Slurm's variables and the exported ones
+    alone."""
+    console = slurm_stack.stack.env()
+    secrets = {
+        "Redis's administrator password": urlsplit(console["REDIS_URL"]).password or "",
+        "the health token": console["TRAINYARD_HEALTHZ_TOKEN"],
+    }
+    assert all(secrets.values()), "the console has no secret to look for: the test proves nothing"
+    release = signal_file("slurm-env")
+    job = sam.submit(slurm_request("hold.py", 2, args=["--release", str(release)]))
+    try:
+        sam.wait(
+            job["id"], lambda j: len({(x["role"], x["index"]) for x in sam.logs(j["id"])}) == 2
+        )
+        slurm_id = slurm_id_of(slurm_cluster, job["id"])
+        # slurmctld's saved state: StateSaveLocation/hash.N/job.M/environment.
+        saved = list((slurm_cluster.root / "state").glob(f"hash.*/job.{slurm_id}/environment"))
+        assert len(saved) == 1, "slurmctld saved no environment for the job: nothing to read"
+        leaks = environment_leaks("slurmctld's saved state", saved[0].read_bytes(), secrets)
+        # The batch script (exec'd into srun), the step wrappers and their trainers.
+        processes = job_processes(slurm_cluster, slurm_id)
+        environments = {pid: environ_of(pid) for pid in processes}
+        for pid, step in processes.items():
+            environ = b"\0".join(environments[pid])
+            leaks += environment_leaks(f"step {step}'s process {pid}", environ, secrets)
+        assert not leaks, "\n".join(leaks)
+        batch = [pid for pid, step in processes.items() if step == "batch"]
+        wrappers = [pid for pid in processes if "workers.slurmstep" in _cmdline(pid)[:3]]
+        assert batch and len(wrappers) >= 2, processes
+        for pid in batch + wrappers:
+            names = {e.split(b"=")[0].decode() for e in environments[pid]}
+            extra = {
+                name
+                for name in names
+                if not name.startswith("SLURM")
+                and name not in slurm_batch.STEP_NAMES + SET_BY_SLURMD
+            }
+            assert not extra, (pid, processes[pid], sorted(extra))
+            assert "PATH" in names, (pid, processes[pid], sorted(names))
+    finally:
+        release.touch()
+    assert sam.wait_finished(job["id"])["state"] == "succeeded"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []

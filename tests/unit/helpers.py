@@ -1,13 +1,14 @@
 """Building requests and capturing what the console would send to agents."""
 
 import itertools
+from datetime import datetime
 from typing import Any, cast
 
 import pytest
 import redis
 
 from jobs.logstream import RawEntry
-from jobs.services import dispatch
+from jobs.services.lifecycle import dispatch
 from workers import contract
 from workers.logsink import LogBatch, LogSink
 
@@ -41,7 +42,7 @@ class SentTasks:
     ) -> None:
         self.sent.append((name, kwargs or {}, queue))
         if name == contract.TASK_SCHEDULE:
-            from jobs.services import scheduling
+            from jobs.services.scheduler import scheduling
 
             scheduling.schedule()
 
@@ -94,3 +95,9 @@ def give_credentials(node: str) -> str:
         },
     )
     return credentials.signing_key(secret)
+
+
+def queue_key(priority: int, created: datetime, job_id: int) -> tuple[int, datetime, int]:
+    """A waiting job's place without fair share, for the simulations: the scheduler's query
+    orders so (jobs.services.scheduler.queue_order.ORDER_BY)."""
+    return (-priority, created, job_id)

@@ -13,7 +13,8 @@ from django.test import Client
 from jobs.healthrules import Watch, parse_rules
 from jobs.models import ApiToken, Job
 from jobs.redis_client import get_redis
-from jobs.services import health, reports
+from jobs.services import health
+from jobs.services.lifecycle import reports
 from jobs.services.submission import check_job_request, submit_job
 from tests.conftest import set_quota
 from tests.unit.helpers import append_lines, job_request

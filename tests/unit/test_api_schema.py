@@ -285,7 +285,9 @@ def test_a_list_shows_the_same_job_as_its_own_page(client: Client, alice: User) 
     for _ in range(3):
         submit_job(alice, check_job_request(job_request(instances=3)))
     auth = token_of(alice)
-    for job in client.get("/api/v1/jobs", **auth).json()["jobs"]:  # type: ignore[arg-type]
+    listed = client.get("/api/v1/jobs", **auth).json()["jobs"]  # type: ignore[arg-type]
+    assert len(listed) == 3, listed
+    for job in listed:
         alone = client.get(f"/api/v1/jobs/{job['id']}", **auth).json()  # type: ignore[arg-type]
         assert job == alone
 

@@ -1,11 +1,10 @@
 """EASY backfill's decision, on plain values: the head's reserved start, and which later jobs
-may pass it without delaying it (jobs.services.backfill)."""
+may pass it without delaying it (jobs.services.scheduler.backfill)."""
 
 from datetime import UTC, datetime, timedelta
 
-from jobs.services.backfill import Backfill
-from jobs.services.placement import Demand, Room, place
-from jobs.services.waiting import Holding
+from jobs.services.placement import Demand, Holding, Room, place
+from jobs.services.scheduler.backfill import Backfill
 
 NOW = datetime(2026, 11, 26, 14, 0, tzinfo=UTC)
 GRACE = timedelta(seconds=30)

@@ -11,8 +11,10 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, Node, Quota, Replica
-from jobs.services import group_shares, queue, reports
+from jobs.services.lifecycle import outcomes, reports
+from jobs.services.scheduler import queue
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.services.views import group_shares
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract
 
@@ -125,6 +127,36 @@ def test_a_borrowing_group_gives_capacity_back_when_the_lender_submits(
     # The borrower is back in the queue, but not on the capacity just returned.
     assert borrowed.state == Job.State.QUEUED and not placed(borrowed)
     assert not Job.objects.filter(reclaimed_for=lender.pk).exists()  # reservation over
+
+
+def test_a_lender_cancelled_while_it_waits_keeps_no_room_reserved(
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    """A regression (issue 43): the victims' `reclaimed_for` outlived a lender cancelled while
+    it waited, which stayed in the queue's reserved lenders for ever."""
+    team("team-a", alice)
+    team("team-b", bob)
+    own, borrowed = submit(alice, 8), submit(alice, 8)
+    Job.objects.filter(pk=borrowed.pk).update(restart_backoff_seconds=0)
+    start(own, django_capture_on_commit_callbacks)
+    start(borrowed, django_capture_on_commit_callbacks)
+    lender = submit(bob, 4)
+    borrowed.refresh_from_db()
+    assert borrowed.state == Job.State.RESTARTING and borrowed.reclaimed_for == lender.pk
+    assert queue.reserved_lenders() == {lender.pk}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        outcomes.cancel(lender.pk, bob)
+
+    assert queue.reserved_lenders() == set()
+    assert not Job.objects.filter(reclaimed_for=lender.pk).exists()
+    # Once its processes are gone, the room the borrower gave back is anyone's: its own again.
+    stopped(borrowed, django_capture_on_commit_callbacks)
+    borrowed.refresh_from_db()
+    assert placed(borrowed), borrowed.reason
 
 
 def test_reclaim_spares_borrowers_of_the_lenders_own_group_and_users_in_no_group(

@@ -1,5 +1,5 @@
 """Comparing runs: which configuration rows differ, who may compare which jobs, and what
-`GET /api/v1/compare` and the compare page answer (jobs.services.comparison)."""
+`GET /api/v1/compare` and the compare page answer (jobs.services.views.comparison)."""
 
 from typing import Any
 
@@ -8,8 +8,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, Job, MetricPoint, Quota
-from jobs.services import comparison
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views import comparison
 from tests.conftest import set_quota
 from tests.unit.helpers import job_request
 

@@ -20,9 +20,10 @@ from jobs import logstream
 from jobs.consumers import JobConsumer
 from jobs.models import ApiToken, Job, LogChunk, Replica
 from jobs.redis_client import get_async_redis, get_redis
-from jobs.services import logarchive, reports
-from jobs.services.presenters import job_state_payload
+from jobs.services import logarchive
+from jobs.services.lifecycle import reports
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views.presenters import job_state_payload
 from tests.unit.helpers import append_lines, job_request
 from workers import contract
 from workers.logsink import LogSink

@@ -4,6 +4,8 @@ so the supervisor's test uses a stand-in runtime (tests/fixtures/fake_container_
 that starts the command on the host the way docker would start it in the container."""
 
 import json
+import os
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,6 +91,29 @@ def test_the_environment_goes_in_a_private_file_without_the_hosts_paths(tmp_path
         containers.write_env_file(path, {"BAD": "two\nlines"})
 
 
+@pytest.mark.parametrize("planted", ["link", "fifo", "hard link"])
+def test_the_env_file_is_made_anew_never_written_through_what_the_job_left(
+    tmp_path: Path, planted: str
+) -> None:
+    """The instance folder is the job's to write: a link, FIFO or hard link at the env file's
+    name is replaced, and what it pointed to is neither written nor blocked on."""
+    outside = tmp_path / "root-only"
+    outside.write_text("root's own\n")
+    job = tmp_path / "instance"
+    job.mkdir()
+    path = job / "env-0"
+    if planted == "link":
+        path.symlink_to(outside)
+    elif planted == "fifo":
+        os.mkfifo(path)
+    else:
+        os.link(outside, path)
+    containers.write_env_file(path, {"SEED": "7"})
+    assert outside.read_text() == "root's own\n"
+    assert path.read_text() == "SEED=7\n" and not path.is_symlink()
+    assert path.stat().st_nlink == 1 and oct(path.stat().st_mode & 0o777) == "0o600"
+
+
 def test_a_built_in_example_sees_the_workers_package_and_nothing_else_of_the_agent() -> None:
     script = containers.WORKERS_PACKAGE / "examples" / "digits_ps.py"
     mount, inside = containers.example_layout(script)
@@ -120,15 +145,16 @@ def supervisor_with(
 def test_the_supervisor_runs_a_container_instance_and_removes_the_container_after(
     client: redis.Redis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    log = tmp_path / "runtime.log"
-    monkeypatch.setenv("FAKE_RUNTIME_LOG", str(log))  # the agent's own environment...
-    monkeypatch.setattr("workers.launcher.INHERITED_PREFIXES", ("CUDA_", "NCCL_", "GLOO_", "FAKE_"))
+    runtime = tmp_path / "runtime"
+    shutil.copy(FAKE_RUNTIME, runtime)
+    log = tmp_path / "runtime.log"  # where that copy logs its calls
+    log.touch()
     reports = Reports()
-    sup, shipper = supervisor_with(client, reports, tmp_path, str(FAKE_RUNTIME))
+    sup, shipper = supervisor_with(client, reports, tmp_path, str(runtime))
     try:
         job = spec(
-            "container_probe.py", gpus=2, local_world_size=2, world_size=2,
-            container_image="registry.example.com/train:2.13",
+            "container_probe.py", gpus=2, local_world_size=2, world_size=2, cpus=2,
+            memory_gb=2, container_image="registry.example.com/train:2.13",
         )  # fmt: skip
         assert sup.start(job)
         exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
@@ -147,6 +173,11 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
             "trainyard-11-a0-master-1",
         ]
         assert all(c[c.index("--gpus") + 1] == '"device=0,1"' for c in runs)
+        # Each of the instance's 2 containers gets half its package (the runtime's cgroup
+        # holds it, not the instance's).
+        assert all(c[c.index("--memory") + 1] == str(1 << 30) for c in runs)
+        assert all(c[c.index("--memory-swap") + 1] == str(1 << 30) for c in runs)
+        assert all(c[c.index("--cpus") + 1] == "1" for c in runs)
         instance = tmp_path / "work" / "jobs" / "11" / "attempt-0" / "master"
         for c in runs:  # the code root (where they start), their folder, the job's checkpoints
             volumes = {c[i + 1] for i, x in enumerate(c) if x == "--volume"}

@@ -1,6 +1,6 @@
 """When each job that holds capacity gives its nodes back, as backfill reads it
-(jobs.services.time_limits.expected_ends): one read of the holding replicas with their jobs and
-current attempts."""
+(jobs.services.lifecycle.time_limits.expected_ends): one read of the holding replicas with their
+jobs and current attempts."""
 
 from datetime import datetime, timedelta
 
@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 
 from jobs.models import FrameworkImage, Job, JobAttempt, Node, Package, Replica
-from jobs.services import time_limits
+from jobs.services.lifecycle import time_limits
 
 pytestmark = pytest.mark.usefixtures("catalog")
 

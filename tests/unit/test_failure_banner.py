@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import Job
-from jobs.services import reports
+from jobs.services.lifecycle import reports
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import job_request
 

@@ -6,10 +6,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.services import borrowing, fairshare, reclaim
-from jobs.services.fairshare import Resources, Tenancy, UsageRecord
-from jobs.services.placement import Demand, Room
-from jobs.services.waiting import Holding
+from jobs.services import placement
+from jobs.services.placement import Demand, Holding, Room
+from jobs.services.scheduler import borrowing, fairshare, reclaim
+from jobs.services.scheduler.fairshare import Resources, Tenancy, UsageRecord
 
 NOW = datetime(2026, 1, 2, 12, 0, tzinfo=UTC)
 HOUR = 3600.0
@@ -158,7 +158,7 @@ def test_reclaim_takes_whole_jobs_and_no_superfluous_one() -> None:
 
 def test_the_room_reserved_for_a_lender_is_taken_from_the_rest_of_the_pass() -> None:
     rooms = [Room("n1", 0, 0, 32), Room("n2", 2, 0, 32)]
-    reclaim.reserve(demands(4), rooms, [Holding(7, "n1", 4, 0, 4)])
+    placement.reserve(demands(4), rooms, [Holding(7, "n1", 4, 0, 4)])
     assert rooms[0].cpu == -4  # nothing else fits on n1 while job 7 stops
     assert rooms[1].cpu == 2
 

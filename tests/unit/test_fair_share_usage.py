@@ -8,8 +8,8 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from jobs.models import FrameworkImage, Job, JobAttempt, Quota
-from jobs.services import fairshare
-from jobs.services.fairshare import Resources, UsageRecord
+from jobs.services.scheduler import fairshare
+from jobs.services.scheduler.fairshare import Resources, UsageRecord
 
 pytestmark = pytest.mark.usefixtures("catalog")
 

@@ -115,6 +115,21 @@ def test_an_admin_is_told_what_is_wrong_with_a_default_and_nothing_changes(
     assert image.default_env == {"HF_HUB_OFFLINE": "1"}
 
 
+def test_an_admin_may_set_what_the_loader_reads_in_an_images_defaults(
+    client: Client, charlie_admin: User
+) -> None:
+    """A job may not set LD_LIBRARY_PATH (docs/security.md); an image's defaults may, for the
+    image's own libraries: they are set for its trainers alone, after the privilege drop."""
+    image = FrameworkImage.objects.get(name=STARTER)
+    url = f"/admin/jobs/frameworkimage/{image.pk}/change/"
+    client.force_login(charlie_admin)
+    data = admin_form_data(client, url)
+    default_env = '{"LD_LIBRARY_PATH": "/opt/cuda/lib64"}'
+    assert client.post(url, {**data, "default_env": default_env}).status_code == 302
+    image.refresh_from_db()
+    assert image.default_env == {"LD_LIBRARY_PATH": "/opt/cuda/lib64"}
+
+
 def test_the_migration_sets_accelerate_on_the_cpu_starter_unless_an_admin_set_defaults() -> None:
     migration = importlib.import_module("jobs.migrations.0020_image_default_env")
     images = FrameworkImage.objects

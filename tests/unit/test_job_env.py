@@ -86,6 +86,23 @@ def test_the_owner_sees_the_values_and_an_admin_sees_secrets_masked(
             "env",
             "'1BAD' is not a variable name (letters, digits and _, not starting with a digit).",
         ),
+        *(
+            (
+                {name: "/work/.code/evil.so"},
+                "env",
+                f"{name} is read by the dynamic loader or the C library, so a job may not set "
+                "it; an admin may set it in the image's defaults (see docs/security.md).",
+            )
+            for name in (
+                "LD_PRELOAD",
+                "LD_LIBRARY_PATH",
+                "LD_AUDIT",
+                "GCONV_PATH",
+                "GLIBC_TUNABLES",
+                "MALLOC_CHECK_",
+                "LOCPATH",
+            )
+        ),
         ({"SEED": 7}, "env.SEED", "Values of environment variables are strings."),
         (["SEED=7"], "env", "Give the environment as {NAME: value}, values as strings."),
     ],

@@ -1,4 +1,4 @@
-"""Paging the job list by cursor (jobs.services.job_pages): every job once, in the list's
+"""Paging the job list by cursor (jobs.services.views.job_pages): every job once, in the list's
 order, forwards and back, in every sort (ties and jobs that never started included); bad
 cursors refused by name; the count capped; the page's Older / Newer links."""
 
@@ -12,9 +12,9 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.models import ApiToken, Job
-from jobs.services import job_pages
-from jobs.services.job_search import SORTS
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views import job_pages
+from jobs.services.views.job_search import SORTS
 from tests.conftest import set_quota
 from tests.unit.helpers import job_request
 

@@ -15,11 +15,12 @@ import psutil
 import pytest
 
 from tests.conftest import process_alive
+from tests.keeper_output import read_output
 from tests.tmpfs import fill, small_tmpfs
 from tests.unit.test_supervisor import wait_until
-from workers import keeper
+from workers import jobenv, keeper
 from workers.filetail import FileTail
-from workers.keeper import frame, read_frames, read_output
+from workers.keeper import frame, read_frames
 from workers.keeperlink import KeeperLink, KeptProcess, SpareKeepers
 from workers.logsink import Ledger
 from workers.procrecords import ProcRecords
@@ -45,7 +46,8 @@ def start(
     replica = {"spec": {"job_id": 5, "role": "worker", "index": 1}}
     return KeeperLink.start(
         tmp_path / "keeper",
-        [KeptProcess(argv, env or {"TRAINYARD_JOB_ID": "5"}, tmp_path)],
+        # As the sandbox builds it: the last step sets the job's environment.
+        [KeptProcess(jobenv.command(argv, tmp_path), env or {"TRAINYARD_JOB_ID": "5"}, tmp_path)],
         replica,
         tmp_path / "procs",
         grace_seconds=grace,
@@ -63,9 +65,10 @@ def test_the_keeper_holds_none_of_the_agents_secrets(
     assert "REDIS_URL" not in keeper.environ()
     assert "agent-secret" not in " ".join(keeper.cmdline())
     [trainer] = link.pids()
-    # What it was given (and the C locale's coercion by the death-signal shim's Python).
+    # Once the chain has become the trainer (the shims before it have an environment of
+    # their own, never the job's): what it was given, and nothing else.
+    wait_until(lambda: psutil.Process(trainer).cmdline() == SLEEPER, 30, "the trainer")
     given = psutil.Process(trainer).environ()
-    given.pop("LC_CTYPE", None)
     assert given == {"TRAINYARD_JOB_ID": "5", "PATH": "/usr/bin"}
     # The spec that carried the trainer's environment is gone once read.
     assert sorted(p.name for p in link.folder.iterdir() if p.name.endswith(".json")) == [
@@ -404,7 +407,8 @@ def test_a_trainer_from_a_spare_keeper_starts_exactly_as_from_a_cold_one(
         assert spare_pid is not None
         warm = KeeperLink.start(
             tmp_path / "warm" / "keeper",
-            [KeptProcess(argv, env, tmp_path / "cold")],  # the same cwd as the cold one's
+            # The same cwd as the cold one's, and the same last step (as the sandbox builds).
+            [KeptProcess(jobenv.command(argv, tmp_path / "cold"), env, tmp_path / "cold")],
             {"spec": {"job_id": 5, "role": "worker", "index": 1}},
             tmp_path / "procs",
             grace_seconds=60.0,

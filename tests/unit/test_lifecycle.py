@@ -9,8 +9,9 @@ from django.contrib.auth.models import User
 from jobs import logstream
 from jobs.models import Job, Node, Replica
 from jobs.services import nodes as node_service
-from jobs.services import outcomes, presenters, reports, transitions
+from jobs.services.lifecycle import outcomes, reports, transitions
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views import presenters
 from tests.conftest import make_stale
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract
@@ -236,7 +237,7 @@ def test_a_transaction_tells_clients_once_with_the_state_after_every_write(
     django_capture_on_commit_callbacks: Capture,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from jobs.services import events
+    from jobs.services.lifecycle import events
 
     for node in nodes:
         make_stale(node)  # the job waits with every replica unplaced

@@ -12,7 +12,8 @@ from django.utils import timezone
 from jobs import logstream
 from jobs.models import ApiToken, Job, LogAck, LogChunk
 from jobs.redis_client import get_redis
-from jobs.services import logarchive, reports
+from jobs.services import logarchive
+from jobs.services.lifecycle import reports
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import append_lines, job_request, stream_entries
 from workers import contract

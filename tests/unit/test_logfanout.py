@@ -31,6 +31,11 @@ def job(alice: User) -> Job:
     return submit_job(alice, check_job_request(job_request(instances=2)))
 
 
+def feeds_now() -> dict[int, int]:
+    """Job id -> viewers, of this event loop's feeds."""
+    return {job_id: feed.viewers for job_id, feed in logfanout._registry().items()}
+
+
 def followers_of(job_id: int) -> int:
     """Connections to Redis that read this job's log now (named by jobs.logfanout)."""
     name = logfanout.follower_name(job_id)
@@ -54,7 +59,7 @@ async def test_viewers_at_the_same_cursor_share_one_reader_and_each_gets_every_l
     for comm, seen in zip(viewers, frames, strict=True):
         assert (await comm.connect())[0]
         await lines_upto(comm, 2, seen)
-    assert logfanout.feeds_now() == {job.pk: 3}
+    assert feeds_now() == {job.pk: 3}
     assert await asyncio.to_thread(followers_of, job.pk) == 1
     for k in range(5):
         append_lines(sink, job.pk, "worker", 1, "node-2", [f"b{k}-{i}" for i in range(100)])
@@ -65,7 +70,7 @@ async def test_viewers_at_the_same_cursor_share_one_reader_and_each_gets_every_l
     assert await asyncio.to_thread(followers_of, job.pk) == 1
     for comm in viewers:
         await comm.disconnect()
-    assert logfanout.feeds_now() == {}
+    assert feeds_now() == {}
     await asyncio.sleep(0)  # the feed's task closes its connection as it ends
     assert await asyncio.to_thread(followers_of, job.pk) == 0
 
@@ -103,10 +108,10 @@ async def test_a_viewer_older_than_what_the_feed_keeps_reads_alone_then_joins_it
     assert cursors(behind) == list(range(6, 131))
     assert alone_from == [5]  # it read on its own once, then from the feed
     assert cursors(early) == list(range(1, 131))
-    assert logfanout.feeds_now() == {job.pk: 2}
+    assert feeds_now() == {job.pk: 2}
     await first.disconnect()
     await late.disconnect()
-    assert logfanout.feeds_now() == {}
+    assert feeds_now() == {}
 
 
 def _batch(first: int, lines: list[str]) -> Batch:

@@ -96,7 +96,7 @@ class Sink:
 def test_the_tail_follows_a_growing_file_and_reports_bad_lines(tmp_path: Path) -> None:
     path = tmp_path / "metrics-0.jsonl"
     sink = Sink()
-    tail = MetricTail(path, sink.on_points, sink.on_notes)
+    tail = MetricTail(path, sink.on_points, sink.on_notes, below=tmp_path, uid=os.geteuid())
     tail.start()
     with open(path, "a") as f:
         f.write('{"step": 1, "loss": 0.5}\n{"loss": NaN}\nnot json\n{"step": 2, "my_metric": 3}\n')
@@ -118,7 +118,7 @@ def test_the_tail_drops_a_flood_over_the_rate_limit_with_a_note(tmp_path: Path) 
     path = tmp_path / "metrics-0.jsonl"
     path.write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in range(20_000)))
     sink = Sink()
-    tail = MetricTail(path, sink.on_points, sink.on_notes)
+    tail = MetricTail(path, sink.on_points, sink.on_notes, below=tmp_path, uid=os.geteuid())
     tail.start()
     tail.stop()
     tail.join(10)

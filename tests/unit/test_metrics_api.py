@@ -223,6 +223,23 @@ def test_the_console_launches_a_single_worker_baseline(alice: User) -> None:
     assert job.baseline_id == baseline["id"]
 
 
+def test_an_admins_baseline_run_of_anothers_job_copies_no_masked_value(
+    alice: User, charlie_admin: User
+) -> None:
+    """A regression (issue 43): the baseline run copied the job's variables unmasked into the
+    admin's own job, where the admin could read them; "Run again" already dropped them."""
+    job = job_for(alice, env={"WANDB_API_KEY": "alices-secret", "LEARNING_RATE": "0.1"})
+    response = api(charlie_admin).post(f"/api/v1/jobs/{job.pk}/baseline-run")
+    assert response.status_code == 201, response.content
+    baseline = Job.objects.get(pk=response.json()["id"])
+    assert baseline.owner == charlie_admin
+    assert baseline.env == {"LEARNING_RATE": "0.1"}
+    # Its owner's own baseline run keeps every value.
+    response = api(alice).post(f"/api/v1/jobs/{job.pk}/baseline-run")
+    assert response.status_code == 201, response.content
+    assert Job.objects.get(pk=response.json()["id"]).env == job.env
+
+
 def test_regex_metric_definitions_are_checked_on_submission(alice: User) -> None:
     client = api(alice)
     bad = job_request(metrics=[{"name": "loss", "regex": "loss=[0-9.]+"}])

@@ -1,5 +1,5 @@
 """Prices with the currency, times in UTC for the browser to localise, durations
-(jobs/money.py, jobs/services/durations.py, jobs/templatetags/trainyard.py)."""
+(jobs/money.py, jobs/services/views/durations.py, jobs/templatetags/trainyard.py)."""
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -10,7 +10,7 @@ from django.template import Context, Template
 
 from jobs.models import Job
 from jobs.money import currency, format_price
-from jobs.services.durations import format_ago, format_duration, run_seconds
+from jobs.services.views.durations import format_ago, format_duration, run_seconds
 
 T0 = datetime(2025, 3, 7, 14, 5, 9, 250000, tzinfo=UTC)
 

@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, Job
-from jobs.services import scheduling
+from jobs.services.scheduler import scheduling
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import job_request
 

@@ -15,8 +15,8 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs.models import ApiToken, Node
-from jobs.services.counts import instance_count
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views.counts import instance_count
 from tests.unit.helpers import job_request
 from tests.unit.test_parameter_server_jobs import ps_request
 from trainyard_cli import render

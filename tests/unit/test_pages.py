@@ -118,7 +118,7 @@ def test_the_node_page_shows_capacity_use_and_status(client: Client, alice: User
 
     make_stale(Node.objects.get(name="node-2"))
     job = submit_job(alice, check_job_request(job_request(instances=2)))
-    from jobs.services import scheduling
+    from jobs.services.scheduler import scheduling
 
     scheduling.schedule()
     client.force_login(alice)

@@ -8,9 +8,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from jobs.models import Job, PriorityClass, Quota, Replica
-from jobs.services import presenters, queue, reports
+from jobs.models import Job, Node, PriorityClass, Quota, Replica, RestartPolicy
+from jobs.services.lifecycle import reports
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from jobs.services.views import presenters, queue_listing
 from tests.conftest import set_quota
 from tests.unit.helpers import SentTasks, job_request
 
@@ -124,7 +125,7 @@ def test_a_high_job_preempts_the_last_started_low_job_and_keeps_the_room_it_free
     assert presenters.queue_position(high) == 1 and presenters.queue_position(normal) == 2
     # The queue names what it preempts to whoever may see that job, and counts it for others.
     for viewer, named, others in ((bob, [], 1), (charlie_admin, [victim.pk], 0)):
-        entry = queue.entries(viewer)[0]
+        entry = queue_listing.entries(viewer)[0]
         assert (entry.job_id, entry.preempting, entry.preempting_others) == (high.pk, named, others)
 
     stopped(victim, 0, django_capture_on_commit_callbacks)
@@ -132,11 +133,11 @@ def test_a_high_job_preempts_the_last_started_low_job_and_keeps_the_room_it_free
     normal.refresh_from_db()
     assert placed(high), high.reason
     assert not placed(normal)  # the room went to the job it was freed for
-    assert [e.preempting for e in queue.entries(charlie_admin)] == [[]]
+    assert [e.preempting for e in queue_listing.entries(charlie_admin)] == [[]]
     # The victim is back in the queue (its restart policy is never: it is not its failure),
     # keeping its submission time.
     Job.objects.filter(pk=victim.pk).update(restart_at=timezone.now())
-    from jobs.services import restarts
+    from jobs.services.lifecycle import restarts
 
     with django_capture_on_commit_callbacks(execute=True):
         restarts.resume(victim.pk)
@@ -160,7 +161,7 @@ def test_a_job_preempted_once_is_not_preempted_again_before_its_minimum_run(
         lows.append(submit(alice, "low"))
         start(lows[-1], django_capture_on_commit_callbacks)
     Job.objects.filter(pk__in=[j.pk for j in lows]).update(
-        preempted_by=[1], last_preempted=timezone.now()
+        preempted_by=[1]
     )  # each was preempted before, and its attempt started just now
     high = submit(bob, "high")
     assert not placed(high)
@@ -260,3 +261,49 @@ def test_the_new_job_form_offers_the_classes_and_launches_with_one(
     assert Job.objects.count() == 1
     html = client.get(f"/jobs/{Job.objects.get().pk}/").content.decode()
     assert '<div id="priority-summary"><strong>Priority</strong> low</div>' in html
+
+
+def test_a_victim_that_later_stops_for_another_reason_is_not_credited_to_its_old_preemptor(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    """A regression (issue 43): the preemptor was read from the job (`preempted_by[-1]` while
+    `last_preempted` was set), so a job preempted once by P, whose later attempt ended for any
+    other reason, was counted among P's victims while that attempt's instances stopped, and P
+    would have waited on them and reserved their room."""
+    from jobs.services.lifecycle import outcomes, restarts
+    from jobs.services.scheduler import scheduling
+    from jobs.services.scheduler.preempt_pass import PreemptionPass
+
+    capture = django_capture_on_commit_callbacks
+    victim, high = preempted_low_job(alice, bob, submit, capture)
+    stopped(victim, 0, capture)
+    high.refresh_from_db()
+    assert placed(high), high.reason
+    start(high, capture)
+    # Room for the victim again (a third node), and its back-off over: it runs attempt 1.
+    Node.objects.create(
+        name="node-3", address="127.0.0.1", cpu=8, memory_gb=32, last_heartbeat=timezone.now()
+    )
+    Job.objects.filter(pk=victim.pk).update(restart_at=timezone.now())
+    with capture(execute=True):
+        restarts.resume(victim.pk)
+        scheduling.schedule()
+    victim.refresh_from_db()
+    start(victim, capture)
+    assert (victim.state, victim.attempt) == (Job.State.RUNNING, 1)
+    # Attempt 1 ends for another reason (an admin drains node-3 with eviction, and the job
+    # restarts on failure); its instances have been told to stop and have not yet.
+    Job.objects.filter(pk=victim.pk).update(restart_policy=RestartPolicy.ON_FAILURE)
+    victim.refresh_from_db()
+    with capture(execute=True):
+        outcomes.end_attempt(victim, restarts.Cause.EVICTION, "node-3 drained", "evicted")
+    victim.refresh_from_db()
+    assert victim.attempt == 2, (victim.state, victim.reason)
+    assert victim.replicas.filter(attempt=1, state__in=Replica.HOLDING_STATES).exists()
+    assert victim.attempts.get(number=0).preempted_by == high.pk
+    assert victim.attempts.get(number=1).preempted_by is None
+    assert PreemptionPass([], timezone.now()).stopping() == {}

@@ -1,22 +1,31 @@
-"""The victim choice and the queue's order (jobs.services.preemption, queue_order): pure
+"""The victim choice and the queue's order (jobs.services.scheduler.preemption, queue_order): pure
 functions, tested without a database."""
 
 from datetime import UTC, datetime, timedelta
 
-from jobs.services.placement import Demand, Room
-from jobs.services.preemption import (
-    Held,
+from jobs.services.placement import Demand, Holding, Room, place
+from jobs.services.scheduler.preemption import (
     Preemptor,
     Running,
     choose_victims,
-    superfluous,
+    rooms_without,
 )
-from jobs.services.queue_order import queue_key
+from tests.unit.helpers import queue_key
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
 MIN_RUN = 600.0
 LOW, NORMAL, HIGH = -10, 0, 10
+
+
+def superfluous(preemptor: Preemptor, rooms: list[Room], victims: list[Running]) -> list[Running]:
+    """The victims the preemptor would fit without (there should be none)."""
+    return [
+        v
+        for v in victims
+        if place(preemptor.demands, rooms_without(rooms, [w for w in victims if w is not v]))
+        is not None
+    ]
 
 
 def cpus(n: int, key: int = 0) -> Demand:
@@ -42,7 +51,7 @@ def running(
         priority,
         preemptible,
         started or T0 + timedelta(minutes=started_min),
-        (Held(node, cpu, 0, 1),),
+        (Holding(job_id, node, cpu, 0, 1),),
         times_preempted,
     )
 

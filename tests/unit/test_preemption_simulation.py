@@ -16,9 +16,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.services.placement import Demand, Room, place
-from jobs.services.preemption import Held, Preemptor, Running, choose_victims, rooms_without
-from jobs.services.queue_order import queue_key
+from jobs.services.placement import Demand, Holding, Room, place
+from jobs.services.scheduler.preemption import (
+    Preemptor,
+    Running,
+    choose_victims,
+    rooms_without,
+)
+from tests.unit.helpers import queue_key
 
 EPOCH = datetime(2026, 11, 26, tzinfo=UTC)
 MIN_RUN = 120.0
@@ -101,7 +106,7 @@ class Cluster:
             job.priority,
             CLASSES[job.pclass][2],
             at(job.started),
-            tuple(Held(n, c, 0, 0) for n, c in job.holdings.items()),
+            tuple(Holding(job.job_id, n, c, 0, 0) for n, c in job.holdings.items()),
             len(job.preempted_at),
         )
 
@@ -134,7 +139,7 @@ class Cluster:
             stopping = [self.jobs[v] for v in self.pending.get(job.job_id, [])]
             stopping_held = [
                 Running(v.job_id, v.priority, False, at(now), tuple(
-                    Held(n, c, 0, 0) for n, c in v.holdings.items()
+                    Holding(v.job_id, n, c, 0, 0) for n, c in v.holdings.items()
                 ))
                 for v in stopping
             ]  # fmt: skip

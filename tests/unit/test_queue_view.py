@@ -9,8 +9,8 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, Job, Replica
-from jobs.services import presenters, queue
 from jobs.services.submission import check_job_request, submit_job
+from jobs.services.views import presenters, queue_listing
 from tests.unit.helpers import SentTasks, job_request
 from tests.unit.test_api_keys_declared import check
 
@@ -41,7 +41,7 @@ def test_every_waiting_job_is_listed_in_order_and_others_jobs_say_nothing_of_the
     full_cluster: list[Job], alice: User
 ) -> None:
     first, bobs, second = full_cluster
-    entries = queue.entries(alice)
+    entries = queue_listing.entries(alice)
     assert [e.position for e in entries] == [1, 2, 3]
     assert [e.job_id for e in entries] == [first.pk, None, second.pk]
     hidden = entries[1]
@@ -54,7 +54,7 @@ def test_every_waiting_job_is_listed_in_order_and_others_jobs_say_nothing_of_the
 def test_an_administrator_sees_every_job_and_owner(
     full_cluster: list[Job], charlie_admin: User
 ) -> None:
-    entries = queue.entries(charlie_admin)
+    entries = queue_listing.entries(charlie_admin)
     assert [e.owner for e in entries] == ["alice", "bob", "alice"]
     assert entries[1].name == "bobs-secret"
 
@@ -62,7 +62,7 @@ def test_an_administrator_sees_every_job_and_owner(
 def test_a_jobs_place_on_its_own_page_is_its_place_in_the_queue(
     full_cluster: list[Job], charlie_admin: User
 ) -> None:
-    listed = {e.job_id: e.position for e in queue.entries(charlie_admin)}
+    listed = {e.job_id: e.position for e in queue_listing.entries(charlie_admin)}
     assert listed == {job.pk: place for place, job in enumerate(full_cluster, 1)}
     for job in full_cluster:
         assert presenters.queue_position(job) == listed[job.pk]
@@ -91,7 +91,7 @@ def test_an_empty_queue_says_so(alice: User) -> None:
     page = Client()
     page.force_login(alice)
     assert "No job is waiting" in page.get("/queue/").content.decode()
-    assert queue.entries(alice) == []
+    assert queue_listing.entries(alice) == []
 
 
 def test_a_higher_class_is_listed_first_and_each_entry_names_its_class(
@@ -104,6 +104,6 @@ def test_a_higher_class_is_listed_first_and_each_entry_names_its_class(
         urgent = submit_job(
             alice, check_job_request(job_request(1, "cpu-2", name="urgent", priority="high"))
         )
-    entries = queue.entries(alice)
+    entries = queue_listing.entries(alice)
     assert (entries[0].job_id, entries[0].priority) == (urgent.pk, "high")
     assert [e.priority for e in entries[1:]] == ["normal"] * 3

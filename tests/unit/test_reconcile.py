@@ -11,7 +11,9 @@ from django.utils import timezone
 
 from jobs.models import Job, Node, Package, Replica
 from jobs.services import nodes as node_service
-from jobs.services import outcomes, reconcile, reports, scheduling, transitions
+from jobs.services import reconcile
+from jobs.services.lifecycle import outcomes, reports, transitions
+from jobs.services.scheduler import scheduling
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract

@@ -4,7 +4,7 @@ restart within the budget (counted or not, avoiding a node or not), or fail with
 import pytest
 
 from jobs.models import Job, RestartPolicy
-from jobs.services.restarts import Cause, Decision, decide
+from jobs.services.lifecycle.restarts import Cause, Decision, decide
 
 COUNTED = [Cause.INSTANCE_FAILED, Cause.RULE_RESTART, Cause.RULE_RESTART_AWAY]
 NOT_COUNTED = [Cause.EVICTION, Cause.PREEMPTION]

@@ -11,8 +11,9 @@ from django.utils import timezone
 
 from jobs.healthrules import Watch, parse_rules
 from jobs.models import Job, JobAttempt, Node, Replica
-from jobs.services import health, reports, restarts
+from jobs.services import health
 from jobs.services import nodes as node_service
+from jobs.services.lifecycle import reports, restarts
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import FIXTURE_CODE_ROOT, escape_verdicts, job_processes, signal_file
+from tests.conftest import (
+    FIXTURE_CODE_ROOT,
+    escape_verdicts,
+    job_processes,
+    required_here,
+    signal_file,
+)
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
 from workers import contract, sandbox
 from workers.logship import LogShipper
@@ -39,22 +45,37 @@ def test_it_runs_a_users_trainers_as_that_users_own_uid_without_capabilities(
     argv, _ = ROOTED.wrap(["/usr/bin/python3", "train.py"], Folders(cwd=tmp_path), {}, owner=7)
     inside = argv[argv.index("--") + 1 :]
     uid = sandbox.DEFAULT_UID_BASE + 7
-    assert inside[:8] == [
+    assert inside[:7] == [
         "/usr/bin/setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "/usr/bin/env",
+        "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
     ]  # fmt: skip
+    # After the drop, SIGTERM's default comes back, and only then is the job's environment
+    # set (workers/jobenv.py), by the trainer's own interpreter.
+    assert inside[7:9] == ["/usr/bin/env", "--default-signal=TERM"]
+    assert inside[9:13] == ["/usr/bin/python3", "-I", "-S", str(sandbox.JOBENV_SHIM)]
     assert inside[-2:] == ["/usr/bin/python3", "train.py"]
     # bwrap ignores SIGTERM, the trainer gets it back: a stop reaches the trainer alone.
     assert argv[:2] == ["/usr/bin/env", "--ignore-signal=TERM"]
-    assert "--default-signal=TERM" in inside
 
 
-def test_a_node_without_a_sandbox_runs_the_argv_as_it_is(tmp_path: Path) -> None:
+def test_no_variable_of_the_job_is_on_the_command_line(tmp_path: Path) -> None:
+    """The job's variables travel on stdin, not in the argv: `ps` on the host shows none of
+    their values, and nothing before the drop runs with them."""
+    secret = {"BOB_API_TOKEN": "bob-secret-123", "LD_PRELOAD": "/x/evil.so"}
+    for wrapper in (ROOTED, Sandbox(Isolation.NONE, reason="bwrap not found")):
+        argv, env = wrapper.wrap(["/usr/bin/python3", "t.py"], Folders(cwd=tmp_path), secret, 7)
+        assert not any("bob-secret" in a or "evil.so" in a for a in argv)
+        assert env["BOB_API_TOKEN"] == "bob-secret-123"
+
+
+def test_a_node_without_a_sandbox_still_sets_the_environment_in_the_last_step(
+    tmp_path: Path,
+) -> None:
     bare = Sandbox(Isolation.NONE, reason="bwrap not found")
-    assert bare.wrap(["python", "x.py"], Folders(cwd=tmp_path), {"A": "1"}, owner=3) == (
-        ["python", "x.py"],
-        {"A": "1"},
-    )
+    argv, env = bare.wrap(["python", "x.py"], Folders(cwd=tmp_path), {"A": "1"}, owner=3)
+    assert argv == ["python", "-I", "-S", str(sandbox.JOBENV_SHIM), "--chdir", str(tmp_path),
+                    "--", "python", "x.py"]  # fmt: skip
+    assert env == {"A": "1"}
 
 
 def test_exit_codes_of_signals_read_as_signals() -> None:
@@ -73,9 +94,7 @@ def host_sandbox() -> Sandbox:
     """What this host can do; CI must be able to sandbox (make test installs bubblewrap)."""
     found = sandbox.probe(shared=[signal_file().parent])
     if not found.isolation.isolated:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the sandbox tests, but {found.reason}")
-        pytest.skip(f"SKIPPED, not run: no sandbox here: {found.reason}")
+        required_here("the sandbox tests", f"no sandbox here: {found.reason}")
     return found
 
 
@@ -245,3 +264,29 @@ def test_the_code_in_the_working_folder_is_bound_read_only_over_it(tmp_path: Pat
         if option in ("--bind", "--ro-bind") and options[i + 2] in (str(work), str(code))
     ]
     assert binds == [("--bind", str(work)), ("--ro-bind", str(code))]
+
+
+def test_the_instances_dev_shm_lies_beside_its_folder_not_in_it(tmp_path: Path) -> None:
+    """bwrap binds /dev/shm by its path each time a process of the instance starts, maybe
+    after another is running: a folder the job could replace with a link would have the next
+    sandbox bind whatever it names. It lies in the attempt's folder, the agent's alone."""
+    scratch = tmp_path / "attempt-0" / "master"
+    scratch.mkdir(parents=True)
+    sandbox.prepare_scratch(scratch)
+    shm = sandbox.shm_folder(scratch)
+    assert shm.is_dir() and shm.parent == scratch.parent and not shm.is_relative_to(scratch)
+    assert sandbox.scratch_folders(scratch) == [scratch, scratch / "tmp", shm]
+    options = sandbox.mounts(Folders(cwd=scratch, writable=[scratch], scratch=scratch), [])
+    assert ["--bind", str(shm), sandbox.PRIVATE_SHM] in [
+        options[i : i + 3] for i in range(len(options) - 2)
+    ]
+
+
+def test_the_node_side_reads_a_jobs_files_as_its_trainers_uid_owns_them() -> None:
+    """What jobfiles checks a job's metrics and error files against: the uid its trainers run
+    as, which for a root agent's containers is the owner's even without a sandbox."""
+    bare = Sandbox(Isolation.NONE, reason="bwrap not found")
+    assert ROOTED.file_owner(7) == sandbox.DEFAULT_UID_BASE + 7
+    assert bare.file_owner(7) == os.geteuid()
+    expected = sandbox.DEFAULT_UID_BASE + 7 if os.geteuid() == 0 else os.geteuid()
+    assert bare.file_owner(7, container=True) == expected

@@ -11,12 +11,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs.models import Job, Node, Quota, Replica
+from jobs.models import Job, JobAttempt, Node, Quota, Replica
 from jobs.services import nodes as node_service
-from jobs.services import presenters, reports, scheduling, waitlist
-from jobs.services.placement import Demand, Room
+from jobs.services.lifecycle import reports, schedule_requests
+from jobs.services.placement import Demand, Holding, Room
+from jobs.services.scheduler import scheduling, waitlist
+from jobs.services.scheduler.why_waiting import NodeView, shortfall
 from jobs.services.submission import check_job_request, submit_job
-from jobs.services.waiting import Holding, NodeView, why_waiting
+from jobs.services.views import presenters
 from tests.conftest import make_stale
 from tests.unit.helpers import SentTasks, job_request
 from workers import contract
@@ -37,6 +39,10 @@ def submit(
         return job
 
     return go
+
+
+# The end of a strict queue's reason, with a grace of 300 s.
+STRICT = "which has waited for room longer than 5 min: nothing passes it until it starts"
 
 
 def placed(job: Job) -> bool:
@@ -66,13 +72,27 @@ def test_the_queue_turns_strict_when_the_first_job_waited_too_long(
 ) -> None:
     submit(6)
     big = submit(4)
-    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(minutes=10))
+    JobAttempt.objects.filter(job=big).update(queued=timezone.now() - timedelta(minutes=10))
     settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
     small = submit(2)
     small.refresh_from_db()
     assert not placed(small)
-    assert small.reason == f"waiting behind job {big.pk}, which has waited longest"
+    assert small.reason == f"waiting behind job {big.pk}, first in the queue, {STRICT}"
     assert presenters.queue_position(small) == 2
+
+
+def test_the_grace_counts_from_when_the_head_joined_the_queue_not_its_submission(
+    nodes: list[Node], submit: Callable[..., Job], settings: Any
+) -> None:
+    """A regression (issue 43): the grace clock was the job's submission time, so a head
+    submitted long ago and back in the queue just now (restarted, preempted) made the queue
+    strict at once."""
+    submit(6)
+    big = submit(4)
+    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(hours=2))
+    settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
+    small = submit(2)
+    assert not placed(big) and placed(small), small.reason
 
 
 def test_freed_room_goes_to_the_first_job_in_the_queue(
@@ -153,7 +173,7 @@ def test_it_explains_which_node_frees_what_when_which_job_ends() -> None:
     nodes = [NodeView("node-1", 16, 0, 64, "ready"), NodeView("node-2", 24, 2, 240, "ready")]
     rooms = [Room("node-1", 16, 0, 64), Room("node-2", 12, 0, 120)]
     held = [Holding(41, "node-2", 12, 2, 120)]
-    reason = why_waiting([Demand(("worker", 1), 12, 2, 120)], rooms, nodes, held, every_job)
+    reason = shortfall([Demand(("worker", 1), 12, 2, 120)], rooms, nodes, held).in_words(every_job)
     assert reason == (
         "waiting: needs a node with 2 GPUs, 12 CPU cores and 120 GB free; "
         "node-2 frees 2 GPUs when job 41 ends"
@@ -164,7 +184,7 @@ def test_it_names_every_job_that_must_end() -> None:
     nodes = [NodeView("node-1", 8, 0, 32, "ready")]
     rooms = [Room("node-1", 0, 0, 8)]
     held = [Holding(7, "node-1", 4, 0, 12), Holding(9, "node-1", 4, 0, 12)]
-    reason = why_waiting([Demand(("master", 0), 8, 0, 8)], rooms, nodes, held, every_job)
+    reason = shortfall([Demand(("master", 0), 8, 0, 8)], rooms, nodes, held).in_words(every_job)
     assert reason.endswith("node-1 frees 8 CPU cores when job 7 and job 9 end")
 
 
@@ -174,11 +194,13 @@ def test_it_counts_but_never_names_jobs_the_owner_may_not_see() -> None:
     held = [Holding(7, "node-1", 4, 0, 12), Holding(9, "node-1", 2, 0, 6)]
     held += [Holding(11, "node-1", 2, 0, 6)]
     demand = [Demand(("master", 0), 8, 0, 8)]
-    reason = why_waiting(demand, rooms, nodes, held, lambda ids: {9})
+    reason = shortfall(demand, rooms, nodes, held).in_words(lambda ids: {9})
     assert reason.endswith("node-1 frees 8 CPU cores when job 9 and 2 jobs of other users end")
-    reason = why_waiting(demand, rooms, nodes, held, lambda ids: set())
+    reason = shortfall(demand, rooms, nodes, held).in_words(lambda ids: set())
     assert reason.endswith("frees 8 CPU cores when 3 jobs of other users end")
-    reason = why_waiting([Demand(("master", 0), 6, 0, 8)], rooms, nodes, held, lambda ids: {9})
+    reason = shortfall([Demand(("master", 0), 6, 0, 8)], rooms, nodes, held).in_words(
+        lambda ids: {9}
+    )
     assert reason.endswith("frees 6 CPU cores when job 9 and a job of another user end")
 
 
@@ -213,17 +235,17 @@ def test_the_job_a_strict_queue_waits_behind_is_named_to_its_owner_only(
 ) -> None:
     submit(6)
     big = submit(4)
-    Job.objects.filter(pk=big.pk).update(created=timezone.now() - timedelta(minutes=10))
+    JobAttempt.objects.filter(job=big).update(queued=timezone.now() - timedelta(minutes=10))
     settings.TRAINYARD_BACKFILL_GRACE_SECONDS = 300
     with django_capture_on_commit_callbacks(execute=True):
         bobs = submit_job(bob, check_job_request(job_request(2, "cpu-2")))
     bobs.refresh_from_db()
-    assert bobs.reason == "waiting behind a job of another user, which has waited longest"
+    assert bobs.reason == f"waiting behind a job of another user, first in the queue, {STRICT}"
     assert str(big.pk) not in bobs.reason
 
 
 def test_it_says_when_no_node_agent_has_registered() -> None:
-    assert why_waiting([Demand(("master", 0), 1, 0, 1)], [], [], [], every_job) == (
+    assert shortfall([Demand(("master", 0), 1, 0, 1)], [], [], []).in_words(every_job) == (
         "waiting for a node agent to register"
     )
 
@@ -248,12 +270,12 @@ def test_requests_made_before_a_pass_starts_send_one_schedule_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sent: list[str] = []
-    monkeypatch.setattr(scheduling.app, "send_task", lambda name, **_: sent.append(name))
+    monkeypatch.setattr(schedule_requests.app, "send_task", lambda name, **_: sent.append(name))
     for _ in range(3):  # say, three nodes coming back at once
-        scheduling._send_schedule_task()
+        schedule_requests._send_schedule_task()
     assert sent == [contract.TASK_SCHEDULE]
     scheduling.schedule()  # the pass they asked for starts: what it reads answers them
-    scheduling._send_schedule_task()
+    schedule_requests._send_schedule_task()
     assert sent == [contract.TASK_SCHEDULE] * 2
 
 

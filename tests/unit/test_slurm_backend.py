@@ -3,6 +3,8 @@ of a job, and the step wrapper's choice of instance, rendezvous and failure reas
 (tests/integration/test_slurm.py runs all of it on a real Slurm.)"""
 
 import json
+import os
+import subprocess
 import sys
 import threading
 from collections import deque
@@ -13,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs.models import FrameworkImage, Job, JobRole, Package
-from jobs.services import slurm_batch, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_states
 from workers import launcher, slurmstep
 from workers.spec import ReplicaSpec
 
@@ -74,6 +76,7 @@ def test_a_parameter_server_job_is_one_component_per_role_in_rank_order(
         f"--output={script.parent / 'slurm-%j.out'}",
         f"--chdir={script.parent}",
         "--no-requeue",
+        f"--export={target.exported()}",
         "--ntasks=1", "--cpus-per-task=1", "--mem-per-cpu=2048M", ":",
         "--ntasks=2", "--cpus-per-task=1", "--mem-per-cpu=2048M", ":",
         "--ntasks=2", "--cpus-per-task=2", "--mem-per-cpu=2048M",
@@ -87,6 +90,110 @@ def test_a_parameter_server_job_is_one_component_per_role_in_rank_order(
     assert plan["specs"][3]["args"] == ["--epochs", "1; rm -rf /"]
     assert "rm -rf" not in script.read_text()
     assert "--het-group=0,1,2" in script.read_text()
+
+
+# The console worker's own variables, as a deployment gives them (docs/deploy.md).
+CONSOLE_ENV = {
+    "REDIS_URL": "redis://:console-admin-secret@127.0.0.1:6379/0",
+    "TRAINYARD_HEALTHZ_TOKEN": "healthz-secret",
+    "DJANGO_SETTINGS_MODULE": "console.settings",
+    "DJANGO_SECRET_KEY": "django-secret",
+    "TRAINYARD_VAR_DIR": "/var/lib/trainyard",
+}
+
+
+def test_slurm_gets_none_of_the_consoles_variables(
+    ps_job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch gives a job the environment it runs with (slurmctld saves it with the job, every
+    node's batch and step processes get it): the console's Redis administrator URL and health
+    token must not be in it, and the job exports only what its steps need."""
+    for name, value in CONSOLE_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("HOME", "/home/trainyard")
+    for unset in ("LC_ALL", "TZ", "TRAINYARD_SANDBOX_SHARED"):
+        monkeypatch.delenv(unset, raising=False)
+    target = slurm_batch.SlurmTarget(
+        "gpu", tmp_path, sys.executable, tmp_path, client_env={"SLURM_CONF": "/etc/slurm.conf"}
+    )
+    runs: list[tuple[list[str], dict[str, str]]] = []
+
+    def sbatch(argv: list[str], env: dict[str, str], **_: object) -> subprocess.CompletedProcess:
+        runs.append((argv, env))
+        return subprocess.CompletedProcess(argv, 0, "4242;cluster\n", "")
+
+    monkeypatch.setattr(slurm_batch.subprocess, "run", sbatch)
+    job_credentials = "redis://job-7:job-password@10.0.0.1:6379/0"
+    assert slurm_batch.submit(ps_job, target, job_credentials) == "4242"
+    assert [argv[:2] for argv, _ in runs] == [["sbatch", "--test-only"], ["sbatch", "--parsable"]]
+    for argv, env in runs:
+        assert env == {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "LANG": "C.UTF-8",
+            "HOME": "/home/trainyard",
+            "SLURM_CONF": "/etc/slurm.conf",
+        }
+        # Only what the steps need goes with the job: not HOME, not SLURM_CONF (SLURM_*
+        # variables go anyway), nothing of the console's.
+        assert "--export=PATH,LANG" in argv, argv
+        assert not [v for v in (*CONSOLE_ENV.values(), "job-password") if v in " ".join(argv)]
+    # The job's own Redis user travels in a file of its owner's alone, not in the environment.
+    credentials = slurm_batch.attempt_folder(target, ps_job) / "credentials.url"
+    assert credentials.read_text().strip() == job_credentials
+    assert credentials.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_batch_script_gives_srun_slurms_variables_and_the_exported_ones_alone(
+    ps_job: Job, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """slurmd adds the job user's login environment to the batch script's (any sbatch
+    --export but ALL does that); the script execs srun without it, and srun's --export keeps
+    the steps to the exported names."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    seen = tmp_path / "srun-saw.json"
+    fake_srun = fake_bin / "srun"
+    fake_srun.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, sys\n"
+        f"open({str(seen)!r}, 'w').write(json.dumps([sys.argv[1:], dict(os.environ)]))\n"
+    )
+    fake_srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:/usr/bin:/bin")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    for unset in ("LC_ALL", "TZ", "TRAINYARD_SANDBOX_SHARED"):
+        monkeypatch.delenv(unset, raising=False)
+    target = slurm_batch.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
+    script = slurm_batch.write_batch_script(ps_job, target, slurm_batch.write_plan(ps_job, target))
+    batch_env = {
+        # What sbatch sent, and what slurmd sets.
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_EXPORT_ENV": "PATH,LANG",
+        "SLURMD_NODENAME": "n1",
+        # The login environment slurmd loads (`su - <user>`), here with a leaked secret.
+        "HOME": "/home/trainyard",
+        "SHELL": "/bin/bash",
+        "REDIS_URL": CONSOLE_ENV["REDIS_URL"],
+    }
+    subprocess.run([str(script)], env=batch_env, check=True, timeout=30)
+    argv, env = json.loads(seen.read_text())
+    assert argv[:4] == [
+        "--kill-on-bad-exit=1",
+        "--unbuffered",
+        "--export=PATH,LANG",
+        "--het-group=0,1,2",
+    ]
+    assert env == {
+        "PATH": f"{fake_bin}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_EXPORT_ENV": "PATH,LANG",
+        "SLURMD_NODENAME": "n1",
+    }
 
 
 def test_the_step_wrapper_takes_the_spec_of_its_task_and_refuses_a_missing_one() -> None:
@@ -123,17 +230,20 @@ def test_a_failure_reason_prefers_what_the_process_recorded(tmp_path: Path) -> N
         1: deque(["Traceback (most recent call last):", '  File "x.py", line 1', "KeyError: 'x'"])
     }
     assert (
-        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails)
+        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails, os.geteuid())
         == "KeyError: 'x' (exited with code 1)"
     )
     launcher.error_file(tmp_path, 1).write_text(
         json.dumps({"message": {"message": "ValueError: bad"}})
     )
     assert (
-        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails)
+        slurmstep.failure_reason(spec, tmp_path, [0, 1], tails, os.geteuid())
         == "ValueError: bad (rank 3, exited with code 1)"
     )
-    assert slurmstep.failure_reason(spec, tmp_path, [-9, 0], {}) == "killed by signal SIGKILL"
+    assert (
+        slurmstep.failure_reason(spec, tmp_path, [-9, 0], {}, os.geteuid())
+        == "killed by signal SIGKILL"
+    )
 
 
 def test_an_admin_adds_a_pool_from_the_command_line(

@@ -24,7 +24,7 @@ from workers import contract
 from workers import supervisor as supervisor_module
 from workers.agent import heartbeat_payload, make_celery, make_reporter
 from workers.logship import LogShipper
-from workers.procrecords import ProcRecord, record_of
+from workers.procrecords import ProcRecord
 from workers.spec import ReplicaSpec
 from workers.supervisor import Supervisor, describe_exit
 
@@ -107,7 +107,10 @@ class Tree:
         self.trainer, self.child = (int(p) for p in match.groups())
 
     def record(self, job_id: int = 5, role: str = "worker", index: int = 1) -> ProcRecord:
-        return record_of(job_id, role, index, self.trainer)
+        return ProcRecord(
+            job_id, role, index, self.trainer, pgid=self.trainer,
+            create_time=psutil.Process(self.trainer).create_time(),
+        )  # fmt: skip
 
     @property
     def pids(self) -> list[int]:

@@ -2,7 +2,7 @@
 torch's "[rankN]: " prefix. The tracebacks are as torch 2.13 printed them under torchrun with
 gloo (a rank raising after init_process_group), cut to the lines the agent keeps."""
 
-from workers.tracebacks import last_exception
+from workers.tracebacks import known_abort, last_exception
 
 ONE_FRAME = [
     "[rank1]: Traceback (most recent call last):",
@@ -82,3 +82,12 @@ def test_without_a_traceback_there_is_no_exception() -> None:
     """A line that only looks like one is the trainer's own output."""
     assert last_exception(["epoch=1 loss: 0.5", "KeyError: 3"]) is None
     assert last_exception([]) is None
+
+
+def test_an_abort_at_exit_from_a_running_thread_is_named_with_its_fix() -> None:
+    """torch without destroy_process_group(): the script trained, then libstdc++ aborted."""
+    lines = ["epoch 2 loss=0.01", "[rank0]: terminate called without an active exception"]
+    reason = known_abort(lines)
+    assert reason is not None
+    assert "torch.distributed.destroy_process_group()" in reason
+    assert known_abort(["terminate called after throwing an instance of 'c10::Error'"]) is None

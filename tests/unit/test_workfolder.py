@@ -165,3 +165,20 @@ def test_a_link_in_place_of_the_code_is_refused(tmp_path: Path) -> None:
     with pytest.raises(workfolder.WorkFolderError, match="is a link"):
         workfolder.install_code(work, code_into({"train.py": ""}))
     assert sorted(p.name for p in work.iterdir()) == [".code"]
+
+
+def test_the_code_is_staged_where_the_jobs_trainers_cannot_write(tmp_path: Path) -> None:
+    """Trainers of the job on another node may already write in its working folder: the code
+    is filled (as root) in a folder beside it, in the agents' own folder, and renamed in."""
+    work = tmp_path / "workdirs" / "job-7-abc"
+    work.mkdir(parents=True)
+    staged_in: list[Path] = []
+
+    def unpack(staging: Path) -> None:
+        staged_in.append(staging.parent)
+        code_into({"train.py": "print()"})(staging)
+
+    code = workfolder.install_code(work, unpack)
+    assert staged_in == [work.parent]
+    assert code == work / ".code" and (code / "train.py").is_file()
+    assert not [p for p in work.parent.iterdir() if p.name.startswith(workfolder.STAGING_PREFIX)]

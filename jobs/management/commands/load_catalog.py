@@ -46,14 +46,15 @@ IMAGES: list[dict[str, Any]] = [
 # The packages of a typical parameter-server set-up (a 2-core server, a 2-GPU worker), plus
 # small CPU ones that fit a laptop.
 PACKAGES = [
-    {"name": "cpu-1", "cpu": 1, "memory_gb": 2, "price_per_hour": Decimal("0.05")},
-    {"name": "cpu-2", "cpu": 2, "memory_gb": 4, "price_per_hour": Decimal("0.10")},
+    {"name": "cpu-1", "cpu": 1, "memory_gb": 2, "disk_gb": 10, "price_per_hour": Decimal("0.05")},
+    {"name": "cpu-2", "cpu": 2, "memory_gb": 4, "disk_gb": 20, "price_per_hour": Decimal("0.10")},
     # Two PyTorch processes per instance, as `torchrun --nproc-per-node 2` on a CPU host.
     {
         "name": "cpu-2-x2",
         "cpu": 2,
         "memory_gb": 4,
         "processes": 2,
+        "disk_gb": 20,
         "price_per_hour": Decimal("0.10"),
     },
     {"name": "server-2c12g", "cpu": 2, "memory_gb": 12, "price_per_hour": Decimal("0.20")},

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from jobs.models import FrameworkImage, Package, SlurmPool
-from jobs.services import slurm_batch
+from jobs.services.slurm import slurm_batch
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 // Job page: the training section (templates/jobs/_training.html), as an ES module.
 //
-// Figures come from GET /api/v1/jobs/ID/metrics/summary (jobs/services/training_report.py);
+// Figures come from GET /api/v1/jobs/ID/metrics/summary (jobs/services/views/training_report.py);
 // charts are drawn with uPlot (static/vendor/uplot) from every metric point of the job, and of
 // its baseline when it has one. The points load once over HTTP; live ones arrive as
 // "trainyard:metric" events, which the page's websocket code dispatches for each metric frame,

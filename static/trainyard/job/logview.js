@@ -14,10 +14,10 @@ import { logRules } from "../rules.js";
 import { ensureTab, listenToFilters, syncOptions } from "./log/filterbar.js";
 import { nothingSelected } from "./log/filters.js";
 import { fetchNewer, fetchOlder } from "./log/paging.js";
-import { pushNotice, receive } from "./log/live.js";
+import { pause, pushNotice, receive, requestFlush, resume } from "./log/live.js";
 import { listenToSearch } from "./log/search.js";
 import { createState, EDGE_PX, END, TAIL } from "./log/state.js";
-import { banner, pause, resume, showEmpty, showFollowState, showStatus } from "./log/status.js";
+import { banner, showEmpty, showFollowState, showStatus } from "./log/status.js";
 
 export { TAIL };
 
@@ -71,6 +71,8 @@ export function createLogView(jobId, initialJob) {
     s: createState(initialJob),
     el: elements(),
     foldTable: logRules.casefold,
+    // Paging calls this once it has rebuilt the window: the live lines held meanwhile follow.
+    rebuilt: (view) => requestFlush(view),
   };
   const s = v.s;
 

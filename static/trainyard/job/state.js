@@ -26,7 +26,7 @@ export function renderJobState(state) {
 }
 
 // A job that fails while its page is open gets the banner its page leads with once failed:
-// the server renders it (jobs/services/failure.py), so it is fetched, not built a second way.
+// the server renders it (jobs/services/views/failure.py), so it is fetched, not built a second way.
 let bannerAsked = false;
 async function showFailureBanner() {
   if (bannerAsked || $("failure-banner")) return;

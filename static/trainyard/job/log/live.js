@@ -1,15 +1,32 @@
-// Live lines from the websocket: those that match the filters wait in `pending` and are
-// rendered once per animation frame, at most FRAME_LINES a frame. While the view is paused
-// they stay there, bounded by MAX_BUFFER: past it the oldest are dropped, and fetched over
-// HTTP if the person scrolls down to them.
+// Live lines from the websocket, and following them: those that match the filters wait in
+// `pending` and are rendered once per animation frame, at most FRAME_LINES a frame. While the
+// view is paused they stay there, bounded by MAX_BUFFER: past it the oldest are dropped, and
+// fetched over HTTP if the person scrolls down to them.
 import { tagOf } from "../../rules.js";
-import { appendItems, clearWindow, dropFromTop, scrollToBottom } from "./dom.js";
+import { appendItems, clearWindow, dropFromTop, scrollToBottom, setFocus } from "./dom.js";
 import { lineMatches } from "./filters.js";
 import { loadTail } from "./paging.js";
-import { showSearchStatus } from "./search.js";
 import { FRAME_LINES, MAX_BUFFER, MAX_WINDOW } from "./state.js";
-import { showFollowState } from "./status.js";
-import { lastCursor } from "./window.js";
+import { showFollowState, showSearchStatus } from "./status.js";
+import { lastCursor, pendingLines } from "./window.js";
+
+export function pause(v) {
+  const s = v.s;
+  if (!s.following) return;
+  s.following = false;
+  s.unseen = pendingLines(s.pending);
+  showFollowState(v);
+}
+
+export function resume(v) {
+  const s = v.s;
+  if (s.busy) { s.viewGen++; s.busy = false; } // a page of older lines must not land after this
+  s.following = true;
+  s.unseen = 0;
+  setFocus(v, null);
+  showFollowState(v);
+  requestFlush(v);
+}
 
 export function requestFlush(v) {
   if (v.s.frameRequested) return;

@@ -1,23 +1,15 @@
 // Lines over HTTP (GET /api/v1/jobs/<id>/logs): the window rebuilt at the end or around a
 // line, and older or newer pages as the person scrolls. Every answer is checked against the
 // view's generation, so one that arrives after the window was rebuilt is dropped.
-import { tagOf } from "../../rules.js";
+//
+// It shows what it loaded and no more: the live lines held meanwhile are live.js's, which
+// logview.js wires in as `v.rebuilt` (so this module does not import the one above it).
+import { getLogs } from "./api.js";
 import { appendItems, centre, clearWindow, dropFromBottom, dropFromTop, prependItems, scrollToBottom, setFocus } from "./dom.js";
-import { filterParams, nothingSelected } from "./filters.js";
-import { requestFlush } from "./live.js";
-import { showSearchStatus } from "./search.js";
+import { nothingSelected } from "./filters.js";
 import { END, MAX_WINDOW, PAGE, TAIL } from "./state.js";
-import { note, showEmpty, showFollowState } from "./status.js";
+import { note, showEmpty, showFollowState, showSearchStatus } from "./status.js";
 import { firstLineCursor, lastLineCursor, pendingLines, reachesLive } from "./window.js";
-
-export async function getLogs(v, params) {
-  const q = new URLSearchParams({ ...filterParams(v.s.filter), ...params });
-  const r = await fetch(`/api/v1/jobs/${v.jobId}/logs?${q}`, { credentials: "same-origin" });
-  if (!r.ok) throw new Error(`the server answered ${r.status}`);
-  const page = await r.json();
-  for (const line of page.lines) line.tag = tagOf(line.role, line.index);
-  return page;
-}
 
 function beginRebuild(v) {
   const s = v.s;
@@ -37,7 +29,7 @@ function finishRebuild(v, gen) {
   if (v.el.note.dataset.kind === "error") note(v, "");
   showFollowState(v);
   showSearchStatus(v);
-  requestFlush(v);
+  v.rebuilt(v); // the live lines held while it loaded come next
 }
 
 function failed(v, what, err, gen, again) {

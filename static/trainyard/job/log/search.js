@@ -1,12 +1,14 @@
 // Finding lines: the search box (matches in the window marked here, the next one beyond it
 // found by the server) and the jump to the first error. What counts as a match is the
 // server's rule (text.js).
+import { getLogs } from "./api.js";
 import { centre, itemIndexAt, rerender, setFocus } from "./dom.js";
 import { isFiltered } from "./filters.js";
-import { getLogs, loadAround } from "./paging.js";
+import { pause } from "./live.js";
+import { loadAround } from "./paging.js";
 import { rangesOf } from "./render.js";
-import { note, pause, setText } from "./status.js";
-import { firstLineCursor, lastLineCursor, matchIndex, nextMatch } from "./window.js";
+import { note, showSearchStatus } from "./status.js";
+import { firstLineCursor, lastLineCursor, nextMatch } from "./window.js";
 
 export function setQuery(v, query) {
   const s = v.s;
@@ -19,19 +21,6 @@ export function setQuery(v, query) {
   }
   if (s.focusItem && !s.focusItem.match) setFocus(v, null);
   showSearchStatus(v);
-}
-
-// "3 of 12 loaded", or what the search is doing (`message`).
-export function showSearchStatus(v, message) {
-  const { s } = v;
-  const el = v.el.searchStatus;
-  if (message !== undefined) setText(el, message);
-  else if (!s.query) setText(el, "");
-  else if (!s.matchCount) setText(el, "none loaded");
-  else {
-    const at = s.focusItem && s.focusItem.match && s.focusItem.el ? matchIndex(s.win, s.focusItem) : 0;
-    setText(el, at ? `${at} of ${s.matchCount} loaded` : `${s.matchCount} loaded`);
-  }
 }
 
 export async function searchStep(v, dir) {

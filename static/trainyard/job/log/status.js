@@ -1,33 +1,14 @@
-// Following and pausing, and what the view says about itself: the status line, the "new
-// lines" button, notes, banners, the text of an empty log. These run every frame while lines
-// stream in: they touch the DOM only when something changed.
+// What the view says about itself: following or paused, the status line, the "new lines"
+// button, the search's count, notes, banners, the text of an empty log. Display only (the
+// actions are live.js's and search.js's). These run every frame while lines stream in: they
+// touch the DOM only when something changed.
 import { formatCount } from "../../format.js";
 import { isWaiting } from "../../rules.js";
-import { setFocus } from "./dom.js";
 import { isFiltered, nothingSelected } from "./filters.js";
-import { requestFlush } from "./live.js";
-import { pendingLines } from "./window.js";
+import { matchIndex, pendingLines } from "./window.js";
 
 export function setText(el, text) {
   if (el.textContent !== text) el.textContent = text;
-}
-
-export function pause(v) {
-  const s = v.s;
-  if (!s.following) return;
-  s.following = false;
-  s.unseen = pendingLines(s.pending);
-  showFollowState(v);
-}
-
-export function resume(v) {
-  const s = v.s;
-  if (s.busy) { s.viewGen++; s.busy = false; } // a page of older lines must not land after this
-  s.following = true;
-  s.unseen = 0;
-  setFocus(v, null);
-  showFollowState(v);
-  requestFlush(v);
 }
 
 export function showFollowState(v) {
@@ -50,6 +31,19 @@ export function showFollowState(v) {
 export function showStatus(v) {
   const s = v.s;
   setText(v.el.status, s.following || s.ended ? s.connection : `${s.connection} · paused`);
+}
+
+// "3 of 12 loaded", or what the search is doing (`message`).
+export function showSearchStatus(v, message) {
+  const { s } = v;
+  const el = v.el.searchStatus;
+  if (message !== undefined) setText(el, message);
+  else if (!s.query) setText(el, "");
+  else if (!s.matchCount) setText(el, "none loaded");
+  else {
+    const at = s.focusItem && s.focusItem.match && s.focusItem.el ? matchIndex(s.win, s.focusItem) : 0;
+    setText(el, at ? `${at} of ${s.matchCount} loaded` : `${s.matchCount} loaded`);
+  }
 }
 
 // What the log says while it has no line to show (CSS shows it on an empty log).

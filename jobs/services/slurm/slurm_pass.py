@@ -1,0 +1,373 @@
+"""The console's side of its Slurm pools: submit, follow, stop and reconcile, every pass.
+
+A job of a Slurm pool is admitted as any other (the quota is Trainyard's), and its replicas wait
+as `pending`; Slurm, not the scheduling pass, places them. Each pass, per pool:
+
+1. **Submit** each queued job whose current attempt has no Slurm job yet: its own Redis user
+   (slurm_access), its plan and batch script on the shared file system, `sbatch`
+   (slurm_batch). Its replicas become `assigned`. Slurm refusing it fails the job with Slurm's
+   words; an unreachable Slurm leaves it queued for the next pass.
+2. **Follow** every attempt whose replicas Slurm may still hold, with one `squeue --json`:
+   - pending: the job's reason says why Slurm keeps it waiting, in words (slurm_states);
+   - running: its replicas run, and the job too once all do;
+   - ended, or no longer known to Slurm: each replica ends as its step wrapper's outcome file
+     says (the instance's own reason: its exception and exit), or, without one, as Slurm says
+     (NODE_FAIL: "a Slurm node it ran on failed"). outcomes.replica_ended then decides, as for
+     an agent's report: succeeded, a restart per the job's policy (a new attempt, submitted
+     by a later pass, resuming from the shared checkpoint folder), or failed.
+3. **Stop** (scancel) a Slurm job the console no longer wants: its Trainyard job was cancelled,
+   failed or restarted.
+4. **Reconcile** the other way: a Slurm job named `trainyard-<id>` in the pool's partition that
+   no attempt of an active job is (the console lost track of it: a database restored, a submit
+   whose answer was lost) is cancelled.
+
+Every change of state goes through outcomes and transitions, as the agents' reports do.
+"""
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import redis
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from console.celery import app
+from jobs.models import Job, JobAttempt, Replica, SlurmPool
+from jobs.services.lifecycle import events, outcomes, reports, restarts, transitions
+from jobs.services.periodic import PeriodicPass
+from jobs.services.slurm import slurm_access, slurm_batch, slurm_states
+from jobs.services.slurm.slurm_batch import SlurmError, SlurmTarget
+from jobs.services.slurm.slurm_states import SlurmStatus
+from workers import contract
+from workers.contract import tag_of
+from workers.slurmstep import outcome_file, where_file
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PassReport:
+    submitted: int = 0
+    refused: int = 0
+    started: int = 0
+    ended: int = 0
+    cancelled: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class SlurmLoop(PeriodicPass[PassReport]):
+    what = "slurm"
+
+    def one_pass(self) -> PassReport:
+        return run_pass()
+
+
+def request_pass() -> None:
+    """Run a pass as soon as this transaction commits (a job was admitted), not at the next
+    tick: a submission should not wait up to TRAINYARD_SLURM_SECONDS for sbatch."""
+
+    def send() -> None:
+        app.send_task(contract.TASK_SLURM_NOW, queue=contract.CONSOLE_QUEUE)
+
+    transaction.on_commit(send, robust=True)
+
+
+def run_pass() -> PassReport:
+    report = PassReport()
+    for pool in SlurmPool.objects.all():
+        target = slurm_batch.target_of(pool)
+        try:
+            _submit_waiting(pool, target, report)
+            _follow(pool, target, report)
+        except SlurmError as exc:
+            # Slurm away for a moment: everything is tried again on the next pass.
+            report.errors.append(f"{pool.name}: {exc}")
+            log.warning("Slurm pool %s: %s", pool.name, exc)
+    return report
+
+
+# --- 1. submitting ------------------------------------------------------------------------
+
+
+def _waiting(pool: SlurmPool) -> list[int]:
+    jobs = Job.objects.filter(slurm_pool=pool, state=Job.State.QUEUED).order_by("priority", "pk")
+    return [j.pk for j in jobs.only("pk", "attempt") if _unsubmitted(j)]
+
+
+def _unsubmitted(job: Job) -> bool:
+    return JobAttempt.objects.filter(job=job, number=job.attempt, slurm_job_id="").exists()
+
+
+def _submit_waiting(pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
+    for job_id in _waiting(pool):
+        _submit(job_id, pool, target, report)
+
+
+def _submit(job_id: int, pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
+    # The job's row stays locked from the check to the write of Slurm's id, so that two console
+    # workers never both submit one attempt.
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        if job is None or job.state != Job.State.QUEUED or not _unsubmitted(job):
+            return
+        replicas = list(restarts.current_replicas(job).filter(state=Replica.State.PENDING))
+        if not replicas:
+            return
+        try:
+            url, hashed = slurm_access.grant(job.pk, pool.redis_host)
+        except redis.RedisError as exc:
+            report.errors.append(f"job {job.pk}: Redis: {exc}")
+            return
+        try:
+            slurm_id = slurm_batch.submit(job, target, url)
+        except SlurmError as exc:
+            if "could not run" in str(exc):
+                raise  # Slurm's commands are missing or hung: not this job's fault
+            report.refused += 1
+            outcomes.fail(job, f"Slurm did not take it: {exc}", "not taken by Slurm")
+            transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+            return
+        now = timezone.now()
+        JobAttempt.objects.filter(job=job, number=job.attempt).update(
+            slurm_job_id=slurm_id, placed=now, slurm_redis_hash=hashed
+        )
+        for replica in replicas:
+            transitions.move_replica(replica, Replica.State.ASSIGNED, start_sent=now)
+        transitions.set_job_reason(job, f"submitted to Slurm ({pool.name}) as job {slurm_id}")
+        report.submitted += 1
+        log.info("job %s attempt %s: Slurm job %s", job.pk, job.attempt, slurm_id)
+
+
+# --- 2. following, 3. stopping, 4. reconciling ------------------------------------------
+
+
+def _follow(pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
+    # Attempts Slurm may still hold replicas of: submitted, and some replica not ended.
+    attempts = list(
+        JobAttempt.objects.filter(job__slurm_pool=pool)
+        .exclude(slurm_job_id="")
+        .filter(job__replicas__attempt=F("number"))
+        .filter(job__replicas__state__in=Replica.HOLDING_STATES)
+        .distinct()
+    )
+    statuses = slurm_states.query_all(target)
+    _restore_users(attempts, report)
+    for attempt in attempts:
+        _apply(attempt, statuses.get(attempt.slurm_job_id), target, report)
+    _reconcile(pool, target, statuses, report)
+
+
+def _restore_users(attempts: list[JobAttempt], report: PassReport) -> None:
+    """Make again the Redis user of each running attempt that Redis no longer has (it restarted:
+    ACLs live in memory), so that its wrappers' spooled lines go on to the log."""
+    wanted = {a.job_id: a.slurm_redis_hash for a in attempts if a.slurm_redis_hash}
+    if not wanted:
+        return
+    try:
+        missing = set(wanted) - slurm_access.granted()
+        for job_id in sorted(missing):
+            slurm_access.restore(job_id, wanted[job_id])
+            log.info("job %s: its Redis user was gone (a Redis restart); made again", job_id)
+    except redis.RedisError as exc:
+        report.errors.append(f"Redis users: {exc}")
+
+
+def _apply(
+    attempt: JobAttempt, status: SlurmStatus | None, target: SlurmTarget, report: PassReport
+) -> None:
+    with transaction.atomic():
+        job = outcomes.locked_job(attempt.job_id)
+        if job is None:
+            return
+        holding = list(
+            job.replicas.filter(attempt=attempt.number, state__in=Replica.HOLDING_STATES)
+        )
+        if not holding:
+            return
+        wanted = job.is_active and attempt.number == job.attempt
+        if status is not None and status.state in (Job.State.QUEUED, Job.State.RUNNING):
+            if not wanted:
+                _cancel(attempt, target, report)
+            elif status.state == Job.State.QUEUED:
+                transitions.set_job_reason(job, status.words)
+            else:
+                _running(job, attempt, holding, status, report)
+                _note_nodes(job, slurm_batch.attempt_folder(target, job, attempt.number), holding)
+            return
+        _ended(job, attempt, holding, status, target, report)
+
+
+def _running(
+    job: Job,
+    attempt: JobAttempt,
+    holding: list[Replica],
+    status: SlurmStatus | None,
+    report: PassReport,
+) -> None:
+    now = timezone.now()
+    moved = [
+        r
+        for r in holding
+        if r.state == Replica.State.ASSIGNED
+        and transitions.move_replica(r, Replica.State.RUNNING, started=now)
+    ]
+    if moved and job.state == Job.State.QUEUED:
+        transitions.move_job(job, Job.State.RUNNING, "")
+        restarts.attempt_started(job)
+        if status is not None and status.nodes:
+            JobAttempt.objects.filter(pk=attempt.pk).update(nodes=[status.nodes])
+        report.started += 1
+
+
+def _note_nodes(job: Job, folder: Path, replicas: list[Replica]) -> None:
+    """Which Slurm node each instance is on, once its step wrapper has said (where-*.json):
+    Slurm names the job's nodes, not which task is on which."""
+    noted = 0
+    for replica in replicas:
+        if replica.slurm_node:
+            continue
+        try:
+            where = json.loads(where_file(folder, tag_of(replica.role, replica.index)).read_text())
+        except (OSError, ValueError):
+            continue
+        node = str(where.get("node") or "")[:100]
+        if node:
+            noted += Replica.objects.filter(pk=replica.pk).update(slurm_node=node)
+            replica.slurm_node = node
+    if noted:
+        events.state_changed_on_commit(job.pk)
+
+
+def _ended(
+    job: Job,
+    attempt: JobAttempt,
+    holding: list[Replica],
+    status: SlurmStatus | None,
+    target: SlurmTarget,
+    report: PassReport,
+) -> None:
+    """Each replica as its outcome file says; failures first (the earliest decides the job's
+    reason), then the rest."""
+    folder = slurm_batch.attempt_folder(target, job, attempt.number)
+    _note_nodes(job, folder, holding)
+    if job.state == Job.State.QUEUED and any(r.slurm_node for r in holding):
+        # It ran and ended between two passes (a short job): it started, all the same.
+        _running(job, attempt, holding, status, report)
+    slurm_words = status.words if status is not None else "Slurm has no record of it any more"
+    # What each step wrapper wrote, read once: how it ended, and what it used.
+    said = {replica.pk: _wrapper_said(folder, replica) for replica in holding}
+    ends: list[tuple[str, int | None, str, float | None]] = []
+    for replica in holding:
+        ended = _outcome(said[replica.pk])
+        if ended is None:
+            # No word from its wrapper: its node died, or Slurm killed the step before it could
+            # write. Slurm's reason is the replica's.
+            current = job.is_active and attempt.number == job.attempt
+            state = Replica.State.FAILED if current else Replica.State.STOPPED
+            ends.append((state, None, slurm_words, None))
+        else:
+            ends.append(ended)
+    order = sorted(
+        zip(holding, ends, strict=True),
+        key=lambda pair: (pair[1][0] != Replica.State.FAILED, pair[1][3] or 0.0),
+    )
+    for replica, (how, exit_code, reason, ended_at) in order:
+        # Its step's use, from the cgroups the site's task/cgroup made (where it has them).
+        reports.record_usage(replica, _step_usage(said[replica.pk]))
+        outcomes.replica_ended(
+            job,
+            replica,
+            how,
+            reason=reason,
+            exit_code=exit_code,
+            cause_at=datetime.fromtimestamp(ended_at, UTC) if ended_at else None,
+        )
+        job.refresh_from_db()
+    report.ended += 1
+    if not job.is_active:
+        job_id = job.pk
+        transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+
+
+def _outcome(data: dict[str, Any] | None) -> tuple[str, int | None, str, float | None] | None:
+    """How the instance's step wrapper said it ended: state, exit code, reason, when."""
+    if data is None:
+        return None
+    # The wrapper names its end as an agent's report does.
+    state = reports.AGENT_OUTCOMES.get(str(data.get("state")), Replica.State.FAILED)
+    reason = str(data.get("reason", "")) if state != Replica.State.SUCCEEDED else ""
+    code = data.get("exit_code")
+    at = data.get("ended_at")
+    return (
+        state,
+        code if isinstance(code, int) else None,
+        reason,
+        float(at) if isinstance(at, int | float) else None,
+    )
+
+
+def _step_usage(data: dict[str, Any] | None) -> dict[str, Any] | None:
+    usage = data.get("usage") if data is not None else None
+    return usage if isinstance(usage, dict) else None
+
+
+def _wrapper_said(folder: Path, replica: Replica) -> dict[str, Any] | None:
+    """The instance's outcome file, as its step wrapper wrote it; None without one."""
+    try:
+        data = json.loads(outcome_file(folder, tag_of(replica.role, replica.index)).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _cancel(attempt: JobAttempt, target: SlurmTarget, report: PassReport) -> None:
+    slurm_id = attempt.slurm_job_id
+
+    def scancel() -> None:
+        try:
+            slurm_batch.run_client(["scancel", slurm_id], target)
+        except SlurmError as exc:
+            log.warning("scancel %s: %s (the next pass tries again)", slurm_id, exc)
+
+    transaction.on_commit(scancel, robust=True)
+    report.cancelled += 1
+
+
+def _reconcile(
+    pool: SlurmPool,
+    target: SlurmTarget,
+    statuses: dict[str, SlurmStatus],
+    report: PassReport,
+) -> None:
+    """Cancel Slurm jobs of this pool that no attempt of an active job is. Ours: named
+    trainyard-<id> and working in this pool's shared root (another console on the same Slurm
+    has a root of its own)."""
+    wanted = set(
+        JobAttempt.objects.filter(job__slurm_pool=pool, job__state__in=Job.ACTIVE_STATES)
+        .exclude(slurm_job_id="")
+        .values_list("slurm_job_id", flat=True)
+    )
+    jobs_root = str(slurm_batch.jobs_folder(target)) + "/"
+    for slurm_id, status in statuses.items():
+        ours = status.name.startswith(slurm_batch.JOB_NAME_PREFIX) and (
+            status.folder + "/"
+        ).startswith(jobs_root)
+        if not ours or slurm_id in wanted:
+            continue
+        if status.state not in (Job.State.QUEUED, Job.State.RUNNING):
+            continue
+        if JobAttempt.objects.filter(slurm_job_id=slurm_id, job__slurm_pool=pool).exists():
+            continue  # an attempt of an ended job: _apply cancels it, and follows it to its end
+        log.warning(
+            "Slurm job %s (%s) is no job's of this console: cancelling it", slurm_id, status.name
+        )
+        try:
+            slurm_batch.run_client(["scancel", slurm_id], target)
+            report.cancelled += 1
+        except SlurmError as exc:
+            report.errors.append(f"scancel {slurm_id}: {exc}")

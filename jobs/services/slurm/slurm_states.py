@@ -1,0 +1,139 @@
+"""What Slurm says about a job, in Trainyard's states and the user's words.
+
+Read with `squeue --json` (Slurm 21.08 and later; openapi v0.0.37/v0.0.38 in 22.05), which
+lists pending and running jobs and, for MinJobAge (300 s by default), ended ones too. A
+heterogeneous job is listed once per component; the job is as far along as its least
+advanced component, and it failed if any component did.
+"""
+
+import json
+from dataclasses import dataclass
+
+from jobs.models import Job
+from jobs.services.slurm.slurm_batch import SlurmError, SlurmTarget, run_client
+
+# Slurm's job states (slurm.h, job_state_string) and what they are to a Trainyard job.
+TRAINYARD_STATE = {
+    "PENDING": Job.State.QUEUED,
+    "CONFIGURING": Job.State.QUEUED,
+    "REQUEUED": Job.State.QUEUED,
+    "RESV_DEL_HOLD": Job.State.QUEUED,
+    "SUSPENDED": Job.State.RUNNING,
+    "RUNNING": Job.State.RUNNING,
+    "COMPLETING": Job.State.RUNNING,
+    "STAGE_OUT": Job.State.RUNNING,
+    "COMPLETED": Job.State.SUCCEEDED,
+    "CANCELLED": Job.State.CANCELLED,
+    "FAILED": Job.State.FAILED,
+    "NODE_FAIL": Job.State.FAILED,
+    "TIMEOUT": Job.State.FAILED,
+    "PREEMPTED": Job.State.FAILED,
+    "OUT_OF_MEMORY": Job.State.FAILED,
+    "BOOT_FAIL": Job.State.FAILED,
+    "DEADLINE": Job.State.FAILED,
+}
+# Later in this list: further along. A heterogeneous job takes its least advanced component's.
+PROGRESS = ["PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "COMPLETED"]
+
+# Why an ended Slurm job did not succeed, as a reason reads on the job page.
+ENDING_WORDS = {
+    "CANCELLED": "cancelled in Slurm (scancel)",
+    "FAILED": "an instance failed",
+    "NODE_FAIL": "a Slurm node it ran on failed (NODE_FAIL)",
+    "TIMEOUT": "Slurm's time limit for it was reached (TIMEOUT)",
+    "PREEMPTED": "preempted by Slurm for another job (PREEMPTED)",
+    "OUT_OF_MEMORY": "an instance ran out of memory (OUT_OF_MEMORY)",
+    "BOOT_FAIL": "a Slurm node failed to boot for it (BOOT_FAIL)",
+    "DEADLINE": "Slurm's deadline for it passed (DEADLINE)",
+}
+# Why a job waits in Slurm (squeue's REASON; slurm.h, job_reason_string), in words.
+WAITING_WORDS = {
+    "None": "waiting for Slurm to start it",
+    "Resources": "waiting for free nodes in Slurm",
+    "Priority": "waiting in Slurm behind jobs of higher priority",
+    "PartitionConfig": "Slurm's partition can never hold it",
+    "PartitionNodeLimit": "more nodes than Slurm's partition allows a job",
+    "PartitionTimeLimit": "a longer time limit than Slurm's partition allows",
+    "PartitionDown": "Slurm's partition is down",
+    "PartitionInactive": "Slurm's partition is inactive",
+    "NodeDown": "a node it needs is down in Slurm",
+    "BeginTime": "waiting for its start time in Slurm",
+    "Dependency": "waiting in Slurm for a job it depends on",
+    "JobHeldUser": "held in Slurm by its user",
+    "JobHeldAdmin": "held in Slurm by an administrator",
+    "ReqNodeNotAvail": "a node it needs is not available in Slurm",
+    "Reservation": "waiting in Slurm for a reservation",
+    "QOSMaxJobsPerUserLimit": "at Slurm's limit of jobs per user",
+    "AssocGrpCpuLimit": "at Slurm's CPU limit for its account",
+    "AssocGrpGRES": "at Slurm's GPU limit for its account",
+}
+
+
+@dataclass(frozen=True)
+class SlurmStatus:
+    slurm_state: str  # Slurm's own word: PENDING, RUNNING, NODE_FAIL, …
+    slurm_reason: str  # squeue's REASON: Resources, Priority, NonZeroExitCode, …
+    nodes: str  # Slurm's node list, n[1-3]
+    name: str = ""  # the job's name: trainyard-<id> for ours
+    folder: str = ""  # its working folder: the attempt's, for ours
+
+    @property
+    def state(self) -> str:
+        return TRAINYARD_STATE.get(self.slurm_state, Job.State.FAILED)
+
+    @property
+    def words(self) -> str:
+        """Why it waits or how it ended, for the job page; empty while it runs or succeeded."""
+        if self.state == Job.State.QUEUED:
+            said = WAITING_WORDS.get(self.slurm_reason)
+            return said or f"waiting in Slurm: {self.slurm_reason}"
+        if self.state in (Job.State.FAILED, Job.State.CANCELLED):
+            return ENDING_WORDS.get(self.slurm_state, f"ended in Slurm as {self.slurm_state}")
+        return ""
+
+
+def combined(components: list[dict[str, object]]) -> SlurmStatus:
+    """One status for the components of one (possibly heterogeneous) Slurm job."""
+    states = [str(c.get("job_state", "")) for c in components]
+    failed = [
+        s
+        for s in states
+        if TRAINYARD_STATE.get(s, Job.State.FAILED) in (Job.State.FAILED, Job.State.CANCELLED)
+    ]
+    if failed:
+        state = failed[0]
+    else:
+        state = min(states, key=lambda s: PROGRESS.index(s) if s in PROGRESS else 0)
+    first = next(c for c in components if c.get("job_state") == state)
+    nodes = ",".join(str(c.get("nodes") or "") for c in components if c.get("nodes"))
+    return SlurmStatus(
+        state,
+        str(first.get("state_reason") or "None"),
+        nodes,
+        name=str(components[0].get("name") or ""),
+        folder=str(components[0].get("current_working_directory") or "").rstrip("/"),
+    )
+
+
+def query(target: SlurmTarget, slurm_ids: list[str]) -> dict[str, SlurmStatus]:
+    """The status of each of these Slurm jobs that Slurm still knows; a job it has forgotten
+    (ended more than MinJobAge ago, or never existed) is left out."""
+    if not slurm_ids:
+        return {}
+    return {key: s for key, s in query_all(target).items() if key in slurm_ids}
+
+
+def query_all(target: SlurmTarget) -> dict[str, SlurmStatus]:
+    """Every job Slurm knows now, by its id (a heterogeneous job's: the first component's)."""
+    # Not `--jobs`: squeue refuses the whole list when one id is no longer known.
+    done = run_client(["squeue", "--json"], target)
+    try:
+        listed = json.loads(done.stdout).get("jobs", [])
+    except ValueError as exc:
+        raise SlurmError(f"squeue's JSON could not be read: {exc}") from None
+    by_job: dict[str, list[dict[str, object]]] = {}
+    for entry in listed:
+        het = entry.get("het_job_id") or 0
+        key = str(het or entry.get("job_id"))
+        by_job.setdefault(key, []).append(entry)
+    return {key: combined(parts) for key, parts in by_job.items()}

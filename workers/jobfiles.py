@@ -1,0 +1,235 @@
+"""Opening a file in a folder a job can write to, from the privileged side.
+
+The agent, the Slurm step wrapper and the console's cleanup run as root (or the agent's user),
+and a trainer may write in its own folders: it can put a symbolic link, a FIFO, a hard link,
+a folder or a huge sparse file where the agent expects its metrics or error file. A plain
+`open(path)` would then read any file root can (the link), block for ever (the FIFO), or
+echo another user's file (a hard link). So every such file is opened here, the way
+slurmstepd opens user files:
+
+- each folder below a trusted one (the agent's work folder, the checkpoint root, a Slurm
+  pool's attempt folder: folders no job can write to) is opened with O_NOFOLLOW and the next
+  one from it with openat, so no folder on the way may be a link the job planted;
+- the file itself with O_NOFOLLOW | O_NONBLOCK (a FIFO opens without a writer and is then
+  refused; it never blocks a thread);
+- it must then be a regular file, owned by the job's uid (what the job wrote, not a file of
+  root's or of another user's that it hard-linked: protected_hardlinks lets a user link only
+  files it owns, and the owner check holds where that sysctl is off) and with one link;
+- reads are bounded by the caller.
+
+A refusal raises UnsafeFile with the reason in words; the caller says so in the job's log and
+reads nothing.
+
+Folders a job wrote in are removed with remove_tree, which follows no link, opens no FIFO and
+does not recurse however deep the job nested its folders.
+"""
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+# A folder below a trusted one: never through a link, never blocking (a FIFO put in its place
+# fails O_DIRECTORY at once).
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+class UnsafeFile(Exception):
+    """A file of the job's that the privileged side will not read, and why."""
+
+
+def _relative_parts(path: Path, below: Path) -> tuple[Path, tuple[str, ...]]:
+    """The trusted folder, resolved once (an admin may reach it through links), and the names
+    from it down to `path` (which the job may control, so they are never resolved)."""
+    trusted = Path(os.path.realpath(below))
+    absolute = Path(os.path.abspath(path))
+    if absolute.is_relative_to(trusted):
+        relative = absolute.relative_to(trusted)
+    elif absolute.is_relative_to(os.path.abspath(below)):
+        relative = absolute.relative_to(os.path.abspath(below))
+    else:
+        raise UnsafeFile(f"{path} is not under {below}")
+    if any(part in ("..", "") for part in relative.parts):
+        raise UnsafeFile(f"{path} is not a plain path under {below}")
+    return trusted, relative.parts
+
+
+def open_folder(path: Path, below: Path) -> int:
+    """A descriptor of the folder `path`, every folder from `below` (trusted) down to it opened
+    without following a link."""
+    trusted, parts = _relative_parts(path, below)
+    fd = os.open(trusted, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                following = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeFile(f"{part} in {path} is not a folder (a link?)") from None
+                raise
+            os.close(fd)
+            fd = following
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_file(path: Path, below: Path, uid: int) -> int:
+    """A read-only descriptor of the job's regular file `path`, owned by `uid` and with one
+    link, every folder from `below` down opened without following a link. FileNotFoundError
+    when it is not there; UnsafeFile when it is there but is not such a file."""
+    folder = open_folder(path.parent, below)
+    try:
+        try:
+            fd = os.open(path.name, os.O_RDONLY | _FILE_FLAGS, dir_fd=folder)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UnsafeFile(f"{path.name} is a symbolic link") from None
+            if exc.errno in (errno.ENXIO, errno.EISDIR):
+                raise UnsafeFile(f"{path.name} is not a regular file") from None
+            raise
+    finally:
+        os.close(folder)
+    try:
+        _check(fd, path.name, uid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check(fd: int, name: str, uid: int) -> None:
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode):
+        raise UnsafeFile(f"{name} is not a regular file ({_kind(found.st_mode)})")
+    if found.st_uid != uid:
+        raise UnsafeFile(f"{name} belongs to uid {found.st_uid}, not the job's")
+    if found.st_nlink != 1:
+        raise UnsafeFile(f"{name} has {found.st_nlink} links (a hard link?)")
+
+
+def _kind(mode: int) -> str:
+    for test, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return kind
+    return "not a file"
+
+
+def read_file(path: Path, below: Path, uid: int, offset: int = 0, limit: int = 1 << 20) -> bytes:
+    """At most `limit` bytes of the job's file `path` from `offset` (see open_file)."""
+    fd = open_file(path, below, uid)
+    try:
+        return os.pread(fd, limit, offset)
+    finally:
+        os.close(fd)
+
+
+def size_of(path: Path, below: Path, uid: int) -> int:
+    """The size of the job's file `path` (see open_file): a sparse file counts at its length."""
+    fd = open_file(path, below, uid)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+# How many folders remove_tree holds open at once: a deeper folder is moved up beside the tree
+# and removed after it, so that neither descriptors nor the stack grow with the job's nesting
+# (shutil.rmtree recurses: 1,500 levels made it raise RecursionError, even when told to ignore
+# errors, which stopped the agent's clean-up of every later job on the node).
+_MAX_OPEN_FOLDERS = 32
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove the folder `path` (a job's, or one holding a job's) and everything in it; True
+    when it is gone. Nothing in it is followed: a link is removed, never its target; every
+    folder is opened from its parent's descriptor with O_NOFOLLOW; a FIFO is unlinked, never
+    opened; nesting of any depth costs neither recursion nor more than a few dozen
+    descriptors. `path` itself must not be a link (it is then left alone). Errors on single
+    entries (one removed meanwhile) do not stop the rest."""
+    try:
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return not os.path.lexists(path)
+    try:
+        pending = [path.name]
+        while pending:
+            pending += _remove_folder(parent, pending.pop(), f".{path.name}.deep-")
+    finally:
+        os.close(parent)
+    return not os.path.lexists(path)
+
+
+def _remove_folder(parent: int, name: str, prefix: str) -> list[str]:
+    """Remove folder `name` in `parent` depth first; the names of folders too deep to hold
+    open, moved into `parent` under `prefix` for the caller to remove next."""
+    moved: list[str] = []
+    try:
+        top = os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return moved
+    # Each level: its descriptor, its name in the level above, and its subfolders to go.
+    levels: list[tuple[int, str, list[str]]] = [(top, name, _empty_but_folders(top))]
+    while levels:
+        fd, own_name, subfolders = levels[-1]
+        if not subfolders:
+            os.close(fd)
+            levels.pop()
+            above = levels[-1][0] if levels else parent
+            try:
+                os.rmdir(own_name, dir_fd=above)
+            except OSError:
+                pass
+            continue
+        sub = subfolders.pop()
+        if len(levels) >= _MAX_OPEN_FOLDERS:
+            aside = f"{prefix}{len(moved)}-{os.urandom(4).hex()}"
+            try:
+                os.rename(sub, aside, src_dir_fd=fd, dst_dir_fd=parent)
+                moved.append(aside)
+            except OSError:
+                pass
+            continue
+        try:
+            child = os.open(sub, _DIR_FLAGS, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):  # swapped for a file or a link
+                _unlink(fd, sub)
+            continue
+        levels.append((child, sub, _empty_but_folders(child)))
+    return moved
+
+
+def _empty_but_folders(fd: int) -> list[str]:
+    """Unlink every entry of the open folder `fd` that is not a folder (links, FIFOs and
+    sockets included, never opened); the names of its subfolders."""
+    folders = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_folder = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_folder:
+                    folders.append(entry.name)
+                else:
+                    _unlink(fd, entry.name)
+    except OSError:
+        pass
+    return folders
+
+
+def _unlink(fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
