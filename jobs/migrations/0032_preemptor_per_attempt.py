@@ -9,7 +9,7 @@ PREEMPTED = re.compile(r"preempted by job (\d+) ")
 
 
 def preemptors_from_reasons(apps, schema_editor):  # type: ignore[no-untyped-def]
-    """Attempts that ended preempted say by which job in their reason (preempt_pass._evict)."""
+    """Attempts that ended preempted say by which job in their reason (scheduler.evictions)."""
     JobAttempt = apps.get_model("jobs", "JobAttempt")
     for attempt in JobAttempt.objects.filter(reason__startswith="preempted by job ").only(
         "id", "reason"

@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from jobs.models import Job, Node, PriorityClass, Quota, Replica, RestartPolicy
 from jobs.services.lifecycle import reports
+from jobs.services.scheduler import evictions, scheduling, waitlist
+from jobs.services.scheduler.preempt_pass import PreemptionPass
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.services.views import presenters, queue_listing
 from tests.conftest import set_quota
@@ -307,3 +309,41 @@ def test_a_victim_that_later_stops_for_another_reason_is_not_credited_to_its_old
     assert victim.attempts.get(number=0).preempted_by == high.pk
     assert victim.attempts.get(number=1).preempted_by is None
     assert PreemptionPass([], timezone.now()).stopping() == {}
+
+
+def test_preemption_only_names_its_victims_and_the_pass_stops_them(
+    nodes: list[Any],
+    alice: User,
+    bob: User,
+    submit: Callable[..., Job],
+    django_capture_on_commit_callbacks: Capture,
+) -> None:
+    set_quota(alice, cpu=16, jobs=8)
+    lows = []
+    for _ in range(8):
+        lows.append(submit(alice, "low"))
+        start(lows[-1], django_capture_on_commit_callbacks)
+    # Queued, and no pass run for it yet (its request to schedule is never sent).
+    with django_capture_on_commit_callbacks(execute=False):
+        high = submit_job(bob, check_job_request(job_request(1, "cpu-2", priority="high")))
+    ready = scheduling.locked_nodes()
+    held = scheduling.holdings(ready)
+    rooms = scheduling.free_rooms(ready, held)
+    preemption = PreemptionPass(held, timezone.now())
+    (waiting,) = waitlist.read([high.pk])
+
+    plan = preemption.plan(Job.objects.get(pk=high.pk), waiting.demands, rooms)
+
+    assert plan is not None
+    assert plan.evictions == [
+        evictions.Eviction(lows[-1].pk, high.pk, f"preempted by job {high.pk} (high) of bob", False)
+    ]
+    # Chosen, not stopped: every low job still runs, and no room is reserved yet.
+    assert Job.objects.filter(pk__in=[j.pk for j in lows], state=Job.State.RUNNING).count() == 8
+    assert sum(room.cpu for room in rooms) == 0 and preemption.stopping() == {}
+    assert evictions.carry_out(plan.evictions)
+    victim = Job.objects.get(pk=lows[-1].pk)
+    assert victim.state == Job.State.RESTARTING and victim.preempted_by == [high.pk]
+    assert victim.attempts.get(number=0).reason == plan.evictions[0].reason
+    # A victim that no longer runs fails the plan; the next pass looks again.
+    assert not evictions.carry_out(plan.evictions)

@@ -2,10 +2,11 @@
 does not fit and whose priority class may preempt.
 
 The policy (which jobs) is `jobs.services.scheduler.preemption`, pure; here the database's jobs
-become its plain values, the chosen victims are evicted (SIGTERM, the grace, back to the queue), and
-the room they free is reserved for the preemptor until it starts: it is placed only once their
-processes are gone (their agents report them stopped), and no lower-priority job that waits
-may take that room in between.
+become its plain values, and the chosen victims are named for the scheduling pass to evict
+(jobs.services.scheduler.evictions: SIGTERM, the grace, back to the queue). The room they free
+is then reserved for the preemptor until it starts: it is placed only once their processes are
+gone (their agents report them stopped), and no lower-priority job that waits may take that
+room in between.
 """
 
 from collections.abc import Callable
@@ -16,8 +17,9 @@ from django.conf import settings
 from django.db.models import F
 
 from jobs.models import Job, JobAttempt, PriorityClass, Replica
-from jobs.services.lifecycle import outcomes, restarts, transitions
+from jobs.services.lifecycle import restarts
 from jobs.services.placement import Demand, Holding, Room, reserve
+from jobs.services.scheduler.evictions import Eviction
 from jobs.services.scheduler.preemption import (
     Preemptor,
     Running,
@@ -27,13 +29,15 @@ from jobs.services.scheduler.preemption import (
 from jobs.services.scheduler.why_waiting import jobs_in_words
 
 
-@dataclass
-class Outcome:
-    """What a preemptor got in this pass: the reason it shows while it waits, and the jobs it
-    evicted now (none when it waits for earlier victims to stop)."""
+@dataclass(frozen=True)
+class Plan:
+    """What preemption would do for a preemptor in this pass: the running jobs to stop now
+    (`victims`, as `evictions`), and those it stopped before whose processes are not gone yet
+    (`pending`)."""
 
-    reason: str
-    evicted: list[int]
+    victims: list[Running]
+    pending: list[Running]
+    evictions: list[Eviction]
 
 
 class PreemptionPass:
@@ -130,16 +134,11 @@ class PreemptionPass:
     def has_victims_stopping(self, job_id: int) -> bool:
         return bool(self.stopping().get(job_id))
 
-    def make_room(
-        self,
-        job: Job,
-        demands: list[Demand],
-        allowed: list[Room],
-        may_name: Callable[[list[int]], set[int]],
-    ) -> Outcome | None:
-        """Evict what `job` needs (or wait for what it evicted before), and reserve the room in
-        `allowed` (its Room objects are taken from, so the rest of the pass sees less).
-        None when preemption cannot make room for it: it waits as any job does."""
+    def plan(self, job: Job, demands: list[Demand], allowed: list[Room]) -> Plan | None:
+        """What `job` would evict to fit in `allowed` (or the victims it evicted before, whose
+        stop it still waits for); None when preemption cannot make room for it: it waits as
+        any job does. Nothing is stopped here: the scheduling pass carries out the plan's
+        evictions (jobs.services.scheduler.evictions), then `claim`s the room."""
         pending = self.stopping().get(job.pk, [])
         preemptor = Preemptor(
             job.pk,
@@ -157,17 +156,32 @@ class PreemptionPass:
         )
         if victims is None or not (victims or pending):
             return None
-        evicted = [v.job_id for v in victims if _evict(v.job_id, job, self.classes())]
-        if len(evicted) != len(victims):
-            return None  # a victim ended meanwhile: the next pass looks again
+        pclass = self.classes().get(job.priority_class_id or 0)
+        who = job.owner.get_username()
+        why = f"preempted by job {job.pk} ({pclass.name if pclass else '?'}) of {who}"
+        evictions = [Eviction(v.job_id, job.pk, why, reclaim=False) for v in victims]
+        return Plan(victims, pending, evictions)
+
+    def claim(
+        self,
+        job_id: int,
+        plan: Plan,
+        demands: list[Demand],
+        allowed: list[Room],
+        may_name: Callable[[list[int]], set[int]],
+    ) -> str:
+        """Once the plan's victims are stopped: reserve the room they free for job `job_id` in
+        `allowed` (its Room objects are taken from, so the rest of the pass sees less); the
+        reason it shows while it waits for them."""
+        evicted = {v.job_id for v in plan.victims}
         self._running = [r for r in self.running() if r.job_id not in evicted]
-        freeing = pending + victims
-        self._stopping = {**self.stopping(), job.pk: freeing}
+        freeing = plan.pending + plan.victims
+        self._stopping = {**self.stopping(), job_id: freeing}
         reserve(demands, allowed, [h for victim in freeing for h in victim.holdings])
         waiting_for = jobs_in_words(sorted(v.job_id for v in freeing), may_name)
-        verb = "preempted" if not evicted else "preempting"
+        verb = "preempting" if plan.victims else "preempted"
         once = "it has" if len(freeing) == 1 else "they have"
-        return Outcome(f"{verb} {waiting_for}: starts once {once} stopped", evicted)
+        return f"{verb} {waiting_for}: starts once {once} stopped"
 
 
 def _holdings_of_attempts(attempts: set[tuple[int, int]]) -> dict[tuple[int, int], list[Holding]]:
@@ -186,15 +200,3 @@ def _holdings_of_attempts(attempts: set[tuple[int, int]]) -> dict[tuple[int, int
     for (job_id, number, node), (cpu, gpus, memory_gb) in per.items():
         result.setdefault((job_id, number), []).append(Holding(job_id, node, cpu, gpus, memory_gb))
     return result
-
-
-def _evict(victim_id: int, preemptor: Job, classes: dict[int, PriorityClass]) -> bool:
-    """End the victim's attempt for the preemptor; False when it no longer runs."""
-    pclass = classes.get(preemptor.priority_class_id or 0)
-    who = preemptor.owner.get_username()
-    why = f"preempted by job {preemptor.pk} ({pclass.name if pclass else '?'}) of {who}"
-    victim = outcomes.evict(victim_id, why)
-    if victim is None:
-        return False
-    transitions.note_preempted(victim, victim.attempt - 1, preemptor.pk)
-    return True

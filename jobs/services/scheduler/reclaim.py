@@ -5,10 +5,10 @@ to make room for it, and the room they free is kept for it until it starts.
 The choice is pure (`choose`): whole jobs only; the fewest whose removal lets the lender's job
 be placed, none of them superfluous (Kueue #6763); among equals the most recently started
 (they lose the least work); a job reclaimed before is not reclaimed again until its new attempt
-has run TRAINYARD_PREEMPTION_MIN_RUN_SECONDS. `Reclaimer` carries it out inside a scheduling
-pass: SIGTERM, TRAINYARD_PREEMPTION_GRACE_SECONDS for a checkpoint, back to the queue
-(outcomes.end_attempt, Cause.PREEMPTION: no restart used up), with the reason "preempted to
-return borrowed capacity to group X".
+has run TRAINYARD_PREEMPTION_MIN_RUN_SECONDS. `Reclaimer` applies it inside a scheduling pass,
+which stops the victims (jobs.services.scheduler.evictions): SIGTERM,
+TRAINYARD_PREEMPTION_GRACE_SECONDS for a checkpoint, back to the queue (Cause.PREEMPTION: no
+restart used up), with the reason "preempted to return borrowed capacity to group X".
 
 No loops (Kueue #3779): the lender is placed as soon as its victims' processes are gone, ahead
 of every other waiting job, and until then no other job, its victims included, may take the
@@ -23,9 +23,10 @@ from django.conf import settings
 from django.db.models import F
 
 from jobs.models import Job, JobAttempt, Replica
-from jobs.services.lifecycle import outcomes, restarts, transitions
+from jobs.services.lifecycle import restarts
 from jobs.services.placement import Demand, Holding, Room, place, reserve, with_freed
 from jobs.services.scheduler import preemption
+from jobs.services.scheduler.evictions import Eviction
 from jobs.services.scheduler.why_waiting import jobs_in_words
 
 # What a reclaimed job's reason and attempt list say (its attempt's reason starts with it, so
@@ -41,6 +42,18 @@ class Borrower:
     started: datetime  # when its current attempt started
     holdings: tuple[Holding, ...]
     times_preempted: int = 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What reclaim would do for a lender's job in this pass: the borrowers to stop now
+    (`victims`, as `evictions`), what those stopped for it before still hold (`pending`), and
+    what those stopped for other lenders hold (`others`: their excess is this job's too)."""
+
+    victims: list[Borrower]
+    pending: list[Holding]
+    others: list[Holding]
+    evictions: list[Eviction]
 
 
 def _freed(victims: Iterable[Borrower]) -> list[Holding]:
@@ -128,61 +141,67 @@ class Reclaimer:
             }
         return self._borrowers
 
-    def make_room(
+    def plan(
         self,
         job: Job,
         demands: list[Demand],
         allowed: list[Room],
         group: str,
         not_of_group: Callable[[int], bool],
-        may_name: Callable[[list[int]], set[int]],
-    ) -> str | None:
-        """For a waiting job of `group`, within its nominal share, that does not fit: stop the
-        borrowed jobs of owners for whom `not_of_group` holds that it needs, or wait for
-        those stopped for it before, and reserve their room in `allowed` (taken from in place).
-        Returns the job's reason while it waits, or None when reclaim cannot help it."""
+    ) -> Plan | None:
+        """For a waiting job of `group`, within its nominal share, that does not fit: the
+        borrowed jobs of owners for whom `not_of_group` holds that it needs stopped, or none
+        when it waits for those stopped for it before; None when reclaim cannot help it (or
+        it fits now). Nothing is stopped here: the scheduling pass carries out the plan's
+        evictions (jobs.services.scheduler.evictions), then `claim`s the room."""
         pending = self.stopping().get(job.pk, [])
         # Victims are whole jobs: those stopped for the lenders ahead free more than these
         # need. That excess is this job's too, once they are gone (the lenders' own room is
         # taken out of `allowed` already: they are judged first). Without it, a group back
         # with more jobs than victims to spare got the rest of its share a grace later.
         others = [h for lender, hs in self.stopping().items() if lender != job.pk for h in hs]
+        victims: list[Borrower] = []
         if not pending:
             candidates = [b for owner, b in self.borrowers().values() if not_of_group(owner)]
-            victims = choose(
+            chosen = choose(
                 demands,
                 with_freed(allowed, others),
                 candidates,
                 self.now,
                 float(settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS),
             )
-            if victims is None or (not victims and place(demands, allowed) is not None):
+            if chosen is None or (not chosen and place(demands, allowed) is not None):
                 return None  # reclaim cannot help, or it fits now
-            stopped = [v for v in victims if _stop(v.job_id, job, group)]
-            if len(stopped) != len(victims):
-                return None  # one ended meanwhile: the next pass looks again
-            for v in stopped:
-                self.borrowers().pop(v.job_id, None)
-            if stopped:
-                pending = _freed(stopped)
-                self.stopping()[job.pk] = pending
-        going_to = reserve(demands, allowed, pending, others)
+            victims = chosen
+        why = f"{PREEMPTED} to return borrowed capacity to group {group}"
+        evictions = [Eviction(v.job_id, job.pk, why, reclaim=True) for v in victims]
+        return Plan(victims, pending, others, evictions)
+
+    def claim(
+        self,
+        job_id: int,
+        plan: Plan,
+        demands: list[Demand],
+        allowed: list[Room],
+        group: str,
+        may_name: Callable[[list[int]], set[int]],
+    ) -> str:
+        """Once the plan's victims are stopped: reserve their room for job `job_id` in
+        `allowed` (taken from in place); the reason it shows while it waits."""
+        pending = plan.pending
+        for v in plan.victims:
+            self.borrowers().pop(v.job_id, None)
+        if plan.victims:
+            pending = _freed(plan.victims)
+            self.stopping()[job_id] = pending
+        going_to = reserve(demands, allowed, pending, plan.others)
         # The jobs whose stop it waits for: its own victims, else those freeing its nodes.
         freeing = sorted(
             {h.job_id for h in pending}
-            or {h.job_id for h in others if h.node in going_to}
-            or {h.job_id for h in others}
+            or {h.job_id for h in plan.others if h.node in going_to}
+            or {h.job_id for h in plan.others}
         )
         return (
             f"waiting for borrowed capacity to be returned to group {group}: "
             f"{jobs_in_words(freeing, may_name)} stopping"
         )
-
-
-def _stop(victim_id: int, lender: Job, group: str) -> bool:
-    """End the victim's attempt for the lender; False when it no longer runs."""
-    victim = outcomes.evict(victim_id, f"{PREEMPTED} to return borrowed capacity to group {group}")
-    if victim is None:
-        return False
-    transitions.note_reclaimed(victim, lender.pk)
-    return True

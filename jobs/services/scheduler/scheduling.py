@@ -23,12 +23,13 @@ from jobs.models import Job, JobAttempt, Node, Replica
 from jobs.services.lifecycle import dispatch, schedule_requests, time_limits, transitions
 from jobs.services.placement import Demand, Holding, Room, gang_never_fits, never_fits, place
 from jobs.services.plain_rows import aware_dates, plain_rows
-from jobs.services.scheduler import borrowing, queue, waitlist
+from jobs.services.scheduler import borrowing, evictions, queue, waitlist
 from jobs.services.scheduler.backfill import Backfill, Reservation
+from jobs.services.scheduler.pass_memo import PassMemo
 from jobs.services.scheduler.preempt_pass import PreemptionPass
 from jobs.services.scheduler.reclaim import Reclaimer
 from jobs.services.scheduler.waitlist import WaitingJob
-from jobs.services.scheduler.why_waiting import NodeView, Shortfall, jobs_in_words, shortfall
+from jobs.services.scheduler.why_waiting import NodeView, jobs_in_words, shortfall
 from jobs.services.totals import RoleRequest
 from jobs.time_limit_text import in_words
 
@@ -221,21 +222,8 @@ class SchedulingPass:
         # By group: the first job of it that waits, in this pass, for borrowed capacity to be
         # returned to it (_taking_back).
         self.reclaiming: dict[str, int] = {}
-        # Until something is placed (or reserved) the rooms stay as they are, so jobs of one
-        # owner with the same demands and exclusions wait for the same reason: worked out once
-        # per pass, not once per job (10,000 waiting jobs are mostly a few shapes; issue 24).
-        self.reasons: dict[tuple[object, ...], str] = {}
-        # Why jobs of one shape find no room, whoever owns them (as `reasons`), and the shapes
-        # that find none.
-        self.shortfalls: dict[tuple[object, ...], Shortfall] = {}
-        self.no_room: set[tuple[object, ...]] = set()
-        # What a job alike (WaitingJob.alike) was told in this state of the pass: the next one
-        # alike is told the same without being judged again.
-        self.fates: dict[tuple[object, ...], str] = {}
-        self.changes = 0  # rooms, ledger or blocker changed: what `fates` says no longer holds
-        # The reasons given that say only that a job waits for room (none fits it now, or it
-        # waits behind the head), not the head's own.
-        self.waits_for_room: set[str] = set()
+        # What this pass worked out, said again to jobs alike until something changes.
+        self.memo = PassMemo()
         self.dispatched: list[int] = []
         self.head_start: tuple[int, datetime] | None = None  # the reservation of this pass
         self._users: dict[int, User] = {}
@@ -280,7 +268,7 @@ class SchedulingPass:
         for start in range(0, len(jobs), JUDGED_AT_ONCE):
             for job in waitlist.read([q.pk for q in jobs[start : start + JUDGED_AT_ONCE]]):
                 reason = self.consider(job)
-                if far_back and reason in self.waits_for_room:
+                if far_back and reason in self.memo.waits_for_room:
                     reason = waitlist.FAR_BACK
                 if reason is not None and reason != job.reason:
                     new_reasons[job.pk] = reason
@@ -297,15 +285,9 @@ class SchedulingPass:
 
     def consider(self, job: WaitingJob) -> str | None:
         """Place the job, or say why it waits (None: placed, or gone from the queue)."""
-        own = self._has_own_room_coming(job)
-        alike = job.alike
-        if not own and alike in self.fates:
-            return self.fates[alike]
-        before = self.changes
-        reason = self.decide(job)
-        if reason is not None and not own and self.changes == before:
-            self.fates[alike] = reason
-        return reason
+        if self._has_own_room_coming(job):
+            return self.decide(job)  # its own, never another's
+        return self.memo.fate(job.alike, lambda: self.decide(job))
 
     def _has_own_room_coming(self, job: WaitingJob) -> bool:
         """Whether room was set aside for this job itself, by an earlier pass: a lender's that
@@ -317,14 +299,6 @@ class SchedulingPass:
         ) and self.preemption.has_victims_stopping(job.pk):
             return True
         return bool(self.ledger.shares) and job.pk in self.reclaimer.stopping()
-
-    def _changed(self, rooms: bool = True) -> None:
-        self.changes += 1
-        self.fates.clear()
-        if rooms:
-            self.reasons.clear()
-            self.shortfalls.clear()
-            self.no_room.clear()
 
     def decide(self, job: WaitingJob) -> str | None:
         """Judge the job through the gates in order: the first that decides gives its reason
@@ -386,15 +360,15 @@ class SchedulingPass:
             if why is not None:
                 return why
         key: tuple[object, ...] = ("behind", blocker.pk, job.owner_id)
-        if key not in self.reasons:
+        if key not in self.memo.reasons:
             behind = jobs_in_words([blocker.pk], self._visible_to(job.owner_id))
-            self.reasons[key] = (
+            self.memo.reasons[key] = (
                 f"waiting behind {behind}, first in the queue, which has waited for "
                 f"room longer than {in_words(int(self.grace.total_seconds()))}: "
                 "nothing passes it until it starts"
             )
-            self.waits_for_room.add(self.reasons[key])
-        return self.reasons[key]
+            self.memo.waits_for_room.add(self.memo.reasons[key])
+        return self.memo.reasons[key]
 
     @staticmethod
     def _unplaced_key(job: WaitingJob) -> tuple[object, ...]:
@@ -404,11 +378,11 @@ class SchedulingPass:
         """Where its instances go now, if they all fit (a shape found not to fit in this state
         of the pass is not tried again)."""
         room_key = (job.shape, job.excluded_nodes)
-        if self._unplaced_key(job) in self.reasons or room_key in self.no_room:
+        if self._unplaced_key(job) in self.memo.reasons or room_key in self.memo.no_room:
             return None
         assignment = place(job.demands, allowed)
         if assignment is None:
-            self.no_room.add(room_key)
+            self.memo.no_room.add(room_key)
         return assignment
 
     def _backfill(
@@ -421,11 +395,11 @@ class SchedulingPass:
         limit = None if job.time_limit is None else timedelta(seconds=job.time_limit)
         held_back = ("held back", job.shape, job.excluded_nodes, limit, job.owner_id)
         admitted = None
-        if held_back not in self.reasons:
+        if held_back not in self.memo.reasons:
             admitted = self.easy.admits(job.demands, allowed, assignment, limit)
-        if held_back in self.reasons or admitted is None:
-            self.reasons.setdefault(held_back, self._held_back(self.easy.reservation, job))
-            return None, self.reasons[held_back]
+        if held_back in self.memo.reasons or admitted is None:
+            self.memo.reasons.setdefault(held_back, self._held_back(self.easy.reservation, job))
+            return None, self.memo.reasons[held_back]
         return admitted, None
 
     def _preempt(self, job: WaitingJob, allowed: list[Room]) -> str | None:
@@ -438,37 +412,41 @@ class SchedulingPass:
         no_victims = (
             "no victims", job.shape, job.excluded_nodes, job.priority, job.preempted_by
         )  # fmt: skip
-        made = None
-        if no_victims not in self.reasons or self.preemption.has_victims_stopping(job.pk):
-            made = self.preemption.make_room(
-                self._model(job), job.demands, allowed, self._visible_to(job.owner_id)
+        plan = None
+        if no_victims not in self.memo.reasons or self.preemption.has_victims_stopping(job.pk):
+            plan = self.preemption.plan(self._model(job), job.demands, allowed)
+        # A victim that ended since the pass read it fails the plan: the next pass looks again.
+        if plan is not None and evictions.carry_out(plan.evictions):
+            why = self.preemption.claim(
+                job.pk, plan, job.demands, allowed, self._visible_to(job.owner_id)
             )
-        if made is not None:
-            self._changed()  # room is reserved for this job
+            self.memo.changed()  # room is reserved for this job
             self.blocker = self.blocker or job
-            return made.reason
-        self.reasons[no_victims] = ""
+            return why
+        self.memo.reasons[no_victims] = ""
         return None
 
     def _explain(self, job: WaitingJob, allowed: list[Room]) -> str:
         """Why it waits; the first job that waits for room becomes the head, for which
         backfill reserves a start when the running jobs' time limits say when it can have one."""
         key = self._unplaced_key(job)
-        if key not in self.reasons:
+        if key not in self.memo.reasons:
             # Worked out once per shape, put in words once per owner.
             short_key = (job.shape, job.excluded_nodes)
-            if short_key not in self.shortfalls:
-                self.shortfalls[short_key] = shortfall(job.demands, allowed, self.views, self.held)
-            why = self.shortfalls[short_key].in_words(self._visible_to(job.owner_id))
+            if short_key not in self.memo.shortfalls:
+                self.memo.shortfalls[short_key] = shortfall(
+                    job.demands, allowed, self.views, self.held
+                )
+            why = self.memo.shortfalls[short_key].in_words(self._visible_to(job.owner_id))
             if job.excluded_nodes:
                 why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
-            self.reasons[key] = why
-        reason = self.reasons[key]
+            self.memo.reasons[key] = why
+        reason = self.memo.reasons[key]
         if self.blocker is not None:
-            self.waits_for_room.add(reason)
+            self.memo.waits_for_room.add(reason)
             return reason
         self.blocker = job
-        self._changed(rooms=False)  # jobs behind it are judged against it from now on
+        self.memo.changed(rooms=False)  # jobs behind it are judged against it from now on
         reservation = self.easy.reserve(job.pk, job.demands, allowed)
         if reservation is not None:
             reason = f"{reason}; {reservation.in_words(self.now)}"
@@ -494,19 +472,18 @@ class SchedulingPass:
         """Stop borrowed jobs of other groups to make room for this job of group `lender`
         (within its nominal share), and reserve that room; its reason, or None when reclaim
         cannot help (or it fits already)."""
-        why = self.reclaimer.make_room(
-            self._model(job),
-            job.demands,
-            allowed,
-            lender,
-            self.ledger.outside(lender),
-            self._visible_to(job.owner_id),
+        plan = self.reclaimer.plan(
+            self._model(job), job.demands, allowed, lender, self.ledger.outside(lender)
         )
-        if why is not None:
-            self._changed()  # room is reserved for this job
-            self.ledger.take(job.owner_id, need)  # its group's share counts it already
-            self.blocker = self.blocker or job
-            self.reclaiming.setdefault(lender, job.pk)
+        if plan is None or not evictions.carry_out(plan.evictions):
+            return None  # cannot help, or a victim ended meanwhile: the next pass looks again
+        why = self.reclaimer.claim(
+            job.pk, plan, job.demands, allowed, lender, self._visible_to(job.owner_id)
+        )
+        self.memo.changed()  # room is reserved for this job
+        self.ledger.take(job.owner_id, need)  # its group's share counts it already
+        self.blocker = self.blocker or job
+        self.reclaiming.setdefault(lender, job.pk)
         return why
 
     def _taking_back(self, owner_id: int) -> str | None:
@@ -544,7 +521,7 @@ class SchedulingPass:
             job.demands, key=_by_key
         ):
             return None  # it left the queue (or was restarted) since the pass read it
-        self._changed()  # the rooms change now
+        self.memo.changed()  # the rooms change now
         node_ids = {n.name: n.pk for n in self.usable}
         by_room = {room.node: room for room in self.rooms}
         for demand in job.demands:
