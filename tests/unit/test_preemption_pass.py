@@ -56,6 +56,16 @@ def stopped(job: Job, attempt: int, capture: Capture) -> None:
     job.refresh_from_db()
 
 
+def fill_with_low_jobs(user: User, submit: Callable[..., Job], capture: Capture) -> list[Job]:
+    """The two nodes of 8 cores filled with eight running low jobs of 2 cores of the user's."""
+    set_quota(user, cpu=16, jobs=8)
+    lows = []
+    for _ in range(8):
+        lows.append(submit(user, "low"))
+        start(lows[-1], capture)
+    return lows
+
+
 def placed(job: Job) -> bool:
     return not job.replicas.filter(attempt=job.attempt, state=Replica.State.PENDING).exists()
 
@@ -99,12 +109,7 @@ def test_a_high_job_preempts_the_last_started_low_job_and_keeps_the_room_it_free
     submit: Callable[..., Job],
     django_capture_on_commit_callbacks: Capture,
 ) -> None:
-    # Two nodes of 8 cores: eight low jobs of 2 cores fill them.
-    set_quota(alice, cpu=16, jobs=8)
-    lows = []
-    for _ in range(8):
-        lows.append(submit(alice, "low"))
-        start(lows[-1], django_capture_on_commit_callbacks)
+    lows = fill_with_low_jobs(alice, submit, django_capture_on_commit_callbacks)
     assert all(j.state == Job.State.RUNNING for j in lows)
     normal = submit(charlie_admin, "normal")  # may not preempt: waits
     assert not placed(normal) and normal.reason.startswith("waiting: ")
@@ -157,11 +162,7 @@ def test_a_job_preempted_once_is_not_preempted_again_before_its_minimum_run(
     settings: Any,
 ) -> None:
     settings.TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = 600
-    set_quota(alice, cpu=16, jobs=8)
-    lows = []
-    for _ in range(8):
-        lows.append(submit(alice, "low"))
-        start(lows[-1], django_capture_on_commit_callbacks)
+    lows = fill_with_low_jobs(alice, submit, django_capture_on_commit_callbacks)
     Job.objects.filter(pk__in=[j.pk for j in lows]).update(
         preempted_by=[1]
     )  # each was preempted before, and its attempt started just now
@@ -318,11 +319,7 @@ def test_preemption_only_names_its_victims_and_the_pass_stops_them(
     submit: Callable[..., Job],
     django_capture_on_commit_callbacks: Capture,
 ) -> None:
-    set_quota(alice, cpu=16, jobs=8)
-    lows = []
-    for _ in range(8):
-        lows.append(submit(alice, "low"))
-        start(lows[-1], django_capture_on_commit_callbacks)
+    lows = fill_with_low_jobs(alice, submit, django_capture_on_commit_callbacks)
     # Queued, and no pass run for it yet (its request to schedule is never sent).
     with django_capture_on_commit_callbacks(execute=False):
         high = submit_job(bob, check_job_request(job_request(1, "cpu-2", priority="high")))
