@@ -252,6 +252,9 @@ class Cgroups:
     # The cores the node's groups may use (cpuset); empty: cores are not given (no cpuset).
     cores: tuple[int, ...] = ()
     mems: str = ""  # the memory nodes, which every cpuset group must name
+    # Node folders probe made that these groups do not use (cpuset, when there are no cores to
+    # give): removed with the others when the agent stops, else each agent leaves one behind.
+    unused_roots: tuple[tuple[str, Path], ...] = ()
 
     @property
     def enforced(self) -> bool:
@@ -314,6 +317,7 @@ class Cgroups:
         return dataclasses.replace(
             self,
             roots=tuple((c, r) for c, r in self.roots if c != "cpuset"),
+            unused_roots=self.unused_roots + tuple((c, r) for c, r in self.roots if c == "cpuset"),
             cores=(),
             reason=self.reason.replace(", dedicated cores", "")
             + f" (cores shared: the node advertises {advertised}, it has {len(self.cores)})",
@@ -321,7 +325,7 @@ class Cgroups:
 
     def remove_node_folders(self) -> None:
         """Remove the node's folders where no instance's group is left in them."""
-        for _, root in self.roots:
+        for _, root in self.roots + self.unused_roots:
             try:
                 root.rmdir()
             except OSError:
@@ -440,7 +444,8 @@ def _prepare_v1(v1: dict[str, Mount], memberships: dict[str, str], name: str) ->
             except OSError:
                 pass
         roots.append((controller, root))
-    if not cores:
+    unused = [(c, r) for c, r in roots if c == "cpuset" and not cores]
+    if unused:
         # No cores to give: instances use the node's, without a cpuset group.
         roots = [(c, r) for c, r in roots if c != "cpuset"]
     return Cgroups(
@@ -454,6 +459,7 @@ def _prepare_v1(v1: dict[str, Mount], memberships: dict[str, str], name: str) ->
         devices="devices" in v1,
         cores=cores,
         mems=mems,
+        unused_roots=tuple(unused),
     )
 
 
