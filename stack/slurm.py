@@ -317,12 +317,15 @@ class SlurmCluster:
         key.chmod(0o400)
         for path in (munge, key):
             os.chown(path, user.pw_uid, user.pw_gid)
-        # The death signal after setpriv: a change of uid clears one set before it.
+        # setpriv sets the death signal itself, after its change of uid (which clears one set
+        # before it). Not through workers/deathsig.py: munged runs as `munge`, which may not
+        # read this checkout (a clone under root's home, a mktemp -d folder): nothing of the
+        # checkout runs as another user.
         self._spawn(
             "munged",
             [
                 "setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
-                *deathsig.command([]), "munged", "--foreground",
+                "--pdeathsig", "KILL", "munged", "--foreground",
                 f"--socket={self.munge_socket}",
                 f"--key-file={key}",
                 f"--log-file={munge / 'munged.log'}",
@@ -411,6 +414,20 @@ class SlurmCluster:
     def _start_controller(self) -> None:
         # -i: a fresh state folder has no state files to recover; -D: stay in the foreground.
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)], self.env())
+
+    def stop_controller(self) -> None:
+        """slurmctld goes away, as in an outage: the client commands cannot reach it; the jobs
+        already running go on (slurmstepd keeps them)."""
+        _terminate(self.pids["slurmctld"])
+
+    def start_controller(self) -> None:
+        """slurmctld back, from its saved state (the jobs it had, running or queued)."""
+        self._start_controller()
+        _wait_for(
+            lambda: self.command(["sinfo", "-h"], check=False).returncode == 0,
+            "slurmctld to answer again",
+            self.root,
+        )
 
     def _start_slurmd(self, node: SlurmNode, host: netns.Host | None) -> None:
         argv = ["slurmd", "-D", "-N", node.name, "-f", str(self.conf)]
