@@ -72,6 +72,13 @@ DEFAULT_LOG_MAX_MB = 1000
 DEFAULT_METRIC_POINTS_PER_SECOND = 500
 
 
+# An account, QOS, feature expression or reservation as Slurm writes them.
+SLURM_WORD = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9_.,&|:()*-]*$",
+    "Slurm's own syntax: letters, digits and . _ , & | : ( ) * - only.",
+)
+
+
 class SlurmPool(models.Model):
     """A Slurm cluster (one partition of it) jobs can run on instead of Trainyard's own agents
     (docs/slurm.md). The console drives it with Slurm's client commands on its own host: it
@@ -110,6 +117,26 @@ class SlurmPool(models.Model):
         blank=True,
         help_text="How the nodes reach the console's Redis (host or address); empty: as the "
         "console does. Each job's instances get a Redis user of their own, for that job only.",
+    )
+    # What the site asks every job of the pool to be sent with (sbatch's options of the same
+    # names; jobs.services.slurm.slurm_batch.site_options). Never through a shell: argv items.
+    account = models.CharField(
+        max_length=100, blank=True, validators=[SLURM_WORD], help_text="sbatch --account."
+    )
+    qos = models.CharField(
+        max_length=100, blank=True, validators=[SLURM_WORD], help_text="sbatch --qos."
+    )
+    constraint = models.CharField(
+        max_length=200,
+        blank=True,
+        validators=[SLURM_WORD],
+        help_text="sbatch --constraint: node features, e.g. 'ib&a100'.",
+    )
+    reservation = models.CharField(
+        max_length=100, blank=True, validators=[SLURM_WORD], help_text="sbatch --reservation."
+    )
+    exclusive = models.BooleanField(
+        default=False, help_text="sbatch --exclusive: no other job shares a job's nodes."
     )
     enabled = models.BooleanField(default=True)
 
@@ -898,6 +925,10 @@ class JobAttempt(models.Model):
     # restarts without it (jobs/services/slurm/slurm_access.py); the secret itself is not kept.
     slurm_job_id = models.CharField(max_length=50, blank=True)
     slurm_redis_hash = models.CharField(max_length=64, blank=True)
+    # Set, and committed, before a pass runs sbatch for this attempt outside any transaction;
+    # cleared with slurm_job_id's write. While set, no other pass submits the attempt, and no
+    # pass cancels the Slurm job it becomes (jobs/services/slurm/slurm_pass.py).
+    slurm_submitting = models.DateTimeField(null=True, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
     )

@@ -43,7 +43,7 @@ from jobs.services import quota, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
 from jobs.services.lifecycle.time_limits import default_for
 from jobs.services.scheduler import scheduling
-from jobs.services.slurm import slurm_batch, slurm_pass
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_pass
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers import contract
 from workers.metricparse import BadMetric, check_definitions
@@ -494,12 +494,12 @@ def submit_job(user: User, request: JobRequest) -> Job:
     # What depends on no quota is read before the lock is taken, so that it does not lengthen
     # every submission's turn with it: whether the nodes could ever hold the job, its default
     # time limit, its code snapshot.
-    never = _why_never_runs(request)
     time_limit = (
         request.time_limit
         if request.time_limit is not None
         else default_for(user, request.priority)
     )
+    never = _why_never_runs(request, time_limit)
     snapshot = None
     if "snapshot" in request.program:
         sha256 = request.program["snapshot"]
@@ -525,16 +525,20 @@ def submit_job(user: User, request: JobRequest) -> Job:
     return job
 
 
-def _why_never_runs(request: JobRequest) -> dict[str, str]:
+def _why_never_runs(request: JobRequest, time_limit: int | None) -> dict[str, str]:
     """Why the request could never start where it asks to run, by field; {} when it could."""
     if request.slurm_pool is None:
         return scheduling.why_never_placeable(request.roles)
-    # Slurm places it, so Slurm is asked (sbatch --test-only: it queues nothing).
+    # Slurm places it: its partition's configuration says whether it ever could.
     target = slurm_batch.target_of(request.slurm_pool)
     try:
-        refusal = slurm_batch.why_never_runs(request.roles, bool(request.kvstore), target)
-    except slurm_batch.SlurmError as exc:
-        return {"pool": f"Slurm could not be asked about it now: {exc}. Try again later."}
+        refusal = slurm_batch.why_never_runs(
+            request.roles, bool(request.kvstore), target, time_limit
+        )
+    except slurm_client.SlurmUnavailable:
+        # Slurm away is no reason to refuse: the job waits, saying so, and the Slurm pass
+        # checks it again before its sbatch.
+        return {}
     return {"roles": refusal} if refusal else {}
 
 

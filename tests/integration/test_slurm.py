@@ -21,8 +21,10 @@ import psutil
 import pytest
 from django.contrib.auth.models import User
 
-from jobs.models import FrameworkImage, Job, JobRole, Package
-from jobs.services.slurm import slurm_batch, slurm_states
+from jobs.models import FrameworkImage, Job, JobAttempt, JobRole, Package, SlurmPool
+from jobs.services import submission
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_pass, slurm_states
+from jobs.services.totals import RoleRequest
 from stack import slurm
 from tests.conftest import (
     RunningStack,
@@ -32,6 +34,7 @@ from tests.conftest import (
     pytorch_request,
     required_here,
     running_stack,
+    set_quota,
     signal_file,
 )
 from workers.slurmstep import outcome_file
@@ -53,10 +56,10 @@ def slurm_cluster() -> Iterator[slurm.SlurmCluster]:
 @pytest.fixture
 def target(
     slurm_cluster: slurm.SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-) -> slurm_batch.SlurmTarget:
+) -> slurm_client.SlurmTarget:
     shared = slurm_cluster.root / "shared" / tmp_path_factory.mktemp("job").name
     shared.mkdir(parents=True)
-    return slurm_batch.SlurmTarget(
+    return slurm_client.SlurmTarget(
         partition=slurm_cluster.partition,
         shared_root=shared,
         python=sys.executable,
@@ -99,14 +102,14 @@ def wait_until_gone(cluster: slurm.SlurmCluster, slurm_id: str, timeout: float =
         time.sleep(0.2)
 
 
-def output_of(target: slurm_batch.SlurmTarget, job: Job, slurm_id: str) -> list[str]:
+def output_of(target: slurm_client.SlurmTarget, job: Job, slurm_id: str) -> list[str]:
     return (
         (slurm_batch.attempt_folder(target, job) / f"slurm-{slurm_id}.out").read_text().splitlines()
     )
 
 
 def outcomes(
-    target: slurm_batch.SlurmTarget, job: Job, tags: list[str]
+    target: slurm_client.SlurmTarget, job: Job, tags: list[str]
 ) -> dict[str, dict[str, object]]:
     folder = slurm_batch.attempt_folder(target, job)
     return {tag: json.loads(outcome_file(folder, tag).read_text()) for tag in tags}
@@ -130,7 +133,7 @@ def processes_of(folder: Path) -> list[int]:
 
 
 def test_a_ddp_job_runs_one_instance_on_each_of_three_slurm_nodes(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     job = make_job(
         alice, "pytorch:2.13-cpu", {"example": "digits-ddp"}, ["--epochs", "3"],
@@ -162,11 +165,13 @@ def test_a_ddp_job_runs_one_instance_on_each_of_three_slurm_nodes(
 
 
 def test_a_parameter_server_job_is_a_heterogeneous_slurm_job(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
+    # Packages that differ: one component per role, each on nodes of its own (Slurm never
+    # puts two components on one node): the scheduler, the server, the two workers.
     job = make_job(
         alice, "kvstore-ps:2.13", {"example": "digits-ps"}, ["--epochs", "2"],
-        {"scheduler": ("cpu-1", 1), "server": ("cpu-1", 2), "worker": ("cpu-1", 2)},
+        {"scheduler": ("cpu-1", 1), "server": ("cpu-2", 1), "worker": ("cpu-1", 2)},
         kvstore="dist_sync",
     )  # fmt: skip
     assert [c.roles for c in slurm_batch.components(job)] == [
@@ -182,7 +187,7 @@ def test_a_parameter_server_job_is_a_heterogeneous_slurm_job(
     assert listed == [] or all(i.startswith(f"{slurm_id}+") for i in listed)
     wait_until_gone(slurm_cluster, slurm_id)
 
-    tags = ["scheduler", "server-0", "server-1", "worker-0", "worker-1"]
+    tags = ["scheduler", "server-0", "worker-0", "worker-1"]
     ended = outcomes(target, job, tags)
     assert {o["state"] for o in ended.values()} == {"succeeded"}, ended
     lines = output_of(target, job, slurm_id)
@@ -192,7 +197,7 @@ def test_a_parameter_server_job_is_a_heterogeneous_slurm_job(
 
 
 def test_a_failing_script_names_its_instance_and_its_exception(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     job = make_job(
         alice,
@@ -218,7 +223,7 @@ def test_a_failing_script_names_its_instance_and_its_exception(
 
 
 def test_scancel_ends_the_slurm_job_and_every_process(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     release = signal_file("never-released")
     job = make_job(
@@ -248,24 +253,53 @@ def test_scancel_ends_the_slurm_job_and_every_process(
     assert {o["state"] for o in outcomes(target, job, written).values()} == {"stopped"}
 
 
-def test_a_job_larger_than_the_partition_is_refused_with_slurms_reason(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+def test_a_job_larger_than_the_partition_is_refused_with_the_limit_it_is_over(
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     job = make_job(
         alice, "pytorch:2.13-cpu", {"example": "digits-ddp"}, [],
         {"master": ("cpu-2", 1), "worker": ("cpu-2", 3)},
     )  # fmt: skip
     with pytest.raises(
-        slurm_batch.SlurmError,
-        match=r"^Slurm's partition 'trainyard' can never hold this job: "
-        r"Requested node configuration is not available$",
+        slurm_client.SlurmRefused,
+        match=r"^it needs 8 CPU cores in all; Slurm's partition 'trainyard' has 6 on 3 nodes "
+        r"\(Slurm would keep it waiting for ever\)$",
     ):
         slurm_batch.submit(job, target)
     assert slurm_cluster.command(["squeue", "-h"]).stdout.strip() == ""
 
 
+def test_each_limit_of_the_partition_has_its_own_reason(
+    target: slurm_client.SlurmTarget, catalog: None
+) -> None:
+    """Nodes, memory per node, CPUs in all: three jobs Slurm would keep waiting for ever, and
+    sbatch --test-only refused all three alike ("Requested node configuration is not
+    available"). The real partition: three nodes of 2 CPUs and 16,000 MB."""
+    big_memory = Package.objects.create(name="cpu-1-12g", cpu=1, memory_gb=12)
+    too_much = Package.objects.create(name="cpu-2-20g", cpu=2, memory_gb=20)
+    cpu_1 = Package.objects.get(name="cpu-1")
+
+    def refusal(package: Package, instances: int) -> str:
+        return slurm_batch.why_never_runs(
+            [RoleRequest("worker", package, instances)], False, target
+        )
+
+    assert refusal(big_memory, 4).startswith(
+        "4 instances of the worker (cpu-1-12g) need at least 4 nodes, as a node holds at most "
+        "1 of them; Slurm's partition 'trainyard' has 3"
+    )
+    assert refusal(too_much, 1).startswith(
+        "one instance of the worker (cpu-2-20g) needs 20480 MB of memory on one node; the "
+        "nodes of Slurm's partition 'trainyard' have 16000 MB at most"
+    )
+    assert refusal(cpu_1, 7).startswith(
+        "it needs 7 CPU cores in all; Slurm's partition 'trainyard' has 6 on 3 nodes"
+    )
+    assert refusal(big_memory, 3) == "" and refusal(cpu_1, 6) == ""
+
+
 def test_a_job_waiting_in_slurm_shows_slurms_reason(
-    slurm_cluster: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     release = signal_file()
     holder = make_job(
@@ -296,6 +330,96 @@ def test_a_job_waiting_in_slurm_shows_slurms_reason(
     ended = slurm_states.query(target, [holding, waiting])
     assert {s.slurm_state for s in ended.values()} == {"COMPLETED"}
     assert {s.state for s in ended.values()} == {Job.State.SUCCEEDED}
+
+
+# --- the Slurm pass itself, on this test's database ------------------------------------------
+
+
+@pytest.fixture
+def pool(
+    target: slurm_client.SlurmTarget, catalog: None, redis_url: str, settings: Any
+) -> Iterator[SlurmPool]:
+    """A Slurm pool on the real cluster, in this test's database (no console runs): the tests
+    run the pass themselves. Whatever they left in Slurm is cancelled after."""
+    settings.TRAINYARD_CODE_ROOT = FIXTURE_CODE
+    pool = SlurmPool.objects.create(
+        name="pass-test",
+        partition=target.partition,
+        shared_root=str(target.shared_root),
+        python=sys.executable,
+        code_root=str(FIXTURE_CODE),
+        slurm_conf=target.client_env["SLURM_CONF"],
+    )
+    pool.images.set(FrameworkImage.objects.all())
+    pool.packages.set(Package.objects.all())
+    yield pool
+    for attempt in JobAttempt.objects.exclude(slurm_job_id=""):
+        slurm_client.run_client(["scancel", attempt.slurm_job_id], target)
+
+
+def queue_job(owner: User, pool: SlurmPool, script: str, args: list[str]) -> Job:
+    body = {**pytorch_request("pass", script, 1, "cpu-1", args), "pool": pool.name}
+    return submission.submit_job(owner, submission.check_job_request(body, owner))
+
+
+def in_slurm(cluster: slurm.SlurmCluster, slurm_id: str) -> str:
+    """The job's state in Slurm (PENDING, RUNNING, …), or "" once Slurm no longer lists it."""
+    listed = cluster.command(["squeue", "-h", "-o", "%T", "-j", slurm_id], check=False)
+    return listed.stdout.strip()
+
+
+def test_a_pass_never_cancels_a_job_another_pass_is_submitting(
+    slurm_cluster: slurm.SlurmCluster, pool: SlurmPool, alice: User, monkeypatch: Any
+) -> None:
+    """The console worker's loop and its slurm_now tasks run passes side by side. A pass that
+    runs while another's sbatch has just gone through sees a trainyard-<id> job no attempt
+    names yet: it must not take it for a stray and cancel it."""
+    set_quota(alice)
+    job = queue_job(alice, pool, "hold.py", ["--release", str(signal_file("never"))])
+    real_submit = slurm_batch.submit
+    during: list[slurm_pass.PassReport] = []
+
+    def submit_then_another_pass(*args: Any, **kwargs: Any) -> str:
+        slurm_id = real_submit(*args, **kwargs)
+        during.append(slurm_pass.run_pass())  # the other pass, before this one writes the id
+        return slurm_id
+
+    monkeypatch.setattr(slurm_batch, "submit", submit_then_another_pass)
+    report = slurm_pass.run_pass()
+    assert report.submitted == 1 and report.errors == [], report
+    assert during and during[0].cancelled == 0 and during[0].submitted == 0, during
+    slurm_id = JobAttempt.objects.get(job=job).slurm_job_id
+    assert in_slurm(slurm_cluster, slurm_id) in ("PENDING", "RUNNING")
+    # And later passes follow it as the job's, never as a stray.
+    monkeypatch.setattr(slurm_batch, "submit", real_submit)
+    assert slurm_pass.run_pass().cancelled == 0
+    assert in_slurm(slurm_cluster, slurm_id) in ("PENDING", "RUNNING")
+
+
+def test_a_job_whose_plan_cannot_be_written_waits_and_the_others_go_on(
+    slurm_cluster: slurm.SlurmCluster, pool: SlurmPool, alice: User
+) -> None:
+    set_quota(alice)
+    blocked = queue_job(alice, pool, "numbered.py", ["--lines", "3"])
+    other = queue_job(alice, pool, "numbered.py", ["--lines", "3"])
+    # Where the blocked job's folder goes, a file: its plan cannot be written.
+    jobs = Path(pool.shared_root) / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / str(blocked.pk)).write_text("in the way")
+    report = slurm_pass.run_pass()
+    assert report.submitted == 1 and len(report.errors) == 1, report
+    blocked.refresh_from_db()
+    assert blocked.state == Job.State.QUEUED
+    assert blocked.reason.startswith(
+        "waiting: it could not be submitted to Slurm (pass-test) yet: "
+    ), blocked.reason
+    assert JobAttempt.objects.get(job=blocked).slurm_job_id == ""
+    other_id = JobAttempt.objects.get(job=other).slurm_job_id
+    assert other_id and in_slurm(slurm_cluster, other_id) in ("PENDING", "RUNNING", "COMPLETING")
+    # Once the way is clear, the next pass submits it.
+    (jobs / str(blocked.pk)).unlink()
+    assert slurm_pass.run_pass().submitted == 1
+    assert JobAttempt.objects.get(job=blocked).slurm_job_id
 
 
 # --- through the console: the form's API, the Slurm pass, the job's log ------------------------
@@ -360,29 +484,46 @@ def test_a_ddp_job_from_the_api_runs_on_slurm_with_every_line_in_its_log(
     assert len(attempts) == 1 and attempts[0]["nodes"] == ["n[1-3]"], attempts
 
 
-def test_a_parameter_server_job_from_the_api_is_a_heterogeneous_slurm_job(
-    sam: StackClient,
-) -> None:
-    request = {
+def ps_request(server: str, worker: str, workers: int = 2) -> dict[str, Any]:
+    return {
         "name": "ps on slurm",
         "image": "kvstore-ps:2.13",
         "program": {"script": "digits-ps", "args": ["--epochs", "2"]},
         "roles": {
-            "server": {"package": "cpu-1", "instances": 2},
-            "worker": {"package": "cpu-1", "instances": 2},
+            "server": {"package": server, "instances": 1},
+            "worker": {"package": worker, "instances": workers},
         },
         "kvstore": "dist_sync",
         "pool": POOL,
     }
-    job = sam.submit(request)
+
+
+def test_a_parameter_server_job_of_one_package_runs_on_three_slurm_nodes(
+    sam: StackClient,
+) -> None:
+    """A scheduler, a server and three workers of one core each on three nodes of two: as a
+    heterogeneous job (one component per role) it needed 1 + 1 + 2 nodes and waited for ever
+    ("Resources" on an idle cluster), since Slurm never puts two components on one node. Its
+    roles share a package, so it is one component of five tasks, and runs."""
+    job = sam.submit(ps_request("cpu-1", "cpu-1", workers=3))
     done = sam.wait_finished(job["id"])
     assert done["state"] == "succeeded", done["reason"]
     tags = sorted(r["tag"] for r in done["replicas"])
-    assert tags == ["scheduler", "server-0", "server-1", "worker-0", "worker-1"]
+    assert tags == ["scheduler", "server-0", "worker-0", "worker-1", "worker-2"]
     lines = sam.logs(job["id"])
     said = {(line["role"], line["index"]) for line in lines}
-    assert said >= {("scheduler", 0), ("server", 0), ("server", 1), ("worker", 0), ("worker", 1)}
+    assert said >= {("scheduler", 0), ("server", 0), ("worker", 0), ("worker", 1), ("worker", 2)}
     assert any("eval_accuracy" in line["text"] for line in lines if line["role"] == "worker")
+
+
+def test_a_heterogeneous_job_that_needs_more_nodes_than_the_partition_is_refused(
+    sam: StackClient,
+) -> None:
+    response = sam.http.post("/api/v1/jobs", json=ps_request("cpu-1", "cpu-2"))
+    assert response.status_code == 400, response.text
+    said = json.dumps(response.json())
+    assert "Slurm never puts two of its components on one node" in said, said
+    assert "need 1 + 1 + 2 = 4 nodes; Slurm's partition 'trainyard' has 3" in said, said
 
 
 def test_a_failing_script_on_slurm_names_the_instance_and_its_exception(
@@ -435,8 +576,8 @@ def test_a_job_larger_than_the_slurm_partition_is_refused_at_submission(
     response = sam.http.post("/api/v1/jobs", json=slurm_request("numbered.py", 4))
     assert response.status_code == 400, response.text
     said = json.dumps(response.json())
-    assert "Slurm's partition 'trainyard' can never hold this job" in said, said
-    assert "Requested node configuration is not available" in said
+    assert "it needs 8 CPU cores in all; Slurm's partition 'trainyard' has 6 on 3 nodes" in said
+    assert "Slurm would keep it waiting for ever" in said
 
 
 def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
@@ -548,6 +689,92 @@ def test_a_lost_slurm_node_restarts_the_job_on_the_others_from_its_checkpoint(
     second = [x["text"] for x in sam.logs(job["id"]) if x["attempt"] == 1]
     resumed = [t for t in second if t.startswith("resumed from: ")]
     assert len(resumed) == 2 and "resumed from: nothing" not in resumed, second
+
+
+def test_a_slurm_controller_outage_fails_no_job(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    """slurmctld away: a running job runs on (squeue's "errors" are not an empty queue), a job
+    submitted meanwhile is admitted and waits, saying why; with Slurm back both finish."""
+    release = signal_file("outage")
+    holder = sam.submit(
+        slurm_request("hold.py", 1, package="cpu-1", args=["--release", str(release)])
+    )
+    sam.wait(holder["id"], lambda j: j["state"] == "running")
+    slurm_cluster.stop_controller()
+    try:
+        response = sam.http.post(
+            "/api/v1/jobs",
+            json=slurm_request("numbered.py", 1, package="cpu-1", args=["--lines", "3"]),
+        )
+        assert response.status_code == 201, response.text
+        waiter = response.json()
+        waiting = sam.wait(waiter["id"], lambda j: "cannot be reached now" in j["reason"])
+        assert waiting["state"] == "queued", waiting
+        assert waiting["reason"].startswith("waiting: Slurm (slurm-test) cannot be reached now")
+        # A pass or more has run without Slurm meanwhile: the running job is as it was.
+        assert sam.job(holder["id"])["state"] == "running"
+    finally:
+        slurm_cluster.start_controller()
+    release.touch()
+    assert sam.wait_finished(holder["id"])["state"] == "succeeded"
+    assert sam.wait_finished(waiter["id"])["state"] == "succeeded"
+
+
+def test_a_down_or_drained_node_never_refuses_a_job_that_fits(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    """A job needing all three nodes while n2 is drained and n3 is down: sbatch --test-only
+    called it "never" and admission refused it; it fits the partition, so it waits and runs
+    once the nodes are back."""
+
+    def update(node: str, *state: str) -> None:
+        slurm_cluster.command(["scontrol", "update", f"nodename={node}", *state])
+
+    update("n2", "state=drain", "reason=maintenance")
+    update("n3", "state=down", "reason=test")
+    try:
+        response = sam.http.post(
+            "/api/v1/jobs", json=slurm_request("numbered.py", 3, args=["--lines", "3"])
+        )
+        assert response.status_code == 201, response.text
+        job = response.json()
+        waiting = sam.wait(job["id"], lambda j: "in Slurm" in j["reason"])
+        assert waiting["state"] == "queued", waiting
+    finally:
+        update("n2", "state=resume")
+        update("n3", "state=resume")
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+
+
+def test_a_time_limit_counts_from_slurms_start_not_from_its_queue(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    """A job with a 15-second limit that waits longer than that in Slurm's queue is not failed
+    for it: the clock starts when Slurm starts the job. Slurm gets the limit too (--time, in
+    whole minutes, with the console's grace after it)."""
+    release = signal_file("time-holder")
+    holder = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
+    sam.wait(holder["id"], lambda j: j["state"] == "running")
+    waiter = sam.submit(
+        slurm_request("numbered.py", 1, package="cpu-1", args=["--lines", "3"], time_limit=15)
+    )
+    queued_at = time.monotonic()
+    sam.wait(
+        waiter["id"], lambda j: "Slurm" in j["reason"] and "to be submitted" not in j["reason"]
+    )
+    shown = slurm_cluster.command(
+        ["scontrol", "show", "job", slurm_id_of(slurm_cluster, waiter["id"])]
+    )
+    assert re.search(r"TimeLimit=00:0[1-9]:00", shown.stdout), shown.stdout
+    # Past its limit, and a reconciliation pass later, in Slurm's queue all along.
+    waited = sam.wait(waiter["id"], lambda j: time.monotonic() - queued_at > 25)
+    assert waited["state"] == "queued", waited
+    release.touch()
+    assert sam.wait_finished(holder["id"])["state"] == "succeeded"
+    done = sam.wait_finished(waiter["id"])
+    assert done["state"] == "succeeded", done["reason"]
 
 
 @pytest.mark.browser
@@ -762,7 +989,7 @@ def test_slurm_keeps_and_exports_none_of_the_consoles_secrets(
                 name
                 for name in names
                 if not name.startswith("SLURM")
-                and name not in slurm_batch.STEP_NAMES + SET_BY_SLURMD
+                and name not in slurm_client.STEP_NAMES + SET_BY_SLURMD
             }
             assert not extra, (pid, processes[pid], sorted(extra))
             assert "PATH" in names, (pid, processes[pid], sorted(names))

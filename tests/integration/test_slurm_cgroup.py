@@ -16,7 +16,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs.models import Job
-from jobs.services.slurm import slurm_batch, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_states
 from stack import slurm
 from tests.conftest import required_here
 from tests.integration import test_slurm as slurm_tests
@@ -75,7 +75,7 @@ def own_group(cluster: slurm.SlurmCluster, controller: str) -> Path:
 
 
 def test_an_instance_past_its_memory_is_oom_killed_and_slurm_says_out_of_memory(
-    limits: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    limits: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     # cpu-1 asks Slurm for 2 GB (--mem-per-cpu=2048M); the trainer takes 3 GB.
     job = make_job(
@@ -109,7 +109,7 @@ def test_an_instance_past_its_memory_is_oom_killed_and_slurm_says_out_of_memory(
 
 
 def test_an_instance_runs_on_the_cores_it_asked_slurm_for_and_no_more(
-    limits: slurm.SlurmCluster, target: slurm_batch.SlurmTarget, catalog: None, alice: User
+    limits: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
     # cpu-1 asks Slurm for one core (--cpus-per-task=1); the trainer keeps two processes busy
     # (this machine has at least two: Slurm checks its nodes' CPUs against it).

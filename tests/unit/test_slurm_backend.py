@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs.models import FrameworkImage, Job, JobRole, Package
-from jobs.services.slurm import slurm_batch, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_states
 from workers import launcher, slurmstep
 from workers.spec import ReplicaSpec
 
@@ -68,7 +68,7 @@ def ps_job(db: None, catalog: None, alice: User) -> Job:
 def test_a_parameter_server_job_is_one_component_per_role_in_rank_order(
     ps_job: Job, tmp_path: Path
 ) -> None:
-    target = slurm_batch.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
+    target = slurm_client.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
     script = slurm_batch.write_batch_script(ps_job, target, slurm_batch.write_plan(ps_job, target))
     argv = slurm_batch.sbatch_argv(ps_job, target, script)
     assert argv[argv.index(f"--job-name=trainyard-{ps_job.pk}") + 1 :] == [
@@ -115,19 +115,33 @@ def test_slurm_gets_none_of_the_consoles_variables(
     monkeypatch.setenv("HOME", "/home/trainyard")
     for unset in ("LC_ALL", "TZ", "TRAINYARD_SANDBOX_SHARED"):
         monkeypatch.delenv(unset, raising=False)
-    target = slurm_batch.SlurmTarget(
+    target = slurm_client.SlurmTarget(
         "gpu", tmp_path, sys.executable, tmp_path, client_env={"SLURM_CONF": "/etc/slurm.conf"}
     )
     runs: list[tuple[list[str], dict[str, str]]] = []
 
+    answers = {
+        "partition": "PartitionName=gpu MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=g[1-3]\n",
+        "node": "".join(
+            f"NodeName=g{i} CPUTot=8 RealMemory=64000 Gres=(null) State=IDLE Partitions=gpu\n"
+            for i in (1, 2, 3)
+        ),
+    }
+
     def sbatch(argv: list[str], env: dict[str, str], **_: object) -> subprocess.CompletedProcess:
         runs.append((argv, env))
-        return subprocess.CompletedProcess(argv, 0, "4242;cluster\n", "")
+        said = answers[argv[3]] if argv[0] == "scontrol" else "4242;cluster\n"
+        return subprocess.CompletedProcess(argv, 0, said, "")
 
-    monkeypatch.setattr(slurm_batch.subprocess, "run", sbatch)
+    monkeypatch.setattr(slurm_client.subprocess, "run", sbatch)
     job_credentials = "redis://job-7:job-password@10.0.0.1:6379/0"
     assert slurm_batch.submit(ps_job, target, job_credentials) == "4242"
-    assert [argv[:2] for argv, _ in runs] == [["sbatch", "--test-only"], ["sbatch", "--parsable"]]
+    # The partition and its nodes as configured (slurm_fit), then sbatch.
+    assert [argv[:4] for argv, _ in runs] == [
+        ["scontrol", "--oneliner", "show", "partition"],
+        ["scontrol", "--oneliner", "show", "node"],
+        ["sbatch", "--parsable", f"--job-name=trainyard-{ps_job.pk}", "--partition=gpu"],
+    ]
     for argv, env in runs:
         assert env == {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -137,7 +151,7 @@ def test_slurm_gets_none_of_the_consoles_variables(
         }
         # Only what the steps need goes with the job: not HOME, not SLURM_CONF (SLURM_*
         # variables go anyway), nothing of the console's.
-        assert "--export=PATH,LANG" in argv, argv
+        assert argv[0] == "scontrol" or "--export=PATH,LANG" in argv, argv
         assert not [v for v in (*CONSOLE_ENV.values(), "job-password") if v in " ".join(argv)]
     # The job's own Redis user travels in a file of its owner's alone, not in the environment.
     credentials = slurm_batch.attempt_folder(target, ps_job) / "credentials.url"
@@ -165,7 +179,7 @@ def test_the_batch_script_gives_srun_slurms_variables_and_the_exported_ones_alon
     monkeypatch.setenv("LANG", "C.UTF-8")
     for unset in ("LC_ALL", "TZ", "TRAINYARD_SANDBOX_SHARED"):
         monkeypatch.delenv(unset, raising=False)
-    target = slurm_batch.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
+    target = slurm_client.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
     script = slurm_batch.write_batch_script(ps_job, target, slurm_batch.write_plan(ps_job, target))
     batch_env = {
         # What sbatch sent, and what slurmd sets.

@@ -1,8 +1,12 @@
 """Add or change a Slurm pool, as the admin's Slurm pools page does (docs/slurm.md):
 
     python manage.py slurm_pool NAME --partition P --shared-root DIR --python PATH
-        [--slurm-conf FILE] [--code-root DIR] [--redis-host HOST] [--all-images]
-        [--all-packages] [--check]
+        [--slurm-conf FILE] [--code-root DIR] [--redis-host HOST] [--account A] [--qos Q]
+        [--constraint C] [--reservation R] [--exclusive] [--all-images] [--all-packages]
+        [--check]
+
+--account, --qos, --constraint, --reservation and --exclusive are sent with every job of the
+pool, as sbatch's options of the same names.
 
 --all-images and --all-packages offer every enabled image and package in it. --check asks
 Slurm about the partition (`sinfo`) and refuses a pool it cannot reach.
@@ -16,7 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from jobs.models import FrameworkImage, Package, SlurmPool
-from jobs.services.slurm import slurm_batch
+from jobs.services.slurm import slurm_batch, slurm_client
 
 
 class Command(BaseCommand):
@@ -30,6 +34,11 @@ class Command(BaseCommand):
         parser.add_argument("--slurm-conf", default="", help="SLURM_CONF for the commands")
         parser.add_argument("--code-root", default="", help="the code root as nodes see it")
         parser.add_argument("--redis-host", default="", help="Redis as the nodes reach it")
+        parser.add_argument("--account", default="", help="sbatch --account for every job")
+        parser.add_argument("--qos", default="", help="sbatch --qos for every job")
+        parser.add_argument("--constraint", default="", help="sbatch --constraint (features)")
+        parser.add_argument("--reservation", default="", help="sbatch --reservation")
+        parser.add_argument("--exclusive", action="store_true", help="sbatch --exclusive")
         parser.add_argument("--all-images", action="store_true")
         parser.add_argument("--all-packages", action="store_true")
         parser.add_argument("--check", action="store_true", help="ask Slurm first (sinfo)")
@@ -42,6 +51,11 @@ class Command(BaseCommand):
             "slurm_conf": options["slurm_conf"],
             "code_root": options["code_root"],
             "redis_host": options["redis_host"],
+            "account": options["account"],
+            "qos": options["qos"],
+            "constraint": options["constraint"],
+            "reservation": options["reservation"],
+            "exclusive": options["exclusive"],
         }
         pool = SlurmPool(name=options["name"], **fields)
         try:
@@ -66,10 +80,10 @@ class Command(BaseCommand):
     def _check(self, pool: SlurmPool) -> None:
         target = slurm_batch.target_of(pool)
         try:
-            done = slurm_batch.run_client(
+            done = slurm_client.run_client(
                 ["sinfo", "-h", "-p", pool.partition, "-o", "%D %C"], target
             )
-        except slurm_batch.SlurmError as exc:
+        except slurm_client.SlurmError as exc:
             raise CommandError(f"Slurm did not answer: {exc}") from None
         if not done.stdout.strip():
             raise CommandError(f"Slurm has no partition {pool.partition!r}")

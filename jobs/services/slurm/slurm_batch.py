@@ -1,8 +1,11 @@
 """A Trainyard job as one Slurm job: its components, its plan, its batch script, its sbatch.
 
-A PyTorch job whose roles share one package is one allocation of one task per instance; where
-packages differ, and always for a parameter-server job, it is a heterogeneous job with one
-component per role (scheduler, servers, workers), each with its own package's resources. Either
+A job whose roles share one package is one allocation of one task per instance (a
+parameter-server job's scheduler then takes one task of that package too); where packages
+differ it is a heterogeneous job with one component per role (scheduler, servers, workers), each
+with its own package's resources. One component where it can be, because Slurm never puts two
+components of a heterogeneous job on one node: a scheduler, one server and two workers would
+need three nodes at least, however small they are (slurm_fit checks that rule). Either
 way one `srun` over every component starts `workers.slurmstep` once per instance, and task
 SLURM_PROCID runs the spec of that rank (jobs.services.lifecycle.dispatch.specs_in_rank_order:
 components and tasks come in the same order, so the numbering agrees).
@@ -18,64 +21,26 @@ in plan.json.
 """
 
 import json
+import math
 import os
-import subprocess
+import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
 
 from jobs.models import CodeSnapshot, Job, Package, SlurmPool
 from jobs.services.lifecycle.dispatch import Slot, specs_in_rank_order
+from jobs.services.slurm import slurm_fit
+from jobs.services.slurm.slurm_client import SlurmRefused, SlurmTarget, run_client
 from jobs.services.totals import RoleRequest
 from workers import contract, snapshot
-from workers.sandbox import SHARED_ENV as SANDBOX_SHARED_ENV
 
 # A parameter-server job's scheduler: what the platform gives it (it is not charged).
 SCHEDULER_MEMORY_MB = 1024
 
-SBATCH_TIMEOUT_SECONDS = 60
 JOB_NAME_PREFIX = "trainyard-"
-
-
-class SlurmError(RuntimeError):
-    """Slurm refused or could not be reached; the message is Slurm's own, on one line."""
-
-
-@dataclass(frozen=True)
-class SlurmTarget:
-    """How to reach one Slurm cluster and what its nodes share."""
-
-    partition: str
-    shared_root: Path  # the same path on the console host and on every node
-    python: str  # an interpreter with Trainyard's `workers` package, at this path on every node
-    code_root: Path  # the code root jobs' {"path": ...} programs are under, as the nodes see it
-    client_env: dict[str, str] = field(default_factory=dict)  # SLURM_CONF and the like
-
-    def environment(self) -> dict[str, str]:
-        """The Slurm commands' environment: what they and the job's steps need, never the
-        console's own (its REDIS_URL holds Redis's administrator password): sbatch gives the
-        job what it is run with, and slurmctld keeps that in its saved state."""
-        source = {**os.environ, **self.client_env}
-        return {name: source[name] for name in SLURM_CLIENT_NAMES if name in source}
-
-    def exported_names(self) -> tuple[str, ...]:
-        """The names the batch script and its steps get besides Slurm's own SLURM_* variables:
-        those of STEP_NAMES that the Slurm commands are run with."""
-        environment = self.environment()
-        return tuple(name for name in STEP_NAMES if name in environment)
-
-    def exported(self) -> str:
-        """--export for sbatch and for srun in the batch script: the exported names, no more."""
-        return ",".join(self.exported_names()) or "NONE"
-
-
-# What the Slurm commands are run with: how to find them and the cluster, and the locale.
-SLURM_CLIENT_NAMES = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "SLURM_CONF", SANDBOX_SHARED_ENV)
-# Of those, what the batch script and the step wrapper need on the nodes: PATH to find srun
-# and the trainers' tools; the folders shared with every sandbox (workers/sandbox.py).
-STEP_NAMES = ("PATH", "LANG", "LC_ALL", "TZ", SANDBOX_SHARED_ENV)
 
 
 def target_of(pool: SlurmPool) -> SlurmTarget:
@@ -85,7 +50,22 @@ def target_of(pool: SlurmPool) -> SlurmTarget:
         python=pool.python,
         code_root=Path(pool.code_root or settings.TRAINYARD_CODE_ROOT),
         client_env={"SLURM_CONF": pool.slurm_conf} if pool.slurm_conf else {},
+        site_options=site_options(pool),
     )
+
+
+def site_options(pool: SlurmPool) -> tuple[str, ...]:
+    """What every job of the pool is sent with, as the site asks (docs/slurm.md)."""
+    named = {
+        "--account": pool.account,
+        "--qos": pool.qos,
+        "--constraint": pool.constraint,
+        "--reservation": pool.reservation,
+    }
+    options = [f"{option}={value}" for option, value in named.items() if value]
+    if pool.exclusive:
+        options.append("--exclusive")
+    return tuple(options)
 
 
 @dataclass(frozen=True)
@@ -106,20 +86,53 @@ class Component:
     def memory_mb(self) -> int:
         return self.package.memory_gb * 1024 if self.package else SCHEDULER_MEMORY_MB
 
+    @property
+    def memory_per_cpu_mb(self) -> int:
+        """--mem-per-cpu: Slurm's memory is per CPU (so that it scales with --cpus-per-task);
+        the package's memory divided by its cores, rounded down to whole MB."""
+        return max(1, self.memory_mb // self.cpus)
+
+    @property
+    def gpus(self) -> int:
+        return self.package.gpus if self.package else 0
+
+    @property
+    def gpu_type(self) -> str:
+        return gres_type(self.package.gpu_model) if self.package and self.gpus else ""
+
+    def demand(self) -> slurm_fit.Demand:
+        package = f" ({self.package.name})" if self.package else ""
+        return slurm_fit.Demand(
+            label=f"the {'/'.join(self.roles)}{package}",
+            tasks=self.tasks,
+            cpus=self.cpus,
+            memory_mb=self.memory_per_cpu_mb * self.cpus,
+            gpus=self.gpus,
+            gpu_type=self.gpu_type,
+        )
+
+
+def gres_type(gpu_model: str) -> str:
+    """A package's GPU model as a Slurm GRES type: "A100" → "a100", "RTX 6000" → "rtx_6000"
+    (the name a site gives its GPUs in gres.conf; docs/slurm.md). Empty: any GPU."""
+    return re.sub(r"[^a-z0-9_.-]+", "_", gpu_model.strip().lower()).strip("_")
+
 
 ROLE_ORDER = {"scheduler": 0, "server": 1, "worker": 2, "master": 0}
 
 
 def components_of(roles: list[RoleRequest], kvstore: bool) -> list[Component]:
-    """The components of a job of these roles: one for a PyTorch job whose roles share a
-    package, else one per role (the scheduler first for a parameter-server job)."""
+    """The components of a job of these roles: one where its roles share a package (a
+    parameter-server job's scheduler included, first), else one per role (the scheduler first
+    for a parameter-server job)."""
     ordered = sorted(roles, key=lambda r: ROLE_ORDER.get(r.role, 1))
-    if not kvstore and len({r.package.pk for r in ordered}) == 1:
+    if len({r.package.pk for r in ordered}) == 1:
+        scheduler = ("scheduler",) if kvstore and ordered[0].role != "scheduler" else ()
         return [
             Component(
-                tuple(r.role for r in ordered),
+                scheduler + tuple(r.role for r in ordered),
                 ordered[0].package,
-                sum(r.instances for r in ordered),
+                len(scheduler) + sum(r.instances for r in ordered),
             )
         ]
     found = [Component((r.role,), r.package, r.instances) for r in ordered]
@@ -183,8 +196,12 @@ def write_plan(job: Job, target: SlurmTarget, redis_url: str = "") -> Path:
         with os.fdopen(descriptor, "w") as out:
             out.write(redis_url + "\n")
         plan["credentials"] = str(secret)
+    # It carries the job's variables: for the step wrapper (the Slurm job's user) alone.
     path = folder / "plan.json"
-    path.write_text(json.dumps(plan, indent=1))
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(json.dumps(plan, indent=1))
     return path
 
 
@@ -196,7 +213,7 @@ def code_root_for(job: Job, target: SlurmTarget) -> Path:
     if not sha256:
         return target.code_root
     if not snapshot.is_sha256(sha256):
-        raise SlurmError(f"not a code snapshot: {sha256!r}")
+        raise SlurmRefused(f"not a code snapshot: {sha256!r}")
     folder = target.shared_root / "code" / sha256
     if folder.is_dir():
         return folder
@@ -208,7 +225,7 @@ def code_root_for(job: Job, target: SlurmTarget) -> Path:
         try:
             snapshot.unpack(archive, unpacked)
         except snapshot.SnapshotError as exc:
-            raise SlurmError(f"the code snapshot cannot be unpacked: {exc}") from None
+            raise SlurmRefused(f"the code snapshot cannot be unpacked: {exc}") from None
         # A rename on one file system: a node sees the whole folder or none. Another console
         # worker may have won the race; its copy is the same files.
         try:
@@ -261,10 +278,22 @@ def sbatch_argv(job: Job, target: SlurmTarget, script: Path) -> list[str]:
         # Only these variables reach the job, and slurmctld's saved state: none of the
         # console's (the job's own reach its trainers through plan.json).
         f"--export={target.exported()}",
+        *target.site_options,
     ]
+    if job.time_limit:
+        argv.append(f"--time={slurm_minutes(job.time_limit)}")
     argv += resource_options(components(job))
     argv.append(str(script))
     return argv
+
+
+def slurm_minutes(time_limit: int) -> int:
+    """--time for a job's limit (seconds): whole minutes, with the console's grace after it,
+    so that the console's own stop (SIGTERM, the grace, SIGKILL; its reason "time limit of …
+    reached") comes first and Slurm's TIMEOUT only backs it up. Both count from the start:
+    Slurm's from the allocation, the console's from when the pass sees it running."""
+    grace = settings.TRAINYARD_TIME_LIMIT_GRACE_SECONDS + settings.TRAINYARD_SLURM_SECONDS
+    return max(1, math.ceil((time_limit + grace) / 60))
 
 
 def resource_options(parts: list[Component]) -> list[str]:
@@ -276,72 +305,33 @@ def resource_options(parts: list[Component]) -> list[str]:
         options += [
             f"--ntasks={component.tasks}",
             f"--cpus-per-task={component.cpus}",
-            f"--mem-per-cpu={max(1, component.memory_mb // component.cpus)}M",
+            f"--mem-per-cpu={component.memory_per_cpu_mb}M",
         ]
-        if component.package is not None and component.package.gpus:
-            options.append(f"--gpus-per-task={component.package.gpus}")
+        if component.gpus:
+            kind = f"{component.gpu_type}:" if component.gpu_type else ""
+            options.append(f"--gpus-per-task={kind}{component.gpus}")
     return options
 
 
-def why_never_runs(roles: list[RoleRequest], kvstore: bool, target: SlurmTarget) -> str:
-    """Why the pool's partition could never hold a job of these roles ("" when it could), as
-    Slurm says it; asked before admission, with a probe script (`sbatch --test-only` queues
-    nothing). Raises SlurmError when Slurm cannot be asked."""
-    probe = target.shared_root / "probe.py"
-    if not probe.exists():
-        target.shared_root.mkdir(parents=True, exist_ok=True)
-        probe.write_text("#!/bin/false\n# Trainyard's admission asks Slurm with this script.\n")
-    argv = [
-        "sbatch",
-        f"--partition={target.partition}",
-        *resource_options(components_of(roles, kvstore)),
-        str(probe),
-    ]
-    try:
-        check_fits(argv, target)
-    except SlurmError as exc:
-        if "could not run" in str(exc):
-            raise
-        return str(exc)
-    return ""
+def why_never_runs(
+    roles: list[RoleRequest], kvstore: bool, target: SlurmTarget, time_limit: int | None = None
+) -> str:
+    """Why the pool's partition could never hold a job of these roles ("" when it could), naming
+    the limit; judged from the partition's configuration, whatever its nodes' state now
+    (slurm_fit). Raises SlurmUnavailable when Slurm cannot be asked."""
+    demands = [c.demand() for c in components_of(roles, kvstore)]
+    refusal = slurm_fit.why_never_fits(slurm_fit.read_partition(target), demands, time_limit)
+    return f"{refusal} (Slurm would keep it waiting for ever)" if refusal else ""
 
 
 def submit(job: Job, target: SlurmTarget, redis_url: str = "") -> str:
-    """sbatch the job's current attempt; Slurm's job id. Raises SlurmError with Slurm's words."""
+    """sbatch the job's current attempt; Slurm's job id. Raises SlurmRefused when the partition
+    can never hold it or Slurm says no, SlurmUnavailable when Slurm cannot be asked."""
+    refusal = why_never_runs(role_requests(job), bool(job.kvstore), target, job.time_limit)
+    if refusal:
+        raise SlurmRefused(refusal)
     plan = write_plan(job, target, redis_url)
     script = write_batch_script(job, target, plan)
-    argv = sbatch_argv(job, target, script)
-    check_fits(argv, target)
-    done = run_client(argv, target)
+    # Slurm's output file is made with sbatch's umask: the job's lines, for its owner alone.
+    done = run_client(sbatch_argv(job, target, script), target, umask=0o077)
     return done.stdout.strip().split(";")[0]
-
-
-def check_fits(argv: list[str], target: SlurmTarget) -> None:
-    """Refuse a job the partition could never hold, before it is queued: Slurm would accept it
-    and keep it waiting for ever (reason PartitionConfig). `sbatch --test-only` asks the
-    scheduler without queuing anything."""
-    try:
-        run_client([argv[0], "--test-only", *argv[1:]], target)
-    except SlurmError as exc:
-        words = str(exc).removeprefix("allocation failure: ")
-        raise SlurmError(
-            f"Slurm's partition {target.partition!r} can never hold this job: {words}"
-        ) from None
-
-
-def run_client(argv: list[str], target: SlurmTarget) -> subprocess.CompletedProcess[str]:
-    try:
-        done = subprocess.run(
-            argv,
-            env=target.environment(),
-            capture_output=True,
-            text=True,
-            timeout=SBATCH_TIMEOUT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmError(f"{argv[0]} could not run: {exc}") from None
-    if done.returncode != 0:
-        words = " ".join(done.stderr.split()) or f"{argv[0]} exited with code {done.returncode}"
-        raise SlurmError(words.removeprefix(f"{argv[0]}: error: "))
-    return done

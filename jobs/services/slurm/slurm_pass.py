@@ -5,11 +5,18 @@ as `pending`; Slurm, not the scheduling pass, places them. Each pass, per pool:
 
 1. **Submit** each queued job whose current attempt has no Slurm job yet: its own Redis user
    (slurm_access), its plan and batch script on the shared file system, `sbatch`
-   (slurm_batch). Its replicas become `assigned`. Slurm refusing it fails the job with Slurm's
-   words; an unreachable Slurm leaves it queued for the next pass.
+   (slurm_batch), run outside any transaction behind a committed mark. Its replicas become
+   `assigned`. The error model (slurm_client): Slurm *refusing* it (the partition can never
+   hold it, an invalid account, a QOS limit) is the one thing that fails the job, with Slurm's
+   words; Slurm *unreachable* (controller down, a timeout, munge) leaves every job of the pool
+   queued, with a reason that says so, and stops the pool's pass until the next; anything else
+   (a plan that cannot be written) leaves that one job waiting with its reason, and the others
+   go on. One pool's failure never stops another's.
 2. **Follow** every attempt whose replicas Slurm may still hold, with one `squeue --json`:
    - pending: the job's reason says why Slurm keeps it waiting, in words (slurm_states);
-   - running: its replicas run, and the job too once all do;
+   - running: its replicas run, and the job too once all do; its time limit counts from now;
+     an instance whose step wrapper has written its outcome ends at once (the job restarts or
+     fails from it within the pass, as from an agent's report);
    - ended, or no longer known to Slurm: each replica ends as its step wrapper's outcome file
      says (the instance's own reason: its exception and exit), or, without one, as Slurm says
      (NODE_FAIL: "a Slurm node it ran on failed"). outcomes.replica_ended then decides, as for
@@ -27,21 +34,28 @@ Every change of state goes through outcomes and transitions, as the agents' repo
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import redis
+from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from console.celery import app
 from jobs.models import Job, JobAttempt, Replica, SlurmPool
 from jobs.services.lifecycle import events, outcomes, reports, restarts, transitions
 from jobs.services.periodic import PeriodicPass
-from jobs.services.slurm import slurm_access, slurm_batch, slurm_states
-from jobs.services.slurm.slurm_batch import SlurmError, SlurmTarget
+from jobs.services.slurm import slurm_access, slurm_batch, slurm_client, slurm_states
+from jobs.services.slurm.slurm_client import (
+    CLIENT_TIMEOUT_SECONDS,
+    SlurmError,
+    SlurmRefused,
+    SlurmTarget,
+    SlurmUnavailable,
+)
 from jobs.services.slurm.slurm_states import SlurmStatus
 from workers import contract
 from workers.contract import tag_of
@@ -80,27 +94,62 @@ def request_pass() -> None:
 def run_pass() -> PassReport:
     report = PassReport()
     for pool in SlurmPool.objects.all():
-        target = slurm_batch.target_of(pool)
         try:
+            target = slurm_batch.target_of(pool)
             _submit_waiting(pool, target, report)
             _follow(pool, target, report)
-        except SlurmError as exc:
-            # Slurm away for a moment: everything is tried again on the next pass.
+        except SlurmUnavailable as exc:
+            # Slurm away for a moment: its jobs wait, saying so, and everything is tried again
+            # on the next pass. Nothing fails for it.
             report.errors.append(f"{pool.name}: {exc}")
             log.warning("Slurm pool %s: %s", pool.name, exc)
+            _say_unreachable(pool, exc)
+        except Exception as exc:  # one pool's fault must not stop the others
+            report.errors.append(f"{pool.name}: {exc}")
+            log.exception("Slurm pool %s: the pass failed", pool.name)
     return report
 
 
+def _say_unreachable(pool: SlurmPool, exc: SlurmError) -> None:
+    """Every job of the pool that waits: why it waits now."""
+    words = (
+        f"waiting: Slurm ({pool.name}) cannot be reached now ({exc}); "
+        f"the console asks again every {settings.TRAINYARD_SLURM_SECONDS:g} s"
+    )
+    for job in Job.objects.filter(slurm_pool=pool, state=Job.State.QUEUED).only("pk", "reason"):
+        if job.reason != words:
+            with transaction.atomic():
+                locked = outcomes.locked_job(job.pk)
+                if locked is not None and locked.state == Job.State.QUEUED:
+                    transitions.set_job_reason(locked, words)
+
+
 # --- 1. submitting ------------------------------------------------------------------------
+#
+# sbatch runs outside any transaction, behind a committed mark (JobAttempt.slurm_submitting):
+# a row lock held across a slow or hung sbatch would hold the job's row (and, on SQLite, the
+# whole database) for as long, and a Slurm job submitted inside a transaction exists before
+# its id is visible to any other pass, which then took it for a stray and cancelled it.
+
+# A mark older than this is a pass that died between sbatch and writing Slurm's answer: the
+# partition's two reads and sbatch, each within the client's timeout, and some.
+SUBMITTING_EXPIRES = timedelta(seconds=3 * CLIENT_TIMEOUT_SECONDS + 30)
 
 
 def _waiting(pool: SlurmPool) -> list[int]:
-    jobs = Job.objects.filter(slurm_pool=pool, state=Job.State.QUEUED).order_by("priority", "pk")
-    return [j.pk for j in jobs.only("pk", "attempt") if _unsubmitted(j)]
-
-
-def _unsubmitted(job: Job) -> bool:
-    return JobAttempt.objects.filter(job=job, number=job.attempt, slurm_job_id="").exists()
+    """Queued jobs whose current attempt is not in Slurm and no live pass is submitting."""
+    expired = timezone.now() - SUBMITTING_EXPIRES
+    attempts = (
+        JobAttempt.objects.filter(
+            job__slurm_pool=pool,
+            job__state=Job.State.QUEUED,
+            number=F("job__attempt"),
+            slurm_job_id="",
+        )
+        .filter(Q(slurm_submitting__isnull=True) | Q(slurm_submitting__lt=expired))
+        .order_by("-job__priority", "job_id")
+    )
+    return list(attempts.values_list("job_id", flat=True))
 
 
 def _submit_waiting(pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
@@ -109,38 +158,114 @@ def _submit_waiting(pool: SlurmPool, target: SlurmTarget, report: PassReport) ->
 
 
 def _submit(job_id: int, pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
-    # The job's row stays locked from the check to the write of Slurm's id, so that two console
-    # workers never both submit one attempt.
+    """Submit one job's current attempt. Raises SlurmUnavailable (the pool's pass stops: the
+    next jobs would only wait for the same timeout); any other failure is this job's alone."""
+    claimed = _claim(job_id)
+    if claimed is None:
+        return
+    job, stale = claimed
+    number = job.attempt
+    try:
+        if stale:
+            _cancel_lost_submission(job, target)
+        url, hashed = slurm_access.grant(job.pk, pool.redis_host)
+        slurm_id = slurm_batch.submit(job, target, url)
+    except SlurmRefused as exc:
+        report.refused += 1
+        _refused(job_id, number, exc)
+        return
+    except SlurmUnavailable:
+        _unclaim(job_id, number)
+        raise
+    except Exception as exc:  # a plan not written, Redis away: this job waits
+        report.errors.append(f"job {job_id}: {exc}")
+        log.warning("job %s: not submitted to Slurm this pass: %s", job_id, exc, exc_info=True)
+        _unclaim(
+            job_id,
+            number,
+            f"waiting: it could not be submitted to Slurm ({pool.name}) yet: {exc}; "
+            "tried again at every pass",
+        )
+        return
+    _record(job_id, number, slurm_id, hashed, pool, target, report)
+
+
+def _claim(job_id: int) -> tuple[Job, bool] | None:
+    """Mark the job's current attempt as being submitted, and commit the mark; the job, and
+    whether it had a mark that expired (its pass died). None: nothing to submit."""
     with transaction.atomic():
         job = outcomes.locked_job(job_id)
-        if job is None or job.state != Job.State.QUEUED or not _unsubmitted(job):
+        if job is None or job.state != Job.State.QUEUED:
+            return None
+        attempt = JobAttempt.objects.filter(job=job, number=job.attempt, slurm_job_id="").first()
+        if attempt is None:
+            return None
+        now = timezone.now()
+        marked = attempt.slurm_submitting
+        if marked is not None and marked >= now - SUBMITTING_EXPIRES:
+            return None
+        if not restarts.current_replicas(job).filter(state=Replica.State.PENDING).exists():
+            return None
+        JobAttempt.objects.filter(pk=attempt.pk).update(slurm_submitting=now)
+    return job, marked is not None
+
+
+def _cancel_lost_submission(job: Job, target: SlurmTarget) -> None:
+    """A pass died after marking this attempt: if its sbatch went through, Slurm has a job of
+    this attempt that no row names. Cancel it before submitting again."""
+    folder = str(slurm_batch.attempt_folder(target, job))
+    for slurm_id, status in slurm_states.query_all(target).items():
+        if status.name == f"{slurm_batch.JOB_NAME_PREFIX}{job.pk}" and status.folder == folder:
+            log.warning("job %s: cancelling Slurm job %s, a lost submission", job.pk, slurm_id)
+            slurm_client.run_client(["scancel", slurm_id], target)
+
+
+def _unclaim(job_id: int, number: int, reason: str = "") -> None:
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        JobAttempt.objects.filter(job_id=job_id, number=number).update(slurm_submitting=None)
+        if reason and job is not None and job.state == Job.State.QUEUED:
+            transitions.set_job_reason(job, reason)
+
+
+def _refused(job_id: int, number: int, exc: SlurmError) -> None:
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        JobAttempt.objects.filter(job_id=job_id, number=number).update(slurm_submitting=None)
+        if job is None or not job.is_active or job.attempt != number:
             return
-        replicas = list(restarts.current_replicas(job).filter(state=Replica.State.PENDING))
-        if not replicas:
-            return
-        try:
-            url, hashed = slurm_access.grant(job.pk, pool.redis_host)
-        except redis.RedisError as exc:
-            report.errors.append(f"job {job.pk}: Redis: {exc}")
-            return
-        try:
-            slurm_id = slurm_batch.submit(job, target, url)
-        except SlurmError as exc:
-            if "could not run" in str(exc):
-                raise  # Slurm's commands are missing or hung: not this job's fault
-            report.refused += 1
-            outcomes.fail(job, f"Slurm did not take it: {exc}", "not taken by Slurm")
-            transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+        outcomes.fail(job, f"Slurm did not take it: {exc}", "not taken by Slurm")
+        transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+
+
+def _record(
+    job_id: int,
+    number: int,
+    slurm_id: str,
+    hashed: str,
+    pool: SlurmPool,
+    target: SlurmTarget,
+    report: PassReport,
+) -> None:
+    """Slurm's id for the attempt, written with the mark's removal: from here the Slurm job is
+    followed, or, if the job was cancelled while sbatch ran, cancelled."""
+    with transaction.atomic():
+        job = outcomes.locked_job(job_id)
+        JobAttempt.objects.filter(job_id=job_id, number=number).update(
+            slurm_job_id=slurm_id, slurm_redis_hash=hashed, slurm_submitting=None
+        )
+        if job is None or job.state != Job.State.QUEUED or job.attempt != number:
+            _scancel_on_commit(slurm_id, target)
+            report.cancelled += 1
+            if job is None or not job.is_active:
+                transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
             return
         now = timezone.now()
-        JobAttempt.objects.filter(job=job, number=job.attempt).update(
-            slurm_job_id=slurm_id, placed=now, slurm_redis_hash=hashed
-        )
-        for replica in replicas:
+        for replica in restarts.current_replicas(job).filter(state=Replica.State.PENDING):
             transitions.move_replica(replica, Replica.State.ASSIGNED, start_sent=now)
         transitions.set_job_reason(job, f"submitted to Slurm ({pool.name}) as job {slurm_id}")
-        report.submitted += 1
-        log.info("job %s attempt %s: Slurm job %s", job.pk, job.attempt, slurm_id)
+    report.submitted += 1
+    log.info("job %s attempt %s: Slurm job %s", job_id, number, slurm_id)
 
 
 # --- 2. following, 3. stopping, 4. reconciling ------------------------------------------
@@ -197,9 +322,33 @@ def _apply(
                 transitions.set_job_reason(job, status.words)
             else:
                 _running(job, attempt, holding, status, report)
-                _note_nodes(job, slurm_batch.attempt_folder(target, job, attempt.number), holding)
+                folder = slurm_batch.attempt_folder(target, job, attempt.number)
+                _note_nodes(job, folder, holding)
+                _ended_meanwhile(job, attempt, holding, folder, target, report)
             return
         _ended(job, attempt, holding, status, target, report)
+
+
+def _ended_meanwhile(
+    job: Job,
+    attempt: JobAttempt,
+    holding: list[Replica],
+    folder: Path,
+    target: SlurmTarget,
+    report: PassReport,
+) -> None:
+    """End at once the instances whose step wrapper has written its outcome while the Slurm
+    job still runs: a rank's exit shows on the page within a pass, not when Slurm has ended
+    the whole job (srun's --kill-on-bad-exit, then KillWait, then a lost node's
+    SlurmdTimeout), and the job's restart or failure follows from it as from an agent's
+    report. A job that ends for it is cancelled in Slurm."""
+    said = {replica.pk: _wrapper_said(folder, replica) for replica in holding}
+    reported = [r for r in holding if said[r.pk] is not None]
+    if not reported:
+        return
+    _end_replicas(job, reported, said, "")
+    if not (job.is_active and attempt.number == job.attempt):
+        _cancel(attempt, target, report)
 
 
 def _running(
@@ -216,6 +365,10 @@ def _running(
         if r.state == Replica.State.ASSIGNED
         and transitions.move_replica(r, Replica.State.RUNNING, started=now)
     ]
+    if moved:
+        # Its time limit counts from here, not from sbatch: a job waiting in Slurm's queue
+        # holds nothing yet (Slurm's own --time counts from the allocation too).
+        JobAttempt.objects.filter(pk=attempt.pk, placed__isnull=True).update(placed=now)
     if moved and job.state == Job.State.QUEUED:
         transitions.move_job(job, Job.State.RUNNING, "")
         restarts.attempt_started(job)
@@ -261,19 +414,36 @@ def _ended(
     slurm_words = status.words if status is not None else "Slurm has no record of it any more"
     # What each step wrapper wrote, read once: how it ended, and what it used.
     said = {replica.pk: _wrapper_said(folder, replica) for replica in holding}
+    _end_replicas(job, holding, said, slurm_words)
+    report.ended += 1
+    if not job.is_active:
+        job_id = job.pk
+        transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+
+
+def _end_replicas(
+    job: Job,
+    replicas: list[Replica],
+    said: dict[int, dict[str, Any] | None],
+    slurm_words: str,
+) -> None:
+    """End each replica as its wrapper said (`said`, by replica id), or, without a word from
+    it, as Slurm says (`slurm_words`); failures first (the earliest decides the job's reason),
+    then the rest."""
+    attempt_number = replicas[0].attempt
     ends: list[tuple[str, int | None, str, float | None]] = []
-    for replica in holding:
+    for replica in replicas:
         ended = _outcome(said[replica.pk])
         if ended is None:
             # No word from its wrapper: its node died, or Slurm killed the step before it could
             # write. Slurm's reason is the replica's.
-            current = job.is_active and attempt.number == job.attempt
+            current = job.is_active and attempt_number == job.attempt
             state = Replica.State.FAILED if current else Replica.State.STOPPED
             ends.append((state, None, slurm_words, None))
         else:
             ends.append(ended)
     order = sorted(
-        zip(holding, ends, strict=True),
+        zip(replicas, ends, strict=True),
         key=lambda pair: (pair[1][0] != Replica.State.FAILED, pair[1][3] or 0.0),
     )
     for replica, (how, exit_code, reason, ended_at) in order:
@@ -288,10 +458,6 @@ def _ended(
             cause_at=datetime.fromtimestamp(ended_at, UTC) if ended_at else None,
         )
         job.refresh_from_db()
-    report.ended += 1
-    if not job.is_active:
-        job_id = job.pk
-        transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
 
 
 def _outcome(data: dict[str, Any] | None) -> tuple[str, int | None, str, float | None] | None:
@@ -326,16 +492,18 @@ def _wrapper_said(folder: Path, replica: Replica) -> dict[str, Any] | None:
 
 
 def _cancel(attempt: JobAttempt, target: SlurmTarget, report: PassReport) -> None:
-    slurm_id = attempt.slurm_job_id
+    _scancel_on_commit(attempt.slurm_job_id, target)
+    report.cancelled += 1
 
+
+def _scancel_on_commit(slurm_id: str, target: SlurmTarget) -> None:
     def scancel() -> None:
         try:
-            slurm_batch.run_client(["scancel", slurm_id], target)
+            slurm_client.run_client(["scancel", slurm_id], target)
         except SlurmError as exc:
             log.warning("scancel %s: %s (the next pass tries again)", slurm_id, exc)
 
     transaction.on_commit(scancel, robust=True)
-    report.cancelled += 1
 
 
 def _reconcile(
@@ -352,8 +520,18 @@ def _reconcile(
         .exclude(slurm_job_id="")
         .values_list("slurm_job_id", flat=True)
     )
+    # Read after squeue (the caller's `statuses`): a job another pass submitted before it has
+    # its mark or its id committed by now, so it is never taken for a stray.
+    submitting = {
+        f"{slurm_batch.JOB_NAME_PREFIX}{job_id}"
+        for job_id in JobAttempt.objects.filter(
+            job__slurm_pool=pool, slurm_submitting__isnull=False
+        ).values_list("job_id", flat=True)
+    }
     jobs_root = str(slurm_batch.jobs_folder(target)) + "/"
     for slurm_id, status in statuses.items():
+        if status.name in submitting:
+            continue
         ours = status.name.startswith(slurm_batch.JOB_NAME_PREFIX) and (
             status.folder + "/"
         ).startswith(jobs_root)
@@ -367,7 +545,7 @@ def _reconcile(
             "Slurm job %s (%s) is no job's of this console: cancelling it", slurm_id, status.name
         )
         try:
-            slurm_batch.run_client(["scancel", slurm_id], target)
+            slurm_client.run_client(["scancel", slurm_id], target)
             report.cancelled += 1
         except SlurmError as exc:
             report.errors.append(f"scancel {slurm_id}: {exc}")

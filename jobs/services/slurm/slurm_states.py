@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from jobs.models import Job
-from jobs.services.slurm.slurm_batch import SlurmError, SlurmTarget, run_client
+from jobs.services.slurm.slurm_client import SlurmTarget, SlurmUnavailable, run_client
 
 # Slurm's job states (slurm.h, job_state_string) and what they are to a Trainyard job.
 TRAINYARD_STATE = {
@@ -128,9 +128,21 @@ def query_all(target: SlurmTarget) -> dict[str, SlurmStatus]:
     # Not `--jobs`: squeue refuses the whole list when one id is no longer known.
     done = run_client(["squeue", "--json"], target)
     try:
-        listed = json.loads(done.stdout).get("jobs", [])
+        answer = json.loads(done.stdout)
     except ValueError as exc:
-        raise SlurmError(f"squeue's JSON could not be read: {exc}") from None
+        raise SlurmUnavailable(f"squeue's JSON could not be read: {exc}") from None
+    # With the controller away, `squeue --json` exits 0 with no jobs and its failure in
+    # "errors" ("Failed while looking for jobs"): read as an answer, every job Slurm runs
+    # would look ended.
+    errors = answer.get("errors") or []
+    if errors:
+        said = "; ".join(
+            f"{e.get('description') or e.get('error')} ({e.get('source', 'squeue')})"
+            for e in errors
+            if isinstance(e, dict)
+        )
+        raise SlurmUnavailable(f"squeue could not list Slurm's jobs: {said or errors}")
+    listed = answer.get("jobs", [])
     by_job: dict[str, list[dict[str, object]]] = {}
     for entry in listed:
         het = entry.get("het_job_id") or 0
