@@ -15,8 +15,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[console,agent,trainer,cli,dev]"
 	touch $@
 
+# RUN_ARGS: more of stack.run's options, e.g. RUN_ARGS="--redis-also-on 10.0.0.5" for a Slurm
+# pool whose nodes reach this machine there (docs/slurm.md).
+RUN_ARGS ?=
 run: $(VENV)/.installed sandbox
-	$(PY) -m stack.run --port $(PORT)
+	$(PY) -m stack.run --port $(PORT) $(RUN_ARGS)
 
 # A real three-node Slurm cluster on this machine (stack/slurm.py), beside `make run`, added to
 # its console as the Slurm pool "slurm" (docs/slurm.md); Ctrl-C stops it. Its three slurmd share

@@ -842,6 +842,14 @@ def main(argv: list[str] | None = None) -> int:
         help="each agent on a host of its own: a network namespace with its own address on a "
         "bridge (needs root); Redis then listens on the bridge, with a password",
     )
+    parser.add_argument(
+        "--redis-also-on",
+        action="append",
+        default=[],
+        metavar="ADDRESS",
+        help="Redis listens on this address too, besides 127.0.0.1 (e.g. where a Slurm pool's "
+        "nodes reach this machine: docs/slurm.md); it always has a password",
+    )
     args = parser.parse_args(argv)
     nodes = args.nodes or (3 if args.cluster else 2)
     var_dir = args.var_dir or ROOT / ("var/cluster" if args.cluster else "var")
@@ -858,6 +866,7 @@ def main(argv: list[str] | None = None) -> int:
         redis_url=os.environ.get("REDIS_URL", ""),
         hosts_in_namespaces=args.cluster,
         fit_default_quota=True,
+        redis_also_on=tuple(args.redis_also_on),
     )
     # A plain flag: a signal handler must not take locks (Event.set does), the main thread
     # might hold them when the signal arrives.

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from collections import deque
 from pathlib import Path
 from typing import IO
@@ -75,6 +76,14 @@ EXIT_NO_RENDEZVOUS = 3
 # At the end, how long the last lines may take to reach Redis before the wrapper exits anyway
 # (they stay in the spool on the shared folder then).
 SHIP_CLOSE_SECONDS = 30.0
+# The same when Redis has been away long enough to be said (redis-<tag>.json): a try or two
+# more, not the half-minute a flush of many lines to a reachable Redis may need.
+SHIP_CLOSE_UNREACHABLE_SECONDS = 5.0
+# How long lines may wait in the spool, Redis unreachable, before the wrapper says so in its
+# redis-<tag>.json (the console's page then does: a pool whose nodes cannot reach the console's
+# Redis ran jobs to "succeeded" with no line in their log, and nothing said why).
+REDIS_SILENT_SECONDS = 10.0
+REDIS_WATCH_SECONDS = 2.0
 
 
 class StepError(RuntimeError):
@@ -87,6 +96,11 @@ def outcome_file(attempt_dir: Path, tag: str) -> Path:
 
 def where_file(attempt_dir: Path, tag: str) -> Path:
     return attempt_dir / f"where-{tag}.json"
+
+
+def redis_file(attempt_dir: Path, tag: str) -> Path:
+    """There while the instance's lines cannot reach Redis: since when, and where it tries."""
+    return attempt_dir / f"redis-{tag}.json"
 
 
 def spec_for_task(plan: dict[str, object], task: int) -> dict[str, object]:
@@ -156,14 +170,22 @@ def gpu_ids(env: dict[str, str]) -> list[int]:
 class Shipping:
     """An instance's lines and regex metrics on their way to the job's log in Redis."""
 
-    def __init__(self, spec: ReplicaSpec, url: str, spool: Path) -> None:
+    def __init__(self, spec: ReplicaSpec, url: str, spool: Path, silent_file: Path) -> None:
         self.key = ReplicaKey(spec.job_id, spec.role, spec.index, spec.node, spec.attempt)
         self.shipper = LogShipper(redis.Redis.from_url(url), spool)
+        self.spool = spool
         if spec.log_limits:
             self.shipper.limit(self.key, LogLimits.from_dict(spec.log_limits))
         definitions, self.problems = compile_definitions(spec.metric_definitions)
         self.scanner = RegexScanner(definitions) if definitions else None
         self.lock = threading.Lock()
+        # Where it sends, without the credentials: for the console's words.
+        address = urllib.parse.urlsplit(url)
+        self.redis_address = f"{address.hostname}:{address.port or 6379}"
+        self.silent_file = silent_file
+        self.closed = threading.Event()
+        self.watch = threading.Thread(target=self._watch_redis, name="redis-watch", daemon=True)
+        self.watch.start()
 
     def put(self, stream: str, line: str) -> None:
         ts = time.time()
@@ -194,9 +216,31 @@ class Shipping:
         tail.start()
         return tail
 
-    def close(self) -> None:
+    def _watch_redis(self) -> None:
+        """Say, in silent_file, when lines have waited in the spool for REDIS_SILENT_SECONDS;
+        remove it once they went."""
+        since: float | None = None
+        while not self.closed.wait(REDIS_WATCH_SECONDS):
+            if not self.shipper.spooling:
+                since = None
+                self.silent_file.unlink(missing_ok=True)
+                continue
+            since = since or time.time()
+            if time.time() - since >= REDIS_SILENT_SECONDS and not self.silent_file.exists():
+                said = {"since": since, "redis": self.redis_address}
+                self.silent_file.write_text(json.dumps(said))
+
+    def close(self) -> bool:
+        """Send what is left; whether every line reached Redis (else it stays in the spool)."""
         self.shipper.release(self.key)
-        self.shipper.close(SHIP_CLOSE_SECONDS)
+        unreachable = self.silent_file.exists()
+        self.shipper.close(SHIP_CLOSE_UNREACHABLE_SECONDS if unreachable else SHIP_CLOSE_SECONDS)
+        self.closed.set()
+        self.watch.join()
+        delivered = not self.shipper.spooling
+        if delivered:
+            self.silent_file.unlink(missing_ok=True)
+        return delivered
 
 
 class Instance:
@@ -401,7 +445,9 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     if plan.get("credentials"):
         url = Path(str(plan["credentials"])).read_text().strip()
         # Beside the plan, where the trainer cannot reach it (its own folder is writable to it).
-        shipping = Shipping(spec, url, attempt_dir / f".spool-{spec.tag}")
+        shipping = Shipping(
+            spec, url, attempt_dir / f".spool-{spec.tag}", redis_file(attempt_dir, spec.tag)
+        )
         for problem in shipping.problems:
             shipping.note(problem)
         if not isolation.isolation.isolated:
@@ -444,8 +490,18 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         instance.say(f"Trainyard: {spec.tag} on {node} {state}: {reason}")
     # Every line in Redis before the outcome exists: the console closes the log once every
     # instance has one, and a line after the close would be lost to the reader.
-    if shipping is not None:
-        shipping.close()
+    if shipping is not None and not shipping.close():
+        # The console says so on the job's page: its log lacks these lines.
+        outcome["log_undelivered"] = {
+            "redis": shipping.redis_address,
+            "spool": str(shipping.spool),
+        }
+        print(
+            f"Trainyard: {spec.tag}: lines could not reach Redis at {shipping.redis_address}; "
+            f"they stay in {shipping.spool}",
+            file=sys.stderr,
+            flush=True,
+        )
     outcome.update(node=node, address=network.address, ended_at=time.time())
     if usage is not None:
         outcome["usage"] = usage.to_dict()

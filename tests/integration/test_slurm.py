@@ -721,6 +721,77 @@ def test_a_slurm_controller_outage_fails_no_job(
     assert sam.wait_finished(waiter["id"])["state"] == "succeeded"
 
 
+def test_the_pools_check_runs_a_test_job_and_names_what_fails(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack
+) -> None:
+    """`slurm_pool --check` asked sinfo only, and passed a pool whose nodes could not reach
+    Redis. It runs a test job now, and says what it found on the node."""
+
+    def check(name: str, redis_host: str, code_root: Path = FIXTURE_CODE) -> str:
+        return slurm_stack.stack.manage(
+            "slurm_pool", name,
+            "--partition", slurm_cluster.partition,
+            "--shared-root", str(slurm_cluster.root / "shared" / name),
+            "--python", sys.executable,
+            "--code-root", str(code_root),
+            "--slurm-conf", str(slurm_cluster.conf),
+            "--redis-host", redis_host,
+            "--check",
+        )  # fmt: skip
+
+    said = check("checked", slurm_cluster.controller_address).splitlines()
+    assert [line[:4] for line in said[:-1]] == ["ok  "] * 6, said
+    assert said[-1] == "Added Slurm pool checked (partition trainyard)", said
+    assert any(
+        re.match(r"^ok   the console's Redis answers at [\d.]+:\d+ from n\d$", x) for x in said
+    )
+    with pytest.raises(RuntimeError) as refused:
+        check("unchecked", "nowhere.invalid", code_root=Path("/nonexistent-code"))
+    words = str(refused.value)
+    assert re.search(
+        r"the pool's check failed: the code root /nonexistent-code is not there on n\d; the "
+        r"console's Redis cannot be reached at nowhere\.invalid:\d+ from n\d: ConnectionError",
+        words,
+    ), words
+    assert "--redis-also-on" in words, words
+
+
+def test_a_pool_whose_nodes_cannot_reach_redis_says_so_and_never_ends_silent(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
+) -> None:
+    """A pool connected with a Redis host its nodes cannot reach: the job ran, its lines went
+    to the wrappers' spools, and it "succeeded" with an empty log and nothing said. The page
+    now says so while it runs, and the ended job's reason says what its log lacks and where
+    the lines are."""
+    slurm_stack.stack.manage(
+        "slurm_pool", "slurm-blind",
+        "--partition", slurm_cluster.partition,
+        "--shared-root", str(slurm_cluster.root / "shared" / "blind"),
+        "--python", sys.executable,
+        "--code-root", str(FIXTURE_CODE),
+        "--slurm-conf", str(slurm_cluster.conf),
+        "--redis-host", "nowhere.invalid",
+        "--all-images", "--all-packages",
+    )  # fmt: skip
+    release = signal_file("blind")
+    request = {
+        **slurm_request("hold.py", 1, package="cpu-1", args=["--release", str(release)]),
+        "pool": "slurm-blind",
+    }
+    job = sam.submit(request)
+    running = sam.wait(job["id"], lambda j: j["reason"].startswith("running, but its lines"))
+    assert running["state"] == "running", running
+    assert "master cannot reach Redis at nowhere.invalid:" in running["reason"], running
+    release.touch()
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done
+    assert re.match(
+        r"^its log is incomplete: lines of master never reached Redis at nowhere\.invalid:\d+ "
+        r"from the Slurm nodes; they are in /\S+/\.spool-master ",
+        done["reason"],
+    ), done["reason"]
+
+
 def test_a_down_or_drained_node_never_refuses_a_job_that_fits(
     slurm_cluster: slurm.SlurmCluster, sam: StackClient
 ) -> None:

@@ -8,8 +8,9 @@
 --account, --qos, --constraint, --reservation and --exclusive are sent with every job of the
 pool, as sbatch's options of the same names.
 
---all-images and --all-packages offer every enabled image and package in it. --check asks
-Slurm about the partition (`sinfo`) and refuses a pool it cannot reach.
+--all-images and --all-packages offer every enabled image and package in it. --check runs a
+test job on the pool (jobs.services.slurm.slurm_probe: the nodes' Python, the shared root, the
+code root, Redis from a node) and refuses the pool, saying what failed.
 """
 
 from pathlib import Path
@@ -20,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from jobs.models import FrameworkImage, Package, SlurmPool
-from jobs.services.slurm import slurm_batch, slurm_client
+from jobs.services.slurm import slurm_probe
 
 
 class Command(BaseCommand):
@@ -41,7 +42,9 @@ class Command(BaseCommand):
         parser.add_argument("--exclusive", action="store_true", help="sbatch --exclusive")
         parser.add_argument("--all-images", action="store_true")
         parser.add_argument("--all-packages", action="store_true")
-        parser.add_argument("--check", action="store_true", help="ask Slurm first (sinfo)")
+        parser.add_argument(
+            "--check", action="store_true", help="run a test job on the pool before saving it"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         fields = {
@@ -78,14 +81,10 @@ class Command(BaseCommand):
         self.stdout.write(f"{done} Slurm pool {pool.name} (partition {pool.partition})")
 
     def _check(self, pool: SlurmPool) -> None:
-        target = slurm_batch.target_of(pool)
-        try:
-            done = slurm_client.run_client(
-                ["sinfo", "-h", "-p", pool.partition, "-o", "%D %C"], target
-            )
-        except slurm_client.SlurmError as exc:
-            raise CommandError(f"Slurm did not answer: {exc}") from None
-        if not done.stdout.strip():
-            raise CommandError(f"Slurm has no partition {pool.partition!r}")
-        nodes, cpus = [*done.stdout.split(), "?", "?"][:2]
-        self.stdout.write(f"Slurm partition {pool.partition}: {nodes} nodes, CPUs A/I/O/T {cpus}")
+        """A test job on the pool (slurm_probe): each finding on a line; any failure refuses."""
+        findings = slurm_probe.check_pool(pool)
+        for finding in findings:
+            self.stdout.write(str(finding))
+        failed = [f.words for f in findings if not f.ok]
+        if failed:
+            raise CommandError(f"the pool's check failed: {'; '.join(failed)}")

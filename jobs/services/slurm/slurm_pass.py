@@ -59,7 +59,7 @@ from jobs.services.slurm.slurm_client import (
 from jobs.services.slurm.slurm_states import SlurmStatus
 from workers import contract
 from workers.contract import tag_of
-from workers.slurmstep import outcome_file, where_file
+from workers.slurmstep import outcome_file, redis_file, where_file
 
 log = logging.getLogger(__name__)
 
@@ -324,9 +324,38 @@ def _apply(
                 _running(job, attempt, holding, status, report)
                 folder = slurm_batch.attempt_folder(target, job, attempt.number)
                 _note_nodes(job, folder, holding)
+                _note_redis(job, folder, holding)
                 _ended_meanwhile(job, attempt, holding, folder, target, report)
             return
         _ended(job, attempt, holding, status, target, report)
+
+
+UNREACHABLE_PREFIX = "running, but its lines cannot reach the console"
+
+
+def _note_redis(job: Job, folder: Path, replicas: list[Replica]) -> None:
+    """Say on a running job's page when its instances' lines cannot reach the console's Redis
+    (their step wrappers write redis-<tag>.json after a while of spooling), and stop saying
+    it once they do."""
+    silent: list[tuple[str, dict[str, Any]]] = []
+    for replica in replicas:
+        tag = tag_of(replica.role, replica.index)
+        try:
+            said = json.loads(redis_file(folder, tag).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(said, dict):
+            silent.append((tag, said))
+    if silent:
+        since = datetime.fromtimestamp(min(float(d.get("since") or 0) for _, d in silent), UTC)
+        words = (
+            f"{UNREACHABLE_PREFIX}: {', '.join(tag for tag, _ in silent)} cannot reach Redis at "
+            f"{silent[0][1].get('redis', '?')} (since {since:%H:%M:%S} UTC); their lines wait "
+            "in spools on the shared file system (docs/slurm.md, 'Connecting a real cluster')"
+        )
+        transitions.set_job_reason(job, words)
+    elif job.reason.startswith(UNREACHABLE_PREFIX):
+        transitions.set_job_reason(job, "")
 
 
 def _ended_meanwhile(
@@ -415,10 +444,35 @@ def _ended(
     # What each step wrapper wrote, read once: how it ended, and what it used.
     said = {replica.pk: _wrapper_said(folder, replica) for replica in holding}
     _end_replicas(job, holding, said, slurm_words)
+    _note_lost_lines(job, holding, said)
     report.ended += 1
     if not job.is_active:
         job_id = job.pk
         transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+
+
+def _note_lost_lines(
+    job: Job, replicas: list[Replica], said: dict[int, dict[str, Any] | None]
+) -> None:
+    """An instance whose wrapper could not send every line to Redis by its end: the job's
+    reason says that its log lacks them, and where they are (never "succeeded" and silent)."""
+    lost = [
+        (tag_of(r.role, r.index), undelivered)
+        for r in replicas
+        if isinstance(data := said[r.pk], dict)
+        and isinstance(undelivered := data.get("log_undelivered"), dict)
+    ]
+    if not lost:
+        return
+    where = lost[0][1]
+    words = (
+        f"its log is incomplete: lines of {', '.join(tag for tag, _ in lost)} never reached "
+        f"Redis at {where.get('redis', '?')} from the Slurm nodes; they are in "
+        f"{where.get('spool', 'the spool')} (docs/slurm.md, 'Connecting a real cluster')"
+    )
+    job.refresh_from_db()
+    if words not in job.reason:
+        transitions.set_job_reason(job, f"{job.reason}; {words}" if job.reason else words)
 
 
 def _end_replicas(
