@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster slurm slurm-packages test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster slurm slurm-packages people-python test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -36,7 +36,7 @@ cluster: $(VENV)/.installed sandbox
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
 # starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
-test: jstest $(VENV)/.installed chromium sandbox slurm-packages
+test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
@@ -99,6 +99,12 @@ chromium:
 
 # Trainers run in a bubblewrap sandbox (workers/sandbox.py, docs/security.md). Without it they
 # run, but can read whatever the agent can, and the Nodes page says so.
+# A Python any user may run, for the Slurm test of jobs that run as people's own accounts
+# (stack/slurm.py python_for_everyone): this virtualenv's when it is open to all, else
+# .people-python, the system's Python of the same version reading this virtualenv.
+people-python: $(VENV)/.installed
+	@$(PY) -m stack.slurm --people-python >/dev/null || echo "no Python for everyone: the run-as-owner Slurm test will skip"
+
 sandbox:
 	@if ! command -v bwrap >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then \

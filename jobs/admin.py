@@ -24,6 +24,7 @@ from jobs.models import (
     Quota,
     Replica,
     SlurmPool,
+    UnixAccount,
 )
 from jobs.services import agent_access, deletion, nodes, revocation, tokens
 from jobs.services.lifecycle import schedule_requests
@@ -59,6 +60,14 @@ class SlurmPoolAdmin(admin.ModelAdmin):
 
     list_display = ("name", "partition", "shared_root", "enabled")
     list_filter = ("enabled",)
+
+
+@admin.register(UnixAccount)
+class UnixAccountAdmin(admin.ModelAdmin):
+    """Which Unix account a person's jobs run as, on pools that run jobs as their owners."""
+
+    list_display = ("user", "username", "slurm_account")
+    search_fields = ("user__username", "username")
 
 
 @admin.register(Package)

@@ -138,6 +138,12 @@ class SlurmPool(models.Model):
     exclusive = models.BooleanField(
         default=False, help_text="sbatch --exclusive: no other job shares a job's nodes."
     )
+    run_as_owner = models.BooleanField(
+        default=False,
+        help_text="Each job runs as its owner's Unix account (an admin sets it: Unix accounts), "
+        "so that Slurm's accounting, fair share and limits see the person; a user without one "
+        "cannot submit here. The console must run sbatch as root (docs/slurm.md).",
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:
@@ -145,6 +151,35 @@ class SlurmPool(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class UnixAccount(models.Model):
+    """The Unix account a console user's jobs run as where a pool runs jobs as their owners
+    (SlurmPool.run_as_owner), set by an admin: jobs.services.slurm.slurm_identity resolves it
+    on the console host and refuses root and system accounts."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, related_name="unix_account", on_delete=models.CASCADE
+    )
+    username = models.CharField(
+        max_length=32,
+        validators=[
+            RegexValidator(
+                r"^[a-z_][a-z0-9_.-]*$",
+                "A Unix user name: lower-case letters, digits, '_', '.', '-'.",
+            )
+        ],
+        help_text="The Unix (and Slurm) user the person's jobs run as.",
+    )
+    slurm_account = models.CharField(
+        max_length=100,
+        blank=True,
+        validators=[SLURM_WORD],
+        help_text="sbatch --account for this person's jobs; empty: the pool's.",
+    )
+
+    def __str__(self) -> str:
+        return f"{self.user} as {self.username}"
 
 
 class FrameworkImage(models.Model):

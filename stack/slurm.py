@@ -63,6 +63,7 @@ PACKAGES = ("slurm-wlm", "munge")
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "srun")
 MUNGE_USER = "munge"
 PARTITION = "trainyard"
+USERS_PARTITION = "people"
 # Each node's size: every node advertises this much, whatever the machine has; Slurm only
 # checks that the machine has at least as much (it reports the whole machine to every slurmd).
 NODE_CPUS = 2
@@ -397,6 +398,12 @@ class SlurmCluster:
         lines.append(
             f"PartitionName={PARTITION} Nodes={names} Default=YES MaxTime=INFINITE State=UP"
         )
+        # The same nodes as a site's partition for people's jobs: root may not run jobs there,
+        # so only a pool whose jobs run as their owners' accounts can use it.
+        lines.append(
+            f"PartitionName={USERS_PARTITION} Nodes={names} MaxTime=INFINITE State=UP "
+            "DisableRootJobs=YES"
+        )
         self.conf.write_text("\n".join(lines) + "\n")
         if self.cgroups:
             # Read by slurmd and slurmstepd from slurm.conf's folder. No swap beyond the RAM
@@ -480,7 +487,8 @@ class SlurmCluster:
         """Cancel what still runs, stop the daemons by their recorded PIDs, then end whatever
         is left inside the cluster's namespaces (job steps outlive slurmd) and remove them."""
         if self.pids.get("slurmctld") and _running(self.pids["slurmctld"]):
-            self.command(["scancel", "--full", f"--partition={PARTITION}"], check=False)
+            for partition in (PARTITION, USERS_PARTITION):
+                self.command(["scancel", "--full", f"--partition={partition}"], check=False)
         for name in sorted(self.pids, key=lambda n: n == "munged"):  # munged last
             _terminate(self.pids[name])
         if self.network is not None:
@@ -609,6 +617,61 @@ def _pids_in_namespaces(namespaces: list[str]) -> list[int]:
     return found
 
 
+def everyone_may_run(path: str) -> bool:
+    """Whether any user may run this file: it and every folder on its way (links followed)
+    open to others."""
+    real = Path(os.path.realpath(path))
+    if not os.stat(real).st_mode & 0o001:
+        return False
+    return all(os.stat(folder).st_mode & 0o001 for folder in real.parents)
+
+
+# Where `make people-python` builds it (ignored by git, as .venv is).
+PEOPLE_PYTHON = Path(__file__).resolve().parent.parent / ".people-python"
+
+
+def python_for_everyone(folder: Path = PEOPLE_PYTHON, build: bool = False) -> str:
+    """An interpreter with this one's packages that any user may run, for jobs that run as
+    people's own accounts (at a site: a shared virtualenv). This one where it is open to all.
+    Else (a pyenv under /root, mode 0700, is not) a virtualenv of the system's Python of the
+    same minor version in `folder`, reading this virtualenv's packages and this checkout
+    through a .pth file; with `build`, made there (pip may fetch what that older patch release
+    needs besides: redis-py wants async-timeout below 3.11.3). Raises SlurmUnavailable when
+    there is none."""
+    if everyone_may_run(sys.executable):
+        return sys.executable
+    python = folder / "bin" / "python"
+    if python.exists():
+        return str(python)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if not build:
+        raise SlurmUnavailable(
+            f"{sys.executable} is not open to other users, and {folder} is not built "
+            "(make people-python)"
+        )
+    system = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    if system is None or not everyone_may_run(system):
+        raise SlurmUnavailable(
+            f"{sys.executable} is not open to other users, and there is no system {version}"
+        )
+    subprocess.run([system, "-m", "venv", "--without-pip", str(folder)], check=True)
+    site = folder / "lib" / version / "site-packages"
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    checkout = str(Path(__file__).resolve().parent.parent)
+    (site / "trainyard.pth").write_text("\n".join([*ours, checkout]) + "\n")
+    older = subprocess.run(
+        [str(python), "-c", "import sys; print(int(sys.version_info < (3, 11, 3)))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    if older == "1":
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site)]
+        subprocess.run([*pip, "async-timeout>=4.0.3"], check=True)
+    for path in (folder, *folder.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+    return str(python)
+
+
 def register_pool(cluster: SlurmCluster, name: str) -> bool:
     """Add the cluster to this checkout's console as a Slurm pool (manage.py slurm_pool)."""
     shared = cluster.root / "shared"
@@ -647,12 +710,24 @@ def main(argv: list[str] | None = None) -> int:
         help="no task/cgroup (proctrack/linuxproc, task/none): no limits on jobs",
     )
     parser.add_argument(
+        "--people-python",
+        action="store_true",
+        help=f"only build {PEOPLE_PYTHON.name}, a Python any user may run (python_for_everyone)",
+    )
+    parser.add_argument(
         "--pool",
         metavar="NAME",
         help="also add it to the console in this checkout (var/, as `make run` uses) as a "
         "Slurm pool of this name offering every image and package",
     )
     args = parser.parse_args(argv)
+    if args.people_python:
+        try:
+            print(python_for_everyone(build=True))
+        except (SlurmUnavailable, subprocess.CalledProcessError) as exc:
+            print(f"no Python for everyone: {exc}", file=sys.stderr)
+            return 1
+        return 0
     try:
         cluster = SlurmCluster.start(
             args.root,

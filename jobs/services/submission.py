@@ -43,7 +43,7 @@ from jobs.services import quota, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
 from jobs.services.lifecycle.time_limits import default_for
 from jobs.services.scheduler import scheduling
-from jobs.services.slurm import slurm_batch, slurm_client, slurm_pass
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_identity, slurm_pass
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers import contract
 from workers.metricparse import BadMetric, check_definitions
@@ -499,7 +499,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
         if request.time_limit is not None
         else default_for(user, request.priority)
     )
-    never = _why_never_runs(request, time_limit)
+    never = _why_never_runs(user, request, time_limit)
     snapshot = None
     if "snapshot" in request.program:
         sha256 = request.program["snapshot"]
@@ -525,10 +525,15 @@ def submit_job(user: User, request: JobRequest) -> Job:
     return job
 
 
-def _why_never_runs(request: JobRequest, time_limit: int | None) -> dict[str, str]:
+def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> dict[str, str]:
     """Why the request could never start where it asks to run, by field; {} when it could."""
     if request.slurm_pool is None:
         return scheduling.why_never_placeable(request.roles)
+    if request.slurm_pool.run_as_owner:
+        try:
+            slurm_identity.identity_of(user)
+        except slurm_identity.NoIdentity as exc:
+            return {"pool": f"{exc}."}
     # Slurm places it: its partition's configuration says whether it ever could.
     target = slurm_batch.target_of(request.slurm_pool)
     try:

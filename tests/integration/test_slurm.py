@@ -7,8 +7,12 @@ exactly as a cluster would run them. The tests skip, saying why, where Slurm can
 (not installed, or not root); under CI=true they fail instead.
 """
 
+import grp
 import json
+import pwd
 import re
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -754,6 +758,100 @@ def test_the_pools_check_runs_a_test_job_and_names_what_fails(
         words,
     ), words
     assert "--redis-also-on" in words, words
+
+
+UNIX_USER = "alice"
+
+
+def unix_user(name: str) -> pwd.struct_passwd:
+    """A person's Unix account on this machine (the console host and the nodes alike), made
+    once where missing: a login-less account, as a site's directory would give."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd")
+    required_here("the run-as-owner Slurm test", None if useradd else "no useradd here")
+    assert useradd is not None
+    subprocess.run([useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    return pwd.getpwnam(name)
+
+
+def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack
+) -> None:
+    """A pool on a partition with DisableRootJobs=YES, whose jobs run as their owners: a job of
+    console user alice is Slurm's job of Unix user alice, with her Slurm account and the job's
+    time limit; its lines reach the log as on any pool. A console user with no Unix account is
+    told so at submission; the same partition refuses the console's own (root's) jobs."""
+    entry = unix_user(UNIX_USER)
+    try:
+        python = slurm.python_for_everyone()
+    except slurm.SlurmUnavailable as exc:
+        required_here("the run-as-owner Slurm test", str(exc))
+    alice = slurm_stack.create_user(
+        "alice", "alice-password-1", {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 2}
+    )
+    nobody = slurm_stack.create_user(
+        "mapless", "mapless-password-1", {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 2}
+    )
+    slurm_stack.stack.manage(
+        "shell", "-c",
+        "from django.contrib.auth.models import User; from jobs.models import UnixAccount; "
+        "UnixAccount.objects.create(user=User.objects.get(username='alice'), "
+        f"username={UNIX_USER!r}, slurm_account='vision')",
+    )  # fmt: skip
+    for name, as_owner in (("slurm-people", ("--run-as-owner",)), ("slurm-root", ())):
+        slurm_stack.stack.manage(
+            "slurm_pool", name,
+            "--partition", slurm.USERS_PARTITION,
+            "--shared-root", str(slurm_cluster.root / "shared" / name),
+            "--python", python,
+            "--code-root", str(FIXTURE_CODE),
+            "--slurm-conf", str(slurm_cluster.conf),
+            "--redis-host", slurm_cluster.controller_address,
+            *as_owner, "--all-images", "--all-packages",
+        )  # fmt: skip
+    release = signal_file("as-alice")
+
+    def request(pool: str, script: str = "hold.py") -> dict[str, Any]:
+        return {
+            **slurm_request(script, 2, package="cpu-1", args=["--release", str(release)]),
+            "pool": pool,
+            "time_limit": "10m",
+        }
+
+    refused = nobody.http.post("/api/v1/jobs", json=request("slurm-people"))
+    assert refused.status_code == 400, refused.text
+    assert "mapless has no Unix account for this pool" in refused.text, refused.text
+
+    job = alice.submit(request("slurm-people"))
+    alice.wait(
+        job["id"], lambda j: len({(x["role"], x["index"]) for x in alice.logs(j["id"])}) == 2
+    )
+    shown = slurm_cluster.command(
+        ["scontrol", "show", "job", slurm_id_of(slurm_cluster, job["id"])]
+    ).stdout
+    assert f"UserId={UNIX_USER}({entry.pw_uid})" in shown, shown
+    assert f"GroupId={grp.getgrgid(entry.pw_gid).gr_name}({entry.pw_gid})" in shown, shown
+    assert "Account=vision" in shown, shown
+    assert re.search(r"TimeLimit=00:1[01]:00", shown), shown
+    # Its trainers are alice's processes.
+    owners = {
+        psutil.Process(pid).uids().real
+        for pid in psutil.pids()
+        if _environ(psutil.Process(pid)).get("TRAINYARD_JOB_ID") == str(job["id"])
+    }
+    assert owners == {entry.pw_uid}, owners
+    release.touch()
+    done = alice.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+
+    # The console's own user is root here: that partition refuses its jobs.
+    as_root = alice.submit(request("slurm-root", "numbered.py"))
+    ended = alice.wait_finished(as_root["id"])
+    assert ended["state"] == "failed", ended
+    assert "Slurm did not take it" in ended["reason"], ended["reason"]
 
 
 def test_a_pool_whose_nodes_cannot_reach_redis_says_so_and_never_ends_silent(

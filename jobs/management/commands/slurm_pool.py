@@ -2,8 +2,8 @@
 
     python manage.py slurm_pool NAME --partition P --shared-root DIR --python PATH
         [--slurm-conf FILE] [--code-root DIR] [--redis-host HOST] [--account A] [--qos Q]
-        [--constraint C] [--reservation R] [--exclusive] [--all-images] [--all-packages]
-        [--check]
+        [--constraint C] [--reservation R] [--exclusive] [--run-as-owner] [--all-images]
+        [--all-packages] [--check]
 
 --account, --qos, --constraint, --reservation and --exclusive are sent with every job of the
 pool, as sbatch's options of the same names.
@@ -40,6 +40,11 @@ class Command(BaseCommand):
         parser.add_argument("--constraint", default="", help="sbatch --constraint (features)")
         parser.add_argument("--reservation", default="", help="sbatch --reservation")
         parser.add_argument("--exclusive", action="store_true", help="sbatch --exclusive")
+        parser.add_argument(
+            "--run-as-owner",
+            action="store_true",
+            help="each job runs as its owner's Unix account (admin → Unix accounts)",
+        )
         parser.add_argument("--all-images", action="store_true")
         parser.add_argument("--all-packages", action="store_true")
         parser.add_argument(
@@ -59,6 +64,7 @@ class Command(BaseCommand):
             "constraint": options["constraint"],
             "reservation": options["reservation"],
             "exclusive": options["exclusive"],
+            "run_as_owner": options["run_as_owner"],
         }
         pool = SlurmPool(name=options["name"], **fields)
         try:

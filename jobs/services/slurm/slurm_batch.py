@@ -32,8 +32,9 @@ from django.conf import settings
 
 from jobs.models import CodeSnapshot, Job, Package, SlurmPool
 from jobs.services.lifecycle.dispatch import Slot, specs_in_rank_order
-from jobs.services.slurm import slurm_fit
+from jobs.services.slurm import slurm_fit, slurm_identity
 from jobs.services.slurm.slurm_client import SlurmRefused, SlurmTarget, run_client
+from jobs.services.slurm.slurm_identity import Identity
 from jobs.services.totals import RoleRequest
 from workers import contract, snapshot
 
@@ -51,6 +52,7 @@ def target_of(pool: SlurmPool) -> SlurmTarget:
         code_root=Path(pool.code_root or settings.TRAINYARD_CODE_ROOT),
         client_env={"SLURM_CONF": pool.slurm_conf} if pool.slurm_conf else {},
         site_options=site_options(pool),
+        run_as_owner=pool.run_as_owner,
     )
 
 
@@ -264,8 +266,18 @@ def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
     return script
 
 
-def sbatch_argv(job: Job, target: SlurmTarget, script: Path) -> list[str]:
+def sbatch_argv(
+    job: Job, target: SlurmTarget, script: Path, identity: Identity | None = None
+) -> list[str]:
+    """`identity`: the owner's, on a pool whose jobs run as their owners (--uid, --gid, and
+    the person's own --account before the pool's)."""
     folder = script.parent
+    options = list(target.site_options)
+    if identity is not None:
+        options += [f"--uid={identity.uid}", f"--gid={identity.gid}"]
+        if identity.account:
+            options = [o for o in options if not o.startswith("--account=")]
+            options.append(f"--account={identity.account}")
     argv = [
         "sbatch",
         "--parsable",
@@ -278,7 +290,7 @@ def sbatch_argv(job: Job, target: SlurmTarget, script: Path) -> list[str]:
         # Only these variables reach the job, and slurmctld's saved state: none of the
         # console's (the job's own reach its trainers through plan.json).
         f"--export={target.exported()}",
-        *target.site_options,
+        *options,
     ]
     if job.time_limit:
         argv.append(f"--time={slurm_minutes(job.time_limit)}")
@@ -327,11 +339,27 @@ def why_never_runs(
 def submit(job: Job, target: SlurmTarget, redis_url: str = "") -> str:
     """sbatch the job's current attempt; Slurm's job id. Raises SlurmRefused when the partition
     can never hold it or Slurm says no, SlurmUnavailable when Slurm cannot be asked."""
+    identity = slurm_identity.identity_of(job.owner) if target.run_as_owner else None
     refusal = why_never_runs(role_requests(job), bool(job.kvstore), target, job.time_limit)
     if refusal:
         raise SlurmRefused(refusal)
     plan = write_plan(job, target, redis_url)
     script = write_batch_script(job, target, plan)
+    if identity is not None:
+        hand_over(job, target, plan.parent, identity)
     # Slurm's output file is made with sbatch's umask: the job's lines, for its owner alone.
-    done = run_client(sbatch_argv(job, target, script), target, umask=0o077)
+    done = run_client(sbatch_argv(job, target, script, identity), target, umask=0o077)
     return done.stdout.strip().split(";")[0]
+
+
+def hand_over(job: Job, target: SlurmTarget, folder: Path, identity: Identity) -> None:
+    """The attempt's folder, what is in it, and the job's checkpoint folder to the owner's
+    account, which the job runs as: its steps write their outcome, spool and scratch there,
+    and read the plan and the Redis credentials that are its alone (mode 0600). The folders
+    above stay the console's, so that what the job plants there can never be followed from
+    them (the pass reads the wrapper's files with jobfiles, below the job's folder)."""
+    checkpoints = checkpoint_folder(target, job)
+    checkpoints.mkdir(parents=True, exist_ok=True)
+    for path in (folder, *folder.iterdir(), checkpoints):
+        os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
+    folder.chmod(0o700)

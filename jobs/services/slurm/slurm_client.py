@@ -78,6 +78,8 @@ class SlurmTarget:
     client_env: dict[str, str] = field(default_factory=dict)  # SLURM_CONF and the like
     # What every job of the pool is sent with (SlurmPool's site options): account, QOS, ….
     site_options: tuple[str, ...] = ()
+    # Jobs run as their owners' Unix accounts (slurm_identity), not as the console's user.
+    run_as_owner: bool = False
 
     def environment(self) -> dict[str, str]:
         """The Slurm commands' environment: what they and the job's steps need, never the

@@ -33,6 +33,7 @@ Every change of state goes through outcomes and transitions, as the agents' repo
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -57,7 +58,7 @@ from jobs.services.slurm.slurm_client import (
     SlurmUnavailable,
 )
 from jobs.services.slurm.slurm_states import SlurmStatus
-from workers import contract
+from workers import contract, jobfiles
 from workers.contract import tag_of
 from workers.slurmstep import outcome_file, redis_file, where_file
 
@@ -235,6 +236,8 @@ def _refused(job_id: int, number: int, exc: SlurmError) -> None:
         if job is None or not job.is_active or job.attempt != number:
             return
         outcomes.fail(job, f"Slurm did not take it: {exc}", "not taken by Slurm")
+        # Nothing of it ever ran: its log is whole as it is.
+        outcomes.complete_log_if_done(job)
         transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
 
 
@@ -340,11 +343,8 @@ def _note_redis(job: Job, folder: Path, replicas: list[Replica]) -> None:
     silent: list[tuple[str, dict[str, Any]]] = []
     for replica in replicas:
         tag = tag_of(replica.role, replica.index)
-        try:
-            said = json.loads(redis_file(folder, tag).read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(said, dict):
+        said = _wrapper_file(redis_file(folder, tag))
+        if said is not None:
             silent.append((tag, said))
     if silent:
         since = datetime.fromtimestamp(min(float(d.get("since") or 0) for _, d in silent), UTC)
@@ -413,9 +413,8 @@ def _note_nodes(job: Job, folder: Path, replicas: list[Replica]) -> None:
     for replica in replicas:
         if replica.slurm_node:
             continue
-        try:
-            where = json.loads(where_file(folder, tag_of(replica.role, replica.index)).read_text())
-        except (OSError, ValueError):
+        where = _wrapper_file(where_file(folder, tag_of(replica.role, replica.index)))
+        if where is None:
             continue
         node = str(where.get("node") or "")[:100]
         if node:
@@ -538,9 +537,26 @@ def _step_usage(data: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _wrapper_said(folder: Path, replica: Replica) -> dict[str, Any] | None:
     """The instance's outcome file, as its step wrapper wrote it; None without one."""
+    return _wrapper_file(outcome_file(folder, tag_of(replica.role, replica.index)))
+
+
+# A step wrapper's files are a few hundred bytes; more is not one of them.
+WRAPPER_FILE_LIMIT = 1 << 20
+
+
+def _wrapper_file(path: Path) -> dict[str, Any] | None:
+    """A JSON object a step wrapper wrote in its attempt's folder; None when it is not there or
+    is not such a file. On a pool whose jobs run as their owners the folder is the job's: a
+    link, a FIFO or a hard link planted there is refused (jobfiles), never followed, opened
+    or waited on by the pass. The owner that counts is the folder's, which the console set."""
+    folder = path.parent
     try:
-        data = json.loads(outcome_file(folder, tag_of(replica.role, replica.index)).read_text())
-    except (OSError, ValueError):
+        owner = os.stat(folder, follow_symlinks=False).st_uid
+        data = json.loads(jobfiles.read_file(path, folder.parent, owner, limit=WRAPPER_FILE_LIMIT))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, jobfiles.UnsafeFile) as exc:
+        log.warning("%s: not read: %s", path, exc)
         return None
     return data if isinstance(data, dict) else None
 
