@@ -892,7 +892,11 @@ def queue_list(request: HttpRequest) -> dict[str, Any]:
                 "estimated_start": e.estimated_start.isoformat() if e.estimated_start else None,
             }
             for e in queue_listing.entries(request.user)
-        ]
+        ],
+        "slurm": [
+            {**dataclasses.asdict(e), "submitted": e.submitted.isoformat()}
+            for e in queue_listing.slurm_entries(request.user)
+        ],
     }
 
 

@@ -964,6 +964,9 @@ class JobAttempt(models.Model):
     # cleared with slurm_job_id's write. While set, no other pass submits the attempt, and no
     # pass cancels the Slurm job it becomes (jobs/services/slurm/slurm_pass.py).
     slurm_submitting = models.DateTimeField(null=True, blank=True)
+    # While it waits in Slurm's queue: its place among the pending jobs of its partition, as
+    # the last pass saw it (1: Slurm's scheduler takes it next); None otherwise.
+    slurm_place = models.PositiveIntegerField(null=True, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
     )

@@ -856,9 +856,32 @@ class QueueEntryOut(_Out):
     )
 
 
+class SlurmQueueEntryOut(_Out):
+    pool: str = Field(description="The Slurm pool it waits in.")
+    place: int | None = Field(
+        description="Its place among the jobs waiting in Slurm's queue of the pool's "
+        "partition, in the order Slurm's scheduler takes them (1: next), as the console last "
+        "saw it; null while it waits to be submitted."
+    )
+    slurm_job_id: str = Field(description="Slurm's job id; empty for another user's job.")
+    job_id: int | None = Field(description="null for another user's job.")
+    name: str | None = Field(description="null for another user's job.")
+    owner: str | None = Field(description="null for another user's job.")
+    cpu: int
+    gpus: int
+    memory_gb: int
+    submitted: str
+    reason: str | None = Field(description="Why it waits, in Slurm's words; null for another "
+                               "user's job.")  # fmt: skip
+
+
 class QueueOut(_Out):
     jobs: list[QueueEntryOut] = Field(
         description="Every job waiting for room, in the order the scheduler takes them."
+    )
+    slurm: list[SlurmQueueEntryOut] = Field(
+        description="The jobs waiting in Slurm pools (Slurm, not the console, places them), by "
+        "pool and place in Slurm's queue."
     )
 
 

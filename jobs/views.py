@@ -426,7 +426,14 @@ def node_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def queue_page(request: HttpRequest) -> HttpResponse:
     """Every waiting job in the order the scheduler takes them; others' jobs without names."""
-    return render(request, "jobs/queue.html", {"entries": queue_listing.entries(request.user)})
+    return render(
+        request,
+        "jobs/queue.html",
+        {
+            "entries": queue_listing.entries(request.user),
+            "slurm_entries": queue_listing.slurm_entries(request.user),
+        },
+    )
 
 
 @login_required

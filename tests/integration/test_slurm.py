@@ -591,10 +591,23 @@ def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
     holder = sam.submit(slurm_request("hold.py", 3, args=["--release", str(release)]))
     sam.wait(holder["id"], lambda j: j["state"] == "running")
     waiter = sam.submit(slurm_request("numbered.py", 1, package="cpu-1", args=["--lines", "3"]))
-    waiting = sam.wait(waiter["id"], lambda j: j["reason"] == "waiting for free nodes in Slurm")
+    waiting = sam.wait(
+        waiter["id"], lambda j: j["reason"].startswith("waiting for free nodes in Slurm")
+    )
     assert waiting["state"] == "queued"
+    # Its place in Slurm's queue, on its page, in the API and on the Queue page.
+    assert waiting["reason"] == (
+        "waiting for free nodes in Slurm (place 1 of 1 waiting in partition trainyard)"
+    ), waiting["reason"]
+    assert waiting["queue_position"] == 1, waiting
     page = page_for(slurm_stack, "sam", "sam-password-1", f"/jobs/{waiter['id']}/")
     assert "waiting for free nodes in Slurm" in page
+    listed = sam.http.get("/api/v1/queue").json()["slurm"]
+    mine = [e for e in listed if e["job_id"] == waiter["id"]]
+    assert len(mine) == 1 and mine[0]["place"] == 1 and mine[0]["pool"] == POOL, listed
+    assert mine[0]["slurm_job_id"] == slurm_id_of(slurm_cluster, waiter["id"]), mine
+    queue_page = page_for(slurm_stack, "sam", "sam-password-1", "/queue/")
+    assert 'id="slurm-queue"' in queue_page and f'data-job="{waiter["id"]}"' in queue_page
     release.touch()
     assert sam.wait_finished(holder["id"])["state"] == "succeeded"
     assert sam.wait_finished(waiter["id"])["state"] == "succeeded"

@@ -285,8 +285,14 @@ def _follow(pool: SlurmPool, target: SlurmTarget, report: PassReport) -> None:
     )
     statuses = slurm_states.query_all(target)
     _restore_users(attempts, report)
+    places = slurm_states.places_in_queue(statuses, pool.partition)
+    waiting = len(places)
     for attempt in attempts:
-        _apply(attempt, statuses.get(attempt.slurm_job_id), target, report)
+        place = places.get(attempt.slurm_job_id)
+        if attempt.slurm_place != place:
+            JobAttempt.objects.filter(pk=attempt.pk).update(slurm_place=place)
+            attempt.slurm_place = place
+        _apply(attempt, statuses.get(attempt.slurm_job_id), target, report, waiting)
     _reconcile(pool, target, statuses, report)
 
 
@@ -306,7 +312,11 @@ def _restore_users(attempts: list[JobAttempt], report: PassReport) -> None:
 
 
 def _apply(
-    attempt: JobAttempt, status: SlurmStatus | None, target: SlurmTarget, report: PassReport
+    attempt: JobAttempt,
+    status: SlurmStatus | None,
+    target: SlurmTarget,
+    report: PassReport,
+    waiting: int = 0,
 ) -> None:
     with transaction.atomic():
         job = outcomes.locked_job(attempt.job_id)
@@ -322,7 +332,13 @@ def _apply(
             if not wanted:
                 _cancel(attempt, target, report)
             elif status.state == Job.State.QUEUED:
-                transitions.set_job_reason(job, status.words)
+                place = (
+                    f" (place {attempt.slurm_place} of {waiting} waiting in partition "
+                    f"{target.partition})"
+                    if attempt.slurm_place
+                    else ""
+                )
+                transitions.set_job_reason(job, status.words + place)
             else:
                 _running(job, attempt, holding, status, report)
                 folder = slurm_batch.attempt_folder(target, job, attempt.number)

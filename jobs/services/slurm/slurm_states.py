@@ -76,6 +76,9 @@ class SlurmStatus:
     nodes: str  # Slurm's node list, n[1-3]
     name: str = ""  # the job's name: trainyard-<id> for ours
     folder: str = ""  # its working folder: the attempt's, for ours
+    partition: str = ""
+    priority: int = 0  # Slurm's priority: the higher, the sooner its scheduler takes it
+    submitted: int = 0  # when it was submitted, in seconds since the epoch
 
     @property
     def state(self) -> str:
@@ -112,7 +115,26 @@ def combined(components: list[dict[str, object]]) -> SlurmStatus:
         nodes,
         name=str(components[0].get("name") or ""),
         folder=str(components[0].get("current_working_directory") or "").rstrip("/"),
+        partition=str(components[0].get("partition") or ""),
+        priority=_number(components[0].get("priority")),
+        submitted=_number(components[0].get("submit_time")),
     )
+
+
+def _number(value: object) -> int:
+    return int(value) if isinstance(value, int | float) else 0
+
+
+def places_in_queue(statuses: dict[str, "SlurmStatus"], partition: str) -> dict[str, int]:
+    """Each pending job's place among the pending jobs of the partition, in the order Slurm's
+    scheduler takes them (priority, then submission): 1 for the next."""
+    waiting = [
+        (key, s)
+        for key, s in statuses.items()
+        if s.state == Job.State.QUEUED and partition in s.partition.split(",")
+    ]
+    waiting.sort(key=lambda pair: (-pair[1].priority, pair[1].submitted, int(pair[0] or 0)))
+    return {key: place for place, (key, _) in enumerate(waiting, 1)}
 
 
 def query(target: SlurmTarget, slurm_ids: list[str]) -> dict[str, SlurmStatus]:

@@ -73,7 +73,9 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
 
     `queue_positions` (from queue_positions()) stands in for one query per job in a list."""
     replicas = _current_replicas(job)
-    if queue_positions is None:
+    if job.slurm_pool_id is not None:
+        position = slurm_place(job)
+    elif queue_positions is None:
         position = queue_position(job)
     else:
         position = listed_queue_position(job, queue_positions)
@@ -131,6 +133,18 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
             for e in sorted(related(job, "health_events", job.health_events.all), key=_at)
         ],
     }
+
+
+def slurm_place(job: Job) -> int | None:
+    """A Slurm pool's waiting job: its place in Slurm's queue of its partition, as the Slurm
+    pass last saw it (jobs.services.slurm.slurm_pass); None when it is not waiting there."""
+    if job.state != Job.State.QUEUED:
+        return None
+    return (
+        JobAttempt.objects.filter(job_id=job.pk, number=job.attempt)
+        .values_list("slurm_place", flat=True)
+        .first()
+    )
 
 
 def listed_queue_position(job: Job, queue_positions: dict[int, int]) -> int | None:

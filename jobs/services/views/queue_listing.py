@@ -1,5 +1,6 @@
 """The queue as its users see it: every job waiting for room, in the order the scheduler
-takes them (jobs.services.scheduler.queue), with why each waits.
+takes them (jobs.services.scheduler.queue), with why each waits; and the jobs waiting in a
+Slurm pool's queue, at the place Slurm gives them (slurm_entries).
 
 Everyone sees the whole queue, because where a job stands depends on the jobs ahead of it, but
 not what is not theirs: another user's job shows its place, its size and how long it has
@@ -15,7 +16,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.utils import timezone
 
 from jobs.access import visible_jobs
-from jobs.models import Job
+from jobs.models import Job, JobAttempt
 from jobs.services.scheduler.preempt_pass import PreemptionPass
 from jobs.services.scheduler.queue import queued_jobs, waiting_in_order
 from jobs.services.scheduler.reclaim import Reclaimer
@@ -104,3 +105,65 @@ def _entry(position: int, job: Job, shown: bool) -> QueueEntry:
         submitted=job.created,
         reason=job.reason if shown else None,
     )
+
+
+@dataclass(frozen=True)
+class SlurmQueueEntry:
+    pool: str
+    place: int | None  # in Slurm's queue of the pool's partition; None: not there yet
+    slurm_job_id: str  # "" while it waits to be submitted
+    job_id: int | None  # None: the viewer may not see the job
+    name: str | None
+    owner: str | None
+    cpu: int
+    gpus: int
+    memory_gb: int
+    submitted: datetime
+    reason: str | None
+
+    @property
+    def shown(self) -> bool:
+        return self.job_id is not None
+
+
+def slurm_entries(viewer: User | AnonymousUser) -> list[SlurmQueueEntry]:
+    """The jobs of Slurm pools that wait (to be submitted, or in Slurm's queue), by pool and
+    Slurm's place, with the same privacy as the console's own queue."""
+    waiting = list(
+        Job.objects.filter(state=Job.State.QUEUED, slurm_pool__isnull=False)
+        .select_related("owner", "slurm_pool")
+        .only(
+            "id", "name", "owner__username", "slurm_pool__name", "cpu_total", "gpus_total",
+            "memory_gb_total", "created", "reason", "attempt",
+        )
+    )  # fmt: skip
+    attempts = {
+        (a.job_id, a.number): a
+        for a in JobAttempt.objects.filter(job__in=[j.pk for j in waiting]).only(
+            "job_id", "number", "slurm_job_id", "slurm_place"
+        )
+    }
+    visible = set(
+        visible_jobs(viewer).filter(pk__in=[j.pk for j in waiting]).values_list("pk", flat=True)
+    )
+    found = []
+    for job in waiting:
+        attempt = attempts.get((job.pk, job.attempt))
+        shown = job.pk in visible
+        found.append(
+            SlurmQueueEntry(
+                pool=job.slurm_pool.name if job.slurm_pool else "",
+                place=attempt.slurm_place if attempt else None,
+                slurm_job_id=attempt.slurm_job_id if attempt and shown else "",
+                job_id=job.pk if shown else None,
+                name=job.name if shown else None,
+                owner=job.owner.get_username() if shown else None,
+                cpu=job.cpu_total,
+                gpus=job.gpus_total,
+                memory_gb=job.memory_gb_total,
+                submitted=job.created,
+                reason=job.reason if shown else None,
+            )
+        )
+    found.sort(key=lambda e: (e.pool, e.place is None, e.place or 0, e.submitted))
+    return found
