@@ -136,6 +136,16 @@ def processes_of(folder: Path) -> list[int]:
     return found
 
 
+def test_nothing_of_the_checkout_runs_as_another_user(slurm_cluster: slurm.SlurmCluster) -> None:
+    """munged runs as `munge`, which may not read the checkout (a clone under root's home,
+    mode 0700): `make slurm` failed there, munged unable to open workers/deathsig.py. Its
+    death signal comes from setpriv now, and nothing on its command line is the checkout's."""
+    checkout = str(Path(__file__).resolve().parent.parent.parent)
+    munged = psutil.Process(slurm_cluster.pids["munged"])
+    assert munged.username() == "munge"
+    assert not [arg for arg in munged.cmdline() if checkout in arg], munged.cmdline()
+
+
 def test_a_ddp_job_runs_one_instance_on_each_of_three_slurm_nodes(
     slurm_cluster: slurm.SlurmCluster, target: slurm_client.SlurmTarget, catalog: None, alice: User
 ) -> None:
@@ -157,6 +167,14 @@ def test_a_ddp_job_runs_one_instance_on_each_of_three_slurm_nodes(
         (slurm_batch.attempt_folder(target, job) / "rendezvous.json").read_text()
     )
     assert rendezvous["address"] == ended["master"]["address"]
+    # What carries the job's variables and lines is its owner's alone on the shared file
+    # system: the plan (0600) and Slurm's output (made with sbatch's umask, 077).
+    folder = slurm_batch.attempt_folder(target, job)
+    for name in ("plan.json", f"slurm-{slurm_id}.out"):
+        assert (folder / name).stat().st_mode & 0o077 == 0, (
+            name,
+            oct((folder / name).stat().st_mode),
+        )
 
     lines = output_of(target, job, slurm_id)
     untagged = [
