@@ -116,12 +116,14 @@ sandbox:
 
 # Debian's Slurm 22.05 and munge, for the Slurm tests (tests/integration/test_slurm.py) and
 # `make slurm`; never slurm-wlm-emulator, whose slurmctld and slurmd cannot run.
+# With slurmdbd and MariaDB, for Slurm's accounting (stack/slurm_accounting.py: sacct).
 slurm-packages:
-	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null \
+		|| ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge slurmdbd mariadb-server >/dev/null; \
 		else \
-			echo "Slurm is missing: the Slurm tests will skip ('sudo apt-get install slurm-wlm munge')"; \
+			echo "Slurm is missing: the Slurm tests will skip ('sudo apt-get install slurm-wlm munge slurmdbd mariadb-server')"; \
 		fi; \
 	fi
 

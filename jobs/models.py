@@ -967,6 +967,9 @@ class JobAttempt(models.Model):
     # While it waits in Slurm's queue: its place among the pending jobs of its partition, as
     # the last pass saw it (1: Slurm's scheduler takes it next); None otherwise.
     slurm_place = models.PositiveIntegerField(null=True, blank=True)
+    # Once its Slurm job ended, what Slurm's accounting (sacct) recorded of it, where the
+    # cluster keeps one: state, exit code, start, end, the peak memory of its steps.
+    slurm_accounting = models.JSONField(default=dict, blank=True)
     counted = models.BooleanField(
         default=True, help_text="Whether its end used up a restart (an eviction does not)."
     )

@@ -313,6 +313,12 @@ class AttemptOut(_Out):
     nodes: list[str] = Field(description="Where its replicas ran, once all had started.")
     reason: str
     counted: bool
+    slurm: dict[str, Any] | None = Field(
+        default=None,
+        description="A Slurm pool's ended attempt, where the cluster keeps accounting: what "
+        "sacct recorded (state, exit_code, start, end, max_rss_mb); then started and finished "
+        "are Slurm's too.",
+    )
 
 
 class HealthEventOut(_Out):

@@ -26,9 +26,10 @@ process tracking stays proctrack/linuxproc (CGROUP_PROCTRACK says why). Elsewher
 back to proctrack/linuxproc and task/none, with no limits. docs/slurm.md: "Limits on Slurm
 pools".
 
-What the set-up leaves out, as a small site without them does: accounting (no slurmdbd, so no
-`sacct`) and PMIx. munged runs as the `munge` user with its socket in a folder of mode 755;
-slurmctld and slurmd run as root, as at a real site.
+Accounting, where Debian's slurmdbd and mariadb-server are installed: slurmdbd on a MariaDB of
+the cluster's own (stack/slurm_accounting.py), so `sacct` and `sacctmgr` work; elsewhere none,
+as a small site without it. PMIx is left out. munged runs as the `munge` user with its socket
+in a folder of mode 755; slurmctld and slurmd run as root, as at a real site.
 
 Every process is started with an argv list, never a shell, and its PID goes into
 `<root>/pids.json`; stop() signals exactly those PIDs, then anything still running inside the
@@ -54,7 +55,7 @@ from pathlib import Path
 
 import psutil
 
-from stack import netns
+from stack import netns, slurm_accounting
 from stack.redis_server import free_port
 from workers import cgroups as cgroup_files
 from workers import deathsig
@@ -93,12 +94,9 @@ class SlurmUnavailable(RuntimeError):
 
 
 def unavailable_reason() -> str | None:
-    missing = [b for b in BINARIES if shutil.which(b) is None]
+    missing = slurm_accounting.missing_reason("Slurm is not installed", BINARIES, PACKAGES)
     if missing:
-        return (
-            f"Slurm is not installed ({', '.join(missing)} missing): "
-            f"apt-get install {' '.join(PACKAGES)}"
-        )
+        return missing
     try:
         pwd.getpwnam(MUNGE_USER)
     except KeyError:
@@ -159,6 +157,10 @@ class SlurmCluster:
     # the slurmd make theirs. Empty: no limits, for `cgroups_off`'s reason.
     cgroups: list[Path] = field(default_factory=list)
     cgroups_off: str = ""
+    # slurmdbd and its MariaDB (stack/slurm_accounting.py); None: no accounting, for
+    # `accounting_off`'s reason.
+    accounting: slurm_accounting.Accounting | None = None
+    accounting_off: str = ""
 
     @property
     def conf(self) -> Path:
@@ -199,15 +201,22 @@ class SlurmCluster:
         nodes: int = 3,
         use_namespaces: bool | None = None,
         cgroups: bool | None = None,
+        accounting: bool | None = None,
     ) -> "SlurmCluster":
         """`cgroups`: Slurm's task/cgroup (limits); None: where the machine allows it, True:
-        or SlurmUnavailable saying why not, False: never (proctrack/linuxproc, task/none)."""
+        or SlurmUnavailable saying why not, False: never (proctrack/linuxproc, task/none).
+        `accounting`: slurmdbd and sacct, the same way (stack/slurm_accounting.py)."""
         reason = unavailable_reason()
         if reason:
             raise SlurmUnavailable(reason)
         cgroups_off = "turned off" if cgroups is False else cgroup_unavailable_reason() or ""
         if cgroups and cgroups_off:
             raise SlurmUnavailable(f"task/cgroup cannot run here: {cgroups_off}")
+        accounting_off = (
+            "turned off" if accounting is False else slurm_accounting.unavailable_reason() or ""
+        )
+        if accounting and accounting_off:
+            raise SlurmUnavailable(accounting_off)
         if root is None:
             # Not under pytest's 0700 folders: munged, running as its own user, must reach it.
             root = Path(tempfile.mkdtemp(prefix="trainyard-slurm-"))
@@ -238,12 +247,16 @@ class SlurmCluster:
             controller_port=free_port(),
             network=network,
             cgroups_off=cgroups_off,
+            accounting=None if accounting_off else slurm_accounting.Accounting.plan(root),
+            accounting_off=accounting_off,
         )
         try:
             if not cgroups_off:
                 cluster._make_cgroups()
             cluster._start_munge()
             cluster._write_conf()
+            if cluster.accounting is not None:
+                cluster._start_accounting(cluster.accounting)
             cluster._start_controller()
             for i, node in enumerate(cluster.nodes):
                 cluster._start_slurmd(node, network.hosts[i] if network else None)
@@ -373,7 +386,11 @@ class SlurmCluster:
                 ]
             ),
             "JobCompType=jobcomp/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                self.accounting.conf_lines(self.munge_socket)
+                if self.accounting is not None
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "SelectType=select/cons_tres",
             # Memory is consumable, with or without cgroups (the same scheduling either way):
             # a job gets its --mem, or DefMemPerCPU per CPU, not the whole node.
@@ -417,6 +434,15 @@ class SlurmCluster:
                 "ConstrainDevices=yes",
             ]
             (self.root / "cgroup.conf").write_text("\n".join(cgroup_lines) + "\n")
+
+    def _start_accounting(self, accounting: slurm_accounting.Accounting) -> None:
+        accounting.start(
+            lambda name, argv, env: self._spawn(name, argv, env),
+            self.env(),
+            self.munge_socket,
+            lambda condition, what: _wait_for(condition, what, self.root),
+        )
+        accounting.register(self.env(), "trainyard")
 
     def _start_controller(self) -> None:
         # -i: a fresh state folder has no state files to recover; -D: stay in the foreground.
@@ -504,6 +530,7 @@ class SlurmCluster:
         where = "network namespaces" if self.network else "this host's loopback"
         nodes = ", ".join(f"{n.name} {n.address}" for n in self.nodes)
         limits = "task/cgroup (cgroup v1)" if self.cgroups else f"no limits ({self.cgroups_off})"
+        limits += "; slurmdbd" if self.accounting else f"; no accounting ({self.accounting_off})"
         return (
             f"Slurm: {len(self.nodes)} nodes in {where} ({nodes}); {limits}; SLURM_CONF={self.conf}"
         )

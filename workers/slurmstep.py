@@ -76,6 +76,10 @@ EXIT_NO_RENDEZVOUS = 3
 # At the end, how long the last lines may take to reach Redis before the wrapper exits anyway
 # (they stay in the spool on the shared folder then).
 SHIP_CLOSE_SECONDS = 30.0
+# A stop that came while an instance's processes were starting: SIGTERM is said again every
+# STOP_REPEAT_INTERVAL for STOP_REPEAT_SECONDS (a trainer still being set up missed the first).
+STOP_REPEAT_SECONDS = 5.0
+STOP_REPEAT_INTERVAL = 0.25
 # The same when Redis has been away long enough to be said (redis-<tag>.json): a try or two
 # more, not the half-minute a flush of many lines to a reachable Redis may need.
 SHIP_CLOSE_UNREACHABLE_SECONDS = 5.0
@@ -323,6 +327,17 @@ class Instance:
                 except ProcessLookupError:
                     pass
 
+    def keep_terminating(self, seconds: float) -> None:
+        """SIGTERM again every STOP_REPEAT_INTERVAL for `seconds`, while a process lives."""
+
+        def repeat() -> None:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline and any(c.poll() is None for c in self.children):
+                self.terminate()
+                time.sleep(STOP_REPEAT_INTERVAL)
+
+        threading.Thread(target=repeat, name="stop-repeat", daemon=True).start()
+
     def wait(self) -> list[int]:
         codes = [child.wait() for child in self.children]
         for relay in self.relays:
@@ -452,6 +467,15 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
             shipping.note(problem)
         if not isolation.isolation.isolated:
             shipping.note(f"this instance runs without a sandbox: {isolation.reason}")
+    if stopping:
+        # Stopped before its processes started (scancel in the step's first second): start
+        # nothing. Started, its SIGTERM would reach the sandbox being set up and no trainer,
+        # which would then run until KillWait's SIGKILL, with no outcome written.
+        name = signal.Signals(stopping[0]).name
+        stopped = {"state": "stopped", "exit_code": -stopping[0], "reason": f"stopped by Slurm "
+                   f"({name}) before it started"}  # fmt: skip
+        print(f"[{spec.tag}] Trainyard: {spec.tag} on {node} {stopped['reason']}", flush=True)
+        return _ended(attempt_dir, spec, stopped, shipping, node, network.address, None)
     instance = Instance(spec, processes, cwd=script.parent, shipping=shipping)
     tails = []
     if shipping is not None:
@@ -465,7 +489,9 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         ]
     started.append(instance)
     if stopping:
-        instance.terminate()  # the stop came while the processes were being started
+        # The stop came while the processes were being started: a trainer still being set up
+        # in its sandbox misses a single SIGTERM, so it is said again for a few seconds.
+        instance.keep_terminating(STOP_REPEAT_SECONDS)
     codes = [sandbox.exit_code(c, isolation) or 0 for c in instance.wait()]
     for tail in tails:
         tail.stop()
@@ -488,6 +514,19 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         first = next(code for code in codes if code != 0)
         outcome = {"state": state, "exit_code": first, "reason": reason}
         instance.say(f"Trainyard: {spec.tag} on {node} {state}: {reason}")
+    return _ended(attempt_dir, spec, outcome, shipping, node, network.address, usage)
+
+
+def _ended(
+    attempt_dir: Path,
+    spec: ReplicaSpec,
+    outcome: dict[str, object],
+    shipping: Shipping | None,
+    node: str,
+    address: str,
+    usage: cgroups.Usage | None,
+) -> int:
+    """Write the instance's outcome (its lines sent first); the wrapper's exit status."""
     # Every line in Redis before the outcome exists: the console closes the log once every
     # instance has one, and a line after the close would be lost to the reader.
     if shipping is not None and not shipping.close():
@@ -502,7 +541,7 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-    outcome.update(node=node, address=network.address, ended_at=time.time())
+    outcome.update(node=node, address=address, ended_at=time.time())
     if usage is not None:
         outcome["usage"] = usage.to_dict()
     outcome_file(attempt_dir, spec.tag).write_text(json.dumps(outcome))

@@ -816,6 +816,11 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     time limit; its lines reach the log as on any pool. A console user with no Unix account is
     told so at submission; the same partition refuses the console's own (root's) jobs."""
     entry = unix_user(UNIX_USER)
+    # Slurm's accounting as a site keeps it: her account, her association in it.
+    required_here("Slurm's accounting (slurmdbd)", slurm_cluster.accounting_off or None)
+    assert slurm_cluster.accounting is not None
+    slurm_cluster.accounting.manage(slurm_cluster.env(), "add", "account", "vision")
+    slurm_cluster.accounting.manage(slurm_cluster.env(), "add", "user", UNIX_USER, "account=vision")
     try:
         python = slurm.python_for_everyone()
     except slurm.SlurmUnavailable as exc:
@@ -860,9 +865,8 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     alice.wait(
         job["id"], lambda j: len({(x["role"], x["index"]) for x in alice.logs(j["id"])}) == 2
     )
-    shown = slurm_cluster.command(
-        ["scontrol", "show", "job", slurm_id_of(slurm_cluster, job["id"])]
-    ).stdout
+    slurm_id = slurm_id_of(slurm_cluster, job["id"])
+    shown = slurm_cluster.command(["scontrol", "show", "job", slurm_id]).stdout
     assert f"UserId={UNIX_USER}({entry.pw_uid})" in shown, shown
     assert f"GroupId={grp.getgrgid(entry.pw_gid).gr_name}({entry.pw_gid})" in shown, shown
     assert "Account=vision" in shown, shown
@@ -877,6 +881,18 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     release.touch()
     done = alice.wait_finished(job["id"])
     assert done["state"] == "succeeded", done["reason"]
+    # Slurm's accounting has the person, and the attempt has what it recorded.
+    accounted = slurm_cluster.command(
+        ["sacct", "--jobs", slurm_id, "--allocations", "--noheader", "--parsable2",
+         "--format=User,Account,State"]
+    ).stdout.split()  # fmt: skip
+    assert accounted == [f"{UNIX_USER}|vision|COMPLETED"], accounted
+    record = done["attempts"][0]["slurm"]
+    assert record["state"] == "COMPLETED" and record["exit_code"] == "0:0", record
+    assert record["start"] and record["end"] and record["max_rss_mb"] is not None, record
+    if slurm_cluster.cgroups:  # jobacct_gather/cgroup measures the steps
+        assert record["max_rss_mb"] > 0, record
+    assert done["attempts"][0]["started"].startswith(record["start"][:16]), done["attempts"]
 
     # The console's own user is root here: that partition refuses its jobs.
     as_root = alice.submit(request("slurm-root", "numbered.py"))

@@ -44,6 +44,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from console.celery import app
 from jobs.models import Job, JobAttempt, Replica, SlurmPool
@@ -460,10 +461,27 @@ def _ended(
     said = {replica.pk: _wrapper_said(folder, replica) for replica in holding}
     _end_replicas(job, holding, said, slurm_words)
     _note_lost_lines(job, holding, said)
+    _record_accounting(attempt, target)
     report.ended += 1
     if not job.is_active:
         job_id = job.pk
         transaction.on_commit(lambda: slurm_access.revoke(job_id), robust=True)
+
+
+def _record_accounting(attempt: JobAttempt, target: SlurmTarget) -> None:
+    """Where the cluster keeps accounting (slurmdbd): Slurm's own record of the ended job on
+    the attempt, and its start and end as the attempt's (Slurm's clock, not when a pass saw
+    them)."""
+    record = slurm_states.accounting_of(target, attempt.slurm_job_id)
+    if not record:
+        return
+    fields: dict[str, Any] = {"slurm_accounting": record}
+    for name in ("start", "end"):
+        at = parse_datetime(str(record.get(name) or ""))
+        if at is not None:
+            when = at.replace(tzinfo=UTC) if timezone.is_naive(at) else at
+            fields["started" if name == "start" else "finished"] = when
+    JobAttempt.objects.filter(pk=attempt.pk).update(**fields)
 
 
 def _note_lost_lines(

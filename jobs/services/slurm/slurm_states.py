@@ -6,11 +6,12 @@ heterogeneous job is listed once per component; the job is as far along as its l
 advanced component, and it failed if any component did.
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass
 
 from jobs.models import Job
-from jobs.services.slurm.slurm_client import SlurmTarget, SlurmUnavailable, run_client
+from jobs.services.slurm.slurm_client import SlurmError, SlurmTarget, SlurmUnavailable, run_client
 
 # Slurm's job states (slurm.h, job_state_string) and what they are to a Trainyard job.
 TRAINYARD_STATE = {
@@ -171,3 +172,60 @@ def query_all(target: SlurmTarget) -> dict[str, SlurmStatus]:
         key = str(het or entry.get("job_id"))
         by_job.setdefault(key, []).append(entry)
     return {key: combined(parts) for key, parts in by_job.items()}
+
+
+# sacct's fields for accounting_of, in this order.
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Start", "End", "MaxRSS")
+MEMORY_UNITS = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
+
+
+def accounting_of(target: SlurmTarget, slurm_id: str) -> dict[str, object] | None:
+    """What Slurm's accounting (slurmdbd, through sacct) recorded of an ended Slurm job: its
+    state, exit code ("0:0": status and signal), start and end (ISO, UTC, Slurm's clock) and the
+    peak resident memory of its steps in MB; None where the cluster keeps no accounting (or
+    has no record of it yet)."""
+    # In UTC: sacct writes its times in its own time zone, with no zone in them.
+    in_utc = dataclasses.replace(target, client_env={**target.client_env, "TZ": "UTC"})
+    try:
+        done = run_client(
+            ["sacct", "--jobs", slurm_id, "--noheader", "--parsable2", "--noconvert",
+             f"--format={','.join(SACCT_FIELDS)}"],
+            in_utc,
+        )  # fmt: skip
+    except SlurmError:
+        return None  # "Slurm accounting storage is disabled", or sacct away: nothing known
+    rows = [
+        dict(zip(SACCT_FIELDS, line.split("|"), strict=False)) for line in done.stdout.splitlines()
+    ]
+    jobs = [r for r in rows if "." not in r.get("JobID", ".")]  # the job (or its components)
+    if not jobs:
+        return None
+    peaks = [_megabytes(r.get("MaxRSS", "")) for r in rows]
+    codes = [r.get("ExitCode", "") for r in jobs]
+    return {
+        "state": jobs[0].get("State", "").split()[0] if jobs[0].get("State") else "",
+        "exit_code": next((c for c in codes if c not in ("", "0:0")), codes[0]),
+        "start": min((r["Start"] for r in jobs if _dated(r.get("Start"))), default=None),
+        "end": max((r["End"] for r in jobs if _dated(r.get("End"))), default=None),
+        "max_rss_mb": round(max(peaks), 1) if peaks else None,
+    }
+
+
+def _dated(value: str | None) -> bool:
+    return bool(value) and value not in ("Unknown", "None")
+
+
+def _megabytes(value: str) -> float:
+    value = value.strip()
+    if not value:
+        return 0.0
+    unit = value[-1].upper()
+    if unit in MEMORY_UNITS:
+        try:
+            return float(value[:-1]) * MEMORY_UNITS[unit]
+        except ValueError:
+            return 0.0
+    try:
+        return float(value) / (1024 * 1024)  # bytes
+    except ValueError:
+        return 0.0

@@ -114,6 +114,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "nodes": a.nodes,
                 "reason": a.reason,
                 "counted": a.counted,
+                "slurm": a.slurm_accounting or None,
             }
             for a in sorted(related(job, "attempts", job.attempts.all), key=_number)
         ],
