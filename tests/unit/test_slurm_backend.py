@@ -282,3 +282,29 @@ def test_an_admin_adds_a_pool_from_the_command_line(
             "--python", "python",
         )  # fmt: skip
     assert not SlurmPool.objects.filter(name="bad").exists()
+
+
+def test_the_pass_reads_no_link_fifo_or_hard_link_a_job_plants_in_its_folder(
+    tmp_path: Path,
+) -> None:
+    """On a pool whose jobs run as their owners, the attempt's folder is the person's: whoever
+    holds that account may plant a FIFO (the pass would wait on it for ever), a link to a file
+    only root reads, or a hard link, where the pass reads its wrappers' files."""
+    import os
+
+    from jobs.services.slurm import slurm_pass
+
+    folder = tmp_path / "jobs" / "7" / "attempt-0"
+    folder.mkdir(parents=True)
+    secret = tmp_path / "root-only.json"
+    secret.write_text('{"state": "succeeded", "reason": "read through a link"}')
+    os.mkfifo(folder / "outcome-master.json")
+    (folder / "where-master.json").symlink_to(secret)
+    os.link(secret, folder / "redis-master.json")
+    (folder / "outcome-worker-1.json").write_text('{"state": "failed", "reason": "its own"}')
+    for name in ("outcome-master.json", "where-master.json", "redis-master.json"):
+        assert slurm_pass._wrapper_file(folder / name) is None, name
+    assert slurm_pass._wrapper_file(folder / "outcome-worker-1.json") == {
+        "state": "failed",
+        "reason": "its own",
+    }
