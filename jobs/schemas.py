@@ -306,6 +306,16 @@ class ReplicaOut(_Out):
     reason: str
 
 
+class SlurmRecordOut(_Out):
+    state: str = Field(description="Slurm's final state: COMPLETED, FAILED, NODE_FAIL, …")
+    exit_code: str = Field(description='Slurm\'s "status:signal", e.g. "0:0" or "3:0".')
+    start: str | None = Field(description="When Slurm started it (UTC, Slurm's clock).")
+    end: str | None = Field(description="When it ended (UTC, Slurm's clock).")
+    max_rss_mb: float | None = Field(
+        description="The peak resident memory of its steps' largest task, in MB."
+    )
+
+
 class AttemptOut(_Out):
     number: int
     started: str | None
@@ -313,11 +323,10 @@ class AttemptOut(_Out):
     nodes: list[str] = Field(description="Where its replicas ran, once all had started.")
     reason: str
     counted: bool
-    slurm: dict[str, Any] | None = Field(
+    slurm: SlurmRecordOut | None = Field(
         default=None,
         description="A Slurm pool's ended attempt, where the cluster keeps accounting: what "
-        "sacct recorded (state, exit_code, start, end, max_rss_mb); then started and finished "
-        "are Slurm's too.",
+        "sacct recorded; then started and finished are Slurm's too.",
     )
 
 

@@ -735,7 +735,9 @@ def test_a_slurm_controller_outage_fails_no_job(
     holder = sam.submit(
         slurm_request("hold.py", 1, package="cpu-1", args=["--release", str(release)])
     )
-    sam.wait(holder["id"], lambda j: j["state"] == "running")
+    # Its trainer running, not only its Slurm job: the batch script's srun needs slurmctld to
+    # make its step, and fails (Slurm's own behaviour) if the outage comes before that.
+    sam.wait(holder["id"], lambda j: any("pid=" in x["text"] for x in sam.logs(j["id"])))
     slurm_cluster.stop_controller()
     try:
         response = sam.http.post(
@@ -752,8 +754,9 @@ def test_a_slurm_controller_outage_fails_no_job(
     finally:
         slurm_cluster.start_controller()
     release.touch()
-    assert sam.wait_finished(holder["id"])["state"] == "succeeded"
-    assert sam.wait_finished(waiter["id"])["state"] == "succeeded"
+    for job in (holder, waiter):
+        done = sam.wait_finished(job["id"])
+        assert done["state"] == "succeeded", done["reason"]
 
 
 def test_the_pools_check_runs_a_test_job_and_names_what_fails(

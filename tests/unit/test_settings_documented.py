@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = ("console", "jobs", "stack", "workers")
 NOT_SETTINGS_FOLDERS = ("workers/examples", "workers/trainer_lib", "workers/ps")
 # Read from the environment but not settings of Trainyard's: the make variable `make run
-# PORT=` passes, and the sandbox's PATH.
-NOT_SETTINGS = {"PORT", "PATH"}
+# PORT=` passes, the sandbox's PATH, and Slurm's own name of the node a Slurm pool's test job
+# runs on (jobs/services/slurm/slurm_probe.py's script, run there).
+NOT_SETTINGS = {"PORT", "PATH", "SLURMD_NODENAME"}
 READ = re.compile(
     r'env_\w+\(\s*"([A-Z][A-Z0-9_]+)"'
     r'|env_either\(\s*"[A-Z][A-Z0-9_]+",\s*"([A-Z][A-Z0-9_]+)"'
