@@ -308,3 +308,25 @@ def test_the_pass_reads_no_link_fifo_or_hard_link_a_job_plants_in_its_folder(
         "state": "failed",
         "reason": "its own",
     }
+
+
+def test_the_console_writes_nothing_through_a_link_planted_in_an_attempts_folder(
+    ps_job: Job, tmp_path: Path
+) -> None:
+    """A resubmitted attempt's folder may be the person's (a pool whose jobs run as their
+    owners): a link they put where the console writes the plan, the batch script or the Redis
+    credentials is replaced, never written through."""
+    target = slurm_client.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path)
+    folder = slurm_batch.attempt_folder(target, ps_job)
+    folder.mkdir(parents=True)
+    victim = tmp_path / "root-only.conf"
+    victim.write_text("untouched\n")
+    names = ("plan.json", "batch.py", "credentials.url")
+    for name in names:
+        (folder / name).symlink_to(victim)
+    plan = slurm_batch.write_plan(ps_job, target, "redis://job-7:secret@10.0.0.1:6379/0")
+    script = slurm_batch.write_batch_script(ps_job, target, plan)
+    assert victim.read_text() == "untouched\n"
+    assert not any((folder / name).is_symlink() for name in names)
+    assert script.stat().st_mode & 0o777 == 0o755
+    assert plan.stat().st_mode & 0o777 == 0o600

@@ -193,18 +193,24 @@ def write_plan(job: Job, target: SlurmTarget, redis_url: str = "") -> Path:
     }
     if redis_url:
         secret = folder / "credentials.url"
-        secret.unlink(missing_ok=True)
-        descriptor = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as out:
-            out.write(redis_url + "\n")
+        write_new(secret, redis_url + "\n", 0o600)
         plan["credentials"] = str(secret)
     # It carries the job's variables: for the step wrapper (the Slurm job's user) alone.
     path = folder / "plan.json"
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(json.dumps(plan, indent=1))
+    write_new(path, json.dumps(plan, indent=1), 0o600)
     return path
+
+
+def write_new(path: Path, text: str, mode: int) -> None:
+    """Write `path` as a new file of `mode`, whatever was there. On a pool whose jobs run as
+    their owners a resubmitted attempt's folder is the person's, who may have put a link
+    there: it is removed, never followed (O_EXCL | O_NOFOLLOW), and the mode is set on the
+    file written, not on whatever the name points to then."""
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(descriptor, "w") as out:
+        os.fchmod(out.fileno(), mode)
+        out.write(text)
 
 
 def code_root_for(job: Job, target: SlurmTarget) -> Path:
@@ -252,7 +258,8 @@ def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
         srun.append("--het-group=" + ",".join(str(i) for i in range(groups)))
     srun += [target.python, "-m", "workers.slurmstep", "--plan", str(plan)]
     script = plan.parent / "batch.py"
-    script.write_text(
+    write_new(
+        script,
         f"#!{target.python}\n"
         f"# Trainyard job {job.pk}, attempt {job.attempt}: one srun starts every instance.\n"
         "import os\n"
@@ -260,9 +267,9 @@ def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
         "# more: not the login environment slurmd adds to a job that exports a list.\n"
         f"exported = {target.exported_names()!r}\n"
         "env = {k: v for k, v in os.environ.items() if k.startswith('SLURM') or k in exported}\n"
-        f"os.execvpe('srun', {srun!r}, env)\n"
+        f"os.execvpe('srun', {srun!r}, env)\n",
+        0o755,
     )
-    script.chmod(0o755)
     return script
 
 
