@@ -238,10 +238,15 @@ class Shipping:
         """Send what is left; whether every line reached Redis (else it stays in the spool)."""
         self.shipper.release(self.key)
         unreachable = self.silent_file.exists()
-        self.shipper.close(SHIP_CLOSE_UNREACHABLE_SECONDS if unreachable else SHIP_CLOSE_SECONDS)
+        # Delivered: every line put is in Redis (the flush's answer), and none waits in the
+        # spool. Lines still queued when the flush gives up are in neither.
+        delivered = self.shipper.flush(
+            SHIP_CLOSE_UNREACHABLE_SECONDS if unreachable else SHIP_CLOSE_SECONDS
+        )
+        self.shipper.close(timeout=1.0)
         self.closed.set()
         self.watch.join()
-        delivered = not self.shipper.spooling
+        delivered = delivered and not self.shipper.spooling
         if delivered:
             self.silent_file.unlink(missing_ok=True)
         return delivered

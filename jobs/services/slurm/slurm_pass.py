@@ -393,6 +393,7 @@ def _ended_meanwhile(
     if not reported:
         return
     _end_replicas(job, reported, said, "")
+    _note_lost_lines(job, reported, said)
     if not (job.is_active and attempt.number == job.attempt):
         _cancel(attempt, target, report)
 
