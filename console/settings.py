@@ -315,6 +315,15 @@ TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
 # The Slurm pass (jobs.services.slurm.slurm_pass) submits, follows and stops the jobs of Slurm pools
 # every TRAINYARD_SLURM_SECONDS (0: never; then no job of a Slurm pool ever starts).
 TRAINYARD_SLURM_SECONDS = env_float("TRAINYARD_SLURM_SECONDS", 1.0)
+# How a pool whose jobs run as their owners submits a person's job: "options" (root runs sbatch
+# --uid/--gid, Slurm 22.05's way), "person" (sbatch runs as the person, with their uid, gid and
+# groups: for releases whose sbatch has no --uid), or "auto": "options" where the cluster's
+# sbatch lists --uid in its help, else "person" (jobs/services/slurm/slurm_identity.py).
+TRAINYARD_SLURM_SUBMIT_AS = env_str("TRAINYARD_SLURM_SUBMIT_AS", "auto")
+if TRAINYARD_SLURM_SUBMIT_AS not in ("auto", "options", "person"):
+    raise ImproperlyConfiguredEnv(
+        f"TRAINYARD_SLURM_SUBMIT_AS={TRAINYARD_SLURM_SUBMIT_AS!r}: auto, options or person"
+    )
 # A node silent this long (while the console could hear it) is lost: its replicas fail.
 TRAINYARD_NODE_LOST_SECONDS = env_int("TRAINYARD_NODE_LOST_SECONDS", 45)
 # A misbehaving agent cannot slow the others (jobs/services/heartbeat_limits.py): of one

@@ -71,6 +71,7 @@ from jobs.services import (
     snapshots,
 )
 from jobs.services.lifecycle import outcomes, time_limits, transitions
+from jobs.services.slurm import slurm_choices
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from jobs.services.views import (
     cluster,
@@ -324,6 +325,7 @@ def job_as_dict(
         "priority": job.priority_name,
         "priority_value": job.priority,
         "pool": job.slurm_pool.name if job.slurm_pool_id and job.slurm_pool else "",
+        "slurm": job.slurm_options,
         "preempted_by": [int(j) for j in job.preempted_by],
         "usage": presenters.usage(job),
         **presenters.job_state_payload(job, queue_positions),
@@ -409,6 +411,7 @@ def catalog_for(user: User) -> dict[str, Any]:
                 "partition": pool.partition,
                 "images": sorted(i.name for i in pool.images.all() if i.enabled),
                 "packages": sorted(p.name for p in pool.packages.all() if p.enabled),
+                "choices": slurm_choices.allowed(pool),
             }
             for pool in SlurmPool.objects.filter(enabled=True).prefetch_related(
                 "images", "packages"

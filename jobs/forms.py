@@ -25,6 +25,7 @@ from jobs.money import format_price
 from jobs.schemas import RoleIn
 from jobs.services import code_choices, unservable
 from jobs.services.lifecycle.time_limits import default_for
+from jobs.services.slurm import slurm_choices
 from jobs.time_limit_text import in_words
 
 # The program menu's values besides the examples' names and the code root's paths: "type a
@@ -55,7 +56,10 @@ FIELD_FOR_ERROR = {
     "time_limit": "time_limit",
     "priority": "priority",
     "pool": "pool",
+    "slurm": "pool",
 }
+# The Slurm options a job chooses a value of, each a field "slurm_<option>" of the form.
+SLURM_FIELDS = ("partition", "account", "qos", "constraint", "reservation")
 # A parameter-server form has its own worker fields, and server fields.
 PS_FIELD_FOR_ERROR = {
     **FIELD_FOR_ERROR,
@@ -220,6 +224,14 @@ class NewJobForm(_ShapeForm):
         help_text="Trainyard's own nodes, or a Slurm pool: there Slurm places the instances "
         "and the job waits in Slurm's queue (its reason says why).",
     )
+    # A job's own Slurm options (slurm_choices): what the pools let a job choose. A field no
+    # pool offers a choice of is not shown; the services check the choice against the pool.
+    slurm_partition = forms.ChoiceField(label="Slurm partition", required=False)
+    slurm_account = forms.ChoiceField(label="Slurm account", required=False)
+    slurm_qos = forms.ChoiceField(label="Slurm QOS", required=False)
+    slurm_constraint = forms.ChoiceField(label="Slurm constraint", required=False)
+    slurm_reservation = forms.ChoiceField(label="Slurm reservation", required=False)
+    slurm_exclusive = forms.BooleanField(label="Whole nodes in Slurm (exclusive)", required=False)
     restart_policy = forms.ChoiceField(
         label="When an instance fails",
         choices=[("", "the image's default")] + [(p.value, p.label) for p in RestartPolicy],
@@ -298,6 +310,7 @@ class NewJobForm(_ShapeForm):
             )
         else:
             del self.fields["pool"]  # nothing to choose: most consoles have no Slurm pool
+        self._slurm_choices()
         packages = [
             (p.name, f"{p.name} — {p.summary} · {format_price(p.price_per_hour)}/h")
             for p in Package.objects.filter(enabled=True)
@@ -361,6 +374,8 @@ class NewJobForm(_ShapeForm):
             initial["priority"] = body["priority"]
         if body.get("pool"):
             initial["pool"] = body["pool"]
+        for option, value in (body.get("slurm") or {}).items():
+            initial[f"slurm_{option}"] = value
         restart = body.get("restart") or {}
         if restart:
             initial.update(
@@ -375,6 +390,31 @@ class NewJobForm(_ShapeForm):
             initial["health_rules"] = json.dumps(body["health_rules"])
         initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
         self.initial = initial
+
+    def _slurm_choices(self) -> None:
+        """Each Slurm option some pool lets a job choose, its values labelled with the pools
+        that allow them; the others are not shown."""
+        offered: dict[str, dict[str, list[str]]] = {option: {} for option in SLURM_FIELDS}
+        exclusive = False
+        for pool in SlurmPool.objects.filter(enabled=True):
+            allowed = slurm_choices.allowed(pool)
+            exclusive = exclusive or bool(allowed["exclusive"])
+            for option in SLURM_FIELDS:
+                for value in allowed[option]:  # type: ignore[attr-defined]
+                    offered[option].setdefault(value, []).append(pool.name)
+        for option, values in offered.items():
+            if not values:
+                del self.fields[f"slurm_{option}"]
+                continue
+            self._choices(
+                f"slurm_{option}",
+                [("", "the pool's")]
+                + [
+                    (value, f"{value} (pool {', '.join(pools)})") for value, pools in values.items()
+                ],
+            )
+        if not exclusive:
+            del self.fields["slurm_exclusive"]
 
     def _choices(self, name: str, choices: list[Any]) -> None:
         field = self.fields[name]
@@ -451,6 +491,15 @@ class NewJobForm(_ShapeForm):
             request["priority"] = data["priority"]
         if data.get("pool"):
             request["pool"] = data["pool"]
+            chosen = {
+                option: data[f"slurm_{option}"]
+                for option in SLURM_FIELDS
+                if data.get(f"slurm_{option}")
+            }
+            if data.get("slurm_exclusive"):
+                chosen["exclusive"] = True
+            if chosen:
+                request["slurm"] = chosen
         if data.get("health_rules") is not None:
             request["health_rules"] = data["health_rules"]
         if data.get("env"):

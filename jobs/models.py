@@ -77,22 +77,28 @@ SLURM_WORD = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.,&|:()*-]*$",
     "Slurm's own syntax: letters, digits and . _ , & | : ( ) * - only.",
 )
+SLURM_WORDS = RegexValidator(
+    r"^\s*([A-Za-z0-9][A-Za-z0-9_.,&|:()*-]*\s*)*$",
+    "Values in Slurm's own syntax (letters, digits and . _ , & | : ( ) * -), separated by spaces.",
+)
 
 
 class SlurmPool(models.Model):
-    """A Slurm cluster (one partition of it) jobs can run on instead of Trainyard's own agents
-    (docs/slurm.md). The console drives it with Slurm's client commands on its own host: it
-    must be a submit host of that cluster (the Slurm client, its slurm.conf, munge's key)."""
+    """A Slurm cluster (one or more partitions of it) jobs can run on instead of Trainyard's own
+    agents (docs/slurm.md). The console drives it with Slurm's client commands on its own host:
+    it must be a submit host of that cluster (the Slurm client, its slurm.conf, munge's key)."""
 
     name = models.CharField(max_length=100, unique=True, validators=[validate_name])
     partition = models.CharField(
-        max_length=100,
+        max_length=300,
         validators=[
             RegexValidator(
-                r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                "A Slurm partition's name: letters, digits, '.', '_' and '-' (one partition).",
+                r"^[A-Za-z0-9][A-Za-z0-9_.-]*(,[A-Za-z0-9][A-Za-z0-9_.-]*)*$",
+                "Slurm partitions' names, separated by commas: letters, digits, '.', '_', '-'.",
             )
         ],
+        help_text="The partition, or several separated by commas: a job is sent to all of them "
+        "(Slurm starts it where it can first) unless it chooses one.",
     )
     shared_root = models.CharField(
         max_length=500,
@@ -137,6 +143,27 @@ class SlurmPool(models.Model):
     )
     exclusive = models.BooleanField(
         default=False, help_text="sbatch --exclusive: no other job shares a job's nodes."
+    )
+    # What a job may choose instead of the pool's own (jobs.services.slurm.slurm_choices):
+    # lists separated by spaces, since a constraint may hold commas.
+    job_accounts = models.CharField(
+        max_length=500, blank=True, validators=[SLURM_WORDS],
+        help_text="Accounts a job may choose (--account), separated by spaces.",
+    )  # fmt: skip
+    job_qos = models.CharField(
+        max_length=500, blank=True, validators=[SLURM_WORDS],
+        help_text="QOS a job may choose (--qos), separated by spaces.",
+    )  # fmt: skip
+    job_constraints = models.CharField(
+        max_length=500, blank=True, validators=[SLURM_WORDS],
+        help_text="Constraints a job may choose (--constraint), separated by spaces.",
+    )  # fmt: skip
+    job_reservations = models.CharField(
+        max_length=500, blank=True, validators=[SLURM_WORDS],
+        help_text="Reservations a job may choose (--reservation), separated by spaces.",
+    )  # fmt: skip
+    job_exclusive = models.BooleanField(
+        default=False, help_text="A job may ask for whole nodes (--exclusive)."
     )
     run_as_owner = models.BooleanField(
         default=False,
@@ -754,6 +781,9 @@ class Job(models.Model):
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
     # Where it runs: a Slurm pool, or (None) Trainyard's own agents.
     slurm_pool = models.ForeignKey(SlurmPool, null=True, blank=True, on_delete=models.PROTECT)
+    # Its own Slurm options, within what the pool allows (slurm_choices.SlurmChoices.stored):
+    # {"qos": "high", "partition": "gpu-long", ...}; {}: the pool's.
+    slurm_options = models.JSONField(default=dict, blank=True)
     program = models.JSONField(
         help_text='{"example": NAME}, {"path": RELATIVE_PATH} under the code root, or '
         '{"path": RELATIVE_PATH, "snapshot": SHA256} inside a code snapshot'
@@ -909,6 +939,15 @@ class Job(models.Model):
     def per_worker_batch(self) -> int | None:
         """The --batch-size the program was given, if it was: the batch of each machine."""
         return batch_size_in(self.args)
+
+    @property
+    def slurm_option_flags(self) -> list[str]:
+        """Its own Slurm options besides the partition, as sbatch gets them (the job page)."""
+        return [
+            f"--{option}" if value is True else f"--{option}={value}"
+            for option, value in self.slurm_options.items()
+            if option != "partition" and value not in ("", None, False)
+        ]
 
     def env_seen_by(self, viewer: object) -> dict[str, str]:
         """Its environment as `viewer` may see it: every value for its owner; for anyone else

@@ -52,6 +52,20 @@ class RestartIn(_In):
     exclude_failed_node: StrictBool | None = None
 
 
+class SlurmOptionsIn(_In):
+    """A job's own Slurm options, within what its pool allows (the catalog's pools list
+    it: `choices`); each absent or "" keeps the pool's."""
+
+    partition: StrictStr | None = Field(default=None, description="One of the pool's partitions.")
+    account: StrictStr | None = Field(default=None, description="sbatch --account.")
+    qos: StrictStr | None = Field(default=None, description="sbatch --qos.")
+    constraint: StrictStr | None = Field(default=None, description="sbatch --constraint.")
+    reservation: StrictStr | None = Field(default=None, description="sbatch --reservation.")
+    exclusive: StrictBool | None = Field(
+        default=None, description="Whole nodes (sbatch --exclusive), where the pool allows it."
+    )
+
+
 class LogLimitsIn(_In):
     lines_per_second: StrictInt | None = Field(
         default=None, ge=1, description="Per instance; at most the image's."
@@ -102,6 +116,11 @@ class JobIn(_In):
         description="Where it runs: a Slurm pool's name from the catalog (GET /api/v1/catalog "
         'lists them), or absent / "" for Trainyard\'s own nodes. The image and every package '
         "must be offered in that pool.",
+    )
+    slurm: SlurmOptionsIn | None = Field(
+        default=None,
+        description="Its own Slurm options (partition, account, qos, constraint, reservation, "
+        "exclusive), each one the pool allows; only with `pool`.",
     )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
@@ -392,6 +411,9 @@ class JobOut(_Out):
     owner: str
     image: str
     pool: str = Field(description='The Slurm pool it runs in; "": Trainyard\'s own nodes.')
+    slurm: dict[str, str | bool] = Field(
+        description="The Slurm options it chose (partition, account, qos, …); {}: its pool's."
+    )
     program: ProgramOut
     roles: dict[str, RoleOut]
     instances: InstancesOut
@@ -588,13 +610,25 @@ class MoneyOut(_Out):
     )
 
 
+class SlurmChoicesOut(_Out):
+    """What a job of the pool may choose (a job's `slurm`); empty: only the pool's own."""
+
+    partition: list[str] = Field(description="Its partitions, where it has several.")
+    account: list[str]
+    qos: list[str]
+    constraint: list[str]
+    reservation: list[str]
+    exclusive: bool = Field(description="Whether a job may ask for whole nodes.")
+
+
 class PoolOut(_Out):
-    """A Slurm pool: a partition of a Slurm cluster jobs can run in (docs/slurm.md)."""
+    """A Slurm pool: partitions of a Slurm cluster jobs can run in (docs/slurm.md)."""
 
     name: str
-    partition: str
+    partition: str = Field(description="Its partitions, comma-separated as Slurm writes them.")
     images: list[str] = Field(description="The images it runs.")
     packages: list[str] = Field(description="The packages it offers.")
+    choices: SlurmChoicesOut
 
 
 class CatalogOut(_Out):

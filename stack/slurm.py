@@ -65,6 +65,9 @@ BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sin
 MUNGE_USER = "munge"
 PARTITION = "trainyard"
 USERS_PARTITION = "people"
+# The first node alone: a smaller partition beside the others, for pools of several partitions.
+FIRST_NODE_PARTITION = "first-node"
+PARTITIONS = (PARTITION, USERS_PARTITION, FIRST_NODE_PARTITION)
 # Each node's size: every node advertises this much, whatever the machine has; Slurm only
 # checks that the machine has at least as much (it reports the whole machine to every slurmd).
 NODE_CPUS = 2
@@ -421,6 +424,10 @@ class SlurmCluster:
             f"PartitionName={USERS_PARTITION} Nodes={names} MaxTime=INFINITE State=UP "
             "DisableRootJobs=YES"
         )
+        lines.append(
+            f"PartitionName={FIRST_NODE_PARTITION} Nodes={self.nodes[0].name} "
+            "MaxTime=INFINITE State=UP"
+        )
         self.conf.write_text("\n".join(lines) + "\n")
         if self.cgroups:
             # Read by slurmd and slurmstepd from slurm.conf's folder. No swap beyond the RAM
@@ -513,7 +520,7 @@ class SlurmCluster:
         """Cancel what still runs, stop the daemons by their recorded PIDs, then end whatever
         is left inside the cluster's namespaces (job steps outlive slurmd) and remove them."""
         if self.pids.get("slurmctld") and _running(self.pids["slurmctld"]):
-            for partition in (PARTITION, USERS_PARTITION):
+            for partition in PARTITIONS:
                 self.command(["scancel", "--full", f"--partition={partition}"], check=False)
         for name in sorted(self.pids, key=lambda n: n == "munged"):  # munged last
             _terminate(self.pids[name])

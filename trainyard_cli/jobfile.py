@@ -213,6 +213,19 @@ def parse_env(text: str) -> tuple[str, str]:
     return name, value
 
 
+def parse_slurm(text: str) -> tuple[str, str | bool]:
+    """--slurm qos=high → ("qos", "high"); --slurm exclusive → ("exclusive", True)."""
+    key, equals, value = text.partition("=")
+    key = key.strip()
+    if key == "exclusive" and not equals:
+        return key, True
+    if not key or not equals:
+        raise CliError(
+            f"--slurm {text!r}: write NAME=VALUE (e.g. qos=high), or exclusive.", BAD_INPUT
+        )
+    return key, value.strip()
+
+
 def apply_flags(
     body: dict[str, Any],
     *,
@@ -228,6 +241,7 @@ def apply_flags(
     time_limit: str | None = None,
     priority: str | None = None,
     pool: str | None = None,
+    slurm: list[str] | None = None,
 ) -> dict[str, Any]:
     """The job file's body with the flags on top: a flag wins over the file's value."""
     body = dict(body)
@@ -250,6 +264,8 @@ def apply_flags(
         body["priority"] = priority
     if pool is not None:
         body["pool"] = pool
+    if slurm:
+        body["slurm"] = {**_section(body, "slurm"), **dict(parse_slurm(o) for o in slurm)}
     if env:
         body["env"] = {**_section(body, "env"), **dict(parse_env(e) for e in env)}
     if restart_policy is not None or max_restarts is not None:

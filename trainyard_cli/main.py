@@ -60,6 +60,14 @@ Pool = Annotated[
         help="Run it in a Slurm pool (`trainyard pools`); default: Trainyard's own nodes."
     ),
 ]
+SlurmOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slurm",
+        help="A Slurm option within what the pool allows (`trainyard pools`): partition=, "
+        "account=, qos=, constraint=, reservation= or exclusive; repeatable.",
+    ),
+]
 Follow = Annotated[
     bool, typer.Option("--follow", "-f", help="Stream the job's log here until it ends.")
 ]
@@ -169,6 +177,7 @@ def submit(
     time_limit: TimeLimit = None,
     priority: Priority = None,
     pool: Pool = None,
+    slurm: SlurmOption = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -205,6 +214,7 @@ def submit(
         time_limit=time_limit,
         priority=priority,
         pool=pool,
+        slurm=slurm or [],
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -1007,12 +1017,30 @@ def pools(json_output: Json = False) -> None:
         print("No Slurm pools: every job runs on Trainyard's own nodes.")
         return
     render.table(
-        ["POOL", "PARTITION", "IMAGES", "PACKAGES"],
+        ["POOL", "PARTITION", "IMAGES", "PACKAGES", "A JOB MAY CHOOSE (--slurm)"],
         [
-            [p["name"], p["partition"], ", ".join(p["images"]), ", ".join(p["packages"])]
+            [
+                p["name"],
+                p["partition"],
+                ", ".join(p["images"]),
+                ", ".join(p["packages"]),
+                _slurm_choices_words(p.get("choices") or {}),
+            ]
             for p in answer
         ],
     )
+
+
+def _slurm_choices_words(choices: dict[str, Any]) -> str:
+    """ "qos=normal|high; exclusive" or "-" for a pool that lets a job choose nothing."""
+    words = [
+        f"{name}={'|'.join(values)}"
+        for name, values in choices.items()
+        if isinstance(values, list) and values
+    ]
+    if choices.get("exclusive"):
+        words.append("exclusive")
+    return "; ".join(words) or "-"
 
 
 @app.command()

@@ -58,6 +58,8 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
         body["time_limit"] = job.time_limit
     if job.slurm_pool is not None:
         body["pool"] = job.slurm_pool.name
+        if job.slurm_options:
+            body["slurm"] = dict(job.slurm_options)
     if job.kvstore:
         body["kvstore"] = job.kvstore
     if env:

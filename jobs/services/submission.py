@@ -43,7 +43,8 @@ from jobs.services import quota, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
 from jobs.services.lifecycle.time_limits import default_for
 from jobs.services.scheduler import scheduling
-from jobs.services.slurm import slurm_batch, slurm_client, slurm_identity, slurm_pass
+from jobs.services.slurm import slurm_batch, slurm_choices, slurm_client, slurm_identity, slurm_pass
+from jobs.services.slurm.slurm_choices import SlurmChoices
 from jobs.services.totals import RoleRequest, Totals, compute_totals
 from workers import contract
 from workers.metricparse import BadMetric, check_definitions
@@ -109,6 +110,7 @@ class JobRequest:
     time_limit: int | None = None
     priority: PriorityClass | None = None  # None: the default class
     slurm_pool: SlurmPool | None = None  # None: Trainyard's own agents
+    slurm_choices: SlurmChoices = field(default_factory=SlurmChoices)  # within the pool's
 
 
 class _Errors:
@@ -368,6 +370,22 @@ def _check_pool(
     return pool
 
 
+def _check_slurm_choices(body: JobIn, pool: SlurmPool | None, errors: _Errors) -> SlurmChoices:
+    """The job's own Slurm options, each one its pool allows."""
+    if body.slurm is None:
+        return SlurmChoices()
+    raw = body.slurm.model_dump(exclude_none=True)
+    if pool is None:
+        # (An unknown pool has its own error already.)
+        if not body.pool and any(value not in ("", False) for value in raw.values()):
+            errors.add("slurm", "Slurm options are for a job of a Slurm pool: choose its pool.")
+        return SlurmChoices()
+    choices, problems = slurm_choices.check(pool, raw)
+    for problem in problems:
+        errors.add("slurm", problem)
+    return choices
+
+
 def priority_refusals(scopes: list[quota.Scope], asked: PriorityClass | None) -> list[str]:
     """Why a quota refuses the class asked for: each scope that caps its holders below it."""
     if asked is None:
@@ -443,6 +461,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         errors.add("time_limit", str(exc))
     priority = _check_priority(body.priority, errors)
     slurm_pool = _check_pool(body.pool, image, roles, errors)
+    choices = _check_slurm_choices(body, slurm_pool, errors)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -462,6 +481,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         time_limit,
         priority,
         slurm_pool,
+        choices,
     )
 
 
@@ -538,7 +558,11 @@ def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> 
     target = slurm_batch.target_of(request.slurm_pool)
     try:
         refusal = slurm_batch.why_never_runs(
-            request.roles, bool(request.kvstore), target, time_limit
+            request.roles,
+            bool(request.kvstore),
+            target,
+            time_limit,
+            request.slurm_choices.partition,
         )
     except slurm_client.SlurmUnavailable:
         # Slurm away is no reason to refuse: the job waits, saying so, and the Slurm pass
@@ -564,6 +588,7 @@ def create_job(
         name=request.name,
         image_id=request.image.pk,
         slurm_pool=request.slurm_pool,
+        slurm_options=request.slurm_choices.stored(),
         program=request.program,
         snapshot=snapshot,
         args=request.args,

@@ -188,9 +188,31 @@ import { startRuleEditor } from "./rule_editor.js";
     advice.hidden = !advice.childElementCount;
   }
 
+  // The Slurm options the chosen pool lets a job choose, with only its values: none on
+  // Trainyard's own nodes. The server checks the choice against the pool whatever is sent.
+  const pools = Object.fromEntries((catalog.pools || []).map((p) => [p.name, p.choices]));
+  function showSlurmOptions() {
+    const choices = pools[form.elements.pool ? value("pool") : ""];
+    for (const option of ["partition", "account", "qos", "constraint", "reservation"]) {
+      const select = form.elements[`slurm_${option}`];
+      if (!select) continue;
+      const allowed = (choices && choices[option]) || [];
+      document.getElementById(`field-slurm_${option}`).hidden = !allowed.length;
+      for (const choice of select.options) choice.hidden = choice.value !== "" && !allowed.includes(choice.value);
+      if (!allowed.includes(select.value)) select.value = "";
+    }
+    const exclusive = form.elements.slurm_exclusive;
+    if (exclusive) {
+      const offered = Boolean(choices && choices.exclusive);
+      document.getElementById("field-slurm_exclusive").hidden = !offered;
+      if (!offered) exclusive.checked = false;
+    }
+  }
+
   function update() {
     const fw = framework();
     showFields(fw);
+    showSlurmOptions();
     showRestartDefault();
     showImageEnv();
     askPreview();

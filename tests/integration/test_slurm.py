@@ -7,6 +7,7 @@ exactly as a cluster would run them. The tests skip, saying why, where Slurm can
 (not installed, or not root); under CI=true they fail instead.
 """
 
+import dataclasses
 import grp
 import json
 import pwd
@@ -25,9 +26,15 @@ import psutil
 import pytest
 from django.contrib.auth.models import User
 
-from jobs.models import FrameworkImage, Job, JobAttempt, JobRole, Package, SlurmPool
+from jobs.models import FrameworkImage, Job, JobAttempt, JobRole, Package, SlurmPool, UnixAccount
 from jobs.services import submission
-from jobs.services.slurm import slurm_batch, slurm_client, slurm_pass, slurm_states
+from jobs.services.slurm import (
+    slurm_batch,
+    slurm_client,
+    slurm_identity,
+    slurm_pass,
+    slurm_states,
+)
 from jobs.services.totals import RoleRequest
 from stack import slurm
 from tests.conftest import (
@@ -458,7 +465,9 @@ def slurm_stack(
     gateway = slurm_cluster.controller_address
     also = () if gateway == "127.0.0.1" else (gateway,)
     with running_stack(
-        tmp_path_factory.mktemp("slurm-stack"), nodes=0, redis_also_on=also
+        tmp_path_factory.mktemp("slurm-stack"),
+        nodes=0,
+        redis_also_on=also,
     ) as running:
         shared = slurm_cluster.root / "shared" / "console"
         shared.mkdir(parents=True)
@@ -907,6 +916,122 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     ended = alice.wait_finished(as_root["id"])
     assert ended["state"] == "failed", ended
     assert "Slurm did not take it" in ended["reason"], ended["reason"]
+
+
+def test_where_sbatch_takes_no_uid_it_runs_as_the_person(
+    slurm_cluster: slurm.SlurmCluster,
+    target: slurm_client.SlurmTarget,
+    catalog: None,
+    alice: User,
+    settings: Any,
+) -> None:
+    """Slurm's releases after 22.05 dropped sbatch's --uid/--gid. There the console runs sbatch
+    itself as the person (their uid, gid and groups): the job is theirs in Slurm as with
+    --uid, on a partition that refuses root's jobs, and its instances run as them."""
+    entry = unix_user(UNIX_USER)
+    try:
+        python = slurm.python_for_everyone()
+    except slurm.SlurmUnavailable as exc:
+        required_here("the run-as-owner Slurm test", str(exc))
+    settings.TRAINYARD_SLURM_SUBMIT_AS = "person"
+    UnixAccount.objects.create(user=alice, username=UNIX_USER)
+    people = dataclasses.replace(
+        target, partition=slurm.USERS_PARTITION, python=python, run_as_owner=True
+    )
+    job = make_job(
+        alice, "pytorch:2.13-cpu", {"path": "numbered.py"}, ["--lines", "5"],
+        {"master": ("cpu-1", 1), "worker": ("cpu-1", 1)},
+    )  # fmt: skip
+    job.time_limit = 600
+    job.save(update_fields=["time_limit"])
+    # Would Slurm 22.05 take it the other way, the command line says this is not that way.
+    assert not any(a.startswith("--uid") for a in slurm_batch.sbatch_argv(
+        job, people, slurm_batch.attempt_folder(people, job) / "batch.py",
+        slurm_identity.identity_of(alice),
+    ))  # fmt: skip
+    slurm_id = slurm_batch.submit(job, people)
+    shown = slurm_cluster.command(["scontrol", "show", "job", slurm_id], check=False).stdout
+    assert not shown or f"UserId={UNIX_USER}({entry.pw_uid})" in shown, shown
+    wait_until_gone(slurm_cluster, slurm_id)
+    ended = outcomes(people, job, ["master", "worker-1"])
+    assert {o["state"] for o in ended.values()} == {"succeeded"}, ended
+    # Slurm's output file is the person's: sbatch made it as them.
+    output = slurm_batch.attempt_folder(people, job) / f"slurm-{slurm_id}.out"
+    assert output.stat().st_uid == entry.pw_uid
+    assert any(
+        line.startswith("[worker-1] worker-1 4") for line in output_of(people, job, slurm_id)
+    )
+
+
+def test_a_job_chooses_its_partition_qos_and_whole_nodes_within_what_its_pool_allows(
+    slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
+) -> None:
+    """A pool of two partitions (all three nodes, and the first node alone) whose admin lets a
+    job choose its QOS among two and ask for whole nodes: a choice outside that is refused
+    saying what is allowed; a job too large for the partition it chose is refused naming that
+    partition's limit, while the same job sent to the pool's whole list is admitted; a job's
+    choices are what Slurm runs it with."""
+    required_here("Slurm's accounting (slurmdbd)", slurm_cluster.accounting_off or None)
+    assert slurm_cluster.accounting is not None
+    slurm_cluster.accounting.manage(slurm_cluster.env(), "add", "qos", "high")
+    pool = "slurm-choices"
+    slurm_stack.stack.manage(
+        "slurm_pool", pool,
+        "--partition", f"{slurm.PARTITION},{slurm.FIRST_NODE_PARTITION}",
+        "--shared-root", str(slurm_cluster.root / "shared" / pool),
+        "--python", sys.executable,
+        "--code-root", str(FIXTURE_CODE),
+        "--slurm-conf", str(slurm_cluster.conf),
+        "--redis-host", slurm_cluster.controller_address,
+        "--job-qos", "normal high", "--job-exclusive", "--all-images", "--all-packages",
+    )  # fmt: skip
+    pools = {p["name"]: p for p in sam.http.get("/api/v1/catalog").json()["pools"]}
+    assert pools[pool]["choices"] == {
+        "partition": [slurm.PARTITION, slurm.FIRST_NODE_PARTITION],
+        "account": [],
+        "qos": ["normal", "high"],
+        "constraint": [],
+        "reservation": [],
+        "exclusive": True,
+    }
+    release = signal_file("chosen")
+
+    def request(instances: int, **slurm_options: object) -> dict[str, Any]:
+        return slurm_request(
+            "hold.py", instances, "cpu-1", ["--release", str(release)],
+            pool=pool, slurm=slurm_options,
+        )  # fmt: skip
+
+    refused = sam.http.post("/api/v1/jobs", json=request(2, qos="urgent"))
+    assert refused.status_code == 400, refused.text
+    assert "does not let a job choose qos 'urgent'; it allows normal, high" in refused.text
+
+    # Three instances of a core each: more than the first node's two cores.
+    too_big = sam.http.post("/api/v1/jobs", json=request(3, partition=slurm.FIRST_NODE_PARTITION))
+    assert too_big.status_code == 400, too_big.text
+    assert f"Slurm's partition '{slurm.FIRST_NODE_PARTITION}'" in too_big.text, too_big.text
+    anywhere = sam.submit(request(3))
+    assert anywhere["slurm"] == {}
+    assert sam.http.post(f"/api/v1/jobs/{anywhere['id']}/cancel").status_code == 200
+    assert sam.wait_finished(anywhere["id"])["state"] == "cancelled"
+
+    job = sam.submit(request(2, partition=slurm.FIRST_NODE_PARTITION, qos="high", exclusive=True))
+    assert job["slurm"] == {
+        "partition": slurm.FIRST_NODE_PARTITION, "qos": "high", "exclusive": True
+    }  # fmt: skip
+    sam.wait(job["id"], lambda j: len({(x["role"], x["index"]) for x in sam.logs(j["id"])}) == 2)
+    shown = slurm_cluster.command(
+        ["scontrol", "show", "job", slurm_id_of(slurm_cluster, job["id"])]
+    )
+    assert f"Partition={slurm.FIRST_NODE_PARTITION}" in shown.stdout, shown.stdout
+    assert "QOS=high" in shown.stdout, shown.stdout
+    assert "OverSubscribe=NO" in shown.stdout, shown.stdout
+    assert f"NodeList={slurm_cluster.nodes[0].name}" in shown.stdout, shown.stdout
+    release.touch()
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+    page = page_for(slurm_stack, "sam", "sam-password-1", f"/jobs/{job['id']}/")
+    assert "--qos=high" in page and "--exclusive" in page, page
 
 
 def test_a_pool_whose_nodes_cannot_reach_redis_says_so_and_never_ends_silent(

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from jobs.models import FrameworkImage, Job, JobRole, Package
-from jobs.services.slurm import slurm_batch, slurm_client, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_client, slurm_identity, slurm_states
 from workers import launcher, slurmstep
 from workers.spec import ReplicaSpec
 
@@ -330,3 +330,28 @@ def test_the_console_writes_nothing_through_a_link_planted_in_an_attempts_folder
     assert not any((folder / name).is_symlink() for name in names)
     assert script.stat().st_mode & 0o777 == 0o755
     assert plan.stat().st_mode & 0o777 == 0o600
+
+
+def test_handing_an_attempt_over_to_its_owner_hands_over_nothing_the_job_put_there(
+    ps_job: Job, tmp_path: Path
+) -> None:
+    """On a resubmission the attempt's folder holds what the job made as the person: a hard
+    link there to another's file stays that file's owner's; only the folders and the files the
+    console writes become the person's."""
+    if os.geteuid() != 0:
+        pytest.skip("handing files to another uid needs root (CI runs as root)")
+    person = slurm_identity.Identity("alice", 54321, 54321, "")
+    target = slurm_client.SlurmTarget("gpu", tmp_path, sys.executable, tmp_path, run_as_owner=True)
+    folder = slurm_batch.attempt_folder(target, ps_job)
+    folder.mkdir(parents=True)
+    victim = tmp_path / "roots-own.conf"
+    victim.write_text("root's\n")
+    os.link(victim, folder / "planted")
+    slurm_batch.hand_over(ps_job, target, person)
+    plan = slurm_batch.write_plan(ps_job, target, "redis://job-7:secret@10.0.0.1:6379/0", person)
+    script = slurm_batch.write_batch_script(ps_job, target, plan, person)
+    assert (victim.stat().st_uid, victim.stat().st_gid) == (0, 0)
+    for owned in (folder, slurm_batch.checkpoint_folder(target, ps_job), plan, script):
+        assert (owned.stat().st_uid, owned.stat().st_gid) == (54321, 54321), owned
+    assert (folder / "credentials.url").stat().st_uid == 54321
+    assert folder.stat().st_mode & 0o777 == 0o700

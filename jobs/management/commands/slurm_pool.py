@@ -2,11 +2,15 @@
 
     python manage.py slurm_pool NAME --partition P --shared-root DIR --python PATH
         [--slurm-conf FILE] [--code-root DIR] [--redis-host HOST] [--account A] [--qos Q]
-        [--constraint C] [--reservation R] [--exclusive] [--run-as-owner] [--all-images]
-        [--all-packages] [--check]
+        [--constraint C] [--reservation R] [--exclusive] [--run-as-owner]
+        [--job-accounts "A B"] [--job-qos "Q R"] [--job-constraints "C D"]
+        [--job-reservations "R S"] [--job-exclusive] [--all-images] [--all-packages] [--check]
 
---account, --qos, --constraint, --reservation and --exclusive are sent with every job of the
-pool, as sbatch's options of the same names.
+--partition may list several partitions, separated by commas (Slurm's own list). --account,
+--qos, --constraint, --reservation and --exclusive are sent with every job of the pool, as
+sbatch's options of the same names, unless the job chooses otherwise among what --job-accounts,
+--job-qos, --job-constraints and --job-reservations list (separated by spaces) and
+--job-exclusive allows.
 
 --all-images and --all-packages offer every enabled image and package in it. --check runs a
 test job on the pool (jobs.services.slurm.slurm_probe: the nodes' Python, the shared root, the
@@ -40,6 +44,13 @@ class Command(BaseCommand):
         parser.add_argument("--constraint", default="", help="sbatch --constraint (features)")
         parser.add_argument("--reservation", default="", help="sbatch --reservation")
         parser.add_argument("--exclusive", action="store_true", help="sbatch --exclusive")
+        parser.add_argument("--job-accounts", default="", help="accounts a job may choose")
+        parser.add_argument("--job-qos", default="", help="QOS a job may choose")
+        parser.add_argument("--job-constraints", default="", help="constraints a job may choose")
+        parser.add_argument("--job-reservations", default="", help="reservations a job may choose")
+        parser.add_argument(
+            "--job-exclusive", action="store_true", help="a job may ask for whole nodes"
+        )
         parser.add_argument(
             "--run-as-owner",
             action="store_true",
@@ -64,6 +75,11 @@ class Command(BaseCommand):
             "constraint": options["constraint"],
             "reservation": options["reservation"],
             "exclusive": options["exclusive"],
+            "job_accounts": options["job_accounts"],
+            "job_qos": options["job_qos"],
+            "job_constraints": options["job_constraints"],
+            "job_reservations": options["job_reservations"],
+            "job_exclusive": options["job_exclusive"],
             "run_as_owner": options["run_as_owner"],
         }
         pool = SlurmPool(name=options["name"], **fields)

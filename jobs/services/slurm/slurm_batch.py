@@ -32,7 +32,8 @@ from django.conf import settings
 
 from jobs.models import CodeSnapshot, Job, Package, SlurmPool
 from jobs.services.lifecycle.dispatch import Slot, specs_in_rank_order
-from jobs.services.slurm import slurm_fit, slurm_identity
+from jobs.services.slurm import slurm_choices, slurm_fit, slurm_identity
+from jobs.services.slurm.slurm_choices import SlurmChoices
 from jobs.services.slurm.slurm_client import SlurmRefused, SlurmTarget, run_client
 from jobs.services.slurm.slurm_identity import Identity
 from jobs.services.totals import RoleRequest
@@ -51,23 +52,15 @@ def target_of(pool: SlurmPool) -> SlurmTarget:
         python=pool.python,
         code_root=Path(pool.code_root or settings.TRAINYARD_CODE_ROOT),
         client_env={"SLURM_CONF": pool.slurm_conf} if pool.slurm_conf else {},
-        site_options=site_options(pool),
+        site_defaults={
+            "account": pool.account,
+            "qos": pool.qos,
+            "constraint": pool.constraint,
+            "reservation": pool.reservation,
+            "exclusive": pool.exclusive,
+        },
         run_as_owner=pool.run_as_owner,
     )
-
-
-def site_options(pool: SlurmPool) -> tuple[str, ...]:
-    """What every job of the pool is sent with, as the site asks (docs/slurm.md)."""
-    named = {
-        "--account": pool.account,
-        "--qos": pool.qos,
-        "--constraint": pool.constraint,
-        "--reservation": pool.reservation,
-    }
-    options = [f"{option}={value}" for option, value in named.items() if value]
-    if pool.exclusive:
-        options.append("--exclusive")
-    return tuple(options)
 
 
 @dataclass(frozen=True)
@@ -178,9 +171,12 @@ def checkpoint_folder(target: SlurmTarget, job: Job) -> Path:
     return target.shared_root / "checkpoints" / job.checkpoint_key
 
 
-def write_plan(job: Job, target: SlurmTarget, redis_url: str = "") -> Path:
+def write_plan(
+    job: Job, target: SlurmTarget, redis_url: str = "", identity: Identity | None = None
+) -> Path:
     """The plan of the job's current attempt; with `redis_url`, the job's own Redis user's URL
-    in a file beside it that only its owner (the Slurm job's user) may read."""
+    in a file beside it that only its owner (the Slurm job's user: `identity`, on a pool whose
+    jobs run as their owners) may read."""
     folder = attempt_folder(target, job)
     folder.mkdir(parents=True, exist_ok=True)
     plan: dict[str, object] = {
@@ -193,22 +189,24 @@ def write_plan(job: Job, target: SlurmTarget, redis_url: str = "") -> Path:
     }
     if redis_url:
         secret = folder / "credentials.url"
-        write_new(secret, redis_url + "\n", 0o600)
+        write_new(secret, redis_url + "\n", 0o600, identity)
         plan["credentials"] = str(secret)
     # It carries the job's variables: for the step wrapper (the Slurm job's user) alone.
     path = folder / "plan.json"
-    write_new(path, json.dumps(plan, indent=1), 0o600)
+    write_new(path, json.dumps(plan, indent=1), 0o600, identity)
     return path
 
 
-def write_new(path: Path, text: str, mode: int) -> None:
-    """Write `path` as a new file of `mode`, whatever was there. On a pool whose jobs run as
-    their owners a resubmitted attempt's folder is the person's, who may have put a link
-    there: it is removed, never followed (O_EXCL | O_NOFOLLOW), and the mode is set on the
-    file written, not on whatever the name points to then."""
+def write_new(path: Path, text: str, mode: int, owner: Identity | None = None) -> None:
+    """Write `path` as a new file of `mode` (and of `owner`), whatever was there. On a pool
+    whose jobs run as their owners a resubmitted attempt's folder is the person's, who may
+    have put a link there: it is removed, never followed (O_EXCL | O_NOFOLLOW), and the mode
+    and owner are set on the file written, not on whatever the name points to then."""
     path.unlink(missing_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     with os.fdopen(descriptor, "w") as out:
+        if owner is not None:
+            os.fchown(out.fileno(), owner.uid, owner.gid)
         os.fchmod(out.fileno(), mode)
         out.write(text)
 
@@ -244,7 +242,9 @@ def code_root_for(job: Job, target: SlurmTarget) -> Path:
     return folder
 
 
-def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
+def write_batch_script(
+    job: Job, target: SlurmTarget, plan: Path, identity: Identity | None = None
+) -> Path:
     """A Python batch script that execs one srun over every component, with Slurm's own
     variables and the exported names alone.
 
@@ -269,6 +269,7 @@ def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
         "env = {k: v for k, v in os.environ.items() if k.startswith('SLURM') or k in exported}\n"
         f"os.execvpe('srun', {srun!r}, env)\n",
         0o755,
+        identity,
     )
     return script
 
@@ -276,20 +277,22 @@ def write_batch_script(job: Job, target: SlurmTarget, plan: Path) -> Path:
 def sbatch_argv(
     job: Job, target: SlurmTarget, script: Path, identity: Identity | None = None
 ) -> list[str]:
-    """`identity`: the owner's, on a pool whose jobs run as their owners (--uid, --gid, and
-    the person's own --account before the pool's)."""
+    """`identity`: the owner's, on a pool whose jobs run as their owners (--uid and --gid
+    where sbatch is run as root with them, and the person's own --account before the
+    pool's). The job's own choices (slurm_choices, checked at submission) replace the
+    pool's."""
     folder = script.parent
-    options = list(target.site_options)
-    if identity is not None:
-        options += [f"--uid={identity.uid}", f"--gid={identity.gid}"]
-        if identity.account:
-            options = [o for o in options if not o.startswith("--account=")]
-            options.append(f"--account={identity.account}")
+    choices = SlurmChoices.of(job.slurm_options)
+    options = slurm_choices.sbatch_options(
+        target.site_defaults, choices, identity.account if identity else ""
+    )
+    if identity is not None and slurm_identity.submits_with_options(target):
+        options = [f"--uid={identity.uid}", f"--gid={identity.gid}", *options]
     argv = [
         "sbatch",
         "--parsable",
         f"--job-name={JOB_NAME_PREFIX}{job.pk}",
-        f"--partition={target.partition}",
+        f"--partition={slurm_choices.partition_for(target.partition, choices)}",
         f"--output={folder / 'slurm-%j.out'}",
         f"--chdir={folder}",
         # A failed node fails the job: Trainyard, not Slurm, decides on a restart.
@@ -333,40 +336,73 @@ def resource_options(parts: list[Component]) -> list[str]:
 
 
 def why_never_runs(
-    roles: list[RoleRequest], kvstore: bool, target: SlurmTarget, time_limit: int | None = None
+    roles: list[RoleRequest],
+    kvstore: bool,
+    target: SlurmTarget,
+    time_limit: int | None = None,
+    partition: str = "",
 ) -> str:
-    """Why the pool's partition could never hold a job of these roles ("" when it could), naming
-    the limit; judged from the partition's configuration, whatever its nodes' state now
-    (slurm_fit). Raises SlurmUnavailable when Slurm cannot be asked."""
+    """Why the pool's partitions (or the one chosen) could never hold a job of these roles
+    ("" when one could), naming the limit; judged from the partitions' configuration,
+    whatever their nodes' state now (slurm_fit). Raises SlurmUnavailable when Slurm cannot
+    be asked."""
     demands = [c.demand() for c in components_of(roles, kvstore)]
-    refusal = slurm_fit.why_never_fits(slurm_fit.read_partition(target), demands, time_limit)
-    return f"{refusal} (Slurm would keep it waiting for ever)" if refusal else ""
+    names = [partition] if partition else target.partition.split(",")
+    refusals = []
+    for name in names:
+        refusal = slurm_fit.why_never_fits(
+            slurm_fit.read_partition(target, name), demands, time_limit
+        )
+        if not refusal:
+            return ""
+        refusals.append(refusal)
+    return f"{'; '.join(refusals)} (Slurm would keep it waiting for ever)"
 
 
 def submit(job: Job, target: SlurmTarget, redis_url: str = "") -> str:
     """sbatch the job's current attempt; Slurm's job id. Raises SlurmRefused when the partition
     can never hold it or Slurm says no, SlurmUnavailable when Slurm cannot be asked."""
     identity = slurm_identity.identity_of(job.owner) if target.run_as_owner else None
-    refusal = why_never_runs(role_requests(job), bool(job.kvstore), target, job.time_limit)
+    refusal = why_never_runs(
+        role_requests(job),
+        bool(job.kvstore),
+        target,
+        job.time_limit,
+        SlurmChoices.of(job.slurm_options).partition,
+    )
     if refusal:
         raise SlurmRefused(refusal)
-    plan = write_plan(job, target, redis_url)
-    script = write_batch_script(job, target, plan)
     if identity is not None:
-        hand_over(job, target, plan.parent, identity)
+        hand_over(job, target, identity)
+    plan = write_plan(job, target, redis_url, identity)
+    script = write_batch_script(job, target, plan, identity)
     # Slurm's output file is made with sbatch's umask: the job's lines, for its owner alone.
-    done = run_client(sbatch_argv(job, target, script, identity), target, umask=0o077)
+    # Where sbatch takes no --uid, it runs as the person (slurm_identity).
+    as_person = identity is not None and not slurm_identity.submits_with_options(target)
+    done = run_client(
+        sbatch_argv(job, target, script, identity),
+        target,
+        umask=0o077,
+        run_as=identity.run_as() if as_person and identity else None,
+    )
     return done.stdout.strip().split(";")[0]
 
 
-def hand_over(job: Job, target: SlurmTarget, folder: Path, identity: Identity) -> None:
-    """The attempt's folder, what is in it, and the job's checkpoint folder to the owner's
-    account, which the job runs as: its steps write their outcome, spool and scratch there,
-    and read the plan and the Redis credentials that are its alone (mode 0600). The folders
-    above stay the console's, so that what the job plants there can never be followed from
-    them (the pass reads the wrapper's files with jobfiles, below the job's folder)."""
-    checkpoints = checkpoint_folder(target, job)
-    checkpoints.mkdir(parents=True, exist_ok=True)
-    for path in (folder, *folder.iterdir(), checkpoints):
-        os.chown(path, identity.uid, identity.gid, follow_symlinks=False)
-    folder.chmod(0o700)
+def hand_over(job: Job, target: SlurmTarget, identity: Identity) -> None:
+    """The attempt's folder and the job's checkpoint folder to the owner's account, which the
+    job runs as: its steps write their outcome, spool and scratch there. The console's own
+    files in it (plan, credentials, batch script) are written as the person's by write_new.
+    Nothing else in the folder is touched: on a resubmission it holds what the job made,
+    where a hard link to another's file would hand that file over. The folders above stay
+    the console's, so that what the job plants there can never be followed from them (the
+    pass reads the wrapper's files with jobfiles, below the job's folder)."""
+    for folder in (attempt_folder(target, job), checkpoint_folder(target, job)):
+        folder.mkdir(parents=True, exist_ok=True)
+        # Through a descriptor of the folder itself, never through a link at its name.
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        descriptor = os.open(folder, flags)
+        try:
+            os.fchown(descriptor, identity.uid, identity.gid)
+            os.fchmod(descriptor, 0o700)
+        finally:
+            os.close(descriptor)

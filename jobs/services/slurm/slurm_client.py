@@ -71,13 +71,14 @@ def error_of(words: str) -> SlurmError:
 class SlurmTarget:
     """How to reach one Slurm cluster and what its nodes share."""
 
-    partition: str
+    partition: str  # the pool's partitions, Slurm's comma-separated list
     shared_root: Path  # the same path on the console host and on every node
     python: str  # an interpreter with Trainyard's `workers` package, at this path on every node
     code_root: Path  # the code root jobs' {"path": ...} programs are under, as the nodes see it
     client_env: dict[str, str] = field(default_factory=dict)  # SLURM_CONF and the like
-    # What every job of the pool is sent with (SlurmPool's site options): account, QOS, ….
-    site_options: tuple[str, ...] = ()
+    # What every job of the pool is sent with unless it chooses otherwise (SlurmPool's site
+    # options, by sbatch's names: account, qos, constraint, reservation, exclusive).
+    site_defaults: dict[str, str | bool] = field(default_factory=dict)
     # Jobs run as their owners' Unix accounts (slurm_identity), not as the console's user.
     run_as_owner: bool = False
 
@@ -106,21 +107,38 @@ SLURM_CLIENT_NAMES = ("PATH", "LANG", "LC_ALL", "TZ", "HOME", "SLURM_CONF", SAND
 STEP_NAMES = ("PATH", "LANG", "LC_ALL", "TZ", SANDBOX_SHARED_ENV)
 
 
+@dataclass(frozen=True)
+class RunAs:
+    """A person a client command runs as (sbatch of their job, where it has no --uid)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+
 def run_client(
-    argv: list[str], target: SlurmTarget, umask: int = -1
+    argv: list[str], target: SlurmTarget, umask: int = -1, run_as: RunAs | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run one of Slurm's client commands for the target's cluster (with `umask`, where given:
-    sbatch hands its own to the job). Raises SlurmUnavailable or SlurmRefused (error_of) with
-    Slurm's words on one line."""
+    sbatch hands its own to the job; as `run_as`, where given: Slurm then takes the person
+    from munge's credential). Raises SlurmUnavailable or SlurmRefused (error_of) with Slurm's
+    words on one line."""
+    env = target.environment()
+    if run_as is not None:
+        env["HOME"] = run_as.home
     try:
         done = subprocess.run(
             argv,
-            env=target.environment(),
+            env=env,
             capture_output=True,
             text=True,
             timeout=CLIENT_TIMEOUT_SECONDS,
             check=False,
             umask=umask,
+            user=run_as.uid if run_as else None,
+            group=run_as.gid if run_as else None,
+            extra_groups=list(run_as.groups) if run_as else None,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SlurmUnavailable(f"{argv[0]} could not run: {exc}") from None

@@ -75,13 +75,13 @@ class Demand:
 # --- reading the configuration ---------------------------------------------------------------
 
 
-def read_partition(target: SlurmTarget) -> PartitionShape:
-    """The partition and its nodes as configured. Raises SlurmError."""
-    shown = run_client(["scontrol", "--oneliner", "show", "partition", target.partition], target)
+def read_partition(target: SlurmTarget, name: str) -> PartitionShape:
+    """One of the pool's partitions and its nodes as configured. Raises SlurmError."""
+    shown = run_client(["scontrol", "--oneliner", "show", "partition", name], target)
     fields = fields_of(shown.stdout.strip().splitlines()[0] if shown.stdout.strip() else "")
     listed = run_client(["scontrol", "--oneliner", "show", "node"], target)
     nodes = [fields_of(line) for line in listed.stdout.splitlines() if line.strip()]
-    return partition_from(target.partition, fields, nodes)
+    return partition_from(name, fields, nodes)
 
 
 def fields_of(line: str) -> dict[str, str]:

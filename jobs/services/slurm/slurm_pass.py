@@ -334,8 +334,8 @@ def _apply(
                 _cancel(attempt, target, report)
             elif status.state == Job.State.QUEUED:
                 place = (
-                    f" (place {attempt.slurm_place} of {waiting} waiting in partition "
-                    f"{target.partition})"
+                    f" (place {attempt.slurm_place} of {waiting} waiting in "
+                    f"{_partitions_words(target.partition)})"
                     if attempt.slurm_place
                     else ""
                 )
@@ -654,3 +654,8 @@ def _reconcile(
             report.cancelled += 1
         except SlurmError as exc:
             report.errors.append(f"scancel {slurm_id}: {exc}")
+
+
+def _partitions_words(partitions: str) -> str:
+    names = partitions.split(",")
+    return f"partition {names[0]}" if len(names) == 1 else f"partitions {', '.join(names)}"

@@ -26,7 +26,8 @@ from django.conf import settings
 
 from jobs.models import Job, SlurmPool
 from jobs.redis_client import get_redis
-from jobs.services.slurm import slurm_batch, slurm_fit, slurm_states
+from jobs.services.slurm import slurm_batch, slurm_choices, slurm_fit, slurm_states
+from jobs.services.slurm.slurm_choices import SlurmChoices
 from jobs.services.slurm.slurm_client import SlurmError, SlurmTarget, run_client
 from workers import credentials
 
@@ -49,17 +50,24 @@ def check_pool(pool: SlurmPool) -> list[Finding]:
     """Everything found, in order; the first failure that makes the rest unknowable is last."""
     target = slurm_batch.target_of(pool)
     found: list[Finding] = []
-    try:
-        shape = slurm_fit.read_partition(target)
-    except SlurmError as exc:
-        return [Finding(False, f"Slurm did not answer about partition {pool.partition!r}: {exc}")]
-    if not shape.nodes:
-        return [Finding(False, f"Slurm has no partition {pool.partition!r}, or it has no nodes")]
-    cpus = sum(n.cpus for n in shape.nodes)
-    found.append(
-        Finding(True, f"Slurm answers: partition {pool.partition}, {len(shape.nodes)} nodes, "
-                f"{cpus} CPUs")
-    )  # fmt: skip
+    for partition in slurm_choices.partitions_of(pool):
+        try:
+            shape = slurm_fit.read_partition(target, partition)
+        except SlurmError as exc:
+            return [
+                *found,
+                Finding(False, f"Slurm did not answer about partition {partition!r}: {exc}"),
+            ]
+        if not shape.nodes:
+            return [
+                *found,
+                Finding(False, f"Slurm has no partition {partition!r}, or it has no nodes"),
+            ]
+        cpus = sum(n.cpus for n in shape.nodes)
+        found.append(
+            Finding(True, f"Slurm answers: partition {partition}, {len(shape.nodes)} nodes, "
+                    f"{cpus} CPUs")
+        )  # fmt: skip
     folder = target.shared_root / "checks" / secrets.token_hex(8)
     try:
         folder.mkdir(parents=True, mode=0o700)
@@ -146,7 +154,8 @@ def _run_test_job(
     argv = [
         "sbatch", "--parsable", "--job-name=trainyard-check", f"--partition={target.partition}",
         f"--chdir={folder}", f"--output={folder / 'slurm-%j.out'}", "--ntasks=1",
-        "--time=2", f"--export={target.exported()}", *target.site_options, str(script),
+        "--time=2", f"--export={target.exported()}",
+        *slurm_choices.sbatch_options(target.site_defaults, SlurmChoices()), str(script),
     ]  # fmt: skip
     try:
         slurm_id = run_client(argv, target).stdout.strip().split(";")[0]

@@ -126,13 +126,15 @@ def _number(value: object) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
-def places_in_queue(statuses: dict[str, "SlurmStatus"], partition: str) -> dict[str, int]:
-    """Each pending job's place among the pending jobs of the partition, in the order Slurm's
-    scheduler takes them (priority, then submission): 1 for the next."""
+def places_in_queue(statuses: dict[str, "SlurmStatus"], partitions: str) -> dict[str, int]:
+    """Each pending job's place among the pending jobs of the pool's partitions (Slurm's
+    comma-separated list), in the order Slurm's scheduler takes them (priority, then
+    submission): 1 for the next."""
+    ours = set(partitions.split(","))
     waiting = [
         (key, s)
         for key, s in statuses.items()
-        if s.state == Job.State.QUEUED and partition in s.partition.split(",")
+        if s.state == Job.State.QUEUED and ours & set(s.partition.split(","))
     ]
     waiting.sort(key=lambda pair: (-pair[1].priority, pair[1].submitted, int(pair[0] or 0)))
     return {key: place for place, (key, _) in enumerate(waiting, 1)}
