@@ -279,6 +279,18 @@ def job_log_keys(job_id: int) -> list[str]:
 LOG_KEEPER_REDIS_RUN_KEY = "trainyard:logkeeper:redis-run"
 
 
+def alive_key(job_id: int, attempt: int, tag: str) -> str:
+    """Set by a Slurm job's step wrapper every few seconds, expiring after the console's
+    TRAINYARD_NODE_LOST_SECONDS: gone, the instance has not been heard from for that long."""
+    return f"trainyard:{{job:{job_id}}}:alive:{attempt}:{tag}"
+
+
+def heard_key(job_id: int, attempt: int) -> str:
+    """The tags of an attempt's step wrappers heard from at least once: an alive_key missing
+    for one of them is silence, not a start that has not come yet."""
+    return f"trainyard:{{job:{job_id}}}:heard:{attempt}"
+
+
 def rendezvous_key(job_id: int, attempt: int = 0) -> str:
     """Where the master's agent publishes MASTER_PORT once it has found a free port; each
     attempt of a restarted job meets on a port of its own."""

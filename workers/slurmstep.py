@@ -87,7 +87,12 @@ SHIP_CLOSE_UNREACHABLE_SECONDS = 5.0
 # redis-<tag>.json (the console's page then does: a pool whose nodes cannot reach the console's
 # Redis ran jobs to "succeeded" with no line in their log, and nothing said why).
 REDIS_SILENT_SECONDS = 10.0
+# Also how often the wrapper beats (contract.alive_key): the console says an instance is
+# silent after a few missed beats, and lost after the plan's lost_seconds.
 REDIS_WATCH_SECONDS = 2.0
+HEARTBEAT_TIMEOUT = 2.0
+DEFAULT_LOST_SECONDS = 45.0
+HEARD_KEEP_SECONDS = 7 * 24 * 3600
 
 
 class StepError(RuntimeError):
@@ -174,9 +179,24 @@ def gpu_ids(env: dict[str, str]) -> list[int]:
 class Shipping:
     """An instance's lines and regex metrics on their way to the job's log in Redis."""
 
-    def __init__(self, spec: ReplicaSpec, url: str, spool: Path, silent_file: Path) -> None:
+    def __init__(
+        self,
+        spec: ReplicaSpec,
+        url: str,
+        spool: Path,
+        silent_file: Path,
+        lost_seconds: float = DEFAULT_LOST_SECONDS,
+    ) -> None:
         self.key = ReplicaKey(spec.job_id, spec.role, spec.index, spec.node, spec.attempt)
         self.shipper = LogShipper(redis.Redis.from_url(url), spool)
+        # The heartbeat's own connection: a beat never waits behind a batch of lines.
+        self.beats = redis.Redis.from_url(
+            url, socket_timeout=HEARTBEAT_TIMEOUT, socket_connect_timeout=HEARTBEAT_TIMEOUT
+        )
+        self.alive = contract.alive_key(spec.job_id, spec.attempt, spec.tag)
+        self.heard = contract.heard_key(spec.job_id, spec.attempt)
+        self.tag = spec.tag
+        self.lost_ms = max(1, int(lost_seconds * 1000))
         self.spool = spool
         if spec.log_limits:
             self.shipper.limit(self.key, LogLimits.from_dict(spec.log_limits))
@@ -221,11 +241,15 @@ class Shipping:
         return tail
 
     def _watch_redis(self) -> None:
-        """Say, in silent_file, when lines have waited in the spool for REDIS_SILENT_SECONDS;
+        """Beat (the console's sign that the instance lives), and say, in silent_file, when
+        lines have waited in the spool, or beats have failed, for REDIS_SILENT_SECONDS;
         remove it once they went."""
         since: float | None = None
-        while not self.closed.wait(REDIS_WATCH_SECONDS):
-            if not self.shipper.spooling:
+        while True:
+            beating = self._beat()
+            if self.closed.wait(REDIS_WATCH_SECONDS):
+                return
+            if beating and not self.shipper.spooling:
                 since = None
                 self.silent_file.unlink(missing_ok=True)
                 continue
@@ -233,6 +257,18 @@ class Shipping:
             if time.time() - since >= REDIS_SILENT_SECONDS and not self.silent_file.exists():
                 said = {"since": since, "redis": self.redis_address}
                 self.silent_file.write_text(json.dumps(said))
+
+    def _beat(self) -> bool:
+        """The instance's alive_key, for lost_seconds, and its tag among those heard."""
+        try:
+            with self.beats.pipeline(transaction=False) as beat:
+                beat.set(self.alive, "1", px=self.lost_ms)
+                beat.hset(self.heard, self.tag, "1")
+                beat.expire(self.heard, HEARD_KEEP_SECONDS)
+                beat.execute()
+        except redis.RedisError:
+            return False
+        return True
 
     def close(self) -> bool:
         """Send what is left; whether every line reached Redis (else it stays in the spool)."""
@@ -246,6 +282,7 @@ class Shipping:
         self.shipper.close(timeout=1.0)
         self.closed.set()
         self.watch.join()
+        self.beats.close()
         delivered = delivered and not self.shipper.spooling
         if delivered:
             self.silent_file.unlink(missing_ok=True)
@@ -466,7 +503,11 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
         url = Path(str(plan["credentials"])).read_text().strip()
         # Beside the plan, where the trainer cannot reach it (its own folder is writable to it).
         shipping = Shipping(
-            spec, url, attempt_dir / f".spool-{spec.tag}", redis_file(attempt_dir, spec.tag)
+            spec,
+            url,
+            attempt_dir / f".spool-{spec.tag}",
+            redis_file(attempt_dir, spec.tag),
+            float(str(plan.get("lost_seconds") or DEFAULT_LOST_SECONDS)),
         )
         for problem in shipping.problems:
             shipping.note(problem)

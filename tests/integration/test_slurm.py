@@ -7,6 +7,7 @@ exactly as a cluster would run them. The tests skip, saying why, where Slurm can
 (not installed, or not root); under CI=true they fail instead.
 """
 
+import contextlib
 import dataclasses
 import grp
 import json
@@ -454,6 +455,7 @@ def test_a_job_whose_plan_cannot_be_written_waits_and_the_others_go_on(
 # --- through the console: the form's API, the Slurm pass, the job's log ------------------------
 
 POOL = "slurm-test"
+LOST_SECONDS = 15
 
 
 @pytest.fixture(scope="module")
@@ -468,6 +470,9 @@ def slurm_stack(
         tmp_path_factory.mktemp("slurm-stack"),
         nodes=0,
         redis_also_on=also,
+        # An instance silent this long is lost (its step wrapper's beats stop): the silent
+        # instance's test waits for it.
+        extra_env={"TRAINYARD_NODE_LOST_SECONDS": str(LOST_SECONDS)},
     ) as running:
         shared = slurm_cluster.root / "shared" / "console"
         shared.mkdir(parents=True)
@@ -735,6 +740,57 @@ def test_a_lost_slurm_node_restarts_the_job_on_the_others_from_its_checkpoint(
     assert "NODE_FAIL" in done["attempts"][0]["reason"] or "n2" in done["attempts"][0]["reason"], (
         done["attempts"]
     )
+    second = [x["text"] for x in sam.logs(job["id"]) if x["attempt"] == 1]
+    resumed = [t for t in second if t.startswith("resumed from: ")]
+    assert len(resumed) == 2 and "resumed from: nothing" not in resumed, second
+
+
+def test_a_silent_instance_shows_at_once_and_is_lost_before_slurm_notices(
+    slurm_cluster: slurm.SlurmCluster, sam: StackClient
+) -> None:
+    """A node that hangs: its slurmd answers Slurm, so Slurm keeps the job running (for ever,
+    or SlurmdTimeout on a node that died), while the instance does nothing. Here worker-1's step
+    wrapper and trainer are frozen. Its beats stop: the page says at once that it is not heard
+    from, and after TRAINYARD_NODE_LOST_SECONDS the instance is lost, as an agent's silent node
+    is, and the job restarts from its checkpoint."""
+    release = signal_file("frozen")
+    request = slurm_request(
+        "checkpointer.py", 2, args=["--hold", str(release)],
+        restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
+    )  # fmt: skip
+    job = sam.submit(request)
+    sam.wait(
+        job["id"],
+        lambda j: sum(x["text"].startswith("resumed from: ") for x in sam.logs(j["id"])) == 2,
+    )
+    plan = slurm_cluster.root / "shared" / "console" / "jobs" / str(job["id"]) / "attempt-0"
+    wrappers = [
+        p
+        for p in map(psutil.Process, processes_of(plan))
+        if "workers.slurmstep" in p.cmdline() and _environ(p).get("SLURM_PROCID") == "1"
+    ]
+    assert len(wrappers) == 1, wrappers
+    frozen = [wrappers[0], *wrappers[0].children(recursive=True)]
+    for process in frozen:
+        process.suspend()
+    try:
+        silent = sam.wait(job["id"], lambda j: "not heard from" in j["reason"])
+        assert silent["attempt"] == 0 and "worker-1 (on n2)" in silent["reason"], silent
+        restarted = sam.wait(job["id"], lambda j: j["attempt"] == 1)
+        lost = restarted["attempts"][0]["reason"]
+        assert f"not heard from for {LOST_SECONDS} s" in lost and "n2" in lost, lost
+        # Slurm never said so: its node is up, and slurmd answers.
+        node = slurm_cluster.command(["scontrol", "show", "node", "n2"]).stdout
+        assert "DOWN" not in node and "NOT_RESPONDING" not in node, node
+    finally:
+        for process in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.resume()
+    sam.wait(job["id"], lambda j: j["state"] == "running")
+    release.touch()
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["restarts_used"] == 1
     second = [x["text"] for x in sam.logs(job["id"]) if x["attempt"] == 1]
     resumed = [t for t in second if t.startswith("resumed from: ")]
     assert len(resumed) == 2 and "resumed from: nothing" not in resumed, second

@@ -186,6 +186,9 @@ def write_plan(
         "code_root": str(code_root_for(job, target)),
         "checkpoint_dir": str(checkpoint_folder(target, job)),
         "python": target.python,
+        # How long a step wrapper's heartbeat lasts in Redis (contract.alive_key): silent that
+        # long, its instance is lost, as an agent's node is.
+        "lost_seconds": settings.TRAINYARD_NODE_LOST_SECONDS,
     }
     if redis_url:
         secret = folder / "credentials.url"

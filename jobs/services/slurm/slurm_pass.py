@@ -16,7 +16,8 @@ as `pending`; Slurm, not the scheduling pass, places them. Each pass, per pool:
    - pending: the job's reason says why Slurm keeps it waiting, in words (slurm_states);
    - running: its replicas run, and the job too once all do; its time limit counts from now;
      an instance whose step wrapper has written its outcome ends at once (the job restarts or
-     fails from it within the pass, as from an agent's report);
+     fails from it within the pass, as from an agent's report); one whose wrapper's beats
+     have stopped (a hung or dead node) is said to be silent, then lost, as an agent's node;
    - ended, or no longer known to Slurm: each replica ends as its step wrapper's outcome file
      says (the instance's own reason: its exception and exit), or, without one, as Slurm says
      (NODE_FAIL: "a Slurm node it ran on failed"). outcomes.replica_ended then decides, as for
@@ -48,6 +49,7 @@ from django.utils.dateparse import parse_datetime
 
 from console.celery import app
 from jobs.models import Job, JobAttempt, Replica, SlurmPool
+from jobs.redis_client import get_redis
 from jobs.services.lifecycle import events, outcomes, reports, restarts, transitions
 from jobs.services.periodic import PeriodicPass
 from jobs.services.slurm import slurm_access, slurm_batch, slurm_client, slurm_states
@@ -346,6 +348,7 @@ def _apply(
                 _note_nodes(job, folder, holding)
                 _note_redis(job, folder, holding)
                 _ended_meanwhile(job, attempt, holding, folder, target, report)
+                _heard_from(job, attempt, folder, target, report)
             return
         _ended(job, attempt, holding, status, target, report)
 
@@ -372,6 +375,66 @@ def _note_redis(job: Job, folder: Path, replicas: list[Replica]) -> None:
         )
         transitions.set_job_reason(job, words)
     elif job.reason.startswith(UNREACHABLE_PREFIX):
+        transitions.set_job_reason(job, "")
+
+
+SILENT_PREFIX = "running, but not heard from"
+# Missed beats (slurmstep.REDIS_WATCH_SECONDS apart) before the page says an instance is silent.
+SILENT_AFTER_SECONDS = 7.0
+
+
+def _heard_from(
+    job: Job, attempt: JobAttempt, folder: Path, target: SlurmTarget, report: PassReport
+) -> None:
+    """Each running instance's step wrapper beats in Redis (contract.alive_key, lasting
+    TRAINYARD_NODE_LOST_SECONDS). Silent a few beats, the page says so at once; silent that
+    long, the instance is lost, as an agent's silent node is: it fails, and the job restarts
+    or fails from it, within a pass, not when Slurm declares the node down (SlurmdTimeout: 300
+    s by default) or a surviving rank gives up. Only an instance heard from before can fall
+    silent, and one whose wrapper says it cannot reach Redis (redis-<tag>.json) is alive."""
+    running = list(
+        job.replicas.filter(attempt=attempt.number, state=Replica.State.RUNNING, slurm_node__gt="")
+    )
+    if not running:
+        return
+    tags = [tag_of(r.role, r.index) for r in running]
+    try:
+        with get_redis().pipeline(transaction=False) as ask:
+            for tag in tags:
+                ask.pttl(contract.alive_key(job.pk, attempt.number, tag))
+            ask.hgetall(contract.heard_key(job.pk, attempt.number))
+            *left_ms, heard = ask.execute()
+    except redis.RedisError:
+        return  # the console cannot hear anyone now: that is no instance's silence
+    lost_seconds = settings.TRAINYARD_NODE_LOST_SECONDS
+    lost: list[Replica] = []
+    quiet: list[Replica] = []
+    for replica, tag, left in zip(running, tags, left_ms, strict=True):
+        if tag not in heard or _wrapper_file(redis_file(folder, tag)) is not None:
+            continue
+        if left == -2:  # expired: silent for lost_seconds
+            lost.append(replica)
+        elif left >= 0 and lost_seconds - left / 1000 >= SILENT_AFTER_SECONDS:
+            quiet.append(replica)
+    for replica in lost:
+        words = (
+            f"not heard from for {lost_seconds} s: its Slurm node {replica.slurm_node} is lost "
+            "or the instance hangs (Slurm had not said so)"
+        )
+        _end_replicas(job, [replica], {replica.pk: None}, words)
+    if lost:
+        job.refresh_from_db()
+        if not (job.is_active and attempt.number == job.attempt):
+            _cancel(attempt, target, report)
+        return
+    if quiet:
+        names = ", ".join(f"{tag_of(r.role, r.index)} (on {r.slurm_node})" for r in quiet)
+        transitions.set_job_reason(
+            job,
+            f"{SILENT_PREFIX} {names} for more than {SILENT_AFTER_SECONDS:.0f} s; lost after "
+            f"{lost_seconds} s of silence",
+        )
+    elif job.reason.startswith(SILENT_PREFIX):
         transitions.set_job_reason(job, "")
 
 
