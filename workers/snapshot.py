@@ -16,6 +16,7 @@ No Django here: the agent imports this module.
 import gzip
 import hashlib
 import io
+import logging
 import os
 import tarfile
 import tempfile
@@ -29,6 +30,8 @@ from typing import IO, Any
 import redis
 
 from workers import contract
+
+log = logging.getLogger(__name__)
 
 SHA256_HEX = 64
 # Limits of one snapshot, whatever the console's size limit for the archive itself.
@@ -433,3 +436,6 @@ class SnapshotCache:
             )
         os.replace(temporary, path)
         self.fetches += 1
+        # Here, where the one fetch is, not in the replicas that wait for it: compared before
+        # and after by each replica, the count logged one fetch once per replica starting then.
+        log.info("fetched code snapshot %s (%s bytes)", sha256, f"{offset:,}")

@@ -1069,7 +1069,6 @@ class Supervisor:
                 return script, script.parent
             workfolder.link_entries(work, self._code_root.resolve(), relative=False)
             return script, self._code_root.resolve()
-        fetched = self.snapshots.fetches
         code = workfolder.install_code(
             work,
             functools.partial(
@@ -1078,8 +1077,6 @@ class Supervisor:
                 should_stop=run.stop_requested.is_set,
             ),
         )
-        if self.snapshots.fetches > fetched:
-            log.info("job %s: fetched code snapshot %s", run.spec.job_id, program["snapshot"])
         workfolder.link_entries(work, code, relative=True)
         return resolve_under_root(code, program["path"]), code
 
