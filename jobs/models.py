@@ -83,6 +83,16 @@ SLURM_WORDS = RegexValidator(
 )
 
 
+def allowed_values(what: str, option: str) -> models.CharField:
+    """A pool's list of the values a job may choose for one of sbatch's options."""
+    return models.CharField(
+        max_length=500,
+        blank=True,
+        validators=[SLURM_WORDS],
+        help_text=f"{what} a job may choose ({option}), separated by spaces.",
+    )
+
+
 class SlurmPool(models.Model):
     """A Slurm cluster (one or more partitions of it) jobs can run on instead of Trainyard's own
     agents (docs/slurm.md). The console drives it with Slurm's client commands on its own host:
@@ -146,22 +156,10 @@ class SlurmPool(models.Model):
     )
     # What a job may choose instead of the pool's own (jobs.services.slurm.slurm_choices):
     # lists separated by spaces, since a constraint may hold commas.
-    job_accounts = models.CharField(
-        max_length=500, blank=True, validators=[SLURM_WORDS],
-        help_text="Accounts a job may choose (--account), separated by spaces.",
-    )  # fmt: skip
-    job_qos = models.CharField(
-        max_length=500, blank=True, validators=[SLURM_WORDS],
-        help_text="QOS a job may choose (--qos), separated by spaces.",
-    )  # fmt: skip
-    job_constraints = models.CharField(
-        max_length=500, blank=True, validators=[SLURM_WORDS],
-        help_text="Constraints a job may choose (--constraint), separated by spaces.",
-    )  # fmt: skip
-    job_reservations = models.CharField(
-        max_length=500, blank=True, validators=[SLURM_WORDS],
-        help_text="Reservations a job may choose (--reservation), separated by spaces.",
-    )  # fmt: skip
+    job_accounts = allowed_values("Accounts", "--account")
+    job_qos = allowed_values("QOS", "--qos")
+    job_constraints = allowed_values("Constraints", "--constraint")
+    job_reservations = allowed_values("Reservations", "--reservation")
     job_exclusive = models.BooleanField(
         default=False, help_text="A job may ask for whole nodes (--exclusive)."
     )

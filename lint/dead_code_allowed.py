@@ -143,7 +143,7 @@ slurm_qos  # unused variable (jobs/forms.py:231): read by name, "slurm_<option>"
 slurm_constraint  # unused variable (jobs/forms.py:232): read by name, "slurm_<option>"
 slurm_reservation  # unused variable (jobs/forms.py:233): read by name, "slurm_<option>"
 slurm_exclusive  # unused variable (jobs/forms.py:234): a form field, read from cleaned_data
-job_accounts  # unused variable (jobs/models.py:149): read by name (slurm_choices.CHOSEN)
-job_qos  # unused variable (jobs/models.py:153): read by name (slurm_choices.CHOSEN)
-job_constraints  # unused variable (jobs/models.py:157): read by name (slurm_choices.CHOSEN)
-job_reservations  # unused variable (jobs/models.py:161): read by name (slurm_choices.CHOSEN)
+job_accounts  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
+job_qos  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
+job_constraints  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
+job_reservations  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)

@@ -709,15 +709,19 @@ def test_a_slurm_job_no_console_job_owns_is_cancelled(
         slurm_cluster.command(["scancel", foreign], check=False)
 
 
+def checkpointer_request(release: Path) -> dict[str, Any]:
+    """Two instances that checkpoint and hold until `release`, restarted once on a failure."""
+    return slurm_request(
+        "checkpointer.py", 2, args=["--hold", str(release)],
+        restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
+    )  # fmt: skip
+
+
 def test_a_lost_slurm_node_restarts_the_job_on_the_others_from_its_checkpoint(
     slurm_cluster: slurm.SlurmCluster, sam: StackClient
 ) -> None:
     release = signal_file("checkpointer")
-    request = slurm_request(
-        "checkpointer.py", 2, args=["--hold", str(release)],
-        restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
-    )  # fmt: skip
-    job = sam.submit(request)
+    job = sam.submit(checkpointer_request(release))
     sam.wait(job["id"], lambda j: j["state"] == "running")
     # Both trainers started (the first to write its checkpoint may be read by the other).
     sam.wait(
@@ -754,11 +758,7 @@ def test_a_silent_instance_shows_at_once_and_is_lost_before_slurm_notices(
     from, and after TRAINYARD_NODE_LOST_SECONDS the instance is lost, as an agent's silent node
     is, and the job restarts from its checkpoint."""
     release = signal_file("frozen")
-    request = slurm_request(
-        "checkpointer.py", 2, args=["--hold", str(release)],
-        restart={"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 0},
-    )  # fmt: skip
-    job = sam.submit(request)
+    job = sam.submit(checkpointer_request(release))
     sam.wait(
         job["id"],
         lambda j: sum(x["text"].startswith("resumed from: ") for x in sam.logs(j["id"])) == 2,
