@@ -39,7 +39,9 @@ app = typer.Typer(
 )
 
 Json = Annotated[bool, typer.Option("--json", help="Print the API's answer as JSON.")]
-JobId = Annotated[int, typer.Argument(help="The job's number, as `trainyard ls` shows it.")]
+JobId = Annotated[
+    int, typer.Argument(metavar="JOB", help="The job's number, as `trainyard ls` shows it.")
+]
 # What `submit` and `rerun` both take.
 Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
 MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
@@ -154,7 +156,28 @@ def whoami(json_output: Json = False) -> None:
 # --- jobs ---------------------------------------------------------------------------------------
 
 
-@app.command()
+class TakesScriptArguments(typer.core.TyperCommand):
+    """A command whose script's arguments go after `--`: an option it does not know is most
+    often one of the script's, and the usage error says where it belongs."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:
+            # Click's NoSuchOption, or the copy of it that Typer ≥ 0.25 carries: by name, as
+            # pyproject takes either.
+            if type(exc).__name__ != "NoSuchOption":
+                raise
+            option = getattr(exc, "option_name", "")
+            exc.message = (  # type: ignore[attr-defined]
+                f"No such option: {option}. Arguments for the script go after `--`: "
+                f"trainyard {self.name} … -- {option} …"
+            )
+            exc.possibilities = None  # type: ignore[attr-defined]
+            raise
+
+
+@app.command(cls=TakesScriptArguments)
 def submit(
     job_file: Annotated[
         Path | None, typer.Argument(help="A job file (YAML); flags override its fields.")
@@ -405,7 +428,7 @@ def _follow_to_end(
     return dict(api.get(f"/jobs/{job_id}"))
 
 
-@app.command()
+@app.command(cls=TakesScriptArguments)
 def rerun(
     job_id: JobId,
     name: Annotated[str | None, typer.Option(help="A new name (default: the job's).")] = None,
@@ -511,7 +534,9 @@ def list_jobs(
         return
     owners = {j["owner"] for j in jobs}
     columns = ["ID", "NAME", "STATE", "IMAGE", "INSTANCES", "CREATED", "DURATION"]
-    if len(owners) > 1:
+    # Whoever sees others' jobs sees whose each is, whatever the filter left.
+    with_owner = len(owners) > 1 or bool(api.get("/me").get("is_staff"))
+    if with_owner:
         columns.append("OWNER")
     columns.append("WHY")
     rows = []
@@ -525,7 +550,7 @@ def list_jobs(
             render.local_time(j["created"]),
             render.duration(render.job_seconds(j)),
         ]
-        if len(owners) > 1:
+        if with_owner:
             row.append(j["owner"])
         # The reason's first line: why it waits or failed (show JOB has the rest).
         row.append("" if j["state"] in ("succeeded", "running") else _first_line(j["reason"]))
@@ -617,7 +642,7 @@ def show(
                 r["tag"],
                 r["node"] or "—",
                 render.state_text(r["state"], api.states.replica),
-                "" if r["exit_code"] is None else r["exit_code"],
+                render.exit_text(r),
                 r["reason"],
             ]
             for r in job["replicas"]

@@ -47,6 +47,15 @@ def state_text(state: str, states: States) -> Text:
     return Text(state, style=states.style(state))
 
 
+def exit_text(replica: dict[str, Any]) -> str:
+    """How an instance's process ended, as the page says it: the signal by name (SIGTERM,
+    never -15), else the exit code; "" while it runs."""
+    if replica.get("signal"):
+        return str(replica["signal"])
+    code = replica.get("exit_code")
+    return "" if code is None else str(code)
+
+
 def parse_time(value: str | None) -> datetime | None:
     if not value:
         return None

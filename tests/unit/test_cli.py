@@ -23,6 +23,7 @@ from trainyard_cli.render import (
     ago,
     currency_prefix,
     duration,
+    exit_text,
     human_bytes,
     human_number,
     instances,
@@ -417,3 +418,24 @@ def test_a_terminal_gets_the_line_as_the_console_shaped_it_and_a_pipe_as_printed
     monkeypatch.setattr(render, "out", Console(file=StringIO(), force_terminal=False))
     render.log_line("master", raw, "stdout", shown)
     assert capsys.readouterr().out == f"[master] {raw}\n"  # into a file: every byte printed
+
+
+def test_an_instance_killed_by_a_signal_shows_the_signal_by_name() -> None:
+    assert exit_text({"exit_code": -15, "signal": "SIGTERM"}) == "SIGTERM"
+    assert exit_text({"exit_code": 3, "signal": None}) == "3"
+    assert exit_text({"exit_code": None, "signal": None}) == ""
+
+
+@pytest.mark.parametrize("command", [["rerun", "7"], ["submit", "--script", "train.py"]])
+def test_an_option_the_command_does_not_know_is_said_to_belong_after_the_double_dash(
+    command: list[str],
+) -> None:
+    from typer.testing import CliRunner
+
+    from trainyard_cli.main import app
+
+    answer = CliRunner().invoke(app, [*command, "--steps", "5"])
+    assert answer.exit_code == 2
+    said = " ".join(answer.output.split())
+    assert "No such option: --steps. Arguments for the script go after `--`" in said, said
+    assert f"trainyard {command[0]} … -- --steps …" in said, said
