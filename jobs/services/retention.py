@@ -27,6 +27,7 @@ from django.db.models import ProtectedError, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
+from jobs import logstream
 from jobs.models import CodeSnapshot, Job, LogChunk, MetricPoint
 from jobs.services.agent_folders import ask_to_remove, nodes_that_ran
 from jobs.services.periodic import PeriodicPass
@@ -40,6 +41,12 @@ Unchanged = EllipsisType
 # A snapshot is stored a moment before its first upload row is written (snapshots.store_upload):
 # one younger than this is never collected, so an upload in progress keeps its files.
 SNAPSHOT_GRACE = timedelta(hours=1)
+
+
+def log_text(chunks: QuerySet[LogChunk]) -> QuerySet[LogChunk]:
+    """The chunks of what the processes printed: not the batches of metric points kept in the
+    same table (their JSON is counted as points, not as a log's characters)."""
+    return chunks.exclude(stream=logstream.METRIC)
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,7 @@ def _expired_logs(now: datetime) -> list[ExpiredLog]:
                 finished=job.finished,
                 expired=expires,
                 log_chunks=chunks.count(),
-                log_characters=chunks.aggregate(n=Sum(Length("text")))["n"] or 0,
+                log_characters=log_text(chunks).aggregate(n=Sum(Length("text")))["n"] or 0,
                 metric_points=MetricPoint.objects.filter(job_id=job.pk).count(),
             )
         )

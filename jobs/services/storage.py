@@ -1,6 +1,7 @@
 """What the database holds for each job and each user, and when retention removes it: the
 admins' view of storage (`manage.py storage` and the Storage page, /storage/). Sizes of logs are
-in characters, as the database stores text; a code snapshot's is its archive's bytes."""
+in characters of what the processes printed, as the database stores text (metrics are counted
+in points); a code snapshot's is its archive's bytes."""
 
 from collections import defaultdict
 from dataclasses import dataclass
@@ -46,7 +47,10 @@ def per_job(include_pruned: bool = False) -> list[JobStorage]:
     """Every job that holds a log or metrics, the largest log first; with `include_pruned`,
     also those whose log and metrics retention removed (holding nothing, they come last)."""
     logs = dict(
-        LogChunk.objects.values("job").annotate(n=Sum(Length("text"))).values_list("job", "n")
+        retention.log_text(LogChunk.objects.all())
+        .values("job")
+        .annotate(n=Sum(Length("text")))
+        .values_list("job", "n")
     )
     points = dict(MetricPoint.objects.values("job").annotate(n=Count("id")).values_list("job", "n"))
     holding = Q(pk__in=set(logs) | set(points))

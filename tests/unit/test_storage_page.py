@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
-from jobs import views
+from jobs import logstream, views
 from jobs.models import Job, LogChunk, MetricPoint
 from jobs.services import retention
 from jobs.services.submission import check_job_request, submit_job
@@ -157,3 +157,22 @@ def test_it_caps_the_jobs_with_a_line_saying_how_many_more(
     assert "1 more job, each holding no more" in page
     # The per-user figures still count every job.
     assert figure(row(page, "storage-users", "data-user", "alice"), "log") == "60"
+
+
+def test_metric_points_kept_beside_the_log_are_not_counted_as_its_characters(
+    admin: Client, alice: User
+) -> None:
+    """Batches of metric points are LogChunks too (stream "metric", JSON a point a line): the
+    page counted their JSON as the log's characters, 29,029 for a 2,754-character log."""
+    job = ended(alice, "x" * 40, 1, timezone.now() - DAY)
+    LogChunk.objects.create(
+        job=job, first_cursor=2, last_cursor=2, role="master", stream=logstream.METRIC,
+        text='{"name": "loss", "value": 0.5, "step": 1}' * 10,
+    )  # fmt: skip
+    page = admin.get(PAGE).content.decode()
+    assert figure(row(page, "storage-jobs", "data-job", job.pk), "log") == "40"
+    assert figure(row(page, "storage-users", "data-user", "alice"), "log") == "40"
+    Job.objects.filter(pk=job.pk).update(finished=timezone.now() - 100 * DAY)
+    (expired,) = retention.plan().logs
+    assert expired.log_characters == 40
+
