@@ -415,8 +415,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"client_errors": {"()": "console.logfilters.NoClientErrorTracebacks"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("TRAINYARD_LOG_LEVEL", "INFO")},
+    # A refused request is a line, not a traceback (console/logfilters.py).
+    "loggers": {"django.request": {"filters": ["client_errors"]}},
 }
 
 

@@ -176,3 +176,13 @@ def test_metric_points_kept_beside_the_log_are_not_counted_as_its_characters(
     (expired,) = retention.plan().logs
     assert expired.log_characters == 40
 
+
+def test_a_refused_page_is_one_line_in_the_log_without_a_traceback(
+    client: Client, alice: User, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.force_login(alice)
+    with caplog.at_level("WARNING", logger="django.request"):
+        assert client.get(PAGE).status_code == 403
+    (refused,) = [r for r in caplog.records if r.name == "django.request"]
+    assert refused.getMessage() == f"Forbidden (Permission denied): {PAGE}"
+    assert refused.exc_info is None
