@@ -60,6 +60,10 @@ def test_it_names_the_instance_node_and_signal_and_shows_the_last_lines(
     assert "-15" not in banner
     assert "&lt;b&gt;ValueError&lt;/b&gt;: bad batch" in banner  # a trainer's text is text
     assert 'id="banner-run-again"' in banner
+    # The first thing offered changes what failed; Run again repeats the failing arguments.
+    assert banner.index('class="button primary" id="banner-edit-again"') < banner.index(
+        'id="banner-run-again"'
+    )
     worker = client.get(f"/api/v1/jobs/{job.pk}").json()["replicas"][1]
     assert (worker["exit_code"], worker["signal"]) == (-15, "SIGTERM")
     # The banner comes before everything else the page shows of the job.
