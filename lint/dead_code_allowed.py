@@ -147,3 +147,6 @@ job_accounts  # unused variable (jobs/models.py): read by name (slurm_choices.CH
 job_qos  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
 job_constraints  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
 job_reservations  # unused variable (jobs/models.py): read by name (slurm_choices.CHOSEN)
+exc_text  # unused attribute (console/logfilters.py:15): logging.Formatter reads it
+possibilities  # unused attribute (trainyard_cli/main.py:176): the usage error's format_message reads it
+NoClientErrorTracebacks  # unused class (console/logfilters.py:6): named in settings.LOGGING

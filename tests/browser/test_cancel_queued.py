@@ -74,7 +74,14 @@ def test_a_queued_job_cancelled_from_its_page_never_starts(
             # Nothing to show yet: no empty figure card, chart or bar takes room.
             assert shown_while_empty(page) == {"cards": [], "empty_charts": [], "others": []}
             page.click("#cancel")
-            # The form posts and comes back to the page, which says so: no dialog asks first.
+            # The page asks, not a dialog; nothing is sent until the answer.
+            expect(page.locator("#cancel-confirm")).to_be_visible()
+            expect(page.locator("#cancel-form")).to_contain_text(
+                f"Stop every instance of job #{waiting['id']}?"
+            )
+            assert cass.job(waiting["id"])["state"] == "queued"
+            page.click("#cancel-confirm")
+            # The form posts and comes back to the page, which says so.
             page.wait_for_url(f"{stack.url}/jobs/{waiting['id']}/")
             expect(page.locator("#job-state")).to_have_text("cancelled")
             expect(page.locator("#job-reason")).to_have_text(f"cancelled by {USER}")
