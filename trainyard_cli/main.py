@@ -45,6 +45,14 @@ JobId = Annotated[
 # What `submit` and `rerun` both take.
 Restart = Annotated[str | None, typer.Option(help='Restart policy: "never" or "on-failure".')]
 MaxRestarts = Annotated[int | None, typer.Option(help="Restarts allowed.")]
+ExcludeFailedNode = Annotated[
+    bool | None,
+    typer.Option(
+        "--exclude-failed-node/--any-node",
+        help="A restart runs away from the node whose instance failed (default: the image's).",
+        show_default=False,
+    ),
+]
 TimeLimit = Annotated[
     str | None,
     typer.Option(
@@ -197,6 +205,7 @@ def submit(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    exclude_failed_node: ExcludeFailedNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
     pool: Pool = None,
@@ -234,6 +243,7 @@ def submit(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        exclude_failed_node=exclude_failed_node,
         time_limit=time_limit,
         priority=priority,
         pool=pool,
@@ -312,6 +322,8 @@ def _upload_code(
     packed = upload.pack(folder)
     for link in packed.skipped_links:
         render.note(f"left out {link}: a symbolic link", style="yellow")
+    if packed.ignored and not quiet:
+        render.note(_ignored_words(packed.ignored), style="yellow")
     answer = api.post(
         "/snapshots",
         files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
@@ -443,6 +455,7 @@ def rerun(
     ] = None,
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
+    exclude_failed_node: ExcludeFailedNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
     arg: Annotated[
@@ -468,6 +481,7 @@ def rerun(
         env=env or [],
         restart_policy=restart,
         max_restarts=max_restarts,
+        exclude_failed_node=exclude_failed_node,
         time_limit=time_limit,
         priority=priority,
     )
@@ -1053,6 +1067,18 @@ def pools(json_output: Json = False) -> None:
             ]
             for p in answer
         ],
+    )
+
+
+def _ignored_words(ignored: list[str], shown: int = 5) -> str:
+    """What the folder's ignore files left out, and how to send it after all."""
+    names = ", ".join(ignored[:shown]) + (
+        f" and {len(ignored) - shown} more" if ignored[shown:] else ""
+    )
+    return (
+        f"left out what .gitignore or .trainyardignore names: {names}. A script that needs it "
+        f"fails without it: to upload it, add a line `!{ignored[0]}` to .trainyardignore "
+        "(git's rules; docs/cli.md)."
     )
 
 

@@ -40,6 +40,9 @@ class Packed:
     files: list[str]
     size: int  # bytes of the files, before compression
     skipped_links: list[str] = field(default_factory=list)
+    # What the folder's own .gitignore or .trainyardignore left out (a folder ends in "/"):
+    # said, since a project's prepared data is often ignored by git and needed by its script.
+    ignored: list[str] = field(default_factory=list)
 
 
 def _rules(folder: Path) -> pathspec.GitIgnoreSpec:
@@ -51,31 +54,47 @@ def _rules(folder: Path) -> pathspec.GitIgnoreSpec:
     return pathspec.GitIgnoreSpec.from_lines(lines)
 
 
-def files_to_upload(folder: Path) -> tuple[list[str], list[str]]:
-    """The files of `folder` to upload and the links left out, as sorted relative paths."""
+@dataclass
+class Chosen:
+    files: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)
+
+
+def files_to_upload(folder: Path) -> Chosen:
+    """The files of `folder` to upload, the links left out, and what the folder's own ignore
+    files left out (not tool folders), as sorted relative paths."""
     rules = _rules(folder)
-    files: list[str] = []
-    links: list[str] = []
+    tools = pathspec.GitIgnoreSpec.from_lines(ALWAYS_LEFT_OUT)
+    chosen = Chosen()
+
+    def left_out(relative: str) -> bool:
+        if not rules.match_file(relative):
+            return False
+        if not tools.match_file(relative):
+            chosen.ignored.append(relative)
+        return True
+
     for current, dirs, names in os.walk(folder):
         here = Path(current).relative_to(folder)
         kept_dirs = []
         for d in sorted(dirs):
             relative = (here / d).as_posix()
             if (Path(current) / d).is_symlink():
-                links.append(relative)
-            elif not rules.match_file(relative + "/"):
+                chosen.links.append(relative)
+            elif not left_out(relative + "/"):
                 kept_dirs.append(d)
         dirs[:] = kept_dirs  # os.walk descends only into these
         for name in names:
             relative = (here / name).as_posix()
             path = Path(current) / name
-            if rules.match_file(relative):
+            if left_out(relative):
                 continue
             if path.is_symlink():
-                links.append(relative)
+                chosen.links.append(relative)
             elif path.is_file():
-                files.append(relative)
-    return sorted(files), sorted(links)
+                chosen.files.append(relative)
+    return Chosen(sorted(chosen.files), sorted(chosen.links), sorted(chosen.ignored))
 
 
 def pack(folder: Path) -> Packed:
@@ -83,7 +102,8 @@ def pack(folder: Path) -> Packed:
     its SHA-256, so the same files always make the same snapshot)."""
     if not folder.is_dir():
         raise CliError(f"{folder} is not a folder.", BAD_INPUT)
-    files, links = files_to_upload(folder)
+    chosen = files_to_upload(folder)
+    files = chosen.files
     if not files:
         raise CliError(f"{folder} has no files to upload.", BAD_INPUT)
     buffer = io.BytesIO()
@@ -95,4 +115,4 @@ def pack(folder: Path) -> Packed:
             size += info.size
             with path.open("rb") as content:
                 archive.addfile(info, content)
-    return Packed(buffer.getvalue(), files, size, links)
+    return Packed(buffer.getvalue(), files, size, chosen.links, chosen.ignored)

@@ -18,7 +18,7 @@ from trainyard_cli import config, jobfile, upload
 from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
-from trainyard_cli.main import _print_line, script_args_as_options
+from trainyard_cli.main import _ignored_words, _print_line, script_args_as_options
 from trainyard_cli.render import (
     ago,
     currency_prefix,
@@ -248,6 +248,26 @@ def test_an_upload_leaves_out_tool_folders_ignored_files_and_links(tmp_path: Pat
         assert sorted(archive.getnames()) == packed.files
         member = archive.extractfile("pkg/model.py")
         assert member is not None and member.read() == b"x = 1\n"
+    # What the folder's own ignore files left out is said; tool folders go without a word.
+    assert packed.ignored == ["data/", "notes.log"]
+
+
+def test_what_git_ignores_is_uploaded_when_trainyardignore_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    """nanoGPT's prepared data is in its .gitignore: the upload says so, and a `!` line in
+    .trainyardignore (read after .gitignore) brings it back."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.bin").write_bytes(b"\0" * 8)
+    (tmp_path / ".gitignore").write_text("*.bin\n")
+    left_out = upload.pack(tmp_path)
+    assert "data/train.bin" not in left_out.files and left_out.ignored == ["data/train.bin"]
+    words = _ignored_words(left_out.ignored)
+    assert "data/train.bin" in words and "`!data/train.bin` to .trainyardignore" in words
+    (tmp_path / ".trainyardignore").write_text("!data/train.bin\n")
+    brought_back = upload.pack(tmp_path)
+    assert "data/train.bin" in brought_back.files and brought_back.ignored == []
 
 
 def test_an_empty_folder_is_not_uploaded(tmp_path: Path) -> None:
@@ -439,3 +459,16 @@ def test_an_option_the_command_does_not_know_is_said_to_belong_after_the_double_
     said = " ".join(answer.output.split())
     assert "No such option: --steps. Arguments for the script go after `--`" in said, said
     assert f"trainyard {command[0]} … -- --steps …" in said, said
+
+
+def test_a_restart_away_from_the_failed_node_is_a_flag() -> None:
+    body = jobfile.apply_flags(
+        {"restart": {"policy": "on-failure", "max_restarts": 2}},
+        name=None, image=None, script=None, args=[], roles=[], kvstore=None, env=[],
+        restart_policy=None, max_restarts=None, exclude_failed_node=True,
+    )  # fmt: skip
+    assert body["restart"] == {
+        "policy": "on-failure",
+        "max_restarts": 2,
+        "exclude_failed_node": True,
+    }
