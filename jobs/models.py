@@ -939,6 +939,14 @@ class Job(models.Model):
         return batch_size_in(self.args)
 
     @property
+    def slurm_job_ids(self) -> list[str]:
+        """Each attempt's Slurm job, in order (the job page's summary)."""
+        return [
+            a.slurm_job_id for a in sorted(self.attempts.all(), key=lambda a: a.number)
+            if a.slurm_job_id
+        ]  # fmt: skip
+
+    @property
     def slurm_option_flags(self) -> list[str]:
         """Its own Slurm options besides the partition, as sbatch gets them (the job page)."""
         return [

@@ -347,6 +347,9 @@ class AttemptOut(_Out):
         description="A Slurm pool's ended attempt, where the cluster keeps accounting: what "
         "sacct recorded; then started and finished are Slurm's too.",
     )
+    slurm_job_id: str = Field(
+        default="", description="Its Slurm job's id, once submitted; \"\" on Trainyard's nodes."
+    )
 
 
 class HealthEventOut(_Out):

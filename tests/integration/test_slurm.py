@@ -1214,8 +1214,11 @@ def test_a_job_launched_on_the_slurm_pool_from_the_form_streams_its_log_live(
             expect(log.locator(".line[data-tag=master]").first).to_be_visible()
             expect(page.locator("#job-state")).to_have_text("succeeded")
             expect(page.locator("#log-status")).to_contain_text("log complete")
-            page.reload()  # the Slurm job's id is on the page once it was submitted
-            expect(page.locator("#job-pool")).to_contain_text("Slurm job")
+            # The Slurm job's id came while the page was open, without a reload.
+            job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+            slurm_ids = [a["slurm_job_id"] for a in sam.job(job_id)["attempts"]]
+            assert len(slurm_ids) == 1 and slurm_ids[0], slurm_ids
+            expect(page.locator("#slurm-jobs")).to_have_text(f" · Slurm job {slurm_ids[0]}")
             keep_screenshot(page, "slurm-job")
         browser.close()
 

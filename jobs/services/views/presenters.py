@@ -115,6 +115,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "reason": a.reason,
                 "counted": a.counted,
                 "slurm": a.slurm_accounting or None,
+                "slurm_job_id": a.slurm_job_id,
             }
             for a in sorted(related(job, "attempts", job.attempts.all), key=_number)
         ],

@@ -21,6 +21,7 @@ export function renderJobState(state) {
   renderTimes(state);
   renderReplicas(state);
   renderAttempts(state);
+  renderSlurmJobs(state);
   renderHealthEvents(state);
   if (state.state === "failed") showFailureBanner();
 }
@@ -106,6 +107,21 @@ function nodeNames(names) {
 }
 
 // One row per run of the whole job; a restart adds one, with why the one before ended.
+// A Slurm pool's job: each attempt's Slurm job id, as soon as the pass has submitted it.
+function renderSlurmJobs(state) {
+  const span = $("slurm-jobs");
+  if (!span) return;
+  const ids = (state.attempts || []).map((a) => a.slurm_job_id).filter(Boolean);
+  span.replaceChildren();
+  if (!ids.length) return;
+  span.append(" · Slurm job");
+  for (const id of ids) {
+    const code = document.createElement("code");
+    code.textContent = id;
+    span.append(" ", code);
+  }
+}
+
 function renderAttempts(state) {
   const attempts = state.attempts || [];
   $("attempts-section").hidden = attempts.length < 2 && state.state !== "restarting";
