@@ -911,19 +911,30 @@ def metrics(
 
     first = min(rank(p) for p in points)
     chosen = [p for p in points if rank(p) == first]
-    names = sorted({p["name"] for p in chosen})
-    rows: dict[Any, dict[str, str]] = {}
-    for p in chosen:
-        key = p["step"] if p["step"] is not None else p["epoch"]
-        value = p["nonfinite"] or render.human_number(p["value"])
-        rows.setdefault(key, {})[p["name"]] = value
-    keys = [k for k in rows if k is not None][-last:]
     tag = render.tag_of(chosen[0]["role"], chosen[0]["index"], tags)
-    render.table(
-        ["STEP", *names],
-        [[k, *(rows[k].get(n, "") for n in names)] for k in keys],
-        title=f"Job {job_id}, [{tag}], the last {len(keys)} steps",
-    )
+    # Metrics reported by step (loss each step) and those reported by epoch alone (eval
+    # accuracy once an epoch) are two tables: in one, step 3 and epoch 3 shared a row, and
+    # each kind's columns stood empty on the other's rows.
+    for unit, table_rows in metric_tables(chosen, last).items():
+        names = sorted({name for row in table_rows.values() for name in row})
+        render.table(
+            [unit.upper(), *names],
+            [[k, *(row.get(n, "") for n in names)] for k, row in table_rows.items()],
+            title=f"Job {job_id}, [{tag}], the last {len(table_rows)} {unit}s",
+        )
+
+
+def metric_tables(points: list[dict[str, Any]], last: int) -> dict[str, dict[Any, dict[str, str]]]:
+    """One instance's points as rows of the latest `last` steps, and of the latest epochs for
+    metrics that have no step: {"step": {3: {"loss": "0.52"}}, "epoch": {…}}."""
+    by: dict[str, dict[Any, dict[str, str]]] = {"step": {}, "epoch": {}}
+    for p in points:
+        unit = "step" if p["step"] is not None else "epoch"
+        key = p[unit]
+        if key is None:
+            continue
+        by[unit].setdefault(key, {})[p["name"]] = p["nonfinite"] or render.human_number(p["value"])
+    return {unit: {k: rows[k] for k in sorted(rows)[-last:]} for unit, rows in by.items() if rows}
 
 
 # --- the cluster and the catalog ----------------------------------------------------------------

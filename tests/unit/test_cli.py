@@ -18,7 +18,12 @@ from trainyard_cli import config, jobfile, upload
 from trainyard_cli.client import refusal
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
-from trainyard_cli.main import _ignored_words, _print_line, script_args_as_options
+from trainyard_cli.main import (
+    _ignored_words,
+    _print_line,
+    metric_tables,
+    script_args_as_options,
+)
 from trainyard_cli.render import (
     ago,
     currency_prefix,
@@ -472,3 +477,16 @@ def test_a_restart_away_from_the_failed_node_is_a_flag() -> None:
         "max_restarts": 2,
         "exclude_failed_node": True,
     }
+
+
+def test_metrics_by_step_and_by_epoch_are_two_tables_with_no_empty_column() -> None:
+    def point(name: str, value: float, step: int | None, epoch: float | None) -> dict[str, Any]:
+        return {"name": name, "value": value, "step": step, "epoch": epoch, "nonfinite": None}
+
+    points = [point("loss", 2.0 - s / 10, s, s / 3) for s in range(1, 7)]
+    points += [point("eval_accuracy", 0.5 + e / 10, None, e) for e in (1, 2)]
+    tables = metric_tables(points, last=4)
+    assert list(tables) == ["step", "epoch"]
+    assert list(tables["step"]) == [3, 4, 5, 6]  # the latest steps; step 3 is not epoch 3
+    assert all(set(row) == {"loss"} for row in tables["step"].values())
+    assert tables["epoch"] == {1: {"eval_accuracy": "0.6"}, 2: {"eval_accuracy": "0.7"}}
