@@ -88,3 +88,15 @@ def test_a_job_that_did_not_fail_has_no_banner_but_can_run_again(
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="failure-banner"' not in html
     assert 'id="run-again"' in html and 'id="edit-again"' in html
+
+
+def test_an_ended_jobs_cost_is_its_cost_not_so_far(
+    client: Client, alice: User, django_capture_on_commit_callbacks: Capture
+) -> None:
+    running = submit_job(alice, check_job_request(job_request(instances=1)))
+    client.force_login(alice)
+    assert "Cost so far" in client.get(f"/jobs/{running.pk}/").content.decode()
+    ended = failed_job(alice, django_capture_on_commit_callbacks, 1, ["boom"])
+    html = client.get(f"/jobs/{ended.pk}/").content.decode()
+    assert "Cost so far" not in html
+    assert '<span class="figure-label">Cost</span>' in html

@@ -18,6 +18,9 @@ export function renderJobState(state) {
   position.querySelector("span").textContent = state.queue_position || "";
   const cancel = $("cancel-form");
   if (cancel && isTerminal(state.state)) cancel.remove();
+  // An ended job's cost is what it cost, not "so far".
+  const costLabel = document.querySelector("#fig-cost .figure-label");
+  if (costLabel && isTerminal(state.state)) costLabel.textContent = "Cost";
   renderTimes(state);
   renderReplicas(state);
   renderAttempts(state);
