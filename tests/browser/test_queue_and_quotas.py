@@ -39,7 +39,7 @@ def test_a_queued_job_shows_its_reason_and_position_then_starts(
         expect(page.locator("#queue-position")).to_have_text("Position in the queue: 1")
         expect(page.locator("#job-reason")).to_have_text(
             re.compile(
-                r"^waiting: needs a node with 2 CPU cores and 4 GB free; node-\d frees 2 CPU cores "
+                r"^waiting: needs a node with 2 CPU cores and 4 GB free; node-\d frees 4 CPU cores "
                 rf"when job {blocker['id']} ends$"
             )
         )

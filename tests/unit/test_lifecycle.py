@@ -187,7 +187,7 @@ def test_it_waits_when_no_node_has_room_and_starts_when_room_frees(
     assert second.state == Job.State.QUEUED
     assert second.reason == (
         "waiting: needs a node with 2 CPU cores and 4 GB free; "
-        f"node-1 frees 2 CPU cores when job {first.pk} ends"
+        f"node-1 frees 8 CPU cores when job {first.pk} ends"
     )
     assert presenters.queue_position(second) == 1
     assert not second.replicas.filter(state=Replica.State.ASSIGNED).exists()

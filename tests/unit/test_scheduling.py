@@ -180,6 +180,16 @@ def test_it_explains_which_node_frees_what_when_which_job_ends() -> None:
     )
 
 
+def test_it_says_all_a_blocker_frees_of_what_the_job_lacks_not_only_the_lack() -> None:
+    """One core short on a node where one job holds four: its end frees four cores there (the
+    page read "frees 1 CPU core", as if that were all the blocker held)."""
+    nodes = [NodeView("node-1", 8, 0, 32, "ready")]
+    rooms = [Room("node-1", 1, 0, 16)]
+    held = [Holding(7, "node-1", 4, 0, 16), Holding(8, "node-1", 3, 0, 0)]
+    reason = shortfall([Demand(("master", 0), 2, 0, 4)], rooms, nodes, held).in_words(every_job)
+    assert reason.endswith("node-1 frees 4 CPU cores when job 7 ends"), reason
+
+
 def test_it_names_every_job_that_must_end() -> None:
     nodes = [NodeView("node-1", 8, 0, 32, "ready")]
     rooms = [Room("node-1", 0, 0, 8)]
@@ -219,7 +229,8 @@ def test_a_waiting_jobs_reason_names_only_its_owners_jobs(
         staffs = submit_job(charlie_admin, check_job_request(job_request(1, "cpu-2")))
     for job in (mine, bobs, staffs):
         job.refresh_from_db()
-    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 2 CPU cores"
+    # node-1 holds four of the job's instances: its end frees 8 cores there, not just 2.
+    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 8 CPU cores"
     assert mine.reason == f"{need} when job {alices.pk} ends"
     assert bobs.reason == f"{need} when a job of another user ends"
     assert staffs.reason == f"{need} when job {alices.pk} ends"  # staff see every job
@@ -292,7 +303,8 @@ def test_a_full_cluster_judges_the_head_of_its_queue_and_tells_the_rest_no_core_
     scheduling.schedule()
     for job in waiting:
         job.refresh_from_db()
-    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 2 CPU cores"
+    # node-1 holds four of the job's instances: its end frees 8 cores there, not just 2.
+    need = "waiting: needs a node with 2 CPU cores and 4 GB free; node-1 frees 8 CPU cores"
     assert [job.reason for job in waiting[:2]] == [f"{need} when job {running.pk} ends"] * 2
     assert [job.reason for job in waiting[2:]] == [waitlist.FAR_BACK] * 3
     # A core frees: every waiting job is judged again, and what fits starts.
