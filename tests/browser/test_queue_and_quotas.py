@@ -33,14 +33,18 @@ def test_a_queued_job_shows_its_reason_and_position_then_starts(
     waiting = tess.submit(pytorch_request("waits", "sleep_tree.py", 2, package="cpu-2"))
     job = tess.wait(waiting["id"], lambda j: j["reason"].startswith("waiting:"))
     assert job["queue_position"] == 1
+    # The node the reason names frees all the blocker holds there: 2 cores an instance.
+    named = re.search(r"(node-\d) frees", job["reason"])
+    assert named, job["reason"]
+    held = sum(r["node"] == named.group(1) for r in tess.job(blocker["id"])["replicas"])
     with user_page(browser, stack, "tess", "tess-password-1") as page:
         page.goto(f"{stack.url}/jobs/{waiting['id']}/")
         expect(page.locator("#job-state")).to_have_text("queued")
         expect(page.locator("#queue-position")).to_have_text("Position in the queue: 1")
         expect(page.locator("#job-reason")).to_have_text(
             re.compile(
-                r"^waiting: needs a node with 2 CPU cores and 4 GB free; node-\d frees 4 CPU cores "
-                rf"when job {blocker['id']} ends$"
+                r"^waiting: needs a node with 2 CPU cores and 4 GB free; "
+                rf"{named.group(1)} frees {2 * held} CPU cores when job {blocker['id']} ends$"
             )
         )
 
