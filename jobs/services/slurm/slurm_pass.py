@@ -457,8 +457,16 @@ def _ended_meanwhile(
         return
     _end_replicas(job, reported, said, "")
     _note_lost_lines(job, reported, said)
-    if not (job.is_active and attempt.number == job.attempt):
+    if not (job.is_active and attempt.number == job.attempt) and _still_held(job, attempt):
         _cancel(attempt, target, report)
+
+
+def _still_held(job: Job, attempt: JobAttempt) -> bool:
+    """Whether instances of the attempt may still run: a job that ended for one of them stops
+    the others (scancel). One whose instances have all said how they ended is left to end in
+    Slurm on its own: cancelled in the moment between the last outcome and the end of its
+    batch script, a job that succeeded read CANCELLED in Slurm's accounting."""
+    return job.replicas.filter(attempt=attempt.number, state__in=Replica.HOLDING_STATES).exists()
 
 
 def _running(
