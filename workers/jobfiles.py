@@ -148,6 +148,19 @@ def size_of(path: Path, below: Path, uid: int) -> int:
 _MAX_OPEN_FOLDERS = 32
 
 
+def hand_over_folder(path: Path, ids: tuple[int, int] | None) -> None:
+    """Make the folder at `path` a job's own and nobody else's (0700), given to uid and gid
+    `ids` (None: its owner stays), through a descriptor of the folder itself: never through
+    a link at its name, never blocking on a FIFO put there."""
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        if ids is not None:
+            os.fchown(fd, *ids)
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def remove_tree(path: Path) -> bool:
     """Remove the folder `path` (a job's, or one holding a job's) and everything in it; True
     when it is gone. Nothing in it is followed: a link is removed, never its target; every

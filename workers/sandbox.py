@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers import jobenv
+from workers import jobenv, jobfiles
 
 log = logging.getLogger(__name__)
 
@@ -151,17 +151,8 @@ class Sandbox:
     def hand_over(self, path: Path, owner: int) -> None:
         """Make a folder the trainer writes to its own, and nobody else's (0700). A root agent
         gives it to the owner's uid even unsandboxed: its containers run as that uid."""
-        # Through a descriptor of the folder itself, never through a link at its name, never
-        # blocking on a FIFO put there.
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(path, flags)
-        try:
-            if self.switches_uid or os.geteuid() == 0:
-                uid = self.uid_of(owner)
-                os.fchown(fd, uid, uid)
-            os.fchmod(fd, 0o700)
-        finally:
-            os.close(fd)
+        uid = self.uid_of(owner) if self.switches_uid or os.geteuid() == 0 else None
+        jobfiles.hand_over_folder(path, None if uid is None else (uid, uid))
 
     def wrap(
         self, argv: list[str], folders: Folders, env: dict[str, str], owner: int

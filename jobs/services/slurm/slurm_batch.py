@@ -37,7 +37,7 @@ from jobs.services.slurm.slurm_choices import SlurmChoices
 from jobs.services.slurm.slurm_client import SlurmRefused, SlurmTarget, run_client
 from jobs.services.slurm.slurm_identity import Identity
 from jobs.services.totals import RoleRequest
-from workers import contract, snapshot
+from workers import contract, jobfiles, snapshot
 
 # A parameter-server job's scheduler: what the platform gives it (it is not charged).
 SCHEDULER_MEMORY_MB = 1024
@@ -401,11 +401,4 @@ def hand_over(job: Job, target: SlurmTarget, identity: Identity) -> None:
     pass reads the wrapper's files with jobfiles, below the job's folder)."""
     for folder in (attempt_folder(target, job), checkpoint_folder(target, job)):
         folder.mkdir(parents=True, exist_ok=True)
-        # Through a descriptor of the folder itself, never through a link at its name.
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        descriptor = os.open(folder, flags)
-        try:
-            os.fchown(descriptor, identity.uid, identity.gid)
-            os.fchmod(descriptor, 0o700)
-        finally:
-            os.close(descriptor)
+        jobfiles.hand_over_folder(folder, (identity.uid, identity.gid))
