@@ -19,6 +19,14 @@ from django.db.models import Q
 from django.utils import timezone
 
 from jobs.envvars import env_problems
+from jobs.labels import (
+    NOTE_MAX,
+    PROJECT_MAX,
+    TAG_MAX,
+    validate_note,
+    validate_project,
+    validate_tag,
+)
 from jobs.text import validate_name
 from workers import contract
 from workers.cgroups import Layout
@@ -831,6 +839,10 @@ class Job(models.Model):
     exclude_failed_node = models.BooleanField(
         default=False, help_text="Restart away from the node where the failure happened."
     )
+    one_instance_per_node = models.BooleanField(
+        default=False,
+        help_text="No two instances of the job on one node (Slurm's --ntasks-per-node=1).",
+    )
     health_rules = models.JSONField(default=list, blank=True)
     # Frozen at submission (the job's own, or the default then:
     # jobs.services.lifecycle.time_limits).
@@ -901,6 +913,15 @@ class Job(models.Model):
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # What its owner files it under (jobs.labels; written by jobs.services.run_labels): a
+    # project groups runs, tags label them (JobTag), a note says what the run was for.
+    project = models.CharField(
+        max_length=PROJECT_MAX, blank=True, default="", validators=[validate_project]
+    )
+    note = models.TextField(max_length=NOTE_MAX, blank=True, default="", validators=[validate_note])
+    # Its arguments and variables as key/values (jobs.runconfig), written at submission: the
+    # run table sorts and shows them as columns without parsing every job's arguments.
+    config = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
@@ -913,6 +934,8 @@ class Job(models.Model):
             models.Index(fields=["owner", "created", "id"], name="job_owner_created_id"),
             # The queue's order (jobs.services.scheduler.queue_order).
             models.Index(fields=["state", "-priority", "created", "id"], name="job_queue_order"),
+            # The run table filtered by project (a project's runs, newest first).
+            models.Index(fields=["project", "created", "id"], name="job_project_created_id"),
         ]
 
     def __str__(self) -> str:
@@ -1238,6 +1261,71 @@ class MetricPoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value} of job {self.job_id}"
+
+
+class JobTag(models.Model):
+    """A label its owner gave a job (jobs.labels): the run table filters by it (`?tag=`)."""
+
+    job = models.ForeignKey(Job, related_name="tags", on_delete=models.CASCADE)
+    label = models.CharField(max_length=TAG_MAX, validators=[validate_tag])
+
+    class Meta:
+        ordering = ["label"]
+        constraints = [models.UniqueConstraint(fields=["job", "label"], name="one_tag_per_label")]
+        # The jobs with a tag, for the filter.
+        indexes = [models.Index(fields=["label", "job"], name="jobtag_label_job")]
+
+    def __str__(self) -> str:
+        return f"{self.label} on job {self.job_id}"
+
+
+class MetricSummary(models.Model):
+    """The final and extreme values of one of a job's metrics, kept up to date by the log
+    keeper as it archives points (jobs.services.metric_summaries), so that the run table sorts
+    by "best eval_accuracy" in one query instead of reading every job's points.
+
+    `final` is the mean of the reports at the last step, as figures.final_value reads it;
+    `through_cursor` is the last point folded in, so that a batch archived twice counts once."""
+
+    job = models.ForeignKey(Job, related_name="metric_summaries", on_delete=models.CASCADE)
+    name = models.CharField(max_length=64)
+    final = models.FloatField()
+    final_step = models.BigIntegerField(default=0)
+    final_sum = models.FloatField(default=0.0)
+    final_count = models.PositiveIntegerField(default=0)
+    minimum = models.FloatField()
+    maximum = models.FloatField()
+    points = models.PositiveBigIntegerField(default=0)
+    through_cursor = models.BigIntegerField(default=-1)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name"], name="one_summary_per_metric")
+        ]
+        verbose_name_plural = "metric summaries"
+
+    def __str__(self) -> str:
+        return f"{self.name} of job {self.job_id}: final {self.final}"
+
+
+class RunTableView(models.Model):
+    """A way of looking at the job list that a user keeps: its query string (filters, sort,
+    columns). Named views are restored in one click; the one with no name is the last used,
+    whose columns and sort the list takes when it is opened without any."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, related_name="run_table_views", on_delete=models.CASCADE
+    )
+    name = models.CharField(max_length=60, blank=True, validators=[validate_name])
+    query = models.CharField(max_length=2000, blank=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="one_view_per_name")]
+
+    def __str__(self) -> str:
+        return f"view {self.name or '(last used)'} of {self.owner}"
 
 
 class ApiToken(models.Model):

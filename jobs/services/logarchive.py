@@ -37,6 +37,7 @@ from django.utils import timezone
 from jobs import logstream
 from jobs.logstream import RawEntry
 from jobs.models import Job, LogAck, LogChunk, MetricPoint
+from jobs.services import metric_summaries
 from jobs.services.health import HealthMonitor
 from jobs.services.lifecycle.outcomes import log_end_reason
 from jobs.services.logceiling import KeptBytes
@@ -267,6 +268,7 @@ def _save(
     with transaction.atomic():
         _count_drops(job_id, rows)
         MetricPoint.objects.bulk_create(points, ignore_conflicts=True)
+        metric_summaries.record(job_id, points)
         LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
         LogAck.objects.bulk_create(
             [LogAck(job_id=job_id, writer=w, seq=q) for w, q in acked.items()],

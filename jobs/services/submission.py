@@ -38,6 +38,7 @@ from jobs.models import (
     RestartPolicy,
     SlurmPool,
 )
+from jobs.runconfig import config_of
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
 from jobs.services import quota, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
@@ -111,6 +112,7 @@ class JobRequest:
     priority: PriorityClass | None = None  # None: the default class
     slurm_pool: SlurmPool | None = None  # None: Trainyard's own agents
     slurm_choices: SlurmChoices = field(default_factory=SlurmChoices)  # within the pool's
+    one_instance_per_node: bool = False  # no two of its instances on one node
 
 
 class _Errors:
@@ -482,6 +484,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         priority,
         slurm_pool,
         choices,
+        bool(body.one_instance_per_node),
     )
 
 
@@ -548,7 +551,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
 def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> dict[str, str]:
     """Why the request could never start where it asks to run, by field; {} when it could."""
     if request.slurm_pool is None:
-        return scheduling.why_never_placeable(request.roles)
+        return scheduling.why_never_placeable(request.roles, request.one_instance_per_node)
     if request.slurm_pool.run_as_owner:
         try:
             slurm_identity.identity_of(user)
@@ -563,6 +566,7 @@ def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> 
             target,
             time_limit,
             request.slurm_choices.partition,
+            request.one_instance_per_node,
         )
     except slurm_client.SlurmUnavailable:
         # Slurm away is no reason to refuse: the job waits, saying so, and the Slurm pass
@@ -593,6 +597,7 @@ def create_job(
         snapshot=snapshot,
         args=request.args,
         env=request.env,
+        config=config_of(request.args, request.env),
         image_env=request.image.default_env,
         state=Job.State.PENDING,
         cpu_total=request.totals.cpu,
@@ -605,6 +610,7 @@ def create_job(
         max_restarts=restart.max_restarts,
         restart_backoff_seconds=restart.backoff_seconds,
         exclude_failed_node=restart.exclude_failed_node,
+        one_instance_per_node=request.one_instance_per_node,
         health_rules=request.health_rules,
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,
@@ -652,7 +658,14 @@ def _admission_failure(
         # The tightest scope per resource is the one to report in the machine-readable part.
         for e in sorted(over, key=lambda e: -e.over_by):
             detail["quota"].setdefault(e.resource, e.as_dict())
-    advice = fits_advice(request.roles, request.image.framework, scopes, over, never)
+    advice = fits_advice(
+        request.roles,
+        request.image.framework,
+        scopes,
+        over,
+        never,
+        one_instance_per_node=request.one_instance_per_node,
+    )
     if advice is not None:
         errors.setdefault("quota" if over else "roles", []).append(advice.message)
         detail["fits_with"] = {"role": "worker", "instances": advice.workers}
@@ -678,6 +691,7 @@ def fits_advice(
     scopes: list[quota.Scope],
     over: list[quota.Excess],
     never: dict[str, str],
+    one_instance_per_node: bool = False,
 ) -> FitsAdvice | None:
     """Too much for the quota, or more instances than the nodes could ever hold together: the
     count of workers that neither refuses is the one change that gets the job in. None when
@@ -685,7 +699,11 @@ def fits_advice(
     says it with its refusal, the New-job form's preview before Launch."""
     if not over and "roles" not in never:
         return None
-    fits = quota.largest_fitting(roles, scopes, placeable=_placeable)
+    fits = quota.largest_fitting(
+        roles,
+        scopes,
+        placeable=lambda tried: not scheduling.why_never_placeable(tried, one_instance_per_node),
+    )
     asked = next((r.instances for r in roles if r.role == "worker"), 0)
     least = MIN_INSTANCES[framework].get("worker", 0)
     if fits is None or not least <= fits < asked:
@@ -693,6 +711,3 @@ def fits_advice(
     others = sum(r.instances for r in roles if r.role != "worker")
     return FitsAdvice(fits, fits + others)
 
-
-def _placeable(roles: list[RoleRequest]) -> bool:
-    return not scheduling.why_never_placeable(roles)
