@@ -318,6 +318,7 @@ def job_as_dict(
             "backoff_seconds": job.restart_backoff_seconds,
             "exclude_failed_node": job.exclude_failed_node,
         },
+        "one_instance_per_node": job.one_instance_per_node,
         "health_rules": job.health_rules,
         "time_limit": job.time_limit,
         "time_limit_ends": _time_limit_ends(job),
@@ -833,7 +834,7 @@ def job_baseline_run(request: HttpRequest, job_id: int) -> Status[dict[str, Any]
 )
 def compare_jobs(
     request: HttpRequest,
-    jobs: str | None = Query(None, description="2 to 5 job numbers, comma-separated: 12,15,19."),
+    jobs: str | None = Query(None, description="2 to 8 job numbers, comma-separated: 12,15,19."),
 ) -> dict[str, Any]:
     """Jobs side by side: configuration rows (each saying whether the jobs differ there), the
     figures of each, and the metric names they share with where to read each job's points.

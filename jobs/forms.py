@@ -51,6 +51,7 @@ FIELD_FOR_ERROR = {
     "restart.max_restarts": "max_restarts",
     "restart.backoff_seconds": "restart_backoff_seconds",
     "restart.exclude_failed_node": "exclude_failed_node",
+    "one_instance_per_node": "one_instance_per_node",
     "health_rules": "health_rules",
     "env": "env",
     "time_limit": "time_limit",
@@ -212,6 +213,12 @@ class NewJobForm(_ShapeForm):
     servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
     worker_package = forms.ChoiceField(label="Worker package", required=False, widget=PackageSelect)
     workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
+    one_instance_per_node = forms.BooleanField(
+        label="One instance per node",
+        required=False,
+        help_text="No two instances share a node, however small their packages: how a job "
+        "tries multi-node training (Slurm: --ntasks-per-node=1).",
+    )
     priority = forms.ChoiceField(
         label="Priority",
         required=False,
@@ -370,6 +377,8 @@ class NewJobForm(_ShapeForm):
                 package=roles.get("master", {}).get("package"),
                 instances=sum(r.get("instances", 0) for r in roles.values()),
             )
+        if body.get("one_instance_per_node"):
+            initial["one_instance_per_node"] = True
         if body.get("priority"):
             initial["priority"] = body["priority"]
         if body.get("pool"):
@@ -487,6 +496,8 @@ class NewJobForm(_ShapeForm):
                 else 10,
                 "exclude_failed_node": bool(data.get("exclude_failed_node")),
             }
+        if data.get("one_instance_per_node"):
+            request["one_instance_per_node"] = True
         if data.get("priority"):
             request["priority"] = data["priority"]
         if data.get("pool"):

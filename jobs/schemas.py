@@ -122,6 +122,13 @@ class JobIn(_In):
         description="Its own Slurm options (partition, account, qos, constraint, reservation, "
         "exclusive), each one the pool allows; only with `pool`.",
     )
+    one_instance_per_node: StrictBool = Field(
+        default=False,
+        description="No two of its instances on one node (Slurm's --ntasks-per-node=1): each "
+        "instance gets a node of its own, so multi-node behaviour can be tried with small "
+        "packages. A job with more instances than there are nodes that could hold one is "
+        "refused.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -435,6 +442,7 @@ class JobOut(_Out):
     baseline: int | None
     metrics: list[MetricDefinitionOut]
     restart: RestartOut
+    one_instance_per_node: bool = Field(description="No two of its instances share a node.")
     health_rules: list[HealthRuleOut]
     time_limit: int | None = Field(
         description="Seconds each attempt may hold its nodes, from its placement; null: none."
@@ -972,6 +980,7 @@ MESSAGES: dict[str, str] = {
     "restart.max_restarts": WHOLE_NUMBER.format(low=0, high=MAX_RESTARTS_LIMIT),
     "restart.backoff_seconds": WHOLE_NUMBER.format(low=0, high=RESTART_BACKOFF_MAX_SECONDS),
     "restart.exclude_failed_node": "Give true or false.",
+    "one_instance_per_node": "Give true or false.",
     "log_limits": 'Give {"lines_per_second": N, "max_mb": N, "metric_points_per_second": N}.',
     "log_limits.lines_per_second": "Give a whole number of lines per second, at least 1.",
     "log_limits.max_mb": "Give a whole number of megabytes, at least 1.",
@@ -1062,7 +1071,7 @@ class CompareRowOut(_Declared):
 
 
 class CompareOut(_Declared):
-    """2 to 5 jobs side by side: their figures, the metric names they share (one chart
+    """2 to 8 jobs side by side: their figures, the metric names they share (one chart
     each), and their configuration as rows."""
 
     jobs: list[ComparedJobOut]

@@ -1,8 +1,8 @@
 """A job request from a job file (YAML) and the command's flags.
 
 A job file holds exactly the body of `POST /api/v1/jobs` (name, image, program, roles,
-kvstore, priority, restart, time_limit, health_rules, metrics, env), plus one key of the CLI's
-own:
+kvstore, priority, restart, one_instance_per_node, time_limit, health_rules, metrics, env), plus
+one key of the CLI's own:
 
     code: ./src      # the folder to upload as the code snapshot, relative to the job file
 
@@ -239,6 +239,7 @@ def apply_flags(
     restart_policy: str | None,
     max_restarts: int | None,
     exclude_failed_node: bool | None = None,
+    one_per_node: bool | None = None,
     time_limit: str | None = None,
     priority: str | None = None,
     pool: str | None = None,
@@ -261,6 +262,8 @@ def apply_flags(
         body["roles"] = {**_section(body, "roles"), **dict(parse_role(r) for r in roles)}
     if kvstore is not None:
         body["kvstore"] = kvstore
+    if one_per_node is not None:
+        body["one_instance_per_node"] = one_per_node
     if priority is not None:
         body["priority"] = priority
     if pool is not None:

@@ -53,6 +53,15 @@ ExcludeFailedNode = Annotated[
         show_default=False,
     ),
 ]
+OnePerNode = Annotated[
+    bool | None,
+    typer.Option(
+        "--one-per-node/--share-nodes",
+        help="No two instances on one node, however small their packages (Slurm: "
+        "--ntasks-per-node=1); --share-nodes lets them share again.",
+        show_default=False,
+    ),
+]
 TimeLimit = Annotated[
     str | None,
     typer.Option(
@@ -206,6 +215,7 @@ def submit(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     exclude_failed_node: ExcludeFailedNode = None,
+    one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
     pool: Pool = None,
@@ -244,6 +254,7 @@ def submit(
         restart_policy=restart,
         max_restarts=max_restarts,
         exclude_failed_node=exclude_failed_node,
+        one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,
         pool=pool,
@@ -456,6 +467,7 @@ def rerun(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     exclude_failed_node: ExcludeFailedNode = None,
+    one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
     arg: Annotated[
@@ -482,6 +494,7 @@ def rerun(
         restart_policy=restart,
         max_restarts=max_restarts,
         exclude_failed_node=exclude_failed_node,
+        one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,
     )
@@ -667,7 +680,7 @@ def show(
 @app.command()
 def compare(
     job_ids: Annotated[
-        list[int], typer.Argument(help="2 to 5 job numbers, as `trainyard ls` shows them.")
+        list[int], typer.Argument(help="2 to 8 job numbers, as `trainyard ls` shows them.")
     ],
     differences: Annotated[
         bool, typer.Option("--differences", help="Only the configuration rows that differ.")

@@ -27,11 +27,15 @@ class Demand:
     cpu: int
     gpus: int
     memory_gb: int
+    # One instance per node (a job's one_instance_per_node, Slurm's --ntasks-per-node=1): it
+    # goes to a node that none of the other instances placed with it takes. Every instance
+    # of a job has it, or none does.
+    alone: bool = False
 
     @classmethod
-    def of(cls, key: tuple[str, int], package: Sized) -> "Demand":
+    def of(cls, key: tuple[str, int], package: Sized, alone: bool = False) -> "Demand":
         """An instance of `package`."""
-        return cls(key, package.cpu, package.gpus, package.memory_gb)
+        return cls(key, package.cpu, package.gpus, package.memory_gb, alone)
 
 
 def smallest(demands: Sequence[Demand]) -> Demand:
@@ -115,6 +119,10 @@ class _Attempt:
     stuck: Demand | None  # the instance no room was left for, if any
     free: list[Room]  # the rooms as they were when placement stopped
 
+    def taken(self) -> set[str]:
+        """The nodes the instances placed so far went to."""
+        return set(self.assignment.values())
+
 
 def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
     """Best fit, largest demand first: each instance goes to the node it leaves least room on.
@@ -125,7 +133,8 @@ def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
     free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
     attempt = _Attempt({}, None, free)
     for demand in sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True):
-        candidates = [r for r in free if r.fits(demand)]
+        taken = attempt.taken() if demand.alone else set()
+        candidates = [r for r in free if r.fits(demand) and r.node not in taken]
         if not candidates:
             attempt.stuck = demand
             return attempt
@@ -177,12 +186,15 @@ def first_unplaceable(
 ) -> tuple[Demand, list[Room]] | None:
     """The instance placement gets stuck on, with the rooms as they were at that moment
     (after the larger instances before it were placed); None when everything fits. A room
-    that could take none of them is returned as passed in, not copied: do not change them."""
+    that could take none of them is returned as passed in, not copied: do not change them.
+    For an instance that goes alone, the nodes its job's other instances took are left out:
+    no room there would let it start."""
     attempt = _best_fit(demands, _open(demands, rooms))
     if attempt.stuck is None:
         return None
     then = {r.node: r for r in attempt.free}
-    return attempt.stuck, [then.get(r.node, r) for r in rooms]
+    taken = attempt.taken() if attempt.stuck.alone else set()
+    return attempt.stuck, [then.get(r.node, r) for r in rooms if r.node not in taken]
 
 
 def describe(cpu: int, gpus: int, memory_gb: int) -> str:

@@ -62,6 +62,8 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
             body["slurm"] = dict(job.slurm_options)
     if job.kvstore:
         body["kvstore"] = job.kvstore
+    if job.one_instance_per_node:
+        body["one_instance_per_node"] = True
     if env:
         body["env"] = env
     return body

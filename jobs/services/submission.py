@@ -710,4 +710,3 @@ def fits_advice(
         return None
     others = sum(r.instances for r in roles if r.role != "worker")
     return FitsAdvice(fits, fits + others)
-

@@ -43,3 +43,46 @@ def test_it_knows_when_a_gang_could_never_run_at_once() -> None:
     assert not gang_never_fits([demand(i, 2) for i in range(4)], capacities)
     assert gang_never_fits([demand(i, 2) for i in range(5)], capacities)
     assert gang_never_fits([demand(0, 3), demand(1, 3), demand(2, 2)], capacities)
+
+
+# --- one instance per node ---
+
+
+def alone(i: int, cpu: int = 1, gpus: int = 0, mem: int = 1) -> Demand:
+    return Demand(("worker", i), cpu, gpus, mem, alone=True)
+
+
+def test_it_packs_small_instances_on_one_node_unless_they_go_one_per_node() -> None:
+    rooms = [Room("a", 8, 0, 32), Room("b", 8, 0, 32)]
+    packed = place([demand(0), demand(1)], rooms)
+    assert packed is not None and len(set(packed.values())) == 1
+    spread = place([alone(0), alone(1)], rooms)
+    assert spread is not None and sorted(spread.values()) == ["a", "b"]
+
+
+def test_instances_one_per_node_wait_when_fewer_nodes_have_room_than_instances() -> None:
+    # Room for three on "a", for one on "b": enough in all, not one per node.
+    rooms = [Room("a", 3, 0, 32), Room("b", 1, 0, 32), Room("c", 0, 0, 32)]
+    assert place([demand(0), demand(1), demand(2)], rooms) is not None
+    assert place([alone(0), alone(1), alone(2)], rooms) is None
+    assert place([alone(0), alone(1)], rooms) is not None
+
+
+def test_a_gang_one_per_node_never_fits_with_more_instances_than_nodes() -> None:
+    from jobs.services.placement import gang_never_fits
+
+    capacities = [Room("a", 64, 0, 256), Room("b", 64, 0, 256)]
+    assert not gang_never_fits([alone(0), alone(1)], capacities)
+    assert gang_never_fits([alone(0), alone(1), alone(2)], capacities)
+    assert not gang_never_fits([demand(0), demand(1), demand(2)], capacities)
+
+
+def test_where_an_instance_one_per_node_is_stuck_leaves_out_the_nodes_its_job_took() -> None:
+    from jobs.services.placement import first_unplaceable
+
+    rooms = [Room("a", 8, 0, 32), Room("b", 8, 0, 32)]
+    stuck = first_unplaceable([alone(0), alone(1), alone(2)], rooms)
+    assert stuck is not None
+    instance, rooms_then = stuck
+    assert instance.alone and rooms_then == []  # both nodes hold one already
+    assert first_unplaceable([demand(0), demand(1), demand(2)], rooms) is None

@@ -21,7 +21,15 @@ from django.utils import timezone
 from jobs.access import sees_jobs_of
 from jobs.models import Job, JobAttempt, Node, Replica
 from jobs.services.lifecycle import dispatch, schedule_requests, time_limits, transitions
-from jobs.services.placement import Demand, Holding, Room, gang_never_fits, never_fits, place
+from jobs.services.placement import (
+    Demand,
+    Holding,
+    Room,
+    gang_never_fits,
+    never_fits,
+    place,
+    smallest,
+)
 from jobs.services.plain_rows import aware_dates, plain_rows
 from jobs.services.scheduler import borrowing, evictions, queue, waitlist
 from jobs.services.scheduler.backfill import Backfill, Reservation
@@ -133,9 +141,12 @@ def free_rooms(nodes: Sequence[NodeRow | Node], held: list[Holding]) -> list[Roo
     return list(rooms.values())
 
 
-def demands_of(replicas: list[Replica]) -> list[Demand]:
-    """What each charged replica needs; the platform's own roles need nothing."""
-    return [Demand.of((r.role, r.index), r.package) for r in replicas if r.package is not None]
+def demands_of(replicas: list[Replica], alone: bool = False) -> list[Demand]:
+    """What each charged replica needs (`alone`: one instance per node); the platform's own
+    roles need nothing."""
+    return [
+        Demand.of((r.role, r.index), r.package, alone) for r in replicas if r.package is not None
+    ]
 
 
 def schedule() -> list[int]:
@@ -517,7 +528,8 @@ class SchedulingPass:
             if model is not None
             else []
         )
-        if model is None or sorted(demands_of(replicas), key=_by_key) != sorted(
+        alone = job.one_instance_per_node
+        if model is None or sorted(demands_of(replicas, alone), key=_by_key) != sorted(
             job.demands, key=_by_key
         ):
             return None  # it left the queue (or was restarted) since the pass read it
@@ -588,7 +600,9 @@ def _by_key(demand: Demand) -> tuple[str, int]:
     return demand.key
 
 
-def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
+def why_never_placeable(
+    roles: list[RoleRequest], one_instance_per_node: bool = False
+) -> dict[str, str]:
     """Why the request could not start even on empty nodes, by field; {} when it could.
 
     Judged against the nodes that are not draining; with no node known yet nothing is judged
@@ -613,8 +627,21 @@ def why_never_placeable(roles: list[RoleRequest]) -> dict[str, str]:
             )
     if problems:
         return problems
-    demands = [Demand.of((r.role, i), r.package) for r in roles for i in range(r.instances)]
+    alone = one_instance_per_node
+    demands = [Demand.of((r.role, i), r.package, alone) for r in roles for i in range(r.instances)]
     if gang_never_fits(demands, capacities):
+        holders = sum(1 for c in capacities if c.fits(smallest(demands)))
+        if alone and holders < len(demands):
+            nodes = (
+                f"there are only {holders} nodes"
+                if holders == len(capacities)
+                else f"only {holders} of the {len(capacities)} nodes could hold one"
+            )
+            problems["roles"] = (
+                f"The {len(demands)} instances go one per node, and {nodes}. Use fewer "
+                "instances, or let instances share a node."
+            )
+            return problems
         problems["roles"] = (
             f"The {len(demands)} instances could never all run at once: the {len(capacities)} "
             f"nodes hold {total[0]} CPU cores and {total[1]} GPUs in all. Use fewer instances."

@@ -34,15 +34,17 @@ class WaitingJob:
     priority_class_id: int | None
     preempted_by: tuple[int, ...]
     time_limit: int | None
+    one_instance_per_node: bool = False
     demands: list[Demand] = field(default_factory=list)  # its charged unplaced instances
-    # Its demands sorted, as (cpu, gpus, memory_gb): jobs of one shape place (or fail) alike.
-    shape: tuple[tuple[int, int, int], ...] = ()
+    # Its demands sorted, as (cpu, gpus, memory_gb, alone): jobs of one shape place (or fail)
+    # alike.
+    shape: tuple[tuple[int, int, int, bool], ...] = ()
     # What decides its fate in a pass but for its own identity: two jobs alike meet the same
     # rooms, ledger, reservation and preemption choices the same way.
     alike: tuple[object, ...] = ()
 
     def demands_known(self) -> None:
-        self.shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb) for d in self.demands))
+        self.shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb, d.alone) for d in self.demands))
         self.alike = (
             self.owner_id,
             self.shape,
@@ -56,7 +58,7 @@ class WaitingJob:
 
 JOB_FIELDS = (
     "id", "owner_id", "created", "reason", "excluded_nodes", "priority",
-    "priority_class_id", "preempted_by", "time_limit",
+    "priority_class_id", "preempted_by", "time_limit", "one_instance_per_node",
 )  # fmt: skip
 
 
@@ -92,12 +94,13 @@ def read(job_ids: list[int]) -> list[WaitingJob]:
     found: dict[int, WaitingJob] = {}
     rows = Job.objects.filter(pk__in=job_ids, state=Job.State.QUEUED)
     aware = aware_dates(rows.db)
-    for pk, owner, created, reason, excluded, priority, pclass, by, limit in plain_rows(
+    for pk, owner, created, reason, excluded, priority, pclass, by, limit, alone in plain_rows(
         rows.values_list(*JOB_FIELDS)
     ):
         found[pk] = WaitingJob(
-            pk, owner, aware(created), reason, _names(excluded), priority, pclass, _ids(by), limit
-        )
+            pk, owner, aware(created), reason, _names(excluded), priority, pclass, _ids(by), limit,
+            bool(alone),
+        )  # fmt: skip
     demands = (
         Replica.objects.filter(
             job_id__in=list(found), state=Replica.State.PENDING, package__isnull=False
@@ -107,7 +110,8 @@ def read(job_ids: list[int]) -> list[WaitingJob]:
                      "package__memory_gb")
     )  # fmt: skip
     for job_id, role, index, cpu, gpus, memory_gb in plain_rows(demands):
-        found[job_id].demands.append(Demand((role, index), cpu, gpus, memory_gb))
+        job = found[job_id]
+        job.demands.append(Demand((role, index), cpu, gpus, memory_gb, job.one_instance_per_node))
     jobs = [found[pk] for pk in job_ids if pk in found]
     for job in jobs:
         job.demands_known()

@@ -82,6 +82,8 @@ def _no_room(
     demand, rooms_then = stuck
     need = describe(demand.cpu, demand.gpus, demand.memory_gb)
     head = f"waiting: needs a node with {need} free"
+    if demand.alone:
+        head += " besides the nodes its other instances take (one instance per node)"
     best: tuple[int, str, list[int], Room] | None = None
     by_name = {r.node: r for r in rooms_then}
     held_on: dict[str, list[Holding]] = {}

@@ -95,7 +95,7 @@ class Component:
     def gpu_type(self) -> str:
         return gres_type(self.package.gpu_model) if self.package and self.gpus else ""
 
-    def demand(self) -> slurm_fit.Demand:
+    def demand(self, one_per_node: bool = False) -> slurm_fit.Demand:
         package = f" ({self.package.name})" if self.package else ""
         return slurm_fit.Demand(
             label=f"the {'/'.join(self.roles)}{package}",
@@ -104,6 +104,7 @@ class Component:
             memory_mb=self.memory_per_cpu_mb * self.cpus,
             gpus=self.gpus,
             gpu_type=self.gpu_type,
+            one_per_node=one_per_node,
         )
 
 
@@ -307,7 +308,7 @@ def sbatch_argv(
     ]
     if job.time_limit:
         argv.append(f"--time={slurm_minutes(job.time_limit)}")
-    argv += resource_options(components(job))
+    argv += resource_options(components(job), job.one_instance_per_node)
     argv.append(str(script))
     return argv
 
@@ -321,8 +322,10 @@ def slurm_minutes(time_limit: int) -> int:
     return max(1, math.ceil((time_limit + grace) / 60))
 
 
-def resource_options(parts: list[Component]) -> list[str]:
-    """sbatch's options for each component, separated by ":" (a heterogeneous job)."""
+def resource_options(parts: list[Component], one_per_node: bool = False) -> list[str]:
+    """sbatch's options for each component, separated by ":" (a heterogeneous job).
+    `one_per_node`: each component's tasks on nodes of their own (its components never share
+    a node: Slurm's rule), so no two instances of the job share one."""
     options: list[str] = []
     for number, component in enumerate(parts):
         if number:
@@ -332,6 +335,8 @@ def resource_options(parts: list[Component]) -> list[str]:
             f"--cpus-per-task={component.cpus}",
             f"--mem-per-cpu={component.memory_per_cpu_mb}M",
         ]
+        if one_per_node:
+            options.append("--ntasks-per-node=1")
         if component.gpus:
             kind = f"{component.gpu_type}:" if component.gpu_type else ""
             options.append(f"--gpus-per-task={kind}{component.gpus}")
@@ -344,12 +349,13 @@ def why_never_runs(
     target: SlurmTarget,
     time_limit: int | None = None,
     partition: str = "",
+    one_per_node: bool = False,
 ) -> str:
     """Why the pool's partitions (or the one chosen) could never hold a job of these roles
     ("" when one could), naming the limit; judged from the partitions' configuration,
     whatever their nodes' state now (slurm_fit). Raises SlurmUnavailable when Slurm cannot
     be asked."""
-    demands = [c.demand() for c in components_of(roles, kvstore)]
+    demands = [c.demand(one_per_node) for c in components_of(roles, kvstore)]
     names = [partition] if partition else target.partition.split(",")
     refusals = []
     for name in names:
@@ -372,6 +378,7 @@ def submit(job: Job, target: SlurmTarget, redis_url: str = "") -> str:
         target,
         job.time_limit,
         SlurmChoices.of(job.slurm_options).partition,
+        job.one_instance_per_node,
     )
     if refusal:
         raise SlurmRefused(refusal)

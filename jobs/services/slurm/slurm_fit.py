@@ -62,6 +62,7 @@ class Demand:
     memory_mb: int  # per instance: --mem-per-cpu × --cpus-per-task
     gpus: int = 0
     gpu_type: str = ""  # "" asks for any GPU
+    one_per_node: bool = False  # --ntasks-per-node=1
 
     def per_node(self, node: NodeShape) -> int:
         """How many of its instances one node holds."""
@@ -69,6 +70,8 @@ class Demand:
         if self.gpus:
             have = sum(node.gpus.values()) if not self.gpu_type else node.gpus.get(self.gpu_type, 0)
             fits.append(have // self.gpus)
+        if self.one_per_node:
+            fits.append(1)
         return max(0, min(fits))
 
 
@@ -240,10 +243,14 @@ def _too_many_nodes(
     if len(demands) == 1:
         demand = demands[0]
         most = max(demand.per_node(n) for n in nodes)
+        why = (
+            "they go one per node (--ntasks-per-node=1)"
+            if demand.one_per_node
+            else f"a node holds at most {most} of them"
+        )
         return (
             f"{_count(demand.tasks, 'instance')} of {demand.label} need at least "
-            f"{_count(needed[0], 'node')}, as a node holds at most {most} of them; "
-            f"{where} has {have}"
+            f"{_count(needed[0], 'node')}, as {why}; {where} has {have}"
         )
     parts = " + ".join(str(n) for n in needed)
     names = ", ".join(d.label for d in demands)
