@@ -4,7 +4,8 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from jobs import account_views, api, form_views, user_views, views
+# api_artifacts is imported for its operations, which register on api.api (a job's artifacts).
+from jobs import account_views, api, api_artifacts, form_views, user_views, views  # noqa: F401
 from jobs.login_throttle import AdminLoginForm, LoginForm
 
 # Both login pages say how long to wait when the login throttle refuses an attempt.

@@ -36,6 +36,7 @@ from celery import Celery
 from kombu import Queue
 
 from workers import (
+    artifacts,
     cgroups,
     checkpoint_retention,
     containers,
@@ -117,7 +118,7 @@ def make_celery(broker_url: str, node: str | None = None) -> Celery:
     return app
 
 
-def register_tasks(app: Celery, supervisor: Supervisor) -> None:
+def register_tasks(app: Celery, supervisor: Supervisor, client: redis.Redis) -> None:
     @app.task(name=contract.TASK_START_REPLICA)
     def start_replica(spec: dict[str, Any]) -> None:
         supervisor.start(ReplicaSpec.from_dict(spec))
@@ -140,6 +141,25 @@ def register_tasks(app: Celery, supervisor: Supervisor) -> None:
     @app.task(name=contract.TASK_REMOVE_WORKING_FOLDER)
     def remove_working_folder(job_id: int, checkpoint_key: str) -> None:
         supervisor.remove_working_folder(job_id, checkpoint_key)
+
+    # A job's artifacts (workers/artifacts.py): the console waits for the answer.
+    @app.task(name=contract.TASK_LIST_ARTIFACTS)
+    def list_artifacts(request: dict[str, Any]) -> None:
+        _serve_artifacts(supervisor, client, request)
+
+    @app.task(name=contract.TASK_READ_ARTIFACT)
+    def read_artifact(request: dict[str, Any]) -> None:
+        _serve_artifacts(supervisor, client, request)
+
+
+def _serve_artifacts(supervisor: Supervisor, client: redis.Redis, request: dict[str, Any]) -> None:
+    artifacts.serve(
+        request,
+        client=client,
+        node=supervisor.node,
+        checkpoint_root=supervisor.checkpoint_root,
+        sandbox=supervisor.sandbox,
+    )
 
 
 def retry_policy(deadline: float | None) -> dict[str, Any]:
@@ -562,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     reaper = guardian.start(supervisor.records.directory)
     stopping = StopRequest()
     signal.signal(signal.SIGUSR2, stopping.stop_trainers)
-    register_tasks(app, supervisor)
+    register_tasks(app, supervisor, client)
     inventory = {
         "node": args.node,
         "address": args.address,

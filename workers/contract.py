@@ -205,6 +205,11 @@ TASK_REMOVE_CHECKPOINTS = "trainyard.agent.remove_checkpoints"
 # An ended job's working folder goes when its retention ends (workers/workfolder.py); its
 # checkpoint folder stays until the job is deleted. An agent older than this task drops it.
 TASK_REMOVE_WORKING_FOLDER = "trainyard.agent.remove_working_folder"
+# A job's artifacts (workers/artifacts.py): list them, read one file's chunk. The agent answers
+# on the reply list the request names (workers/agentreply.py); an agent older than these tasks
+# drops them, and the console says the node did not answer.
+TASK_LIST_ARTIFACTS = "trainyard.agent.list_artifacts"
+TASK_READ_ARTIFACT = "trainyard.agent.read_artifact"
 TASK_NODE_HEARTBEAT = "trainyard.console.node_heartbeat"
 TASK_REPLICA_STARTED = "trainyard.console.replica_started"
 TASK_REPLICA_EXITED = "trainyard.console.replica_exited"
@@ -227,6 +232,20 @@ HEARTBEATS_DRAINED_KEY = "trainyard:console:heartbeats-drained"
 def node_queue(node_name: str) -> str:
     """The Celery queue a node agent consumes; the console sends a node's work only there."""
     return f"node.{node_name}"
+
+
+def reply_key_prefix(node_name: str) -> str:
+    """A node's reply lists (workers/agentreply.py) start so: its agent may write there only."""
+    return f"trainyard:reply:{node_name}:"
+
+
+def reply_key(node_name: str, token: str) -> str:
+    return f"{reply_key_prefix(node_name)}{token}"
+
+
+def is_reply_key(key: str, node_name: str) -> bool:
+    token = key.removeprefix(reply_key_prefix(node_name))
+    return token != key and token.isalnum()
 
 
 # --- Redis keys. The {job:N} hash tag keeps a job's keys on one Redis Cluster slot, which the

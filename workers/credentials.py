@@ -13,6 +13,8 @@ What an agent's Redis user may do (`acl_rules`), and nothing else:
   replace it); likewise RPUSH onto the console's heartbeat list, and GET or EXISTS of the flag
   that says whether the console drains it (workers/heartbeat_route.py);
 - read code snapshots (`trainyard:snapshot:*`);
+- RPUSH (and EXPIRE) onto its own reply lists (`trainyard:reply:<NODE>:*`), where it answers
+  the console's questions about a job's artifacts (workers/agentreply.py);
 - read and write the keys of the jobs it runs replicas of (`trainyard:{job:N}:*`): the console
   adds and removes those patterns as replicas are placed on the node and end (jobs/services/
   agent_access.py);
@@ -150,6 +152,9 @@ def acl_rules(node: str, hashed_password: str, job_ids: list[int] | set[int]) ->
     # send the others to a list no console reads, nor take them off it).
     rules.append(f"(+rpush %W~{contract.HEARTBEATS_KEY})")
     rules.append(f"(+get +exists %R~{contract.HEARTBEATS_DRAINED_KEY})")
+    # Answers to the console (a job's artifacts, workers/agentreply.py): onto this node's own
+    # reply lists, and nothing else there (the console reads and removes them).
+    rules.append(f"(+rpush +expire %W~{contract.reply_key_prefix(node)}*)")
     return rules
 
 

@@ -20,6 +20,10 @@ slurmstepd opens user files:
 A refusal raises UnsafeFile with the reason in words; the caller says so in the job's log and
 reads nothing.
 
+A job's folder is listed with list_tree (its artifacts, workers/artifacts.py): each entry is
+looked at with lstat through its folder's descriptor, folders are opened as above, and only
+what open_file would read is listed; the rest is named with the reason.
+
 Folders a job wrote in are removed with remove_tree, which follows no link, opens no FIFO and
 does not recurse however deep the job nested its folders.
 """
@@ -27,6 +31,8 @@ does not recurse however deep the job nested its folders.
 import errno
 import os
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # A folder below a trusted one: never through a link, never blocking (a FIFO put in its place
@@ -101,7 +107,10 @@ def open_file(path: Path, below: Path, uid: int) -> int:
 
 
 def _check(fd: int, name: str, uid: int) -> None:
-    found = os.fstat(fd)
+    _check_stat(os.fstat(fd), name, uid)
+
+
+def _check_stat(found: os.stat_result, name: str, uid: int) -> None:
     if not stat.S_ISREG(found.st_mode):
         raise UnsafeFile(f"{name} is not a regular file ({_kind(found.st_mode)})")
     if found.st_uid != uid:
@@ -246,3 +255,101 @@ def _unlink(fd: int, name: str) -> None:
         os.unlink(name, dir_fd=fd)
     except OSError:
         pass
+
+
+@dataclass(frozen=True)
+class TreeListing:
+    """What list_tree found: the job's own regular files, what it would not serve and why (by
+    path relative to the listed folder), and whether it stopped at its bounds."""
+
+    files: list[tuple[str, os.stat_result]]
+    refused: list[tuple[str, str]]
+    truncated: bool
+
+
+# (the listed folder's descriptor, an entry's name, its lstat) -> True to leave it out: asked of
+# the entries at the top of the listed folder only.
+LeaveOut = Callable[[int, str, os.stat_result], bool]
+
+
+def list_tree(
+    path: Path,
+    below: Path,
+    uid: int,
+    max_entries: int,
+    max_depth: int,
+    leave_out: LeaveOut | None = None,
+) -> TreeListing:
+    """The regular files under the folder `path` that open_file would read (owned by `uid`,
+    one link), every folder from `below` down opened without following a link, every entry
+    looked at with lstat through its folder's descriptor: nothing is followed or opened but
+    folders. Links, FIFOs, sockets, devices, foreign-owned and hard-linked files are refused
+    with the reason. At most `max_entries` entries are looked at and `max_depth` folders
+    gone into (truncated says so); a folder the job nested deeper is refused, not walked.
+    FileNotFoundError when `path` is not there."""
+    files: list[tuple[str, os.stat_result]] = []
+    refused: list[tuple[str, str]] = []
+    seen = 0
+    truncated = False
+    # Depth first, one descriptor per level: (descriptor, its path relative to `path`).
+    levels: list[tuple[int, str]] = [(open_folder(path, below), "")]
+    pending: list[list[str]] = [_names(levels[0][0])]
+    try:
+        while levels:
+            fd, prefix = levels[-1]
+            if not pending[-1]:
+                os.close(fd)
+                levels.pop()
+                pending.pop()
+                continue
+            name = pending[-1].pop()
+            relative = f"{prefix}{name}"
+            try:
+                found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            if not prefix and leave_out is not None and leave_out(fd, name, found):
+                continue
+            seen += 1
+            if seen > max_entries:
+                truncated = True
+                break
+            if stat.S_ISDIR(found.st_mode):
+                if len(levels) > max_depth:
+                    refused.append((relative, f"deeper than {max_depth} folders: not listed"))
+                    continue
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:  # swapped for a link or a file meanwhile, or no access
+                    refused.append((relative, f"not a folder that can be opened ({exc.strerror})"))
+                    continue
+                levels.append((child, f"{relative}/"))
+                pending.append(_names(child))
+                continue
+            reason = _refusal(found, name, uid)
+            if reason is None:
+                files.append((relative, found))
+            else:
+                refused.append((relative, reason))
+    finally:
+        for fd, _ in levels:
+            os.close(fd)
+    files.sort(key=lambda item: item[0])
+    refused.sort()
+    return TreeListing(files, refused, truncated)
+
+
+def _names(fd: int) -> list[str]:
+    """The entries of the open folder `fd`, in reverse order (popped from the end: sorted)."""
+    return sorted(os.listdir(fd), reverse=True)
+
+
+def _refusal(found: os.stat_result, name: str, uid: int) -> str | None:
+    """Why open_file would refuse a file with this lstat, or None when it would read it."""
+    if stat.S_ISLNK(found.st_mode):
+        return f"{name} is a symbolic link"
+    try:
+        _check_stat(found, name, uid)
+    except UnsafeFile as exc:
+        return str(exc)
+    return None
