@@ -48,6 +48,12 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # torchrun's default
 TORCHRUN_ROLE = "default"  # torchrun's --role default: every process is in one role
+# PyTorch Lightning reads PL_TRAINER_<ARGUMENT> as the default of Trainer(<argument>=...)
+# (lightning.pytorch.utilities.argparse._defaults_from_env_vars; an argument the script passes
+# wins). Set to the job's instances and processes per instance, so that a script with the
+# default num_nodes=1 trains as one group across the instances, not once per instance.
+PL_TRAINER_NUM_NODES = "PL_TRAINER_NUM_NODES"
+PL_TRAINER_DEVICES = "PL_TRAINER_DEVICES"
 
 # --- Environment of a parameter-server process (MXNet's names) ---
 DMLC_ROLE = "DMLC_ROLE"

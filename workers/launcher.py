@@ -6,7 +6,8 @@ variable torchrun 2.13 sets: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_R
 LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME ("default"), ROLE_RANK,
 ROLE_WORLD_SIZE, TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
 TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_ERROR_FILE, TORCHELASTIC_SIGNALS_TO_HANDLE,
-TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS, plus NODE_RANK. A parameter-server
+TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS, plus NODE_RANK, and Lightning's
+PL_TRAINER_NUM_NODES and PL_TRAINER_DEVICES where the job sets neither. A parameter-server
 process gets MXNet's DMLC_* variables. Both get Trainyard's own (TRAINYARD_*), the node's
 interface where it is known (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, DMLC_INTERFACE), and the
 job's own variables (`env`, which may not name any of these).
@@ -149,6 +150,12 @@ def build_processes(
             contract.TORCHELASTIC_SIGNALS_TO_HANDLE: contract.SIGNALS_TO_HANDLE,
         }
     )
+    # Lightning's Trainer defaults, unless the job's own variables set them.
+    common.setdefault(
+        contract.PL_TRAINER_NUM_NODES,
+        str(spec.group_world_size or spec.world_size // spec.local_world_size),
+    )
+    common.setdefault(contract.PL_TRAINER_DEVICES, str(spec.local_world_size))
     processes = []
     for local_rank in range(spec.local_world_size):
         env = dict(common)

@@ -159,3 +159,27 @@ def test_a_parameter_server_process_gets_the_nodes_address_and_interface() -> No
         "DMLC_INTERFACE": "eth1",
     }  # fmt: skip
     assert proc.env["GLOO_SOCKET_IFNAME"] == "eth1"  # Trainyard's own PS runs on gloo
+
+
+def test_lightning_learns_the_instances_and_processes_unless_the_job_says_otherwise() -> None:
+    """Lightning's Trainer reads PL_TRAINER_* as its defaults: a script with num_nodes left at
+    1 would otherwise train once per instance (issue 49, item 11)."""
+    processes = build_processes(
+        spec(world_size=6, local_world_size=2, rank_offset=2, group_world_size=3),
+        Path("/code/t.py"), 29500, Path("/i"), Path("/ck"), [], python="py", base_env={},
+    )  # fmt: skip
+    for proc in processes:
+        assert proc.env[contract.PL_TRAINER_NUM_NODES] == "3"
+        assert proc.env[contract.PL_TRAINER_DEVICES] == "2"
+    (own,) = build_processes(
+        spec(extra_env={contract.PL_TRAINER_NUM_NODES: "1"}),
+        Path("/code/t.py"), 29500, Path("/i"), Path("/ck"), [], python="py", base_env={},
+    )  # fmt: skip
+    assert own.env[contract.PL_TRAINER_NUM_NODES] == "1"
+    assert own.env[contract.PL_TRAINER_DEVICES] == "1"
+    (ps,) = build_processes(
+        spec(framework="kvstore", role="server", index=0, kvstore="dist_sync", num_servers=1,
+             num_workers=1),
+        Path("/code/t.py"), 29500, Path("/i"), Path("/ck"), [], python="py", base_env={},
+    )  # fmt: skip
+    assert contract.PL_TRAINER_NUM_NODES not in ps.env
