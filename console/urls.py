@@ -5,7 +5,15 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 # api_artifacts is imported for its operations, which register on api.api (a job's artifacts).
-from jobs import account_views, api, api_artifacts, form_views, user_views, views  # noqa: F401
+from jobs import (  # noqa: F401
+    account_views,
+    api,
+    api_artifacts,
+    form_views,
+    run_views,
+    user_views,
+    views,
+)
 from jobs.login_throttle import AdminLoginForm, LoginForm
 
 # Both login pages say how long to wait when the login throttle refuses an attempt.
@@ -21,6 +29,9 @@ urlpatterns = [
     path("jobs/<int:job_id>/again/", views.job_edit_again, name="job_edit_again"),
     path("jobs/<int:job_id>/run-again/", views.job_run_again, name="job_run_again"),
     path("jobs/<int:job_id>/retention/", views.job_retention, name="job_retention"),
+    path("jobs/<int:job_id>/labels/", run_views.job_labels, name="job_labels"),
+    path("jobs/views/save/", run_views.run_view_save, name="run_view_save"),
+    path("jobs/views/delete/", run_views.run_view_delete, name="run_view_delete"),
     path("compare/", views.compare_page, name="compare"),
     path("nodes/", views.node_list, name="node_list"),
     path("queue/", views.queue_page, name="queue"),

@@ -45,6 +45,7 @@ from jobs.schemas import (
     JobListOut,
     JobOut,
     JobRequestOut,
+    LabelsIn,
     LogCountsOut,
     LogPageOut,
     MeOut,
@@ -64,10 +65,12 @@ from jobs.services import (
     baselines,
     code_choices,
     metric_export,
+    metric_summaries,
     nodes,
     quota,
     rerun,
     retention,
+    run_labels,
     snapshots,
 )
 from jobs.services.lifecycle import outcomes, time_limits, transitions
@@ -329,6 +332,20 @@ def job_as_dict(
         "slurm": job.slurm_options,
         "preempted_by": [int(j) for j in job.preempted_by],
         "usage": presenters.usage(job),
+        "project": job.project,
+        "tags": run_labels.tags_of(job),
+        "note": job.note,
+        "config": job.config,
+        "metric_summary": {
+            s.name: {
+                "final": s.final,
+                "best": getattr(s, metric_summaries.best_field(s.name)),
+                "minimum": s.minimum,
+                "maximum": s.maximum,
+                "points": s.points,
+            }
+            for s in presenters.related(job, "metric_summaries", job.metric_summaries.all)
+        },
         **presenters.job_state_payload(job, queue_positions),
     }
 
@@ -480,6 +497,8 @@ def _listed_jobs(user: User) -> Any:
         ),
         "attempts",
         "health_events",
+        "tags",
+        "metric_summaries",
     )
 
 
@@ -515,9 +534,14 @@ def job_list(
     ),
     since: str | None = _filter_query("Only jobs submitted on or after this day, YYYY-MM-DD."),
     until: str | None = _filter_query("Only jobs submitted on or before this day, YYYY-MM-DD."),
+    project: str | None = _filter_query("Only jobs of this project."),
+    tag: str | None = _filter_query("Only jobs with this tag (several comma-separated: all)."),
     sort: str | None = _filter_query(
         "-submitted (newest first, the default), submitted, -duration (longest first) or "
-        "duration; jobs that never started come last in both duration orders."
+        "duration; jobs that never started come last in both duration orders. Or a column, "
+        "with a leading - for descending: metric:NAME:final, metric:NAME:best (e.g. "
+        "-metric:eval_accuracy:best), config:KEY (config:lr, config:$WARMUP), project or "
+        "tags; jobs without a value come last."
     ),
 ) -> dict[str, Any]:
     """The jobs you may see, newest first, a page at a time (`limit`; the next page with
@@ -531,6 +555,8 @@ def job_list(
         "program": program,
         "since": since,
         "until": until,
+        "project": project,
+        "tag": tag,
         "sort": sort,
     }
     try:
@@ -607,6 +633,32 @@ def job_cancel(request: HttpRequest, job_id: int) -> dict[str, Any]:
     except transitions.InvalidTransition as exc:
         raise ApiError(409, "state", str(exc)) from None
     return job_as_dict(job, request.user)
+
+
+@api.patch(
+    "/jobs/{int:job_id}/labels",
+    response={200: JobOut, **ERRORS},
+    tags=["jobs"],
+    url_name="api_job_labels",
+)
+def job_labels(request: HttpRequest, job_id: int, payload: LabelsIn) -> dict[str, Any]:
+    """Body {"add": [tags], "remove": [tags], "project": name, "note": text}, any of them:
+    file the run. 400 names every problem and changes nothing."""
+    job = get_job_for(request.user, job_id)
+    bad_text = text.problems_by_field(payload.model_dump(mode="python"))
+    if bad_text:
+        raise ValidationFailed(bad_text)
+    try:
+        run_labels.change(
+            job.pk,
+            add=payload.add,
+            remove=payload.remove,
+            project=payload.project,
+            note=payload.note,
+        )
+    except run_labels.LabelError as exc:
+        raise ValidationFailed(exc.errors) from None
+    return job_as_dict(get_job_for(request.user, job_id), request.user)
 
 
 @api.post(

@@ -30,12 +30,13 @@ def config_of(args: list[str], env: dict[str, str]) -> dict[str, Any]:
         i += 1
         if not arg.startswith("-") or arg in ("-", "--"):
             continue
-        name, has_value, value = arg.lstrip("-").partition("=")
-        if not has_value and i < len(args) and not _is_option(str(args[i])):
-            value, has_value = str(args[i]), True
+        name, equals, value = arg.lstrip("-").partition("=")
+        given = bool(equals)
+        if not given and i < len(args) and not _is_option(str(args[i])):
+            value, given = str(args[i]), True
             i += 1
         if _KEY.fullmatch(name):
-            config[name] = typed(value) if has_value else True
+            config[name] = typed(value) if given else True
     for name, value in env.items():
         if not looks_secret(name):
             config[f"{ENV_PREFIX}{name}"] = typed(str(value))

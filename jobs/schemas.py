@@ -129,12 +129,40 @@ class JobIn(_In):
         "packages. A job with more instances than there are nodes that could hold one is "
         "refused.",
     )
+    project: StrictStr = Field(
+        default="",
+        description="A project to file the run under: letters, digits and _ . : / = - (at "
+        "most 100); the job list groups and filters by it.",
+    )
+    tags: list[StrictStr] = Field(
+        default_factory=list,
+        description="Labels of the run, each letters, digits and _ . : / = - (at most 40, 20 "
+        "tags); the job list filters by them (?tag=).",
+    )
+    note: StrictStr = Field(
+        default="", description="What the run is for: plain text, at most 2,000 characters."
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
         "the platform sets (MASTER_ADDR, RANK, TRAINYARD_*, TORCHELASTIC_*, DMLC_*, ...) are "
         "refused; values of names with TOKEN, SECRET, PASSWORD or KEY in them are shown masked "
         "to anyone but you.",
+    )
+
+
+class LabelsIn(_In):
+    """The body of PATCH /api/v1/jobs/ID/labels: what to change of how the job is filed."""
+
+    add: list[StrictStr] = Field(default_factory=list, description="Tags to add.")
+    remove: list[StrictStr] = Field(
+        default_factory=list, description="Tags to take off (one it does not have is no error)."
+    )
+    project: StrictStr | None = Field(
+        default=None, description='Its project ("": none); absent or null: as it is.'
+    )
+    note: StrictStr | None = Field(
+        default=None, description='Its note, plain text ("": none); absent or null: as it is.'
     )
 
 
@@ -415,9 +443,27 @@ class UsageOut(_Out):
     instances: list[InstanceUsageOut]
 
 
+class MetricSummaryOut(_Out):
+    final: float = Field(description="The mean of the reports at its last step.")
+    best: float = Field(description="The lowest for a loss or an error, else the highest.")
+    minimum: float
+    maximum: float
+    points: int
+
+
 class JobOut(_Out):
     id: int
     name: str
+    project: str = Field(description='The project it is filed under; "": none.')
+    tags: list[str]
+    note: str = Field(description="Its note, plain text.")
+    config: dict[str, str | int | float | bool] = Field(
+        description='Its arguments and variables as key/values: {"lr": 0.1, "$WARMUP": 500} '
+        "(options without a value are true; secret-looking variables are left out)."
+    )
+    metric_summary: dict[str, MetricSummaryOut] = Field(
+        description="Each metric's final and best value so far, by name."
+    )
     owner: str
     image: str
     pool: str = Field(description='The Slurm pool it runs in; "": Trainyard\'s own nodes.')
@@ -506,6 +552,8 @@ class JobRequestOut(_Out):
     log_limits: LogLimitsRequestOut | None = Field(default=None, exclude_if=_unless_none)
     time_limit: int | None = _param("Seconds, when the job has a time limit.")
     env: dict[str, str] | None = Field(default=None, exclude_if=_unless_none)
+    project: str | None = _param("Its project, when it has one.")
+    tags: list[str] | None = _param("Its tags, when it has some.")
 
 
 class JobListOut(_Out):

@@ -124,6 +124,9 @@ class Api:
     def post(self, path: str, **kwargs: Any) -> Any:
         return self.call("POST", path, **kwargs)
 
+    def patch(self, path: str, **kwargs: Any) -> Any:
+        return self.call("PATCH", path, **kwargs)
+
     def delete(self, path: str) -> None:
         response = self._send("DELETE", path)
         if response.status_code >= 400:

@@ -1,8 +1,8 @@
 """A job request from a job file (YAML) and the command's flags.
 
 A job file holds exactly the body of `POST /api/v1/jobs` (name, image, program, roles,
-kvstore, priority, restart, one_instance_per_node, time_limit, health_rules, metrics, env), plus
-one key of the CLI's own:
+kvstore, priority, restart, one_instance_per_node, time_limit, health_rules, metrics, env,
+project, tags, note), plus one key of the CLI's own:
 
     code: ./src      # the folder to upload as the code snapshot, relative to the job file
 
@@ -244,9 +244,17 @@ def apply_flags(
     priority: str | None = None,
     pool: str | None = None,
     slurm: list[str] | None = None,
+    project: str | None = None,
+    tags: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The job file's body with the flags on top: a flag wins over the file's value."""
+    """The job file's body with the flags on top: a flag wins over the file's value (tags
+    join the file's)."""
     body = dict(body)
+    if project is not None:
+        body["project"] = project
+    if tags:
+        filed = body.get("tags")
+        body["tags"] = [*(filed if isinstance(filed, list) else []), *tags]
     if name is not None:
         body["name"] = name
     if image is not None:

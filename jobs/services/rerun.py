@@ -5,7 +5,8 @@ One definition for the job page's "Run again" and "Edit and run again", the API'
 body of `POST /api/v1/jobs` (jobs.schemas.JobIn) as the job was submitted, its code snapshot
 included. The new job goes through the same checks as any other (quota, snapshot ownership).
 It carries the job's own variables, not its image's defaults: the new job takes the image's
-defaults as they are when it is submitted, like any other job.
+defaults as they are when it is submitted, like any other job. It keeps the job's project and
+tags, not its note.
 """
 
 from typing import Any
@@ -66,6 +67,12 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
         body["one_instance_per_node"] = True
     if env:
         body["env"] = env
+    # Filed where the job is: a run again belongs with it. Its note is about that run, not
+    # this one, and stays behind.
+    if job.project:
+        body["project"] = job.project
+    if tags := sorted(job.tags.values_list("label", flat=True)):
+        body["tags"] = tags
     return body
 
 

@@ -40,7 +40,7 @@ from jobs.models import (
 )
 from jobs.runconfig import config_of
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
-from jobs.services import quota, snapshots
+from jobs.services import quota, run_labels, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
 from jobs.services.lifecycle.time_limits import default_for
 from jobs.services.scheduler import scheduling
@@ -113,6 +113,7 @@ class JobRequest:
     slurm_pool: SlurmPool | None = None  # None: Trainyard's own agents
     slurm_choices: SlurmChoices = field(default_factory=SlurmChoices)  # within the pool's
     one_instance_per_node: bool = False  # no two of its instances on one node
+    filing: run_labels.Filing = field(default_factory=run_labels.Filing)  # project, tags, note
 
 
 class _Errors:
@@ -464,6 +465,10 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     priority = _check_priority(body.priority, errors)
     slurm_pool = _check_pool(body.pool, image, roles, errors)
     choices = _check_slurm_choices(body, slurm_pool, errors)
+    filing, filing_errors = run_labels.check_filing(body.tags, body.project, body.note)
+    for field_name, messages in filing_errors.items():
+        for message in messages:
+            errors.add(field_name, message)
     if errors.by_field:
         raise ValidationFailed(errors.by_field)
     assert image is not None
@@ -485,6 +490,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         slurm_pool,
         choices,
         bool(body.one_instance_per_node),
+        filing,
     )
 
 
@@ -598,6 +604,8 @@ def create_job(
         args=request.args,
         env=request.env,
         config=config_of(request.args, request.env),
+        project=request.filing.project,
+        note=request.filing.note,
         image_env=request.image.default_env,
         state=Job.State.PENDING,
         cpu_total=request.totals.cpu,
@@ -620,6 +628,7 @@ def create_job(
         priority=priority.value if priority is not None else 0,
     )
     JobAttempt.objects.create(job=job, number=0)
+    run_labels.file_new_job(job, request.filing)
     JobRole.objects.bulk_create(
         JobRole(job=job, role=role.role, package=role.package, instances=role.instances)
         for role in request.roles

@@ -9,6 +9,10 @@ spent its time on COUNT and OFFSET (issue 24). The total is counted up to COUNT_
 A cursor is opaque to clients: base64url of JSON `[sort, direction, key, id]`, where `key` is
 the sort's value at that job (its submission time, or how long it ran in microseconds, or
 null for a job that never started). Anything else is refused as a bad cursor.
+
+The run table's column sorts (a metric's best value, a config key: job_search.Column) page
+by position instead, `[sort, "at", offset]`: their values are of any type and come from
+another table, and the lists they serve are a user's runs, a few thousand at most.
 """
 
 import base64
@@ -26,6 +30,8 @@ COUNT_CAP = 10_000  # jobs counted at most: beyond that a list says "10,000+"
 MAX_CURSOR = 200  # characters: a cursor the console made is well under this
 
 AFTER, BEFORE = "after", "before"
+AT = "at"  # a column sort's cursor: the position the page starts at
+MAX_OFFSET = 10**9
 
 
 class BadCursor(Exception):
@@ -57,6 +63,8 @@ _ORDERS = {
 def read_page(jobs: QuerySet[Job], sort: str, limit: int, cursor: str = "") -> Page:
     """Up to `limit` of `jobs` (already filtered and ordered by job_search.apply for `sort`),
     after or before the job `cursor` names; the first page without one."""
+    if sort not in _ORDERS:
+        return _read_at(jobs, sort, limit, _decode_at(cursor, sort) if cursor else 0)
     order = _ORDERS[sort]
     if not cursor:
         rows = list(jobs[: limit + 1])
@@ -76,6 +84,39 @@ def read_page(jobs: QuerySet[Job], sort: str, limit: int, cursor: str = "") -> P
     rows = rows[:limit][::-1]
     preceding = _cursor(sort, BEFORE, order, rows[0]) if more else None
     return Page(rows, _cursor(sort, AFTER, order, rows[-1]) if rows else None, preceding)
+
+
+def _read_at(jobs: QuerySet[Job], sort: str, limit: int, start: int) -> Page:
+    rows = list(jobs[start : start + limit + 1])
+    more = len(rows) > limit
+    return Page(
+        rows[:limit],
+        _cursor_at(sort, start + limit) if more else None,
+        _cursor_at(sort, max(0, start - limit)) if start > 0 else None,
+    )
+
+
+def _cursor_at(sort: str, start: int) -> str:
+    raw = json.dumps([sort, AT, start], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_at(cursor: str, sort: str) -> int:
+    """The position a column sort's cursor starts at, or BadCursor."""
+    bad = BadCursor("cursor is not one this list gave: start again without it.")
+    if len(cursor) > MAX_CURSOR:
+        raise bad
+    try:
+        made_for, kind, start = json.loads(
+            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        )
+    except (ValueError, TypeError, binascii.Error):
+        raise bad from None
+    if made_for != sort:
+        raise BadCursor(f"cursor belongs to sort {made_for}, not {sort}: start again without it.")
+    if kind != AT or type(start) is not int or not 0 <= start <= MAX_OFFSET:
+        raise bad
+    return start
 
 
 def capped_count(jobs: QuerySet[Job]) -> tuple[int, bool]:
