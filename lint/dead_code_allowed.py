@@ -101,6 +101,7 @@ duration_seconds  # unused variable (jobs/schemas.py:953)
 metric_names  # unused variable (jobs/schemas.py:975)
 charts  # unused variable (jobs/schemas.py:994)
 max_rss_mb  # unused variable (jobs/schemas.py:314): SlurmRecordOut, serialised by Django Ninja
+modified  # unused variable (jobs/api_artifacts.py:33): ArtifactOut, serialised by Django Ninja
 _.incarnation_since  # unused attribute (jobs/services/nodes.py:235)
 borrow_limit  # unused variable (jobs/services/views/group_shares.py:21)
 in_use  # unused variable (jobs/services/views/group_shares.py:22)

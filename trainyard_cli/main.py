@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from trainyard_cli import config, jobfile, render, upload
+from trainyard_cli import artifacts, config, jobfile, render, upload
 from trainyard_cli.client import Api
 from trainyard_cli.errors import (
     BAD_INPUT,
@@ -948,6 +948,10 @@ def metric_tables(points: list[dict[str, Any]], last: int) -> dict[str, dict[Any
             continue
         by[unit].setdefault(key, {})[p["name"]] = p["nonfinite"] or render.human_number(p["value"])
     return {unit: {k: rows[k] for k in sorted(rows)[-last:]} for unit, rows in by.items() if rows}
+
+
+# A job's checkpoints and outputs, listed or downloaded (trainyard_cli/artifacts.py).
+app.command()(artifacts.artifacts)
 
 
 # --- the cluster and the catalog ----------------------------------------------------------------
