@@ -41,7 +41,14 @@ def job_preview(request: HttpRequest, user: User) -> HttpResponse:
         image, roles = check_job_shape(form.cleaned_data["image"], form.roles())
     except ValidationFailed as exc:
         return JsonResponse({"errors": form.field_errors(exc.errors)}, status=400)
-    shown = preview(user, image, roles, form.cleaned_data["kvstore"], form.cleaned_data["args"])
+    shown = preview(
+        user,
+        image,
+        roles,
+        form.cleaned_data["kvstore"],
+        form.cleaned_data["args"],
+        one_instance_per_node=form.cleaned_data["one_instance_per_node"],
+    )
     return JsonResponse(shown.as_dict())
 
 

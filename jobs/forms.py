@@ -584,6 +584,7 @@ class JobShapeForm(_ShapeForm):
     worker_package = forms.CharField(required=False)
     workers = forms.IntegerField(required=False, min_value=1)
     args = forms.CharField(required=False, strip=False)
+    one_instance_per_node = forms.BooleanField(required=False)
 
     # A preview is asked while the form is filled in: no mode yet means the default one.
     optional_fields = ("kvstore",)

@@ -78,12 +78,13 @@ def preview(
     roles: list[RoleRequest],
     kvstore_mode: str = "",
     args: list[str] | None = None,
+    one_instance_per_node: bool = False,
 ) -> Preview:
     """Admission's answer to these roles now, without writing anything or locking a quota."""
     kvstore = image.framework == Framework.KVSTORE
     totals = compute_totals(roles)
     need = {r: totals.as_dict()[r] for r in RESOURCES} | {"jobs": 1}
-    never = scheduling.why_never_placeable(roles)
+    never = scheduling.why_never_placeable(roles, one_instance_per_node)
     shown = Preview(
         need=need,
         left=None,
@@ -100,7 +101,9 @@ def preview(
     except quota.NoQuota as exc:
         return replace(shown, over=[str(exc)])
     over = quota.excesses(scopes, totals)
-    advice = submission.fits_advice(roles, image.framework, scopes, over, never)
+    advice = submission.fits_advice(
+        roles, image.framework, scopes, over, never, one_instance_per_node=one_instance_per_node
+    )
     return replace(
         shown,
         left=quota.effective_left(scopes),

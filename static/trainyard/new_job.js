@@ -116,6 +116,7 @@ import { startRuleEditor } from "./rule_editor.js";
     const body = new URLSearchParams();
     body.set("csrfmiddlewaretoken", value("csrfmiddlewaretoken"));
     for (const name of SHAPE) body.set(name, value(name));
+    if (form.elements.one_instance_per_node.checked) body.set("one_instance_per_node", "on");
     const key = body.toString();
     if (key === previewAsked) return;
     previewAsked = key;

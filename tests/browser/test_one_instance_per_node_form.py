@@ -1,6 +1,6 @@
 """The New-job form's "One instance per node" (issue 49, item 11): more instances than the
-stack's two nodes is refused at Launch saying why, and two instances launched with it run on
-two nodes, which the job page says."""
+stack's two nodes is told before Launch and refused at Launch, saying why, and two instances
+launched with it run on two nodes, which the job page says."""
 
 import re
 
@@ -24,7 +24,16 @@ def test_one_instance_per_node_from_the_form(browser: Browser, stack: RunningSta
         page.fill("#id_script_path", "env_dump.py")
         page.select_option("#id_package", "cpu-1")
         page.fill("#id_instances", "3")
+        expect(page.locator("#advice")).to_be_hidden()  # sharing nodes, three fit
         page.check("#id_one_instance_per_node")
+        # The preview says it before Launch, with the count that fits.
+        expect(page.locator("#advice")).to_contain_text(
+            "The 3 instances go one per node, and there are only 2 nodes."
+        )
+        expect(page.locator("#fits-with")).to_have_text(
+            "It fits with 1 worker (2 instances in all)."
+        )
+        keep_screenshot(page, "new-job-one-per-node-preview")
         page.wait_for_load_state("networkidle")  # the preview redraws above Launch
         page.click("#launch")
         expect(page.locator("#form-errors")).to_contain_text(
