@@ -140,3 +140,17 @@ def test_slurm_refuses_more_instances_than_nodes_when_they_go_one_per_node() -> 
         "3 instances of the master/worker (cpu-2) need at least 3 nodes, as they go one per "
         "node (--ntasks-per-node=1); Slurm's partition 'cpu' has 2"
     )
+
+
+def test_edit_and_run_again_keeps_the_box_ticked_and_launches_with_it(
+    nodes: list[Node], submit: Callable[..., Job], alice: User, client: Any
+) -> None:
+    job = submit(2, one_instance_per_node=True)
+    client.force_login(alice)
+    initial = client.get(f"/jobs/{job.pk}/again/").context["form"].initial
+    assert initial["one_instance_per_node"] is True
+    fields = {k: v for k, v in initial.items() if v is not None}
+    fields["one_instance_per_node"] = "on"
+    answer = client.post(f"/jobs/{job.pk}/again/", fields)
+    again = Job.objects.exclude(pk=job.pk).get()
+    assert answer.status_code == 302 and again.one_instance_per_node
