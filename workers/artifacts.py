@@ -127,14 +127,33 @@ def listing(job: JobFolders) -> dict[str, Any]:
         except jobfiles.UnsafeFile as exc:
             refused.append({"path": top, "reason": str(exc)})
             continue
-        files += [
-            {"path": f"{top}/{name}", "kind": KINDS[top], "size": st.st_size, "mtime": st.st_mtime}
-            for name, st in found.files
-        ]
-        refused += [{"path": f"{top}/{name}", "reason": why} for name, why in found.refused]
+        for name, st in found.files:
+            if _is_text(name):
+                files.append(
+                    {"path": f"{top}/{name}", "kind": KINDS[top], "size": st.st_size,
+                     "mtime": st.st_mtime}
+                )  # fmt: skip
+            else:
+                refused.append({"path": _shown(f"{top}/{name}"), "reason": "its name is not UTF-8"})
+        refused += [{"path": _shown(f"{top}/{name}"), "reason": why} for name, why in found.refused]
         truncated = truncated or found.truncated
         left = max(0, left - len(found.files) - len(found.refused))
     return {"files": files, "refused": refused, "truncated": truncated, "missing": missing}
+
+
+def _is_text(name: str) -> bool:
+    """Whether a name (from os.listdir: bytes that are not UTF-8 come as lone surrogates) is
+    UTF-8 text, which a path in a URL and a JSON answer can carry."""
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(name: str) -> str:
+    """A name as text, whatever its bytes: what is not UTF-8 shows as U+FFFD."""
+    return name.encode(errors="surrogateescape").decode(errors="replace")
 
 
 def read_chunk(job: JobFolders, path: str, offset: int, length: int = CHUNK_BYTES) -> Any:

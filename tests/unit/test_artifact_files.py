@@ -220,3 +220,16 @@ def test_folders_nested_beyond_the_depth_are_refused_not_walked(
     assert found["refused"] == [
         {"path": "outputs/a/b/c", "reason": "deeper than 2 folders: not listed"}
     ]
+
+
+def test_a_name_that_is_not_utf8_is_said_not_served(job: artifacts.JobFolders) -> None:
+    folder = bytes(job.folder("outputs"))
+    fd = os.open(folder + b"/caf\xe9.txt", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.close(fd)
+    os.chown(folder + b"/caf\xe9.txt", JOB_UID, JOB_UID)
+    owned(job.folder("outputs") / 'a "quoted"\nname.txt', b"text")
+    found = artifacts.listing(job)
+    assert [f["path"] for f in found["files"]] == ['outputs/a "quoted"\nname.txt']
+    assert found["refused"] == [
+        {"path": "outputs/caf\ufffd.txt", "reason": "its name is not UTF-8"}
+    ]

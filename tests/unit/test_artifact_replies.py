@@ -41,7 +41,7 @@ def test_an_answer_on_its_own_reply_list_reaches_the_console_bytes_intact(
     chunk = bytes(range(256)) * 10  # not text: bytes travel as they are
     assert agentreply.answer(agent, "node-1", key, {"ok": True, "size": 2560}, chunk)
     popped = admin.blpop([key], timeout=1)
-    assert popped is not None
+    assert popped is not None and isinstance(popped[1], bytes)
     assert agentreply.decode(popped[1]) == ({"ok": True, "size": 2560}, chunk)
     assert admin.ttl(key) == -2  # taken: nothing left behind
 

@@ -252,6 +252,7 @@ def test_lost_nodes_are_named_and_not_asked(
 ) -> None:
     job = placed_job(alice)
     node = job.replicas.get().node
+    assert node is not None
     make_stale(node)
     response = client.get(f"/api/v1/jobs/{job.pk}/artifacts", **auth(alice))
     assert response.status_code == 503
@@ -270,7 +271,9 @@ def test_a_node_that_does_not_answer_is_named(
     # The wait is the behaviour under test: a short one, not a sleep.
     monkeypatch.setattr(artifact_service, "ANSWER_SECONDS", 0.3)
     job = placed_job(alice)
-    node = job.replicas.get().node.name
+    placed_on = job.replicas.get().node
+    assert placed_on is not None
+    node = placed_on.name
     agents.silent.add(node)
     response = client.get(f"/api/v1/jobs/{job.pk}/artifacts", **auth(alice))
     assert response.status_code == 503
@@ -299,3 +302,19 @@ def test_a_reply_list_of_another_node_is_never_answered_on() -> None:
         get_redis(), "node-1", contract.reply_key("node-2", "abc"), {"ok": True}
     )
     assert get_redis().keys("trainyard:reply:*") == []
+
+
+def test_a_name_the_job_chose_stays_inside_its_header(
+    client: Client, placed_job: Callable[[User], Job], alice: User, agents: Agents
+) -> None:
+    job = placed_job(alice)
+    saved(agents.root, job, 'outputs/a"b; filename=evil.exe é.txt', b"text")
+    response = client.get(
+        f"/api/v1/jobs/{job.pk}/artifacts/outputs/a%22b%3B%20filename%3Devil.exe%20%C3%A9.txt",
+        **auth(alice),
+    )
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == (
+        "attachment; filename*=utf-8''a%22b%3B%20filename%3Devil.exe%20%C3%A9.txt"
+    )
+    assert streamed(response) == b"text"
