@@ -247,6 +247,12 @@ def _raise_refusal(header: dict[str, Any], node: str) -> None:
 def _node_to_ask(job: Job) -> str:
     """The first node (by name) the job ran on whose agent is alive; else a refusal that
     names each node and when it was last heard from."""
+    if job.slurm_pool_id is not None:
+        raise ArtifactsUnavailable(
+            409,
+            f"Job {job.pk} ran in a Slurm pool: its files are in the pool's shared folder, "
+            "which the console does not list or serve yet.",
+        )
     names = nodes_that_ran(job)
     if not names:
         raise ArtifactsUnavailable(

@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from console.celery import app
-from jobs.models import ApiToken, Job
+from jobs.models import ApiToken, Job, SlurmPool
 from jobs.redis_client import get_redis
 from jobs.services import artifacts as artifact_service
 from jobs.services.submission import check_job_request, submit_job
@@ -318,3 +318,15 @@ def test_a_name_the_job_chose_stays_inside_its_header(
         "attachment; filename*=utf-8''a%22b%3B%20filename%3Devil.exe%20%C3%A9.txt"
     )
     assert streamed(response) == b"text"
+
+
+def test_a_slurm_job_says_its_files_are_not_served_here(
+    client: Client, placed_job: Callable[[User], Job], alice: User, agents: Agents
+) -> None:
+    job = placed_job(alice)
+    pool = SlurmPool.objects.create(name="hpc", partition="cpu")
+    Job.objects.filter(pk=job.pk).update(slurm_pool=pool)
+    response = client.get(f"/api/v1/jobs/{job.pk}/artifacts", **auth(alice))
+    assert response.status_code == 409
+    assert "ran in a Slurm pool" in response.json()["errors"]["artifacts"][0]
+    assert agents.asked == []
