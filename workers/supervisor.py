@@ -78,7 +78,7 @@ from workers.procrecords import ProcRecords, Reaped, reap_all
 from workers.programs import ProgramError, resolve_program, resolve_under_root
 from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
-from workers.tracebacks import known_abort, last_exception
+from workers.tracebacks import ended_with_error, own_error
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class _ReplicaRun:
     readers: list[FileTail] = field(default_factory=list)
     stop_requested: threading.Event = field(default_factory=threading.Event)
     stop_reason: str = ""
+    stop_requested_at: float = 0.0  # time.time(), as the keeper stamps exits
     stop_grace: float = STOP_GRACE_SECONDS
     handed_over: threading.Event = field(default_factory=threading.Event)
     stderr_tail: deque[str] = field(default_factory=lambda: deque(maxlen=STDERR_TAIL_LINES))
@@ -598,7 +599,7 @@ class Supervisor:
             return
         except _StopRequested:
             run.state = ReplicaState.STOPPED
-            reason = run.stop_reason
+            reason = self._stopped_reason(run)
         except Exception as exc:  # anything else is a failure of this replica, reported below
             log.exception("replica %s of job %s failed to run", run.spec.tag, run.spec.job_id)
             run.state = ReplicaState.FAILED
@@ -1245,7 +1246,7 @@ class Supervisor:
                 link.kill()
             if failed is not None:
                 if run.stop_requested.is_set():
-                    return None  # it died of our SIGTERM: a stop, not a failure
+                    break  # of our SIGTERM, unless it had failed before: told below
                 run.failed_local_rank = codes.index(failed)
                 run.ended_at = float(exits[run.failed_local_rank]["at"])  # type: ignore[index]
                 link.terminate()
@@ -1262,6 +1263,24 @@ class Supervisor:
             # next poll. A stop request is seen within the interval (its SIGTERM, sent by
             # _request_stop, ends the processes, whose exits wake this too).
             link.wait_for_news(MONITOR_INTERVAL_SECONDS)
+        exits = link.exits()
+        own = self._failed_before_stop(run, exits)
+        if own is None:
+            return None
+        # It had failed by itself before the stop came (a peer's failure and its own are
+        # told apart by the exit's time): its own failure, reported as one.
+        run.failed_local_rank = own
+        run.ended_at = float(exits[own]["at"])  # type: ignore[index]
+        return sandbox.exit_code(exits[own]["code"], self.sandbox)  # type: ignore[index]
+
+    def _failed_before_stop(self, run: _ReplicaRun, exits: list[Any]) -> int | None:
+        """The local rank of a process that exited with a failure before the stop was asked
+        for (so not of its SIGTERM), or None."""
+        for rank, ended in enumerate(exits):
+            if not ended or float(ended["at"]) >= run.stop_requested_at:
+                continue
+            if sandbox.exit_code(ended["code"], self.sandbox) != 0:
+                return rank
         return None
 
     def _failure_reason(self, run: _ReplicaRun, exit_code: int) -> str:
@@ -1293,7 +1312,7 @@ class Supervisor:
         # No @record: the exception its traceback ended with, if it printed one.
         self._read_stderr_to_its_end(run)
         tail = list(run.stderr_tail)
-        printed = last_exception(tail) or known_abort(tail)
+        printed = own_error(tail)
         said = f"{printed} ({how})" if printed else how
         # A limit reached on the way (a child killed for memory, a fork refused) comes first:
         # the trainer's own error is what followed from it.
@@ -1302,6 +1321,14 @@ class Supervisor:
     def _file_owner(self, run: _ReplicaRun) -> int:
         """The uid the replica's metrics and error files must belong to (workers/jobfiles.py)."""
         return self.sandbox.file_owner(run.spec.owner, bool(run.spec.container_image))
+
+    def _stopped_reason(self, run: _ReplicaRun) -> str:
+        """Why it was stopped, and the error its own stderr ended with, if it did: peers of a
+        failed instance often fail the same way (the same bad argument) or of its loss, and the
+        stop may reach them while they are ending of it."""
+        self._read_stderr_to_its_end(run)
+        own = ended_with_error(list(run.stderr_tail))
+        return f"{run.stop_reason}; its own stderr ended with: {own}" if own else run.stop_reason
 
     def _read_stderr_to_its_end(self, run: _ReplicaRun) -> None:
         """Let the failed rank's reader reach the end of its output file: the keeper records an
@@ -1344,6 +1371,7 @@ class Supervisor:
         with self._lock:
             if not run.stop_requested.is_set():
                 run.stop_reason = reason
+                run.stop_requested_at = time.time()
                 if grace_seconds is not None:
                     run.stop_grace = max(0.0, grace_seconds)
                 run.stop_requested.set()

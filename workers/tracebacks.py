@@ -18,6 +18,11 @@ FRAME = re.compile(r'^\s+File "[^"]*", line \d+')
 EXCEPTION_HEAD = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 MAX_EXCEPTION_CHARS = 500
+# argparse's parser.error(): "usage: train.py [-h] …", then "train.py: error: …", exit code 2.
+USAGE_START = "usage:"
+USAGE_ERROR = re.compile(r"^\S+: error: \S.*$")
+# How near the end of stderr an error must be for the process to have ended with it.
+ENDED_WITH_LINES = 5
 
 
 def last_exception(lines: list[str]) -> str | None:
@@ -58,3 +63,28 @@ def known_abort(lines: list[str]) -> str | None:
     if any(UNJOINED_THREAD in RANK_PREFIX.sub("", line) for line in lines):
         return UNJOINED_THREAD_HINT
     return None
+
+
+def usage_error(lines: list[str]) -> str | None:
+    """argparse's error line ("train.py: error: unrecognized arguments: --steps 5") when
+    `lines` end with a usage message, else None."""
+    shown = [RANK_PREFIX.sub("", line).rstrip() for line in lines if line.strip()]
+    if shown and USAGE_ERROR.match(shown[-1]) and any(s.startswith(USAGE_START) for s in shown):
+        return shown[-1][:MAX_EXCEPTION_CHARS]
+    return None
+
+
+def own_error(lines: list[str]) -> str | None:
+    """What a trainer's stderr says it failed of: its last exception, argparse's error, or a
+    known native abort; None when it says nothing of the kind."""
+    return last_exception(lines) or usage_error(lines) or known_abort(lines)
+
+
+def ended_with_error(lines: list[str]) -> str | None:
+    """own_error, only when stderr ends with it (an exception caught, printed and survived
+    long before is not how the process ended)."""
+    error = own_error(lines)
+    if error is None:
+        return None
+    last = [RANK_PREFIX.sub("", line).rstrip() for line in lines if line.strip()]
+    return error if any(error in line for line in last[-ENDED_WITH_LINES:]) else None

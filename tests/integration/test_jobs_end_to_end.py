@@ -94,6 +94,34 @@ def test_a_failing_script_fails_the_job_with_its_exit_code_and_stderr(
     assert {r["state"] for r in job["replicas"]} <= {"failed", "stopped"}
 
 
+def test_every_instance_of_a_job_with_a_bad_argument_names_the_argument(
+    stack: RunningStack,
+) -> None:
+    """All three instances fail of the same argparse error at about the same moment: the first
+    to be heard from fails the job, and the others, whether they ended before the stop came or
+    of its SIGTERM while exiting, still name their own error, not only the first's failure."""
+    job = stack.admin.submit(
+        pytorch_request("bad-arg", "numbered.py", 3, args=["--lines", "3", "--steps", "5"])
+    )
+    job = stack.admin.wait_finished(job["id"])
+    assert job["state"] == "failed"
+    assert "numbered.py: error: unrecognized arguments: --steps 5" in job["reason"], job["reason"]
+    lines = stack.admin.logs(job["id"])
+    for replica in job["replicas"]:
+        said = [
+            x["text"]
+            for x in lines
+            if (x["role"], x["index"]) == (replica["role"], replica["index"])
+            and "error: unrecognized arguments" in x["text"]
+        ]
+        if replica["state"] == "failed" or said:
+            # It printed the error before it ended, whoever's failure came first.
+            assert "error: unrecognized arguments: --steps 5" in replica["reason"], replica
+        if replica["state"] == "stopped" and said:
+            assert "; its own stderr ended with: numbered.py: error:" in replica["reason"]
+    assert any(r["state"] == "failed" for r in job["replicas"])
+
+
 def test_cancel_leaves_no_process_behind(stack: RunningStack) -> None:
     admin = stack.admin
     job = admin.submit(pytorch_request("sleeps", "sleep_tree.py", 3))

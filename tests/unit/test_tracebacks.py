@@ -2,7 +2,13 @@
 torch's "[rankN]: " prefix. The tracebacks are as torch 2.13 printed them under torchrun with
 gloo (a rank raising after init_process_group), cut to the lines the agent keeps."""
 
-from workers.tracebacks import known_abort, last_exception
+from workers.tracebacks import (
+    ended_with_error,
+    known_abort,
+    last_exception,
+    own_error,
+    usage_error,
+)
 
 ONE_FRAME = [
     "[rank1]: Traceback (most recent call last):",
@@ -91,3 +97,26 @@ def test_an_abort_at_exit_from_a_running_thread_is_named_with_its_fix() -> None:
     assert reason is not None
     assert "torch.distributed.destroy_process_group()" in reason
     assert known_abort(["terminate called after throwing an instance of 'c10::Error'"]) is None
+
+
+ARGPARSE = [
+    "usage: train.py [-h] [--epochs EPOCHS]",
+    "train.py: error: unrecognized arguments: --steps 5",
+]
+
+
+def test_an_argparse_error_is_named_by_its_error_line() -> None:
+    assert usage_error(ARGPARSE) == "train.py: error: unrecognized arguments: --steps 5"
+    assert own_error(["[rank1]: " + line for line in ARGPARSE]) == (
+        "train.py: error: unrecognized arguments: --steps 5"
+    )
+    # An error line without argparse's usage before it is not argparse's.
+    assert usage_error(ARGPARSE[1:]) is None
+
+
+def test_a_process_ended_with_an_error_only_when_its_stderr_ends_with_it() -> None:
+    assert ended_with_error([*ONE_FRAME, ""]) == "ValueError: boom"
+    survived = [*ONE_FRAME, *(f"step {i}" for i in range(10))]
+    assert own_error(survived) == "ValueError: boom"
+    assert ended_with_error(survived) is None
+    assert ended_with_error(["epoch 1", *ARGPARSE]) == ARGPARSE[1]
