@@ -15,6 +15,7 @@ from jobs.services import rerun
 from jobs.services.slurm import slurm_batch, slurm_client, slurm_fit
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
 from tests.unit.helpers import SentTasks, job_request
+from tests.unit.test_restarts import exit_of, start_all
 from trainyard_cli import jobfile
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "redis_url")
@@ -154,3 +155,32 @@ def test_edit_and_run_again_keeps_the_box_ticked_and_launches_with_it(
     answer = client.post(f"/jobs/{job.pk}/again/", fields)
     again = Job.objects.exclude(pk=job.pk).get()
     assert answer.status_code == 302 and again.one_instance_per_node
+
+
+def test_a_restart_away_from_the_failed_node_keeps_it_when_one_per_node_needs_it(
+    nodes: list[Node], alice: User, sent_tasks: SentTasks,
+    django_capture_on_commit_callbacks: Capture,
+) -> None:  # fmt: skip
+    """Excluding the failed node would leave one node for two instances that go one per node:
+    a restart that could never be placed, so the node is kept, as when no node would be left."""
+    capture = django_capture_on_commit_callbacks
+    request = job_request(2, "cpu-2", one_instance_per_node=True)
+    request["restart"] = {
+        "policy": "on-failure", "max_restarts": 2, "backoff_seconds": 0,
+        "exclude_failed_node": True,
+    }  # fmt: skip
+    with capture(execute=True):
+        job = submit_job(alice, check_job_request(request))
+    start_all(job, capture)
+    exit_of(job, capture, "worker-1", "failed", 1, 0)
+    assert job.excluded_nodes == [] and "not excluded" in job.reason, job.reason
+    exit_of(job, capture, "master", "stopped", -15, 0)
+    assert nodes_of_attempt(job, 1) == ["node-1", "node-2"]
+
+
+def nodes_of_attempt(job: Job, attempt: int) -> list[str]:
+    return sorted(
+        r.node.name
+        for r in job.replicas.filter(attempt=attempt).select_related("node")
+        if r.node is not None
+    )

@@ -184,7 +184,7 @@ def _exclusions(job: Job, wanted: list[str]) -> tuple[list[str], list[str]]:
         return excluded, []
     open_nodes = list(Node.objects.exclude(state=Node.State.DRAINING).exclude(name__in=excluded))
     demands = [
-        Demand.of((r.role, r.index), r.package)
+        Demand.of((r.role, r.index), r.package, job.one_instance_per_node)
         for r in current_replicas(job).select_related("package")
         if r.package is not None
     ]
