@@ -508,6 +508,11 @@ class JobOut(_Out):
         description="The jobs that preempted it, in order (each attempt they ended says so)."
     )
     state: str = _states_field(Job.State.values, Job.TERMINAL_STATES)
+    state_order: list[int] = Field(
+        description="[ended (0 or 1), attempt, step in the attempt]: larger (compared as a "
+        "list) for every later state, so a client that has seen a newer one drops an older "
+        "answer that arrives after it."
+    )
     reason: str
     queue_position: int | None
     started: str | None

@@ -49,3 +49,14 @@ def from_openapi(document: dict[str, Any]) -> Vocabulary:
 def _of(schema: dict[str, Any]) -> States:
     state = schema["properties"]["state"]
     return States(frozenset(state["x-ended"]), dict(state["x-tones"]))
+
+
+def is_older(shown: dict[str, Any], heard: dict[str, Any]) -> bool:
+    """Whether `heard` is a state from before `shown` (its `state_order` is smaller): the
+    console's events of one job come from several processes, and a late one must not print
+    `running → queued → running` for a job that never left its attempt. A state without an
+    order (an older console) is never older."""
+    seen, new = shown.get("state_order"), heard.get("state_order")
+    if not isinstance(seen, list) or not isinstance(new, list):
+        return False
+    return bool(new < seen)

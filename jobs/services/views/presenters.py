@@ -82,6 +82,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
     return {
         "id": job.pk,
         "state": job.state,
+        "state_order": state_order(job),
         "reason": job.reason,
         "queue_position": position,
         "started": job.started.isoformat() if job.started else None,
@@ -135,6 +136,26 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
             for e in sorted(related(job, "health_events", job.health_events.all), key=_at)
         ],
     }
+
+
+# A job's states in the order one attempt goes through them; an ended job is past them all.
+_ORDER_IN_ATTEMPT = {
+    Job.State.PENDING: 0,
+    Job.State.RESTARTING: 1,
+    Job.State.QUEUED: 2,
+    Job.State.RUNNING: 3,
+}
+
+
+def state_order(job: Job) -> list[int]:
+    """[ended, attempt, step]: grows with every change of state (Job.TRANSITIONS), so a client
+    can drop a state that reaches it after a newer one (events of one job are sent by several
+    processes, and an HTTP answer may cross a websocket frame): `running → queued → running`
+    for a job that never left its first attempt. Ended outranks all (a restart found to have
+    succeeded before its stop ends at its earlier attempt); equal orders are the same state,
+    the later one newer."""
+    ended = job.state in Job.TERMINAL_STATES
+    return [int(ended), job.attempt, 0 if ended else _ORDER_IN_ATTEMPT[Job.State(job.state)]]
 
 
 def slurm_place(job: Job) -> int | None:

@@ -2,6 +2,7 @@
 // (logview.js) and the training charts (charts.js) are fed by one websocket (connection.js);
 // the charts hear its frames as "trainyard:state" and "trainyard:metric" events.
 import { isWaiting } from "../rules.js";
+import { isOlderState } from "../state_order.js";
 import { openJobStream } from "./connection.js";
 import { createLogView } from "./logview.js";
 import { renderJobState, setReplicaCounts, waitingInQueue } from "./state.js";
@@ -15,9 +16,11 @@ const view = createLogView(jobId, initial);
 let job = initial;
 
 function showState(state) {
+  if (isOlderState(job, state)) return false; // a late answer: the page shows a newer state
   job = state;
   renderJobState(state);
   view.jobChanged(state);
+  return true;
 }
 
 function share(name, detail) {
@@ -26,8 +29,7 @@ function share(name, detail) {
 
 function onFrame(msg) {
   if (msg.type === "state") {
-    showState(msg.job);
-    share("trainyard:state", msg.job);
+    if (showState(msg.job)) share("trainyard:state", msg.job);
   } else if (msg.type === "metric") {
     view.advance(msg.next);
     share("trainyard:metric", msg);
