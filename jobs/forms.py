@@ -55,6 +55,8 @@ FIELD_FOR_ERROR = {
     "health_rules": "health_rules",
     "env": "env",
     "time_limit": "time_limit",
+    "project": "project",
+    "tags": "tags",
     "priority": "priority",
     "pool": "pool",
     "slurm": "pool",
@@ -171,6 +173,14 @@ class _ShapeForm(forms.Form):
 
 class NewJobForm(_ShapeForm):
     name = forms.CharField(max_length=200)
+    # How the run is filed (jobs.labels checks them, as for the API): Edit and run again
+    # fills them from the job.
+    project = forms.CharField(
+        required=False, max_length=100, help_text="Optional: groups runs in the job list."
+    )
+    tags = forms.CharField(
+        required=False, max_length=1000, help_text="Optional labels, separated by spaces."
+    )
     image = forms.ChoiceField()
     script = forms.ChoiceField(
         label="Training program",
@@ -379,6 +389,10 @@ class NewJobForm(_ShapeForm):
             )
         if body.get("one_instance_per_node"):
             initial["one_instance_per_node"] = True
+        if body.get("project"):
+            initial["project"] = body["project"]
+        if body.get("tags"):
+            initial["tags"] = " ".join(body["tags"])
         if body.get("priority"):
             initial["priority"] = body["priority"]
         if body.get("pool"):
@@ -498,6 +512,10 @@ class NewJobForm(_ShapeForm):
             }
         if data.get("one_instance_per_node"):
             request["one_instance_per_node"] = True
+        if data.get("project", "").strip():
+            request["project"] = data["project"].strip()
+        if data.get("tags", "").strip():
+            request["tags"] = data["tags"].replace(",", " ").split()
         if data.get("priority"):
             request["priority"] = data["priority"]
         if data.get("pool"):

@@ -152,3 +152,5 @@ job_reservations  # unused variable (jobs/models.py): read by name (slurm_choice
 exc_text  # unused attribute (console/logfilters.py:15): logging.Formatter reads it
 possibilities  # unused attribute (trainyard_cli/main.py:176): the usage error's format_message reads it
 NoClientErrorTracebacks  # unused class (console/logfilters.py:6): named in settings.LOGGING
+updated  # unused variable (jobs/models.py, RunTableView): auto_now, written by name (run_table.remember)
+metric_summary  # unused variable (jobs/schemas.py, JobOut): a schema field Django Ninja serialises

@@ -198,9 +198,11 @@ def test_the_last_used_look_comes_back_and_named_views_are_the_users_own(
     client.force_login(alice)
     page(client, "columns=config:lr&sort=-config:lr&state=succeeded")
     back = client.get("/")
-    assert back.status_code == 302
-    assert "columns=config%3Alr" in back["Location"] and "sort=-config%3Alr" in back["Location"]
-    assert "state=" not in back["Location"]  # what the list is narrowed to is not kept
+    assert back.status_code == 200
+    assert [c[0] for c in back.context["columns"]] == ["config:lr"]
+    assert back.context["where"].sort == "-config:lr"
+    assert not back.context["where"].state  # what the list is narrowed to is not kept
+    assert "cursor" not in back.context["view_query"]
     query = "tag=ok&columns=config:lr&cursor=x"
     saved = client.post("/jobs/views/save/", {"name": "by lr", "query": query})
     assert saved.status_code == 302
@@ -255,3 +257,33 @@ def test_a_page_of_the_table_costs_the_same_queries_for_one_job_as_for_many(
     with CaptureQueriesContext(connection) as many:
         page(client, f"{query}&project=resnet&tag=")
     assert len(many) == len(few)
+
+
+def test_sorted_by_project_the_rows_are_grouped_with_no_project_last(
+    client: Client, alice: User, sweep: dict[str, Job]
+) -> None:
+    client.force_login(alice)
+    answer = page(client, "columns=project&sort=project")
+    assert answer.status_code == 200
+    assert answer.context["grouped"]
+    projects = [job.project for job, *_ in answer.context["rows"]]
+    assert projects == ["resnet", "resnet", "", ""]
+    html = answer.content.decode()
+    assert html.index("Project resnet") < html.index("No project")
+    assert page(client, "sort=-project").context["rows"][0][0].project == "resnet"
+
+
+def test_edit_and_run_again_keeps_the_project_and_tags_in_the_form(
+    client: Client, alice: User, sweep: dict[str, Job]
+) -> None:
+    job = sweep["high"]
+    run_labels.change(job.pk, add=["best", "lr"])
+    client.force_login(alice)
+    initial = client.get(f"/jobs/{job.pk}/again/").context["form"].initial
+    assert (initial["project"], initial["tags"]) == ("resnet", "best lr")
+    fields = {**initial, "script_path": "", "exclude_failed_node": "", "tags": "best, v2"}
+    sent = {k: v for k, v in fields.items() if v is not None}
+    answer = client.post(f"/jobs/{job.pk}/again/", sent)
+    again = Job.objects.order_by("-pk").first()
+    assert again is not None and answer["Location"] == f"/jobs/{again.pk}/"
+    assert (again.project, run_labels.tags_of(again)) == ("resnet", ["best", "v2"])

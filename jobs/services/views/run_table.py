@@ -19,13 +19,13 @@ from django.db.models import Count, QuerySet
 from jobs import text
 from jobs.models import Job, MetricSummary, RunTableView
 from jobs.services import metric_summaries, run_labels
+from jobs.services.views import comparison
 from jobs.services.views.job_search import METRIC_PARTS, Column, column_of
 
 MAX_COLUMNS = 12
 OFFER_FROM = 1000  # recent jobs whose keys and metrics a column chooser offers
 MAX_VIEWS = 50  # named views per user
 MAX_PROJECTS_SHOWN = 30
-NO_PROJECT = "(none)"
 # The query-string parameters a view is: the list's filters, its sort and its columns.
 VIEW_PARAMETERS = (
     "state", "user", "name", "image", "program", "since", "until", "project", "tag", "sort",
@@ -78,8 +78,14 @@ def offers(jobs: QuerySet[Job], chosen: Iterable[Column]) -> list[Offer]:
     keys: set[str] = set()
     for config in jobs.order_by("-created", "-id").values_list("config", flat=True)[:OFFER_FROM]:
         keys.update(config or {})
+    # The training's curves, not the agent's samples of the machines (a URL may still ask
+    # for those).
     names = sorted(
-        MetricSummary.objects.filter(job__in=recent).values_list("name", flat=True).distinct()
+        name
+        for name in MetricSummary.objects.filter(job__in=recent)
+        .values_list("name", flat=True)
+        .distinct()
+        if comparison.compared(name)
     )
     columns = [Column("project"), Column("tags")]
     columns += [Column("config", k) for k in sorted(keys, key=lambda k: (k.startswith("$"), k))]
