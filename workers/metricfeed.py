@@ -212,6 +212,10 @@ class SystemSampler(threading.Thread):
             for proc in tree:
                 known = instance.processes.get(proc.pid, proc)
                 try:
+                    # An ended process its parent has not reaped yet holds no memory: counted,
+                    # it drew an instance's memory line down to 0 at the end of every job.
+                    if known.status() == psutil.STATUS_ZOMBIE:
+                        continue
                     cpu += known.cpu_percent(None)
                     rss += known.memory_info().rss
                 except psutil.Error:

@@ -234,6 +234,23 @@ def test_the_sampler_measures_a_process_tree_and_never_invents_gpu_figures() -> 
         proc.wait()
 
 
+def test_the_sampler_gives_no_figures_for_an_instance_whose_processes_have_ended() -> None:
+    """An instance's process that has exited but is not reaped yet (a zombie) has no memory:
+    sampled, it reported 0 MB at the end of every job, a line falling to 0 on the chart."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        top = psutil.Process(proc.pid)
+        wait_until("the process to end, unreaped", lambda: top.status() == psutil.STATUS_ZOMBIE)
+        sink = Sink()
+        watched = SampledInstance([proc.pid], gpu_ids=[], emit=sink.on_points)
+        sampler = SystemSampler(lambda: [watched])
+        sampler.sample(watched)
+        sampler.sample(watched)
+        assert sink.points == []
+    finally:
+        proc.wait()
+
+
 @pytest.mark.django_db
 def test_an_image_refuses_bad_metric_definitions_in_the_admin() -> None:
     from django.core.exceptions import ValidationError
