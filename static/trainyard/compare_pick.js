@@ -1,9 +1,9 @@
-// The job list's "Compare": tick 2 to 5 jobs, press Compare, and /compare/?jobs=12,15,19 opens.
+// The job list's "Compare": tick 2 to 8 jobs, press Compare, and /compare/?jobs=12,15,19 opens.
 // The picks live in the list's URL (?compare=12,15: a job page's "Compare with…" opens the
 // list so), and travel with the filter form, so that a job found by a filter joins those
 // ticked before.
 const MIN = 2;
-const MAX = 5;
+const MAX = 8;
 
 function startPicking() {
   const form = document.getElementById("compare-form");

@@ -91,9 +91,9 @@ def test_masked_values_stay_masked_and_compare_as_shown(alice: User, charlie_adm
 @pytest.mark.parametrize(
     ("jobs", "message"),
     [
-        ("", "Pick 2 to 5 jobs to compare, not 0."),
-        ("7", "Pick 2 to 5 jobs to compare, not 1."),
-        ("1,2,3,4,5,6", "Pick 2 to 5 jobs to compare, not 6."),
+        ("", "Pick 2 to 8 jobs to compare, not 0."),
+        ("7", "Pick 2 to 8 jobs to compare, not 1."),
+        ("1,2,3,4,5,6,7,8,9", "Pick 2 to 8 jobs to compare, not 9."),
         ("1,1", "Name each job once."),
         ("1,x", "Job numbers are whole numbers, e.g. jobs=12,15; not 'x'."),
         ("1,-2", "Job numbers are whole numbers, e.g. jobs=12,15; not '-2'."),
@@ -110,6 +110,10 @@ def test_a_bad_set_of_jobs_gets_a_clear_message(jobs: str, message: str) -> None
     with pytest.raises(comparison.CompareError) as refused:
         comparison.parse_ids(jobs)
     assert refused.value.errors == {"jobs": [message]}
+
+
+def test_up_to_eight_jobs_are_compared_in_the_order_given() -> None:
+    assert comparison.parse_ids("8,3,5,1,2,7,6,4") == [8, 3, 5, 1, 2, 7, 6, 4]
 
 
 def test_another_users_job_is_refused_like_a_missing_one(
@@ -180,7 +184,7 @@ def test_the_compare_page_highlights_the_rows_that_differ(client: Client, alice:
     assert f'href="/?compare={one.pk},{two.pk}"' in html  # back to the list, both ticked
     refused = client.get("/compare/", {"jobs": str(one.pk)})
     assert refused.status_code == 400
-    assert "Pick 2 to 5 jobs to compare, not 1." in refused.content.decode()
+    assert "Pick 2 to 8 jobs to compare, not 1." in refused.content.decode()
 
 
 def test_health_rules_read_one_per_line_with_every_parameter(alice: User) -> None:
@@ -200,6 +204,6 @@ def test_the_list_offers_a_box_per_job_and_the_job_page_compare_with(
     client.force_login(alice)
     listed = client.get("/").content.decode()
     assert f'class="compare-pick" value="{job.pk}"' in listed
-    assert 'id="compare-button" disabled' in listed  # until compare_pick.js counts 2 to 5
+    assert 'id="compare-button" disabled' in listed  # until compare_pick.js counts 2 to 8
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert f'href="/?compare={job.pk}"' in page

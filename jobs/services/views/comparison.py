@@ -1,4 +1,4 @@
-"""Comparing runs: 2 to 5 jobs side by side, as the compare page, `GET /api/v1/compare` and
+"""Comparing runs: 2 to 8 jobs side by side, as the compare page, `GET /api/v1/compare` and
 `trainyard compare` show them.
 
 One answer for all three: the jobs' configuration as rows of text, one value per job, each row
@@ -31,7 +31,7 @@ from jobs.time_limit_text import in_words
 from workers.metricparse import DECLARATIONS, is_system_metric
 
 MIN_JOBS = 2
-MAX_JOBS = 5
+MAX_JOBS = 8
 
 # Charted first, in this order, when every job has them (the job page's own charts); other
 # names the jobs share follow in name order (see compared()).
@@ -54,7 +54,7 @@ class CompareError(Exception):
 
 
 def parse_ids(raw: str | None) -> list[int]:
-    """ "12,15,19" as [12, 15, 19], in the order given: 2 to 5 different job numbers."""
+    """ "12,15,19" as [12, 15, 19], in the order given: 2 to 8 different job numbers."""
     parts = [p.strip() for p in (raw or "").split(",") if p.strip()]
     bad = [p for p in parts if not _job_number(p)]
     if bad:
@@ -330,7 +330,7 @@ def shared_charts(names_per_job: Sequence[set[str]]) -> list[str]:
 
 def compare(viewer: User, raw_ids: str | None) -> dict[str, Any]:
     """The comparison of the jobs named in `raw_ids` ("12,15,19"); CompareError if they are
-    not 2 to 5 jobs the viewer may see."""
+    not 2 to 8 jobs the viewer may see."""
     jobs = jobs_for(viewer, parse_ids(raw_ids))
     points = {job.pk: logstream.metric_points(job.pk)[0] for job in jobs}
     names = [{p["name"] for p in points[job.pk]} for job in jobs]
