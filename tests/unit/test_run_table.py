@@ -203,6 +203,14 @@ def test_the_last_used_look_comes_back_and_named_views_are_the_users_own(
     assert back.context["where"].sort == "-config:lr"
     assert not back.context["where"].state  # what the list is narrowed to is not kept
     assert "cursor" not in back.context["view_query"]
+    page(client, "columns=" + "&columns=".join(["config:lr"] * 1000))
+    assert (
+        RunTableView.objects.get(owner=alice, name="").query
+        == "sort=-submitted&columns=config%3Alr"
+    )
+    too_long = client.post("/jobs/views/save/", {"name": "long", "query": "name=" + "x" * 2100})
+    assert too_long.status_code == 302
+    assert not RunTableView.objects.filter(owner=alice, name="long").exists()
     query = "tag=ok&columns=config:lr&cursor=x"
     saved = client.post("/jobs/views/save/", {"name": "by lr", "query": query})
     assert saved.status_code == 302

@@ -25,6 +25,7 @@ from jobs.services.views.job_search import METRIC_PARTS, Column, column_of
 MAX_COLUMNS = 12
 OFFER_FROM = 1000  # recent jobs whose keys and metrics a column chooser offers
 MAX_VIEWS = 50  # named views per user
+MAX_QUERY = 2000  # characters of a view's query string (RunTableView.query)
 MAX_PROJECTS_SHOWN = 30
 # The query-string parameters a view is: the list's filters, its sort and its columns.
 VIEW_PARAMETERS = (
@@ -175,9 +176,10 @@ def last_used(user: User) -> RunTableView | None:
     return RunTableView.objects.filter(owner=user, name="").first()
 
 
-def remember(user: User, query: Mapping[str, Any]) -> None:
-    """Keep how the list looks now (its sort and columns) as the user's last used view."""
-    look = urlencode([(k, v) for k, vs in _lists(query, LOOK_PARAMETERS).items() for v in vs])
+def remember(user: User, sort: str, columns: Sequence[Column]) -> None:
+    """Keep how the list looks now (its sort and columns, as parsed: a query string repeating
+    a column a thousand times keeps it once) as the user's last used view."""
+    look = urlencode([("sort", sort), ("columns", ",".join(c.word for c in columns))])
     kept = last_used(user)
     if kept is None:
         RunTableView.objects.get_or_create(owner=user, name="", defaults={"query": look})
@@ -196,6 +198,8 @@ def save_view(user: User, name: str, query: str) -> RunTableView:
     if problem := text.name_problem(name):
         raise BadView(problem)
     kept = view_query(_multi(query))
+    if len(kept) > MAX_QUERY:
+        raise BadView(f"A view keeps at most {MAX_QUERY} characters of filters and columns.")
     with transaction.atomic():
         views = RunTableView.objects.filter(owner=user).exclude(name="")
         if not views.filter(name=name).exists() and views.count() >= MAX_VIEWS:
@@ -212,13 +216,6 @@ def saved_views(user: User) -> list[RunTableView]:
 
 def delete_view(user: User, name: str) -> None:
     RunTableView.objects.filter(owner=user, name=name).exclude(name="").delete()
-
-
-def _lists(query: Mapping[str, Any], names: Iterable[str]) -> dict[str, list[str]]:
-    getlist = getattr(query, "getlist", None)
-    return {
-        n: [str(v) for v in (getlist(n) if getlist else [query[n]])] for n in names if n in query
-    }
 
 
 class _Multi(dict[str, list[str]]):
