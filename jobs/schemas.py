@@ -1105,6 +1105,7 @@ class ComparedJobOut(_Declared):
     id: int
     name: str
     state: str
+    started: str | None = Field(description="When it first started (ISO 8601); null: never.")
     page: str = Field(description="The job's page.")
     metrics: str = Field(
         description="Where its metric points are: GET it as /api/v1/jobs/ID/metrics."

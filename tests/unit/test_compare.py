@@ -160,6 +160,7 @@ def test_the_api_answers_rows_figures_and_the_shared_charts(client: Client, alic
     assert body["jobs"][1]["figures"]["curves"]["eval_accuracy"] == {"final": 0.6, "best": 0.6}
     assert body["jobs"][1]["figures"]["curves"]["only_mine"]["best"] is None
     assert body["jobs"][0]["figures"]["cost"] == 0.0  # never started
+    assert body["jobs"][0]["started"] is None  # where the page's "time since start" counts from
     args = rows_by_key(body)["program.args"]
     assert args == {
         "key": "program.args",

@@ -340,6 +340,8 @@ def compare(viewer: User, raw_ids: str | None) -> dict[str, Any]:
                 "id": job.pk,
                 "name": job.name,
                 "state": job.state,
+                # Where the compare page's "time since start" counts from, as the job page's.
+                "started": job.started.isoformat() if job.started else None,
                 "page": reverse("job_detail", args=[job.pk]),
                 "metrics": reverse("api-v1:api_job_metrics", args=[job.pk]),
                 "metric_names": sorted(job_names),
