@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 from django.db.models import Prefetch
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 from redis import RedisError
@@ -29,7 +29,7 @@ from jobs.api import catalog_for
 from jobs.forms import NewJobForm, RetentionForm
 from jobs.healthrules import describe_kinds, parse_stored_rules
 from jobs.models import FrameworkImage, Job, Node, Replica
-from jobs.services import rerun, retention, storage, totals
+from jobs.services import metric_summaries, rerun, retention, run_labels, storage, totals
 from jobs.services.batching import batch_note, mode_note
 from jobs.services.lifecycle import outcomes, time_limits, transitions
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
@@ -43,6 +43,8 @@ from jobs.services.views import (
     job_search,
     presenters,
     queue_listing,
+    run_table,
+    slurm_nodes,
 )
 from jobs.services.views.durations import format_duration
 from jobs.time_limit_text import in_words
@@ -57,61 +59,133 @@ LIST_PAGE = 50
 def job_list(request: HttpRequest) -> HttpResponse:
     """Every job the user may see, filtered and sorted by the query string (the API's
     parameters: jobs.services.views.job_search), a page at a time (`cursor`,
-    jobs.services.views.job_pages), waiting jobs with their place and reason."""
+    jobs.services.views.job_pages), waiting jobs with their place and reason; the columns the
+    user chose (jobs.services.views.run_table). Opened without a sort or columns, it takes
+    those of the user's last used view."""
+    assert isinstance(request.user, User)
+    # What the page shows: the query string, or with the last used look where it gives none
+    # (the URL stays as asked: no redirect, so that "/" is always the list).
+    query = request.GET.copy()
+    if not any(name in query for name in run_table.LOOK_PARAMETERS):
+        last = run_table.last_used(request.user)
+        for name, values in run_table.looks_of(last.query if last else "").items():
+            query.setlist(name, values)
     try:
-        where = job_search.parse(request.GET, request.user)
+        where = job_search.parse(query, request.user)
     except job_search.BadFilter as exc:
         where, problems = job_search.JobFilter(), exc.errors
     else:
         problems = {}
-    jobs = job_search.apply(visible_jobs(request.user), where)
+    try:
+        columns = run_table.parse_columns(query.getlist("columns"))
+    except run_table.BadColumns as exc:
+        columns, problems = [], {**problems, "columns": [str(exc)]}
+    listed = visible_jobs(request.user)
+    jobs = job_search.apply(listed, where)
     page = job_pages.Page([], None, None)
     count, count_capped = 0, False
     if not problems:
+        run_table.remember(request.user, where.sort, columns)
         try:
             page = job_pages.read_page(
                 # Replicas by id: their model's order ("job", then the job's own order) joins
                 # the jobs table, and PostgreSQL read it whole at 100,000 jobs (issue 24).
                 jobs.prefetch_related(
-                    Prefetch("replicas", Replica.objects.order_by("id")), "roles"
+                    Prefetch("replicas", Replica.objects.order_by("id")), "roles", "tags"
                 ),
                 where.sort,
                 LIST_PAGE,
-                request.GET.get("cursor", "").strip(),
+                query.get("cursor", "").strip(),
             )
         except job_pages.BadCursor as exc:
             problems = {"cursor": [str(exc)]}
         else:
             count, count_capped = job_pages.capped_count(jobs)
     positions = presenters.queue_positions(page.jobs)
+    cells = run_table.cells(page.jobs, columns)
     rows = [
-        (job, presenters.listed_queue_position(job, positions), _first_line(job.reason))
+        (
+            job,
+            presenters.listed_queue_position(job, positions),
+            _first_line(job.reason),
+            cells[job.pk],
+            run_labels.tags_of(job),
+        )
         for job in page.jobs
     ]
-    later, earlier = PAGE_LINKS[where.sort]
+    later, earlier = PAGE_LINKS.get(where.sort, ("Next", "Previous"))
+    sorted_by = where.sort.removeprefix("-")
     context = {
         "rows": rows,
         "where": where,
-        "asked": {name: request.GET.get(name, "") for name in job_search.PARAMETERS},
+        "asked": {name: query.get(name, "") for name in job_search.PARAMETERS},
         "problems": problems,
         "states": Job.State.values,
         "sorts": SORT_LABELS,
+        "column_sort": _column_sort_label(where.sort),
         "images": FrameworkImage.objects.order_by("name").values_list("name", flat=True),
         "count": count,
         "count_capped": count_capped,
-        "next_page": _page_link(request, page.next),
-        "previous_page": _page_link(request, page.previous),
+        "next_page": _page_link(query, page.next),
+        "previous_page": _page_link(query, page.previous),
         "next_label": later,
         "previous_label": earlier,
+        "columns": [
+            (
+                c.word,
+                run_table.label_of(c),
+                _sort_link(query, c.word, where.sort),
+                "descending"
+                if where.sort == f"-{c.word}"
+                else "ascending"
+                if where.sort == c.word
+                else "",
+            )
+            for c in columns
+        ],
+        "offers": run_table.offers(jobs, columns) if not problems else [],
+        "projects": run_table.projects(listed),
+        "grouped": sorted_by == "project",
+        "saved_views": run_table.saved_views(request.user),
+        "view_query": run_table.view_query(query),
     }
     return render(request, "jobs/job_list.html", context, status=400 if problems else 200)
 
 
-def _page_link(request: HttpRequest, cursor: str | None) -> str:
+def _column_sort_label(sort: str) -> str:
+    """How the Sort menu names a column's order ("" when the list is not sorted by one)."""
+    column = job_search.sorted_column(sort)
+    if column is None:
+        return ""
+    return (
+        f"{run_table.label_of(column)}, {'high to low' if sort.startswith('-') else 'low to high'}"
+    )
+
+
+def _sort_link(asked: QueryDict, word: str, sort: str) -> str:
+    """The list sorted by a column: best first for a metric, else A to Z; again reverses."""
+    query = asked.copy()
+    query.pop("cursor", None)
+    if sort == word:
+        query["sort"] = f"-{word}"
+    elif sort == f"-{word}":
+        query["sort"] = word
+    else:
+        column = job_search.column_of(word)
+        best_first = (
+            column is not None
+            and column.kind == "metric"
+            and not metric_summaries.lower_is_better(column.key)
+        )
+        query["sort"] = f"-{word}" if best_first else word
+    return f"?{query.urlencode()}"
+
+
+def _page_link(asked: QueryDict, cursor: str | None) -> str:
     """The list's URL with the same filter, at `cursor`; "" for no such page."""
     if cursor is None:
         return ""
-    query = request.GET.copy()
+    query = asked.copy()
     query["cursor"] = cursor
     return f"?{query.urlencode()}"
 
@@ -238,7 +312,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 
 @login_required
 def compare_page(request: HttpRequest) -> HttpResponse:
-    """2 to 5 jobs side by side (`?jobs=12,15,19`): the configuration here, with the rows that
+    """2 to 8 jobs side by side (`?jobs=12,15,19`): the configuration here, with the rows that
     differ marked; the curves and figures come from GET /api/v1/compare (static/trainyard/
     compare.js)."""
     raw = request.GET.get("jobs", "")
@@ -413,6 +487,7 @@ def node_list(request: HttpRequest) -> HttpResponse:
         "jobs/node_list.html",
         {
             "rows": rows,
+            "slurm_pools": slurm_nodes.pool_rows(request.user),
             "stale_seconds": settings.TRAINYARD_NODE_STALE_SECONDS,
             "lost_seconds": settings.TRAINYARD_NODE_LOST_SECONDS,
             "min_protocol": contract.MIN_AGENT_PROTOCOL,

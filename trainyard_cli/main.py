@@ -26,6 +26,7 @@ from trainyard_cli.errors import (
     CliError,
 )
 from trainyard_cli.follow import Follower, Line, follow
+from trainyard_cli.states import is_older
 
 app = typer.Typer(
     name="trainyard",
@@ -220,6 +221,8 @@ def submit(
     priority: Priority = None,
     pool: Pool = None,
     slurm: SlurmOption = None,
+    project: Annotated[str | None, typer.Option(help="The project to file the run under.")] = None,
+    tag: Annotated[list[str] | None, typer.Option(help="A tag for the run; repeatable.")] = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="One argument for the script; repeatable. Or put them after --."),
@@ -259,6 +262,8 @@ def submit(
         priority=priority,
         pool=pool,
         slurm=slurm or [],
+        project=project,
+        tags=tag or [],
     )
     # The whole request is checked before anything is uploaded: a refusal here leaves nothing
     # on the console (a string the console cannot take would otherwise fail to encode only
@@ -428,12 +433,16 @@ def _follow_to_end(
     job_id = job["id"]
     tags = render.tags_of(job)
     states: list[str] = [job["state"]]
+    newest = [job]  # the newest state heard
 
     def on_line(line: Line) -> None:
         if keep(line):
             _print_line(asdict(line), tags, as_json)
 
     def on_state(state: dict[str, Any]) -> None:
+        if is_older(newest[0], state):
+            return  # a late event: a newer state was heard already
+        newest[0] = state
         tags.update(render.tags_of(state))
         if state["state"] != states[-1]:
             states.append(state["state"])
@@ -521,10 +530,15 @@ def list_jobs(
     until: Annotated[
         str | None, typer.Option(help="Only jobs submitted on or before this day, YYYY-MM-DD.")
     ] = None,
+    project: Annotated[str | None, typer.Option(help="Only jobs of this project.")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option(help="Only jobs with this tag; repeat: all of them.")
+    ] = None,
     sort: Annotated[
         str | None,
         typer.Option(
-            help="-submitted (newest first, the default), submitted, -duration, duration."
+            help="-submitted (newest first, the default), submitted, -duration, duration; "
+            "or a column: -metric:eval_accuracy:best, metric:loss:final, config:lr, project, tags."
         ),
     ] = None,
     json_output: Json = False,
@@ -533,6 +547,8 @@ def list_jobs(
     job shows its place in the queue and why it waits, a failed one why it failed."""
     api = _api()
     where = {
+        "project": project,
+        "tag": ",".join(tag) if tag else None,
         "state": state,
         "name": name,
         "user": user,
@@ -565,6 +581,9 @@ def list_jobs(
     with_owner = len(owners) > 1 or bool(api.get("/me").get("is_staff"))
     if with_owner:
         columns.append("OWNER")
+    filed = any(j.get("project") or j.get("tags") for j in jobs)
+    if filed:
+        columns += ["PROJECT", "TAGS"]
     columns.append("WHY")
     rows = []
     for j in jobs:
@@ -579,6 +598,8 @@ def list_jobs(
         ]
         if with_owner:
             row.append(j["owner"])
+        if filed:
+            row += [j.get("project") or "", " ".join(j.get("tags") or [])]
         # The reason's first line: why it waits or failed (show JOB has the rest).
         row.append("" if j["state"] in ("succeeded", "running") else _first_line(j["reason"]))
         rows.append(row)
@@ -638,6 +659,8 @@ def show(
         ("State", render.state_text(job["state"], api.states.job)),
         ("Reason", job["reason"] or "—"),
         ("Owner", job["owner"]),
+        ("Project", job.get("project") or "—"),
+        ("Tags", " ".join(job.get("tags") or []) or "—"),
         ("Image", job["image"] + (f", kvstore {job['kvstore']}" if job["kvstore"] else "")),
         ("Program", " ".join([program["script"], *program["args"]]) + code),
         ("Roles", roles),
@@ -653,6 +676,10 @@ def show(
         ("Duration", render.duration(render.job_seconds(job))),
         ("Priority", _priority_text(job)),
         ("Runs on", f"Slurm pool {job['pool']}" if job.get("pool") else "Trainyard's nodes"),
+        (
+            "Placement",
+            "one instance per node" if job.get("one_instance_per_node") else "instances may share",
+        ),
         ("Restarts", f"{job['restarts_used']} of {job['max_restarts']}"),
         ("Time limit", _time_limit_text(job)),
         ("Retention", _retention_text(job.get("retention"))),
@@ -662,6 +689,24 @@ def show(
         fields.insert(3, ("Queue", place))
     render.table(["", ""], fields, header=False)
     render.out.print()
+    if len(job["attempts"]) > 1:
+        # After a restart the instances below are the new attempt's (not placed yet, right
+        # after a kill): the attempts say what became of the earlier ones.
+        render.table(
+            ["ATTEMPT", "STARTED", "ENDED", "NODES", "WHY IT ENDED"],
+            [
+                [
+                    str(a["number"]),
+                    render.local_time(a["started"]),
+                    render.local_time(a["finished"]),
+                    ", ".join(a["nodes"]) or "—",
+                    (a["reason"] or "").split("\n", 1)[0] or ("—" if a["finished"] else "running"),
+                ]
+                for a in job["attempts"]
+            ],
+        )
+        render.out.print()
+        render.out.print(f"Instances of attempt {job['attempt'] + 1}:")
     render.table(
         ["INSTANCE", "NODE", "STATE", "EXIT", "REASON"],
         [
@@ -777,6 +822,42 @@ def _retention_text(retention: dict[str, Any] | None) -> str:
     if retention["expires"]:
         return f"log and metrics removed after {render.local_time(retention['expires'])}"
     return f"log and metrics removed {retention['days']} days after it ends"
+
+
+@app.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True})
+def tag(
+    job_id: JobId,
+    changes: Annotated[
+        list[str] | None,
+        typer.Argument(help="+TAG adds a tag (so does a bare TAG), -TAG takes one off."),
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option(help='File the run under this project ("": none).')
+    ] = None,
+    note: Annotated[str | None, typer.Option(help='Its note, plain text ("": none).')] = None,
+    json_output: Json = False,
+) -> None:
+    """Tag a job, and set its project or note: `trainyard tag 12 +best -draft --project
+    resnet`. Without changes, show how it is filed."""
+    add = [c[1:] if c.startswith("+") else c for c in changes or [] if not c.startswith("-")]
+    remove = [c[1:] for c in changes or [] if c.startswith("-")]
+    body: dict[str, Any] = {"add": add, "remove": remove}
+    if project is not None:
+        body["project"] = project
+    if note is not None:
+        body["note"] = note
+    api = _api()
+    changing = add or remove or project is not None or note is not None
+    job = api.patch(f"/jobs/{job_id}/labels", json=body) if changing else api.get(f"/jobs/{job_id}")
+    if json_output:
+        render.print_json({k: job[k] for k in ("id", "name", "project", "tags", "note")})
+        return
+    render.out.print(
+        f"Job {job_id}: project {job['project'] or '(none)'}, "
+        f"tags {' '.join(job['tags']) or '(none)'}"
+    )
+    if job["note"]:
+        render.out.print(Text(job["note"]))
 
 
 @app.command(name="retention")

@@ -410,7 +410,48 @@ def test_compare_prints_figures_and_marks_the_rows_that_differ(cli: Any, project
 
     # One job, or one that is not there: the console's words, and nothing printed.
     alone = cli("compare", str(one))
-    assert alone.returncode == 2 and "Pick 2 to 5 jobs to compare" in alone.stderr
+    assert alone.returncode == 2 and "Pick 2 to 8 jobs to compare" in alone.stderr
     missing = cli("compare", str(one), "999999")
     assert missing.returncode == 4 and "No such job: 999999." in missing.stderr
     assert missing.stdout == ""
+
+
+def test_runs_are_filed_from_a_job_file_and_flags_then_tagged_and_found(
+    cli: Any, project: Path
+) -> None:
+    """Issue 49: `project:`/`tags:`/`note:` in a job file, `--tag` beside them, `trainyard tag`
+    adding and taking off tags, and `ls --project --tag` finding the run."""
+    job_file = project / "job.yaml"
+    job_file.write_text(
+        job_file.read_text() + "project: cli-sweep\ntags: [sweep]\nnote: 'first <b>try</b>'\n"
+    )
+    result = cli(
+        "submit", "job.yaml", "--wait", "--tag", "draft", "--", "--epochs", "2", cwd=project
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_id = int(result.stdout.split()[1])
+    job = cli.api.job(job_id)
+    filed = ("cli-sweep", ["draft", "sweep"], "first <b>try</b>")
+    assert (job["project"], job["tags"], job["note"]) == filed
+    assert job["config"] == {"epochs": 2}
+
+    tagged = cli("tag", str(job_id), "+best", "-draft", "--note", "kept", "--json")
+    assert tagged.returncode == 0, tagged.stdout + tagged.stderr
+    assert json.loads(tagged.stdout) == {
+        "id": job_id, "name": "cli-job-file", "project": "cli-sweep", "tags": ["best", "sweep"],
+        "note": "kept",
+    }  # fmt: skip
+    refused = cli("tag", str(job_id), "+no!good", "-sweep")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "A tag is letters" in refused.stderr
+    assert cli.api.job(job_id)["tags"] == ["best", "sweep"]  # nothing changed
+
+    found = cli("ls", "--project", "cli-sweep", "--tag", "best", "--tag", "sweep", "--json")
+    assert found.returncode == 0, found.stderr
+    assert [j["id"] for j in json.loads(found.stdout)] == [job_id]
+    # The summary of its loss, kept by the log keeper, sorts the list.
+    wait_until("its loss summary", lambda: cli.api.job(job_id)["metric_summary"].get("loss"))
+    listed = cli("ls", "--sort", "metric:loss:best", "--project", "cli-sweep")
+    assert listed.returncode == 0, listed.stderr
+    assert "PROJECT" in listed.stdout and "best sweep" in listed.stdout
+    assert cli("ls", "--tag", "no such").returncode == 2

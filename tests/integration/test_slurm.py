@@ -616,6 +616,27 @@ def test_a_job_larger_than_the_slurm_partition_is_refused_at_submission(
     assert "Slurm would keep it waiting for ever" in said
 
 
+def test_one_instance_per_node_is_ntasks_per_node_1_on_slurm(sam: StackClient) -> None:
+    """Two instances of one core fit one node of two cores, where Slurm packs them; one per
+    node (issue 49, item 11) they get two nodes. Four of them would need four of the three."""
+    job = sam.submit(slurm_request("numbered.py", 2, "cpu-1", ["--lines", "3"],
+                                   one_instance_per_node=True))  # fmt: skip
+    done = sam.wait_finished(job["id"])
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["one_instance_per_node"] is True
+    nodes = {r["node"] for r in done["replicas"]}
+    assert len(nodes) == 2 and nodes <= {"n1", "n2", "n3"}, done["replicas"]
+    refused = sam.http.post(
+        "/api/v1/jobs", json=slurm_request("numbered.py", 4, "cpu-1", one_instance_per_node=True)
+    )
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["errors"]["roles"][0] == (
+        "4 instances of the master/worker (cpu-1) need at least 4 nodes, as they go one per "
+        "node (--ntasks-per-node=1); Slurm's partition 'trainyard' has 3 (Slurm would keep it "
+        "waiting for ever)"
+    )
+
+
 def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
     slurm_cluster: slurm.SlurmCluster, slurm_stack: RunningStack, sam: StackClient
 ) -> None:
@@ -640,6 +661,14 @@ def test_a_job_waiting_in_slurm_shows_slurms_reason_on_its_page(
     assert mine[0]["slurm_job_id"] == slurm_id_of(slurm_cluster, waiter["id"]), mine
     queue_page = page_for(slurm_stack, "sam", "sam-password-1", "/queue/")
     assert 'id="slurm-queue"' in queue_page and f'data-job="{waiter["id"]}"' in queue_page
+    # The Nodes page lists the pool's nodes as Slurm sees them, the holder on each of them.
+    nodes_page = page_for(slurm_stack, "sam", "sam-password-1", "/nodes/")
+    assert f'data-pool="{POOL}"' in nodes_page
+    for node in slurm_cluster.nodes:
+        row = re.search(rf'<tr data-node="{node.name}">(.*?)</tr>', nodes_page, re.S)
+        assert row, f"{node.name} not on the Nodes page"
+        assert f'href="/jobs/{holder["id"]}/"' in row.group(1), row.group(1)
+        assert re.search(r"(allocated|mixed)", row.group(1)), row.group(1)
     release.touch()
     assert sam.wait_finished(holder["id"])["state"] == "succeeded"
     assert sam.wait_finished(waiter["id"])["state"] == "succeeded"

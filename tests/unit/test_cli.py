@@ -3,6 +3,7 @@ refusals as messages, and the follower's no-duplicate rule. tests/integration/te
 the command itself against the real stack."""
 
 import json
+import re
 import stat
 import tarfile
 from datetime import UTC, datetime
@@ -490,3 +491,83 @@ def test_metrics_by_step_and_by_epoch_are_two_tables_with_no_empty_column() -> N
     assert list(tables["step"]) == [3, 4, 5, 6]  # the latest steps; step 3 is not epoch 3
     assert all(set(row) == {"loss"} for row in tables["step"].values())
     assert tables["epoch"] == {1: {"eval_accuracy": "0.6"}, 2: {"eval_accuracy": "0.7"}}
+
+
+def test_follow_drops_a_state_that_arrives_after_a_newer_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`running → queued → running` for a job of one attempt: its `queued` event came late."""
+    from trainyard_cli import main
+
+    def state(name: str, order: list[int]) -> dict[str, Any]:
+        return {"id": 5, "state": name, "state_order": order, "replicas": []}
+
+    heard = [
+        state("queued", [0, 0, 2]),  # sent by the web process before the worker's `running`
+        state("running", [0, 0, 3]),
+        state("succeeded", [1, 0, 0]),
+    ]
+
+    def fake_follow(url: str, token: str, job_id: int, after: int, follower: Any, *_: Any) -> None:
+        for job in heard:
+            follower.on_state(job)
+
+    class FakeApi:
+        url, token = "http://console", "t"
+
+        def get(self, path: str) -> dict[str, Any]:
+            return heard[-1]
+
+    notes: list[str] = []
+    monkeypatch.setattr(main, "follow", fake_follow)
+    monkeypatch.setattr(main.render, "note", notes.append)
+    main._follow_to_end(FakeApi(), state("running", [0, 0, 3]), 0)  # type: ignore[arg-type]
+    assert notes == ["job 5: succeeded"]
+
+
+def test_show_after_a_restart_says_what_became_of_the_earlier_attempt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Right after a trainer was killed, the new attempt's instances are not placed yet: the
+    attempts say that the first ended and why, so `pending` and `—` read as what they are."""
+    from typer.testing import CliRunner
+
+    from trainyard_cli import main
+    from trainyard_cli.states import States, Vocabulary
+
+    job = {
+        "id": 6, "name": "digits", "state": "restarting", "reason": "restart 1 of 2 in 5 s",
+        "owner": "ann", "image": "pytorch:2.13-cpu", "kvstore": None, "project": "digits",
+        "tags": ["baseline", "cpu"],
+        "program": {"script": "digits-ddp", "args": []},
+        "roles": {"master": {"package": "cpu-1", "instances": 1}},
+        "totals": {"cpu": 1, "gpus": 0, "memory_gb": 2, "price_per_hour": "0.05"},
+        "created": "2026-11-29T15:00:00Z", "started": "2026-11-29T15:00:01Z", "finished": None,
+        "priority": "normal", "restarts_used": 1, "max_restarts": 2, "attempt": 1,
+        "attempts": [
+            {"number": 1, "started": "2026-11-29T15:00:01Z", "finished": "2026-11-29T15:00:09Z",
+             "nodes": ["node-1"], "reason": "master on node-1: killed by signal SIGKILL"},
+            {"number": 2, "started": None, "finished": None, "nodes": [], "reason": ""},
+        ],
+        "replicas": [{"tag": "master", "node": None, "state": "pending", "exit_code": None,
+                      "signal": None, "reason": ""}],
+    }  # fmt: skip
+
+    class FakeApi:
+        states = Vocabulary(States(frozenset(), {}), States(frozenset(), {}))
+
+        def get(self, path: str, **params: Any) -> dict[str, Any]:
+            return {"currency": "USD"} if path == "/catalog" else job
+
+        def page_url(self, path: str) -> str:
+            return "http://console" + path
+
+    monkeypatch.setattr(main, "_api", FakeApi)
+    shown = CliRunner().invoke(main.app, ["show", "6"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    assert re.search(r"1 .* node-1 .* master on node-1: killed by signal SIGKILL", shown.output)
+    assert re.search(r"2 .* running", shown.output)
+    assert "Instances of attempt 2:" in shown.output
+    assert re.search(r"Placement +instances may share", shown.output)
+    assert re.search(r"Project +digits", shown.output)
+    assert re.search(r"Tags +baseline cpu", shown.output)
