@@ -1,11 +1,15 @@
-// The compare page (templates/jobs/compare.html): 2 to 5 jobs' curves overlaid, one colour
+// The compare page (templates/jobs/compare.html): 2 to 8 jobs' curves overlaid, one colour
 // per job, and their figures in one table, from GET /api/v1/compare (jobs/services/
-// comparison.py) and each job's GET /api/v1/jobs/ID/metrics. The configuration table is the
-// server's; here it only gets its "only differences" switch.
+// comparison.py) and each job's GET /api/v1/jobs/ID/metrics. The bar over the charts
+// (chart_controls.js) sets smoothing, log scale and x axis for them all; "time since start"
+// counts each job from its own start. The configuration table is the server's; here it
+// only gets its "only differences" switch.
 //
 // Everything shown is built with createElement / textContent: job and metric names are data.
+import { chartControls } from "./chart_controls.js";
+import { axesOf, curveOn, effectiveAxis, reports, X_AXES } from "./curves.js";
 import { formatCompact, formatCount, formatDuration, formatMoney, perMoney } from "./format.js";
-import { align, chartSlot, COLOURS, curve, formatValue, render, resizeWith } from "./plot.js";
+import { align, chartSlot, COLOURS, formatValue, render, resizeWith, zoomOutOnDoubleClick } from "./plot.js";
 
 const LABELS = {
   loss: "Loss",
@@ -58,21 +62,30 @@ function startCompare() {
     return byName;
   }
 
-  // The x axis every job's points of this metric have: epochs line up runs of different sizes,
-  // then steps; failing both, seconds since each run's first point.
+  // Epochs line up runs of different sizes: the axis until the user picks another.
+  const controls = chartControls("compare", () => "epoch", redrawAll);
+  const group = controls.group;
+  const drawn = []; // [slot, name] of every chart, to draw again under a new view
+  let shown = null; // {jobs, points, firsts} once loaded
+
+  // The axis every job's points of this metric have, the one asked for where they all do.
   function axisFor(perJob) {
-    for (const axis of ["epoch", "step"]) {
-      if (perJob.every((points) => points.length && points.every((p) => p[axis] != null))) return axis;
-    }
-    return "seconds";
+    const shared = perJob.map((rs) => axesOf(rs));
+    return effectiveAxis(group.view.x, X_AXES.filter((a) => shared.every((axes) => axes.includes(a))), "relative");
   }
 
-  function withSeconds(points) {
-    const first = Math.min(...points.map((p) => p.ts));
-    return points.map((p) => ({ ...p, seconds: p.ts - first }));
+  function specOf(name) {
+    const { jobs, points, firsts } = shown;
+    const perJob = points.map((byName) => reports(byName.get(name)));
+    const axis = axisFor(perJob);
+    return {
+      axis,
+      series: jobs.map((job, i) => ({ label: `#${job.id} ${job.name}`, stroke: colourOf(i), width: 2 })),
+      data: align(perJob.map((rs, i) => curveOn(rs, axis, firsts[i]))),
+    };
   }
 
-  function drawChart(name, jobs, points) {
+  function drawChart(name) {
     const fig = document.createElement("figure");
     fig.className = "chart";
     fig.dataset.chart = name;
@@ -87,14 +100,14 @@ function startCompare() {
     $("compare-charts").appendChild(fig);
     const slot = chartSlot(fig);
     charts.push(slot);
-    const perJob = points.map((byName) => byName.get(name) || []);
-    const axis = axisFor(perJob);
-    const curves = perJob.map((pts) => curve(axis === "seconds" ? withSeconds(pts) : pts, axis));
-    render(slot, {
-      axis,
-      series: jobs.map((job, i) => ({ label: `#${job.id} ${job.name}`, stroke: colourOf(i), width: 2 })),
-      data: align(curves),
-    });
+    zoomOutOnDoubleClick(slot, group);
+    drawn.push([slot, name]);
+    render(slot, specOf(name), group);
+  }
+
+  function redrawAll() {
+    if (!shown) return;
+    for (const [slot, name] of drawn) render(slot, specOf(name), group);
   }
 
   // --- figures ----------------------------------------------------------------------------------
@@ -145,8 +158,19 @@ function startCompare() {
       const answer = await getJson(`/api/v1/compare?jobs=${encodeURIComponent(section.dataset.jobs)}`);
       renderFigures(answer);
       const points = await Promise.all(answer.jobs.map(pointsOf));
+      // Where each job's "time since start" counts from: its start, as on its own page (its
+      // first point where it has no start).
+      const firsts = answer.jobs.map((job, i) =>
+        job.started ? Date.parse(job.started) / 1000 : Math.min(...[...points[i].values()].flat().map((p) => p.ts)));
+      shown = { jobs: answer.jobs, points, firsts };
       $("compare-no-charts").hidden = answer.charts.length > 0;
-      for (const name of answer.charts) drawChart(name, answer.jobs, points);
+      $("chart-controls").hidden = answer.charts.length === 0;
+      const axes = new Set(["wall", "relative"]);
+      for (const name of answer.charts) {
+        for (const byName of points) for (const a of axesOf(reports(byName.get(name)))) axes.add(a);
+        drawChart(name);
+      }
+      controls.offerAxes(X_AXES.filter((a) => axes.has(a)));
       status.textContent = `${answer.charts.length} shared metric${answer.charts.length === 1 ? "" : "s"}`;
       section.dataset.loaded = "true";
     } catch (e) {

@@ -3,6 +3,8 @@
 // (jobs/money.py, jobs/services/views/durations.py) where it renders them itself.
 import { money, timeZone } from "./rules.js";
 
+export { formatElapsed, formatElapsedTicks } from "./clock.js";
+
 const whole = new Intl.NumberFormat("en-US", { maximumFractionDigits: 0 });
 const cents = new Intl.NumberFormat("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 2 });
 const priceDigits = new Intl.NumberFormat("en-US", { minimumFractionDigits: 2, maximumFractionDigits: 4 });

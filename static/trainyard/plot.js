@@ -1,13 +1,21 @@
 // Curves on uPlot charts, shared by the job page (job/charts.js) and the compare page
-// (compare.js): one way to average a metric over processes, align series on one x axis and
-// draw them, so that a curve reads the same on both pages.
+// (compare.js): one way to draw a chart, so that a curve reads the same on both pages, and one
+// view for all the charts of a page (chartGroup): the smoothing, the log scale, the x axis the
+// page's controls chose (chart_controls.js), and the zoom, which every chart on the same axis
+// follows. The arithmetic (reports, totals, smoothing, breaks, ticks) is in curves.js.
 //
-// A chart slot is {fig, plotEl, emptyEl, plot, sig} around a <figure class="chart"> holding a
-// .chart-plot and a .chart-empty; chartSlot() makes one from such a figure.
+// A chart slot is {fig, plotEl, emptyEl, plot, sig, axis} around a <figure class="chart">
+// holding a .chart-plot and a .chart-empty; chartSlot() makes one from such a figure.
 
 import { formatCount, formatLocalTime, formatTimeTicks } from "./format.js";
+import { align, forLogScale, smooth, tickSteps, X_AXIS_LABELS } from "./curves.js";
+import { formatElapsed, formatElapsedTicks } from "./format.js";
 
-export const COLOURS = ["#2855d8", "#d97706", "#059669", "#c026d3", "#dc2626", "#0891b2", "#65a30d", "#7c3aed"];
+export { align };
+
+// Eight colours told apart at a glance, on white and side by side (the compare page draws up
+// to eight runs): blue, orange, green, red, purple, brown, pink, teal.
+export const COLOURS = ["#2855d8", "#e8710a", "#16a34a", "#dc2626", "#7c3aed", "#8c564b", "#db2777", "#0e9aa7"];
 export const CHART_HEIGHT = 220;
 
 const AXIS_STYLE = { stroke: "#6b7385", grid: { stroke: "#eef0f4", width: 1 }, ticks: { stroke: "#dde1e8", width: 1 }, font: "12px system-ui, sans-serif" };
@@ -16,34 +24,42 @@ const AXIS_STYLE = { stroke: "#6b7385", grid: { stroke: "#eef0f4", width: 1 }, t
 // second is about 60 px wide in the axis font.
 const TIME_TICK_SPACE_PX = 90;
 
+// Room to the right of the plot for half of the last time label ("14:05:09.2"), which is
+// centred on its tick: without it the canvas cut it ("17:36:37.").
+const RIGHT_PAD_PX = 40;
+
 export function chartSlot(fig) {
-  return { fig, plotEl: fig.querySelector(".chart-plot"), emptyEl: fig.querySelector(".chart-empty"), plot: null, sig: "" };
+  return { fig, plotEl: fig.querySelector(".chart-plot"), emptyEl: fig.querySelector(".chart-empty"), plot: null, sig: "", axis: null, data: null };
 }
 
-// (x, mean over processes) of one metric's points by `axis` ("step", "epoch" or "ts"), sorted by x.
-export function curve(points, axis) {
-  const at = new Map();
-  for (const p of points || []) {
-    const x = p[axis];
-    if (x === undefined || x === null) continue;
-    const acc = at.get(x);
-    if (acc) { acc[0] += p.value; acc[1]++; } else at.set(x, [p.value, 1]);
-  }
-  return [...at.entries()].map(([x, [sum, n]]) => [Number(x), sum / n]).sort((a, b) => a[0] - b[0]);
+// The charts of one page under one view: {smoothing (0 to 0.99), log (y axis), x (the axis
+// asked for)}, and the zoom {axis, min, max} the user dragged on any of them, which every chart
+// on that axis shows. `onZoom(zoom)` hears each change (null: zoomed out).
+export function chartGroup(view, onZoom = () => {}) {
+  const group = { view: { smoothing: 0, log: false, x: "step", ...view }, zoom: null, slots: new Set(), key: `g${Math.random().toString(36).slice(2)}` };
+  group.zoomTo = (zoom) => {
+    group.zoom = zoom;
+    for (const slot of group.slots) applyZoom(slot, group);
+    onZoom(zoom);
+  };
+  return group;
 }
 
-// uPlot wants one sorted x array and every series aligned to it (null where a series has no
-// point; spanGaps draws across those).
-export function align(curves) {
-  const xs = [...new Set(curves.flatMap((c) => c.map(([x]) => x)))].sort((a, b) => a - b);
-  const where = new Map(xs.map((x, i) => [x, i]));
-  const data = [xs];
-  for (const c of curves) {
-    const ys = new Array(xs.length).fill(null);
-    for (const [x, y] of c) ys[where.get(x)] = y;
-    data.push(ys);
-  }
-  return data;
+function applyZoom(slot, group) {
+  if (!slot.plot || !slot.data) return;
+  const z = group.zoom;
+  const xs = slot.data[0];
+  const zoomed = !!z && z.axis === slot.axis;
+  slot.fig.dataset.zoomed = String(zoomed);
+  if (zoomed) slot.plot.setScale("x", { min: z.min, max: z.max });
+  else if (xs.length) slot.plot.setScale("x", { min: xs[0], max: xs[xs.length - 1] });
+}
+
+// The drawn values of one series under the view: smoothed, then with what a log scale cannot
+// show left out.
+function drawnValues(ys, view, log) {
+  const smoothed = smooth(ys, view.smoothing);
+  return log ? forLogScale(smoothed).ys : smoothed;
 }
 
 export function formatValue(v) {
@@ -63,55 +79,103 @@ export function showEmpty(chart, text) {
   chart.fig.dataset.points = "0";
 }
 
-// spec: {axis, series: [{label, stroke, width, dash}], data: [xs, ...ys]}
-export function render(chart, spec) {
+// spec: {axis ("step", "epoch", "wall" or "relative"), series: [{label, stroke, width, dash}],
+// data: [xs, ...ys]} as curves.align gives it. `group` (chartGroup) brings the view and the
+// zoom; without one the chart is drawn as it is.
+export function render(chart, spec, group = null) {
   chart.fig.hidden = false;
   if (!spec || spec.data[0].length === 0) return showEmpty(chart, "no points yet");
+  const view = group ? group.view : { smoothing: 0, log: false };
+  const drawn = spec.data.slice(1).map((ys) => drawnValues(ys, view, false));
+  // A log scale only where there is something above 0 to draw on it.
+  const log = !!view.log && drawn.some((ys) => forLogScale(ys).drawable);
+  const data = [spec.data[0], ...(log ? drawn.map((ys) => forLogScale(ys).ys) : drawn)];
   chart.emptyEl.hidden = true;
   chart.plotEl.hidden = false;
   chart.fig.classList.remove("empty");
-  chart.fig.dataset.points = String(spec.data[0].length); // x values drawn: for tests and tools
+  // What is drawn, for tests and tools: x values, series, the axis and the y scale.
+  chart.fig.dataset.points = String(spec.data[0].length);
   chart.fig.dataset.series = String(spec.series.length);
-  const sig = JSON.stringify([spec.axis, spec.series.map((s) => s.label)]);
+  chart.fig.dataset.axis = spec.axis;
+  chart.fig.dataset.scale = log ? "log" : "linear";
+  chart.axis = spec.axis;
+  chart.data = data;
+  chart.fig.chartData = data; // the values drawn ([xs, ...ys]), read by the browser tests
+  if (group) group.slots.add(chart);
+  const sig = JSON.stringify([spec.axis, log, spec.series.map((s) => [s.label, s.stroke])]);
   if (chart.plot && chart.sig === sig) {
-    chart.plot.setData(spec.data);
+    chart.plot.setData(data);
+    if (group && group.zoom && group.zoom.axis === spec.axis) applyZoom(chart, group);
     return;
   }
   if (chart.plot) chart.plot.destroy();
-  const time = spec.axis === "ts";
-  const opts = {
+  chart.plot = new uPlot(plotOptions(chart, spec, log, group), data, chart.plotEl);
+  chart.sig = sig;
+  if (group && group.zoom && group.zoom.axis === spec.axis) applyZoom(chart, group);
+}
+
+function plotOptions(chart, spec, log, group) {
+  const time = spec.axis === "wall";
+  const elapsed = spec.axis === "relative";
+  const xValue = time
+    ? (u, v) => (v == null ? "–" : formatLocalTime(new Date(v * 1000)))
+    : elapsed
+      ? (u, v) => (v == null ? "–" : formatElapsed(v, 1))
+      : (u, v) => (v == null ? "–" : formatValue(v));
+  let xAxis;
+  if (time) {
+    // Time ticks as every other time on the page reads (14:05:09), not uPlot's own ":47.000",
+    // at least a label's width apart ("14:05:09.2"), so that ticks never run together.
+    xAxis = { values: (u, ticks) => formatTimeTicks(ticks), space: TIME_TICK_SPACE_PX };
+  } else {
+    xAxis = {
+      label: X_AXIS_LABELS[spec.axis] || spec.axis,
+      labelSize: 18,
+      labelFont: "12px system-ui, sans-serif",
+      incrs: tickSteps(spec.axis),
+      ...(elapsed ? { values: (u, ticks) => formatElapsedTicks(ticks), space: 60 } : {}),
+    };
+  }
+  const cursor = { drag: { x: true, y: false, setScale: !group } };
+  if (group) cursor.sync = { key: `${group.key}-${spec.axis}` };
+  return {
     width: Math.max(200, chart.plotEl.clientWidth),
     height: CHART_HEIGHT,
-    scales: { x: { time } },
-    cursor: { drag: { x: true, y: false } },
+    padding: [12, RIGHT_PAD_PX, 0, 0],
+    scales: { x: { time }, y: log ? { distr: 3, log: 10 } : {} },
+    cursor,
     legend: { live: true },
     series: [
-      time
-        ? { label: "time", value: (u, v) => (v == null ? "–" : formatLocalTime(new Date(v * 1000))) }
-        : { label: spec.axis, value: (u, v) => (v == null ? "–" : formatValue(v)) },
+      { label: time ? "time" : X_AXIS_LABELS[spec.axis] || spec.axis, value: xValue },
       ...spec.series.map((s) => ({
         label: s.label,
         stroke: s.stroke,
         width: s.width || 1.5,
         dash: s.dash,
-        spanGaps: true,
+        // null breaks the line (a restart's gap); undefined (no point of this series at an x
+        // another series has) is joined across.
+        spanGaps: false,
         value: (u, v) => (v == null ? "–" : formatValue(v)),
       })),
     ],
-    axes: [
-      {
-        ...AXIS_STYLE,
-        // Time ticks as every other time on the page reads (14:05:09), not uPlot's own ":47.000".
-        ...(time
-          // At least a label's width apart ("14:05:09.2"), so that ticks never run together.
-          ? { values: (u, ticks) => formatTimeTicks(ticks), space: TIME_TICK_SPACE_PX }
-          : { label: spec.axis, labelSize: 18, labelFont: "12px system-ui, sans-serif" }),
-      },
-      { ...AXIS_STYLE, size: 64 },
-    ],
+    axes: [{ ...AXIS_STYLE, ...xAxis }, { ...AXIS_STYLE, size: 64 }],
+    hooks: group ? { setSelect: [(u) => zoomFromSelection(u, chart, group)] } : {},
   };
-  chart.plot = new uPlot(opts, spec.data, chart.plotEl);
-  chart.sig = sig;
+}
+
+// A drag across a chart: every chart on its axis shows that range; the selection box goes.
+function zoomFromSelection(u, chart, group) {
+  const { left, width } = u.select;
+  if (width < 2) return;
+  const min = u.posToVal(left, "x");
+  const max = u.posToVal(left + width, "x");
+  u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+  if (max > min) group.zoomTo({ axis: chart.axis, min, max });
+}
+
+// Double-click on any chart: all of them zoom back out.
+export function zoomOutOnDoubleClick(chart, group) {
+  chart.plotEl.addEventListener("dblclick", () => { if (group.zoom) group.zoomTo(null); });
 }
 
 // Keep the charts as wide as their boxes after the window is resized.

@@ -52,6 +52,10 @@ def test_a_failed_jobs_page_leads_with_the_banner_and_the_signal_name(
         expect(page.locator("#banner-run-again")).to_be_visible()
         # It failed before reporting any metric: no empty figure card, chart or bar.
         assert shown_while_empty(page) == {"cards": [], "empty_charts": [], "others": []}
+        # The agents' samples of its use are not counted as training points.
+        expect(page.locator("#training-status")).to_have_text(
+            re.compile(r"^(no training metrics reported · [\d,]+ resource samples?|no points yet)$")
+        )
         keep_screenshot(page, "job-failed-banner")
 
 

@@ -104,7 +104,10 @@ def test_the_job_page_and_list_show_start_end_and_duration(
     assert abs(float(duration.get_attribute("data-seconds") or "nan") - took) < 0.001
     expect(page.locator("#training-status")).to_contain_text("points")
     expect(page.locator("#fig-cost .figure-value")).to_have_text(re.compile(r"^(< )?\$\d"))
-    # A chart's time reads as every other time on the page (uPlot's own would be ":47.000").
+    # A chart's time reads as every other time on the page (uPlot's own would be ":47.000"):
+    # samples/sec by wall time, as the bar over the charts can set it (it is by epoch first).
+    page.select_option("#chart-x", "wall")
+    expect(page.locator("#chart-samples-per-sec")).to_have_attribute("data-axis", "wall")
     page.locator("#chart-samples-per-sec .u-over").hover()
     when = page.locator("#chart-samples-per-sec .u-legend .u-series").first.locator(".u-value")
     expect(when).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d$"))

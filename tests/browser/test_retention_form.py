@@ -24,11 +24,15 @@ def test_a_job_is_kept_and_given_days_from_its_page(browser: Browser, stack: Run
         text = page.locator("#retention-text")
         expect(text).to_contain_text("log and metrics removed after")
 
+        # The change is a setting behind the rule's own line, not a form in the summary.
+        expect(page.locator("#retention-form")).to_be_hidden()
+        page.click("#retention-edit")
         page.check("#retention-keep")
         page.click("#retention-save")
         expect(text).to_have_text("kept: its log and metrics are never removed")
         assert rita.job(job_id)["retention"]["keep"] is True
 
+        page.click("#retention-edit")
         page.uncheck("#retention-keep")
         page.fill("#retention-days", "0")
         page.click("#retention-save")

@@ -5,21 +5,24 @@ drawn (pixels on the canvas)."""
 
 import re
 import shutil
+from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import wait_in_page
+from tests.browser.conftest import keep_screenshot, wait_in_page
 from tests.browser.training_page import summaries_shown
-from tests.conftest import RunningStack, pytorch_request, signal_file
+from tests.conftest import RunningStack, pytorch_request, signal_file, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 EPOCHS = 8
 DIGITS_ARGS = ["--epochs", str(EPOCHS)]
 SCREENSHOT_FOR_REVIEW = Path("/tmp/training_page.png")
+SMOOTHED_SCREENSHOT = Path("/tmp/training_charts_smoothed_log_zoomed.png")
 NO_FIGURE = "\u2013"  # the en dash a card shows for a figure it cannot give yet
 
 # Pixels drawn on a chart's canvas: every non-transparent one, and those in the run's own
@@ -156,6 +159,19 @@ def test_it_charts_a_2_trainer_run_against_its_1_trainer_baseline(
     expect(page.locator("#chart-gpu .chart-empty")).to_have_text("no GPU")
     expect(page.locator("#chart-gpu")).to_be_hidden()  # nothing to draw: no room taken
     expect(page.locator("#chart-samples-per-sec canvas")).to_be_visible()
+    # Global throughput by epoch, as the other training charts: at each epoch the sum of the
+    # two processes' figures, drawn once both have reported it (never one rank's alone).
+    expect(page.locator("#chart-loss")).to_have_attribute("data-axis", "epoch")
+    expect(page.locator("#chart-samples-per-sec")).to_have_attribute("data-axis", "epoch")
+    reported = stack.admin.http.get(f"/api/v1/jobs/{two}/metrics?name=samples_per_sec").json()
+    by_epoch: dict[float, list[float]] = defaultdict(list)
+    for p in reported["points"]:
+        by_epoch[p["epoch"]].append(p["value"])
+    assert sorted(by_epoch) == list(range(1, EPOCHS + 1))
+    xs, total, *_ = drawn(page, "#chart-samples-per-sec")
+    assert {x: y for x, y in zip(xs, total, strict=True) if y is not None} == pytest.approx(
+        {epoch: sum(values) for epoch, values in by_epoch.items() if len(values) == 2}
+    )
     # The agent samples every few seconds: a short run may end before its first CPU figure
     # (the first sample only primes the counters). The chart shows what the API has.
     cpu_points = stack.admin.http.get(f"/api/v1/jobs/{two}/metrics?name=cpu_percent").json()
@@ -175,6 +191,106 @@ def test_it_charts_a_2_trainer_run_against_its_1_trainer_baseline(
 
     page.screenshot(path=str(tmp_path / "training.png"), full_page=True)
     shutil.copyfile(tmp_path / "training.png", SCREENSHOT_FOR_REVIEW)
+    assert errors == []
+
+
+def drawn(page: Page, chart: str) -> list[list[float | None]]:
+    """The values a chart draws: [xs, ...ys] (None where a series has no point)."""
+    data: list[list[float | None]] = page.evaluate(
+        "(sel) => document.querySelector(sel).chartData", chart
+    )
+    return data
+
+
+def debiased_ema(ys: list[float | None], weight: float) -> list[float | None]:
+    """TensorBoard's smoothing, written out again here to check the page's."""
+    last, n = 0.0, 0
+    out: list[float | None] = []
+    for y in ys:
+        if y is None:
+            out.append(None)
+            continue
+        last = last * weight + (1 - weight) * y
+        n += 1
+        out.append(last / (1 - weight**n))
+    return out
+
+
+def drag_across(page: Page, chart: str, start: float, end: float) -> None:
+    """Press on a chart's plot at `start` of its width and let go at `end`, as a user zooms."""
+    box = page.locator(f"{chart} .u-over").bounding_box()
+    assert box is not None
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * start, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * (start + end) / 2, y)
+    page.mouse.move(box["x"] + box["width"] * end, y)
+    page.mouse.up()
+
+
+def test_the_chart_bar_smooths_logs_and_zooms_every_chart_and_a_reload_keeps_it(
+    page: Page, stack: RunningStack, one_and_two_workers: dict[str, Any]
+) -> None:
+    two = one_and_two_workers["two"]
+    one_and_two_workers["finished"]()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{stack.url}/jobs/{two}/")
+    loss_chart_drawn(page)
+    loss = page.locator("#chart-loss")
+    raw = drawn(page, "#chart-loss")  # [epochs, the baseline's loss, this run's]
+
+    # Smoothing: every curve drawn is the debiased moving average of its points.
+    page.locator("#chart-smoothing").fill("0.8")
+    wait_in_page(
+        page,
+        "the loss chart smoothed",
+        "(raw) => document.querySelector('#chart-loss').chartData[2]"
+        ".some((y, i) => y != null && y !== raw[2][i])",
+        raw,
+    )
+    smoothed = drawn(page, "#chart-loss")
+    assert smoothed[0] == raw[0]
+    for series in (1, 2):
+        assert smoothed[series] == pytest.approx(debiased_ema(raw[series], 0.8))
+
+    # Log scale and x axis: every chart on the page follows. The agents' samples have a time
+    # only: they stay on wall time when the others go by step.
+    page.check("#chart-log")
+    shown = ["#chart-loss", "#chart-lr", "#chart-eval-accuracy", "#chart-samples-per-sec"]
+    for chart in shown:
+        expect(page.locator(chart)).to_have_attribute("data-scale", "log")
+    page.select_option("#chart-x", "step")
+    for chart in shown:
+        expect(page.locator(chart)).to_have_attribute("data-axis", "step")
+    memory = page.locator("#chart-memory")
+    expect(memory).to_have_attribute("data-axis", "wall")
+    page.select_option("#chart-x", "relative")
+    expect(memory).to_have_attribute("data-axis", "relative")
+    expect(loss).to_have_attribute("data-axis", "relative")
+    keep_screenshot(page, "charts-by-time-since-start")
+
+    # Zoom: a drag across the loss chart zooms every chart on its axis; double-click, all out.
+    page.select_option("#chart-x", "epoch")
+    expect(loss).to_have_attribute("data-axis", "epoch")
+    drag_across(page, "#chart-loss", 0.3, 0.7)
+    expect(page.locator("#chart-zoom-out")).to_be_visible()
+    for chart in shown:
+        expect(page.locator(chart)).to_have_attribute("data-zoomed", "true")
+    expect(memory).to_have_attribute("data-zoomed", "false")  # on wall time: not zoomed
+    page.screenshot(path=str(SMOOTHED_SCREENSHOT), full_page=True)
+    page.locator("#chart-eval-accuracy .u-over").dblclick()
+    for chart in shown:
+        expect(page.locator(chart)).to_have_attribute("data-zoomed", "false")
+    expect(page.locator("#chart-zoom-out")).to_be_hidden()
+
+    # A reload keeps the bar's choices.
+    page.reload()
+    loss_chart_drawn(page)
+    expect(page.locator("#chart-smoothing")).to_have_value("0.8")
+    expect(page.locator("#chart-log")).to_be_checked()
+    expect(page.locator("#chart-x")).to_have_value("epoch")
+    expect(loss).to_have_attribute("data-scale", "log")
     assert errors == []
 
 
@@ -230,6 +346,59 @@ def test_it_launches_a_1_trainer_baseline_for_a_program_without_one(
     expect(button).to_be_hidden()
     expect(page.locator("#verdict-badge")).to_contain_text(f"baseline #{baseline}")
     assert admin.wait_finished(baseline)["state"] == "succeeded"
+
+
+def test_resource_lines_break_between_attempts(page: Page, stack: RunningStack) -> None:
+    """A job restarted after a failure: its memory line stops where the first attempt ended
+    and starts again with the second, rather than draw across the time nothing ran."""
+    admin = stack.admin
+    fail, finish = signal_file("fail"), signal_file("finish")
+    request = pytorch_request(
+        "restarts once",
+        "fail_once_held.py",
+        1,
+        args=["--fail-after", str(fail), "--finish-after", str(finish)],
+    )
+    request["restart"] = {"policy": "on-failure", "max_restarts": 1, "backoff_seconds": 1}
+    job = admin.submit(request)
+
+    def memory_since(moment: float) -> list[dict[str, Any]]:
+        points = admin.http.get(f"/api/v1/jobs/{job['id']}/metrics?name=memory_mb").json()
+        return [p for p in points["points"] if p["ts"] > moment]
+
+    try:
+        wait_until("2 memory samples of the first attempt", lambda: len(memory_since(0)) >= 2)
+        fail.touch()
+        again = admin.wait(job["id"], lambda j: len(j["attempts"]) == 2 and j["state"] == "running")
+        restarted = datetime.fromisoformat(again["attempts"][1]["started"]).timestamp()
+        wait_until(
+            "2 memory samples of the second attempt", lambda: len(memory_since(restarted)) >= 2
+        )
+    finally:
+        fail.touch()
+        finish.touch()
+    ended = admin.wait_finished(job["id"])
+    assert ended["state"] == "succeeded", ended
+    first_end = datetime.fromisoformat(ended["attempts"][0]["finished"]).timestamp()
+
+    page.goto(f"{stack.url}/jobs/{job['id']}/")
+    memory = page.locator("#chart-memory")
+    expect(memory).to_have_attribute("data-axis", "wall")
+    wait_in_page(
+        page,
+        "the memory chart drawn",
+        "() => Number(document.querySelector('#chart-memory').dataset.points) > 1",
+    )
+    data = drawn(page, "#chart-memory")
+    xs, master = cast(list[float], data[0]), data[1]  # x values are never missing
+    breaks = [x for x, y in zip(xs, master, strict=True) if y is None]
+    # JSON has no undefined: the series' holes (none here: one instance) and breaks both read
+    # None, so the break is told by its place, the first attempt's end.
+    assert breaks == [pytest.approx(first_end)], (xs, master)
+    before = [y for x, y in zip(xs, master, strict=True) if x < first_end and y is not None]
+    after = [y for x, y in zip(xs, master, strict=True) if x > first_end and y is not None]
+    assert before and after
+    keep_screenshot(page, "memory-line-across-a-restart")
 
 
 def test_it_draws_points_as_they_arrive(page: Page, stack: RunningStack, tmp_path: Path) -> None:

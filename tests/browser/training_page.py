@@ -38,7 +38,8 @@ def shown_while_empty(page: Page) -> dict[str, Any]:
     wait_in_page(
         page,
         "the charts drawn from the points loaded",
-        "() => /\\d+ points?/.test(document.getElementById('training-status').textContent)",
+        "() => /training points?|resource samples?|no points yet/"
+        ".test(document.getElementById('training-status').textContent)",
     )
     shown: dict[str, Any] = page.evaluate(EMPTY_THINGS_SHOWN)
     return shown

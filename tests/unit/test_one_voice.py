@@ -24,9 +24,9 @@ from trainyard_cli import render
 ROOT = Path(__file__).resolve().parents[2]
 
 # What formats a time, a duration or a price by its own code, per kind of file, with why it is
-# refused. The one formatter of each side is exempt: static/trainyard/format.js (with times.js,
-# which applies it to the server's <time> elements), jobs/templatetags/trainyard.py for the
-# templates, trainyard_cli/render.py for the CLI.
+# refused. The one formatter of each side is exempt: static/trainyard/format.js (with its pure
+# half clock.js, and times.js, which applies it to the server's <time> elements),
+# jobs/templatetags/trainyard.py for the templates, trainyard_cli/render.py for the CLI.
 TEMPLATE_PATTERNS = {
     r"\|\s*date\b": "Django's |date: use {% local_time %} or |utc_time",
     r"\|\s*time\b": "Django's |time: use {% local_time %}",
@@ -49,7 +49,7 @@ CLI_PATTERNS = {
     r":[,]?\.\d+f\}": "a number rounded by hand: use render.duration, render.money",
     r"[\"']\$|\bUSD\b|[\"']currency[\"']": "a currency written by hand: use render.money",
 }
-SCRIPT_FORMATTERS = {"format.js", "times.js"}
+SCRIPT_FORMATTERS = {"format.js", "clock.js", "times.js"}
 # job/charts.js and compare.js still keep Intl.NumberFormats of their own for counts and
 # percentages (the same output as formatCount) and two-decimal figures (a speedup); it is
 # refused everywhere else.

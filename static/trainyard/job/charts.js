@@ -13,10 +13,14 @@
 // table with nothing to show yet takes no room.
 //
 // Everything shown is built with createElement / textContent: metric names and job names are
-// data, never markup. Curves are averaged, aligned and drawn by ../plot.js, which the compare
-// page shares.
+// data, never markup. Points become curves in ../curves.js and are drawn by ../plot.js, which
+// the compare page shares; the bar over the charts (../chart_controls.js) sets the smoothing,
+// the log scale and the x axis of them all, and a zoom dragged on one is shown by every chart
+// on the same axis. On a time axis a line breaks between the job's attempts.
+import { chartControls } from "../chart_controls.js";
+import { attemptBreaks, axesOf, breakAt, completeTotals, curveOn, effectiveAxis, reports, X_AXES } from "../curves.js";
 import { formatCompact, formatCount, formatDuration, formatMoney, formatPrice, perMoney } from "../format.js";
-import { align, chartSlot, COLOURS, curve, render, resizeWith, showEmpty } from "../plot.js";
+import { align, chartSlot, COLOURS, render, resizeWith, showEmpty, zoomOutOnDoubleClick } from "../plot.js";
 import { isTerminal, tagOf as tagOfInstance } from "../rules.js";
 
 function startCharts() {
@@ -31,6 +35,8 @@ function startCharts() {
   // Names with a chart of their own, and the declared totals, which only feed the progress bar.
   const OWN_CHART = new Set(["loss", "lr", "eval_accuracy", "samples_per_sec", "cpu_percent", "memory_mb", "gpu_util_percent"]);
   const NOT_CHARTED = new Set(["total_steps", "total_epochs"]);
+  // Measured by the agent on every instance, whatever the trainer reports.
+  const RESOURCE_SAMPLES = ["cpu_percent", "memory_mb", "gpu_util_percent"];
   const RUN_COLOUR = "#2855d8";
   const BASELINE_COLOUR = "#a3aab8";
   const GLOBAL_COLOUR = "#1d2330";
@@ -49,7 +55,9 @@ function startCharts() {
 
   // --- points -------------------------------------------------------------------------------
   function store() {
-    return { seen: new Set(), byName: new Map(), next: 0, count: 0 };
+    // started: when the job started (seconds), where "time since start" counts from; before
+    // it is known, the time of its first point.
+    return { seen: new Set(), byName: new Map(), next: 0, count: 0, first: Infinity, started: null };
   }
   const run = store();
   let base = store();
@@ -70,6 +78,7 @@ function startCharts() {
       let list = into.byName.get(p.name);
       if (!list) into.byName.set(p.name, (list = []));
       list.push(p);
+      if (p.ts < into.first) into.first = p.ts;
       into.count++;
       added++;
       dirty.add(p.name);
@@ -85,15 +94,35 @@ function startCharts() {
     return (ROLE_ORDER[a.role] ?? 9) - (ROLE_ORDER[b.role] ?? 9) || a.role.localeCompare(b.role) || Number(a.index || 0) - Number(b.index || 0);
   }
 
+  // The moments between the job's attempts (a preemption, a restart): lines on a time axis
+  // break there rather than draw across the time nothing ran.
+  const initialJob = JSON.parse(document.getElementById("job-initial").textContent);
+  let breaks = attemptBreaks(initialJob.attempts);
+  const startOf = (job) => (job && job.started ? Date.parse(job.started) / 1000 : null);
+  run.started = startOf(initialJob);
+
+  // One process's (or the mean over processes') reports as a line on `axis`.
+  function lineOf(reportList, axis, into = run) {
+    const origin = into.started ?? into.first;
+    const line = curveOn(reportList, axis, origin);
+    if (into !== run) return line; // a baseline's attempts are not known here
+    if (axis === "wall") return breakAt(line, breaks);
+    if (axis === "relative") return breakAt(line, breaks.map((t) => t - origin));
+    return line;
+  }
+
+  // One line per process that has `axis`, in order of role and index.
   function perTag(points, axis) {
     const tags = new Map();
     for (const p of points || []) {
-      if (p[axis] === undefined || p[axis] === null) continue;
       const tag = tagOf(p);
       if (!tags.has(tag)) tags.set(tag, []);
       tags.get(tag).push(p);
     }
-    return [...tags.entries()].sort((a, b) => byInstance(a[1][0], b[1][0])).map(([tag, pts]) => [tag, curve(pts, axis)]);
+    return [...tags.entries()]
+      .sort((a, b) => byInstance(a[1][0], b[1][0]))
+      .map(([tag, pts]) => [tag, lineOf(reports(pts), axis)])
+      .filter(([, line]) => line.length);
   }
 
   // --- the charts ---------------------------------------------------------------------------
@@ -101,6 +130,9 @@ function startCharts() {
   for (const fig of section.querySelectorAll("figure.chart")) {
     charts[fig.dataset.chart] = chartSlot(fig);
   }
+  const controls = chartControls("job", () => preferredAxis(), () => scheduleDraw(true));
+  const group = controls.group;
+  for (const chart of Object.values(charts)) zoomOutOnDoubleClick(chart, group);
 
   // Loss, lr, eval accuracy: this run's mean over processes, over the baseline's in grey, both
   // by the axis the verdict compared them on (epoch lines runs on different worker counts up).
@@ -108,65 +140,64 @@ function startCharts() {
     const verdictAxis = summary && summary.baseline && summary.baseline.verdict && summary.baseline.verdict.axis;
     if (verdictAxis) return verdictAxis;
     const loss = run.byName.get("loss") || [];
-    return loss.some((p) => p.epoch != null) ? "epoch" : "step";
+    if (loss.some((p) => p.epoch != null)) return "epoch";
+    // A run that reports no step (only the agents' samples, say) is read by time.
+    const offered = offeredAxes();
+    return offered.includes("step") ? "step" : offered.includes("epoch") ? "epoch" : "wall";
   }
 
   function curveSpec(name) {
-    const own = run.byName.get(name) || [];
-    const axes = [preferredAxis(), "epoch", "step", "ts"];
-    const axis = axes.find((a) => own.some((p) => p[a] != null));
-    if (!axis) return null;
+    const own = reports(run.byName.get(name));
+    if (!own.length) return null;
+    const axis = effectiveAxis(group.view.x, axesOf(own));
     const series = [];
     const curves = [];
-    if (baseId !== null) {
+    // On wall time a baseline run earlier would sit apart, far to the left: it is drawn on the
+    // other axes, where both runs start at 0.
+    if (baseId !== null && axis !== "wall") {
       series.push({ label: `baseline #${baseId}`, stroke: BASELINE_COLOUR, width: 2 });
-      curves.push(curve(base.byName.get(name), axis));
+      curves.push(lineOf(reports(base.byName.get(name)), axis, base));
     }
     series.push({ label: `this run #${jobId}`, stroke: RUN_COLOUR, width: 2 });
-    curves.push(curve(own, axis));
+    curves.push(lineOf(own, axis));
     return { axis, series, data: align(curves) };
   }
 
-  // Global throughput at each report: the sum over processes of each one's latest value.
+  // Global throughput: at each step (or epoch) the sum over the processes, drawn once every
+  // one of them has reported that step; and each process's own.
   function throughputSpec() {
-    const points = [...(run.byName.get("samples_per_sec") || [])].sort((a, b) => a.ts - b.ts);
+    const points = run.byName.get("samples_per_sec") || [];
     if (!points.length) return null;
-    const latest = new Map();
-    const global = [];
-    for (const p of points) {
-      latest.set(tagOf(p), p.value);
-      let sum = 0;
-      for (const v of latest.values()) sum += v;
-      if (global.length && global[global.length - 1][0] === p.ts) global[global.length - 1][1] = sum;
-      else global.push([p.ts, sum]);
-    }
-    const tags = perTag(points, "ts");
+    const axis = effectiveAxis(group.view.x, axesOf(reports(points)));
+    const tags = perTag(points, axis);
     return {
-      axis: "ts",
+      axis,
       series: [
         { label: "global", stroke: GLOBAL_COLOUR, width: 2.5 },
         ...tags.map(([tag], i) => ({ label: tag, stroke: COLOURS[i % COLOURS.length] })),
       ],
-      data: align([global, ...tags.map(([, c]) => c)]),
+      data: align([lineOf(completeTotals(points), axis), ...tags.map(([, c]) => c)]),
     };
   }
 
+  // The agents' samples have a time only: wall time, or time since the start where asked.
   function perInstanceSpec(name) {
-    const tags = perTag(run.byName.get(name), "ts");
+    const axis = effectiveAxis(group.view.x, ["wall", "relative"]);
+    const tags = perTag(run.byName.get(name), axis);
     if (!tags.length) return null;
     return {
-      axis: "ts",
+      axis,
       series: tags.map(([tag], i) => ({ label: tag, stroke: COLOURS[i % COLOURS.length] })),
       data: align(tags.map(([, c]) => c)),
     };
   }
 
-  // Any other names, one series per name and process, on the axis every one of them has.
+  // Any other names, one series per name and process, on an axis every one of them has.
   function customSpec() {
     const names = [...run.byName.keys()].filter((n) => !OWN_CHART.has(n) && !NOT_CHARTED.has(n)).sort();
     if (!names.length) return null;
-    const all = names.flatMap((n) => run.byName.get(n));
-    const axis = ["step", "epoch", "ts"].find((a) => all.every((p) => p[a] != null)) || "ts";
+    const shared = names.map((n) => axesOf(reports(run.byName.get(n))));
+    const axis = effectiveAxis(group.view.x, X_AXES.filter((a) => shared.every((axes) => axes.includes(a))));
     const series = [];
     const curves = [];
     for (const name of names) {
@@ -179,33 +210,59 @@ function startCharts() {
     return { axis, series, data: align(curves) };
   }
 
+  // The x axes the run's points offer, for the control: time always; step and epoch where any
+  // training metric has them.
+  function offeredAxes() {
+    const axes = new Set(["wall", "relative"]);
+    for (const [name, points] of run.byName) {
+      if (["cpu_percent", "memory_mb", "gpu_util_percent"].includes(name)) continue;
+      for (const a of axesOf(reports(points))) axes.add(a);
+    }
+    return X_AXES.filter((a) => axes.has(a));
+  }
+
   // Only the charts whose points changed are rebuilt; a new summary or baseline redraws all.
   function drawCharts() {
-    const all = dirtyAll;
+    // Until the user picks an x axis, the charts follow the run's own (epoch once it has any).
+    const all = controls.followDefault() || dirtyAll;
     const names = new Set(dirty);
     dirty.clear();
     dirtyAll = false;
     const changed = (name) => all || names.has(name);
     const customChanged = all || [...names].some((n) => !OWN_CHART.has(n) && !NOT_CHARTED.has(n));
-    if (changed("loss")) render(charts.loss, curveSpec("loss"));
-    if (changed("lr")) render(charts.lr, curveSpec("lr"));
-    if (changed("eval_accuracy")) render(charts.eval_accuracy, curveSpec("eval_accuracy"));
-    if (changed("samples_per_sec")) render(charts.samples_per_sec, throughputSpec());
-    if (changed("cpu_percent")) render(charts.cpu_percent, perInstanceSpec("cpu_percent"));
-    if (changed("memory_mb")) render(charts.memory_mb, perInstanceSpec("memory_mb"));
+    if (changed("loss")) render(charts.loss, curveSpec("loss"), group);
+    if (changed("lr")) render(charts.lr, curveSpec("lr"), group);
+    if (changed("eval_accuracy")) render(charts.eval_accuracy, curveSpec("eval_accuracy"), group);
+    if (changed("samples_per_sec")) render(charts.samples_per_sec, throughputSpec(), group);
+    if (changed("cpu_percent")) render(charts.cpu_percent, perInstanceSpec("cpu_percent"), group);
+    if (changed("memory_mb")) render(charts.memory_mb, perInstanceSpec("memory_mb"), group);
     if (changed("gpu_util_percent")) {
       const noGpu = summary ? summary.gpu === "none" : !hasGpus;
       if (noGpu) showEmpty(charts.gpu_util_percent, "no GPU");
-      else render(charts.gpu_util_percent, perInstanceSpec("gpu_util_percent"));
+      else render(charts.gpu_util_percent, perInstanceSpec("gpu_util_percent"), group);
       renderGpuStatus();
     }
+    controls.offerAxes(offeredAxes());
+    $("chart-controls").hidden = !Object.values(charts).some((c) => !c.fig.hidden && !c.fig.classList.contains("empty"));
     if (customChanged) {
       const custom = customSpec();
-      if (custom) render(charts.custom, custom);
+      if (custom) render(charts.custom, custom, group);
       else charts.custom.fig.hidden = true;
     }
     const live = state && !isTerminal(state) ? " · live" : "";
-    $("training-status").textContent = `${int.format(run.count)} point${run.count === 1 ? "" : "s"}${live}`;
+    $("training-status").textContent = `${pointsText()}${live}`;
+  }
+
+  // What the trainers reported, apart from the agents' own samples of each instance's use: a
+  // job that failed before its first step has resource samples, but no training points.
+  function pointsText() {
+    let resources = 0;
+    for (const name of RESOURCE_SAMPLES) resources += (run.byName.get(name) || []).length;
+    const training = run.count - resources;
+    const samples = `${int.format(resources)} resource sample${resources === 1 ? "" : "s"}`;
+    if (!training) return resources ? `no training metrics reported · ${samples}` : "no points yet";
+    const points = `${int.format(training)} training point${training === 1 ? "" : "s"}`;
+    return resources ? `${points} · ${samples}` : points;
   }
 
   let drawQueued = false;
@@ -520,6 +577,7 @@ function startCharts() {
       if (typeof page.next === "number" && page.next > base.next) base.next = page.next;
       const wasActive = baseActive();
       baseState = job.state;
+      base.started = startOf(job);
       // A baseline that just ended: its figures are final now.
       if (wasActive && !baseActive()) loadSummary().catch(showError);
       else if (!wasActive && baseActive()) poll();
@@ -585,6 +643,18 @@ function startCharts() {
 
   document.addEventListener("trainyard:state", (ev) => {
     sawStateEvent = true;
+    if (ev.detail && ev.detail.started && run.started === null) {
+      run.started = startOf(ev.detail);
+      scheduleDraw(true);
+    }
+    const attempts = ev.detail && ev.detail.attempts;
+    if (attempts) {
+      const next = attemptBreaks(attempts);
+      if (next.join() !== breaks.join()) {
+        breaks = next;
+        scheduleDraw(true);
+      }
+    }
     setState(ev.detail && ev.detail.state);
   });
 
