@@ -125,7 +125,7 @@ def listing(job: JobFolders) -> dict[str, Any]:
             missing.append(top)
             continue
         except jobfiles.UnsafeFile as exc:
-            refused.append({"path": top, "reason": str(exc)})
+            refused.append({"path": top, "reason": in_console_words(str(exc), job)})
             continue
         for name, st in found.files:
             if _is_text(name):
@@ -139,6 +139,15 @@ def listing(job: JobFolders) -> dict[str, Any]:
         truncated = truncated or found.truncated
         left = max(0, left - len(found.files) - len(found.refused))
     return {"files": files, "refused": refused, "truncated": truncated, "missing": missing}
+
+
+def in_console_words(reason: str, job: JobFolders) -> str:
+    """A refusal with the job's folders named as the console names them (checkpoints/…,
+    outputs/…): where the node keeps them is the node's business, not the job owner's."""
+    for top in (OUTPUTS, CHECKPOINTS):  # the working folder lies below the checkpoint root
+        for folder in {str(job.folder(top)), os.path.realpath(job.folder(top))}:
+            reason = reason.replace(folder, top)
+    return reason
 
 
 def _is_text(name: str) -> bool:
@@ -208,7 +217,7 @@ def serve(
     except FileNotFoundError:
         header = {"error": "not-found", "message": f"no such file: {request.get('path')}"}
     except jobfiles.UnsafeFile as exc:
-        header = {"error": "refused", "message": f"not served: {exc}"}
+        header = {"error": "refused", "message": f"not served: {in_console_words(str(exc), job)}"}
     except (OSError, KeyError, TypeError, ValueError) as exc:
         header = {"error": "failed", "message": f"{node} could not read it: {exc}"}
     header["node"] = node

@@ -140,8 +140,12 @@ def test_a_folder_swapped_for_a_link_is_not_gone_into(
     owned(elsewhere / "model.pt", b"not the job's folder")
     (job.folder("checkpoints") / "epoch-1").symlink_to(elsewhere)
     assert artifacts.listing(job)["files"] == []
-    with pytest.raises(jobfiles.UnsafeFile, match="not a folder"):
+    with pytest.raises(jobfiles.UnsafeFile, match="not a folder") as refused:
         artifacts.read_chunk(job, "checkpoints/epoch-1/model.pt", 0)
+    # Said in the console's names: where the node keeps the job's folders is not told.
+    said = artifacts.in_console_words(str(refused.value), job)
+    assert said == "epoch-1 in checkpoints/epoch-1 is not a folder (a link?)", said
+    assert str(job.checkpoint_root) not in said
 
 
 def test_a_whole_folder_swapped_for_a_link_is_refused(
