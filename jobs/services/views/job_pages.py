@@ -31,6 +31,7 @@ MAX_CURSOR = 200  # characters: a cursor the console made is well under this
 
 AFTER, BEFORE = "after", "before"
 AT = "at"  # a column sort's cursor: the position the page starts at
+BAD_CURSOR = "cursor is not one this list gave: start again without it."
 MAX_OFFSET = 10**9
 
 
@@ -97,25 +98,14 @@ def _read_at(jobs: QuerySet[Job], sort: str, limit: int, start: int) -> Page:
 
 
 def _cursor_at(sort: str, start: int) -> str:
-    raw = json.dumps([sort, AT, start], separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    return _encode([sort, AT, start])
 
 
 def _decode_at(cursor: str, sort: str) -> int:
     """The position a column sort's cursor starts at, or BadCursor."""
-    bad = BadCursor("cursor is not one this list gave: start again without it.")
-    if len(cursor) > MAX_CURSOR:
-        raise bad
-    try:
-        made_for, kind, start = json.loads(
-            base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        )
-    except (ValueError, TypeError, binascii.Error):
-        raise bad from None
-    if made_for != sort:
-        raise BadCursor(f"cursor belongs to sort {made_for}, not {sort}: start again without it.")
+    kind, start = _fields(cursor, sort, 2)
     if kind != AT or type(start) is not int or not 0 <= start <= MAX_OFFSET:
-        raise bad
+        raise BadCursor(BAD_CURSOR)
     return start
 
 
@@ -152,22 +142,34 @@ def _cursor(sort: str, direction: str, order: _Order, job: Job) -> str:
         key = value // timedelta(microseconds=1)
     else:
         key = None
-    raw = json.dumps([sort, direction, key, job.pk], separators=(",", ":")).encode()
+    return _encode([sort, direction, key, job.pk])
+
+
+def _encode(fields: list[Any]) -> str:
+    """A cursor: its fields (the sort first) as base64url of compact JSON, unpadded."""
+    raw = json.dumps(fields, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _fields(cursor: str, sort: str, count: int) -> list[Any]:
+    """The `count` fields after the sort of a cursor made for `sort`, or BadCursor."""
+    if len(cursor) > MAX_CURSOR:
+        raise BadCursor(BAD_CURSOR)
+    try:
+        made_for, *fields = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError, binascii.Error):
+        raise BadCursor(BAD_CURSOR) from None
+    if len(fields) != count:
+        raise BadCursor(BAD_CURSOR)
+    if made_for != sort:
+        raise BadCursor(f"cursor belongs to sort {made_for}, not {sort}: start again without it.")
+    return fields
 
 
 def _decode(cursor: str, sort: str) -> tuple[str, Any, int]:
     """(direction, key, id) from a cursor made for `sort`, or BadCursor."""
-    bad = BadCursor("cursor is not one this list gave: start again without it.")
-    if len(cursor) > MAX_CURSOR:
-        raise bad
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        made_for, direction, key, pk = json.loads(raw)
-    except (ValueError, TypeError, binascii.Error):
-        raise bad from None
-    if made_for != sort:
-        raise BadCursor(f"cursor belongs to sort {made_for}, not {sort}: start again without it.")
+    bad = BadCursor(BAD_CURSOR)
+    direction, key, pk = _fields(cursor, sort, 3)
     if direction not in (AFTER, BEFORE) or type(pk) is not int or not 0 < pk < 2**63:
         raise bad
     order = _ORDERS[sort]
