@@ -3,51 +3,19 @@
 404, the same as for a job that does not exist. Registered on jobs.api's NinjaAPI, whose
 refusals they share; console/urls.py imports this module beside it."""
 
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from django.http import HttpRequest, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils.http import content_disposition_header
-from pydantic import BaseModel, ConfigDict, Field
 
 from jobs.access import get_job_for
 from jobs.api import ERRORS, ApiError, _download, api
+from jobs.schemas import ArtifactListOut
 from jobs.services import artifacts
 
 # Where the agents could not be asked, or did not answer, or the file went away.
 ARTIFACT_ERRORS = {**ERRORS, 410: ERRORS[404], 503: ERRORS[404]}
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ArtifactOut(_Out):
-    path: str = Field(
-        description="checkpoints/… (its checkpoint folder, TRAINYARD_CHECKPOINT_DIR) or "
-        "outputs/… (what it wrote in its working folder); GET …/artifacts/PATH downloads it."
-    )
-    kind: Literal["checkpoint", "output"]
-    size: int = Field(description="Bytes.")
-    modified: datetime
-
-
-class RefusedArtifactOut(_Out):
-    path: str
-    reason: str = Field(description="Why it is not served: a link, a FIFO, a hard link, …")
-
-
-class ArtifactListOut(_Out):
-    """A job's files, as a node that can reach its folders saw them."""
-
-    node: str = Field(description="The node whose agent listed them.")
-    files: list[ArtifactOut]
-    refused: list[RefusedArtifactOut] = Field(
-        description="Entries of the job's folders that are not served, with the reason."
-    )
-    truncated: bool = Field(description="The listing stopped at its bounds.")
-    notes: list[str] = Field(description="What the user should know: files removed, …")
 
 
 def _refusal(exc: artifacts.ArtifactsUnavailable) -> ApiError:

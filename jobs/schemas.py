@@ -9,7 +9,8 @@ the real views and checks their answers against the document).
 """
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -1131,3 +1132,33 @@ class CompareOut(_Declared):
     jobs: list[ComparedJobOut]
     charts: list[str] = Field(description="Metric names every job has, one chart each.")
     rows: list[CompareRowOut]
+
+
+# A job's artifacts (jobs/api_artifacts.py).
+
+
+class ArtifactOut(_Out):
+    path: str = Field(
+        description="checkpoints/… (its checkpoint folder, TRAINYARD_CHECKPOINT_DIR) or "
+        "outputs/… (what it wrote in its working folder); GET …/artifacts/PATH downloads it."
+    )
+    kind: Literal["checkpoint", "output"]
+    size: int = Field(description="Bytes.")
+    modified: datetime
+
+
+class RefusedArtifactOut(_Out):
+    path: str
+    reason: str = Field(description="Why it is not served: a link, a FIFO, a hard link, …")
+
+
+class ArtifactListOut(_Out):
+    """A job's files, as a node that can reach its folders saw them."""
+
+    node: str = Field(description="The node whose agent listed them.")
+    files: list[ArtifactOut]
+    refused: list[RefusedArtifactOut] = Field(
+        description="Entries of the job's folders that are not served, with the reason."
+    )
+    truncated: bool = Field(description="The listing stopped at its bounds.")
+    notes: list[str] = Field(description="What the user should know: files removed, …")
