@@ -68,7 +68,7 @@ def known_abort(lines: list[str]) -> str | None:
 def usage_error(lines: list[str]) -> str | None:
     """argparse's error line ("train.py: error: unrecognized arguments: --steps 5") when
     `lines` end with a usage message, else None."""
-    shown = [RANK_PREFIX.sub("", line).rstrip() for line in lines if line.strip()]
+    shown = _written(lines)
     if shown and USAGE_ERROR.match(shown[-1]) and any(s.startswith(USAGE_START) for s in shown):
         return shown[-1][:MAX_EXCEPTION_CHARS]
     return None
@@ -86,5 +86,10 @@ def ended_with_error(lines: list[str]) -> str | None:
     error = own_error(lines)
     if error is None:
         return None
-    last = [RANK_PREFIX.sub("", line).rstrip() for line in lines if line.strip()]
-    return error if any(error in line for line in last[-ENDED_WITH_LINES:]) else None
+    last = _written(lines)[-ENDED_WITH_LINES:]
+    return error if any(error in line for line in last) else None
+
+
+def _written(lines: list[str]) -> list[str]:
+    """The lines that are not blank, as the trainer wrote them (without torch's rank prefix)."""
+    return [RANK_PREFIX.sub("", line).rstrip() for line in lines if line.strip()]
