@@ -432,8 +432,7 @@ def _follow_to_end(
     ended."""
     job_id = job["id"]
     tags = render.tags_of(job)
-    states: list[str] = [job["state"]]
-    newest = [job]  # the newest state heard
+    newest = [job]  # the newest state heard, and printed when it changed
 
     def on_line(line: Line) -> None:
         if keep(line):
@@ -442,12 +441,11 @@ def _follow_to_end(
     def on_state(state: dict[str, Any]) -> None:
         if is_older(newest[0], state):
             return  # a late event: a newer state was heard already
+        changed = state["state"] != newest[0]["state"]
         newest[0] = state
         tags.update(render.tags_of(state))
-        if state["state"] != states[-1]:
-            states.append(state["state"])
-            if not quiet:
-                render.note(f"job {job_id}: {state['state']}")
+        if changed and not quiet:
+            render.note(f"job {job_id}: {state['state']}")
 
     follower = Follower(on_line, on_state, lambda text: render.note(f"trainyard: {text}"))
 
