@@ -66,8 +66,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
     # What the page shows: the query string, or with the last used look where it gives none
     # (the URL stays as asked: no redirect, so that "/" is always the list).
     query = request.GET.copy()
+    last = run_table.last_used(request.user)
     if not any(name in query for name in run_table.LOOK_PARAMETERS):
-        last = run_table.last_used(request.user)
         for name, values in run_table.looks_of(last.query if last else "").items():
             query.setlist(name, values)
     try:
@@ -85,7 +85,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     page = job_pages.Page([], None, None)
     count, count_capped = 0, False
     if not problems:
-        run_table.remember(request.user, where.sort, columns)
+        run_table.remember(request.user, last, where.sort, columns)
         try:
             page = job_pages.read_page(
                 # Replicas by id: their model's order ("job", then the job's own order) joins

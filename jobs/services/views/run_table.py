@@ -176,11 +176,11 @@ def last_used(user: User) -> RunTableView | None:
     return RunTableView.objects.filter(owner=user, name="").first()
 
 
-def remember(user: User, sort: str, columns: Sequence[Column]) -> None:
+def remember(user: User, kept: RunTableView | None, sort: str, columns: Sequence[Column]) -> None:
     """Keep how the list looks now (its sort and columns, as parsed: a query string repeating
-    a column a thousand times keeps it once) as the user's last used view."""
+    a column a thousand times keeps it once) as the user's last used view; `kept` is that
+    view as last_used read it for this page (None: none yet)."""
     look = urlencode([("sort", sort), ("columns", ",".join(c.word for c in columns))])
-    kept = last_used(user)
     if kept is None:
         RunTableView.objects.get_or_create(owner=user, name="", defaults={"query": look})
     elif kept.query != look:
