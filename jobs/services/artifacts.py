@@ -152,8 +152,14 @@ async def _rest(
         asker.close()
 
 
+def _minute(moment: datetime) -> str:
+    """A moment in the console's zone, to the minute, as these refusals say it."""
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M")
+
+
 def _pruned_words(job: Job) -> str:
-    when = timezone.localtime(job.logs_pruned).strftime("%Y-%m-%d %H:%M")
+    assert job.logs_pruned is not None
+    when = _minute(job.logs_pruned)
     return (
         f"Its working folder (outputs/) was removed with its log by retention on {when}; "
         "its checkpoints stay until the job is deleted."
@@ -263,11 +269,7 @@ def _node_to_ask(job: Job) -> str:
     for node in Node.objects.filter(name__in=names).order_by("name"):
         if not node.is_lost(now):
             return node.name
-        heard = (
-            timezone.localtime(node.last_heartbeat).strftime("%Y-%m-%d %H:%M")
-            if node.last_heartbeat
-            else "never"
-        )
+        heard = _minute(node.last_heartbeat) if node.last_heartbeat else "never"
         why_not.append(f"{node.name} is lost (last heard from {heard})")
     raise ArtifactsUnavailable(
         503,
