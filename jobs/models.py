@@ -1363,3 +1363,135 @@ class ApiToken(models.Model):
             user=user, name=name, prefix=key[: cls.PREFIX_LENGTH], digest=cls.hash(key)
         )
         return key
+
+
+class Experiment(models.Model):
+    """A hyperparameter search (jobs.services.experiments): trials of one job template, each an
+    ordinary job of the owner, whose parameters a searcher (Optuna) picks and whose runs a
+    pruner may stop early, judged by one metric the jobs already report.
+
+    The searcher's own state lives in Optuna's storage, in a database (never in a process's
+    memory), under `study_name`; this row and its trials are what the console shows and
+    decides by. `template` is a job request as POST /api/v1/jobs takes it; `space` maps an
+    argument (`--lr`) or a variable (`$OPTIMIZER`) to its distribution.
+    """
+
+    class State(models.TextChoices):
+        """running -> paused -> running; running | paused -> stopping -> stopped (a user's
+        stop: its running trials are cancelled); running -> finished (the budget is spent or
+        the space exhausted, and every trial has ended); any -> failed (the template can no
+        longer be submitted at all, e.g. its image was removed)."""
+
+        RUNNING = "running"
+        PAUSED = "paused"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        FINISHED = "finished"
+        FAILED = "failed"
+
+    ACTIVE_STATES = (State.RUNNING, State.PAUSED, State.STOPPING)
+
+    class Goal(models.TextChoices):
+        MAXIMIZE = "max"
+        MINIMIZE = "min"
+
+    class Unit(models.TextChoices):
+        """What a trial's progress is counted in: the pruner's rungs and "at epoch 3"."""
+
+        EPOCH = "epoch"
+        STEP = "step"
+
+    class Searcher(models.TextChoices):
+        RANDOM = "random"
+        TPE = "tpe"
+        GRID = "grid"
+
+    class Pruner(models.TextChoices):
+        NONE = "none"
+        MEDIAN = "median"
+        SUCCESSIVE_HALVING = "successive_halving"
+        HYPERBAND = "hyperband"
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, related_name="experiments", on_delete=models.CASCADE
+    )
+    name = models.CharField(max_length=200, validators=[validate_name])
+    template = models.JSONField(help_text="A job request, as POST /api/v1/jobs takes it.")
+    space = models.JSONField(
+        help_text='{"--lr": {"type": "float", "low": 0.001, "high": 1, "log": true}, '
+        '"$OPTIMIZER": {"type": "choice", "choices": ["sgd", "adam"]}}'
+    )
+    objective_metric = models.CharField(max_length=64)
+    objective_goal = models.CharField(max_length=3, choices=Goal.choices, default=Goal.MAXIMIZE)
+    objective_unit = models.CharField(max_length=5, choices=Unit.choices, default=Unit.EPOCH)
+    searcher = models.CharField(max_length=20, choices=Searcher.choices, default=Searcher.TPE)
+    pruner = models.CharField(max_length=20, choices=Pruner.choices, default=Pruner.NONE)
+    # Pruner settings ({"min_resource": 1, "reduction_factor": 3, ...}); {}: Optuna's defaults.
+    pruner_options = models.JSONField(default=dict, blank=True)
+    seed = models.BigIntegerField(null=True, blank=True)
+    # The budget: how many trials in all and at once, and (None: no limit) how many core- and
+    # GPU-hours its trials may use together.
+    max_trials = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    parallel_trials = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_core_hours = models.FloatField(null=True, blank=True)
+    max_gpu_hours = models.FloatField(null=True, blank=True)
+    state = models.CharField(max_length=20, choices=State.choices, default=State.RUNNING)
+    reason = models.TextField(blank=True, help_text="Why it waits, ended or failed.")
+    study_name = models.CharField(max_length=100, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    ended = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+        indexes = [models.Index(fields=["owner", "state"], name="experiment_owner_state")]
+
+    def __str__(self) -> str:
+        return f"experiment {self.pk} {self.name} ({self.state})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.state in self.ACTIVE_STATES
+
+
+class Trial(models.Model):
+    """One configuration an experiment tried: Optuna's trial `number`, its parameters, and the
+    job that runs it (an ordinary job: quota, fair share, restarts, logs, page)."""
+
+    class State(models.TextChoices):
+        """waiting (asked, not yet admitted: the quota or the budget has no room) -> running
+        (its job exists, whatever that job's own state) -> completed | pruned | failed."""
+
+        WAITING = "waiting"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        PRUNED = "pruned"
+        FAILED = "failed"
+
+    ENDED_STATES = (State.COMPLETED, State.PRUNED, State.FAILED)
+
+    experiment = models.ForeignKey(Experiment, related_name="trials", on_delete=models.CASCADE)
+    number = models.PositiveIntegerField(help_text="Optuna's trial number in the study.")
+    job = models.OneToOneField(
+        Job, null=True, blank=True, related_name="trial", on_delete=models.SET_NULL
+    )
+    params = models.JSONField(default=dict, help_text='{"--lr": 0.01, "$OPTIMIZER": "adam"}')
+    state = models.CharField(max_length=20, choices=State.choices, default=State.WAITING)
+    # The objective as reported so far: its value at the last epoch (or step) judged, the best
+    # value, and that epoch (or step). `judged_through` is the last one told to the pruner, so
+    # that a resumed trial is judged only on what it reports anew.
+    objective_last = models.FloatField(null=True, blank=True)
+    objective_best = models.FloatField(null=True, blank=True)
+    judged_through = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, help_text='e.g. "stopped early: …"')
+    created = models.DateTimeField(auto_now_add=True)
+    ended = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["experiment", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "number"], name="one_trial_per_number")
+        ]
+        indexes = [models.Index(fields=["experiment", "state"], name="trial_experiment_state")]
+
+    def __str__(self) -> str:
+        return f"trial {self.number} of experiment {self.experiment_id} ({self.state})"
