@@ -839,6 +839,13 @@ class Job(models.Model):
     exclude_failed_node = models.BooleanField(
         default=False, help_text="Restart away from the node where the failure happened."
     )
+    # What every attempt after the first runs with on top of `args` (jobs.services.resume_args):
+    # nanoGPT, for one, resumes only when told `--init_from=resume`.
+    args_on_resume = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Arguments that later attempts add, or put in place of the same option.",
+    )
     one_instance_per_node = models.BooleanField(
         default=False,
         help_text="No two instances of the job on one node (Slurm's --ntasks-per-node=1).",
