@@ -8,14 +8,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.text import Text
 
-from trainyard_cli import artifacts, config, jobfile, render, upload
+from trainyard_cli import artifacts, code_upload, config, jobfile, render
 from trainyard_cli.client import Api
 from trainyard_cli.errors import (
     BAD_INPUT,
@@ -271,15 +271,9 @@ def submit(
     jobfile.check_text(body)
     api = _api()
     folder = code.resolve() if code else draft.code
-    uploaded = _upload_code(api, body, folder, no_upload, quiet=json_output)
-    if uploaded:
-        body["program"] = {**body["program"], "snapshot": uploaded.sha256}
-    try:
-        job = api.post("/jobs", json=body)
-    except BaseException:  # refused, unreachable, or Ctrl-C: the upload goes with it
-        if uploaded and uploaded.new:
-            _take_back(api, uploaded.sha256)
-        raise
+    job = code_upload.send_with_code(
+        api, body, folder, no_upload, json_output, lambda: api.post("/jobs", json=body)
+    )
     _submitted(api, job, follow_log, wait, json_output)
 
 
@@ -308,61 +302,6 @@ def _submitted(
         _say_outcome(api, job)
     if wait and job["state"] != "succeeded":
         raise typer.Exit(JOB_DID_NOT_SUCCEED)
-
-
-@dataclass(frozen=True)
-class Uploaded:
-    sha256: str
-    new: bool  # you had not uploaded these files before (whoever else may have)
-
-
-def _upload_code(
-    api: Api, body: dict[str, Any], folder: Path | None, no_upload: bool, quiet: bool
-) -> Uploaded | None:
-    """Upload the job's code folder when the script is in it.
-
-    With no folder named, the current one is uploaded if it holds the script; otherwise the
-    console runs a script of its own (a built-in example or its code root) by that name."""
-    script = jobfile.script_of(body)
-    program = body.get("program")
-    if no_upload or not script or (isinstance(program, dict) and program.get("snapshot")):
-        return None
-    explicit = folder is not None
-    folder = folder or Path.cwd()
-    if not (folder / script).is_file():
-        if explicit:
-            raise CliError(f"program.script: {script} is not a file in {folder}.", BAD_INPUT)
-        if not quiet:
-            render.note(f"{script} is not in this folder: the console runs its own {script}.")
-        return None
-    packed = upload.pack(folder)
-    for link in packed.skipped_links:
-        render.note(f"left out {link}: a symbolic link", style="yellow")
-    if packed.ignored and not quiet:
-        render.note(_ignored_words(packed.ignored), style="yellow")
-    answer = api.post(
-        "/snapshots",
-        files={"archive": ("code.tar.gz", packed.archive, "application/gzip")},
-        # A folder whose name is not text (bytes that were not UTF-8) goes without one.
-        data={"name": "" if jobfile.first_unusable_character(folder.name) else folder.name},
-    )
-    if not quiet:
-        held = "new" if answer["new"] else "you had uploaded these files before"
-        render.note(
-            f"Uploaded {folder.name}/: {len(packed.files)} files, "
-            f"{render.human_bytes(packed.size)} as code {answer['sha256'][:12]} ({held})."
-        )
-    return Uploaded(str(answer["sha256"]), bool(answer["new"]))
-
-
-def _take_back(api: Api, sha256: str) -> None:
-    """A refused job leaves nothing behind: not even the code uploaded for it (only when
-    these files were new from you: an earlier upload of yours stays in your list). The
-    console keeps the files themselves while anyone else's upload or job still needs them."""
-    try:
-        api.delete(f"/snapshots/{sha256}")
-    except CliError as exc:
-        render.note(f"The code uploaded for it stays ({exc.message}).")
 
 
 def _say_outcome(api: Api, job: dict[str, Any]) -> None:
@@ -1174,18 +1113,6 @@ def pools(json_output: Json = False) -> None:
             ]
             for p in answer
         ],
-    )
-
-
-def _ignored_words(ignored: list[str], shown: int = 5) -> str:
-    """What the folder's ignore files left out, and how to send it after all."""
-    names = ", ".join(ignored[:shown]) + (
-        f" and {len(ignored) - shown} more" if ignored[shown:] else ""
-    )
-    return (
-        f"left out what .gitignore or .trainyardignore names: {names}. A script that needs it "
-        f"fails without it: to upload it, add a line `!{ignored[0]}` to .trainyardignore "
-        "(git's rules; docs/cli.md)."
     )
 
 

@@ -17,10 +17,10 @@ import pytest
 from tests.hostile_job_files import UNUSABLE_JOB_FILES
 from trainyard_cli import config, jobfile, upload
 from trainyard_cli.client import refusal
+from trainyard_cli.code_upload import ignored_words
 from trainyard_cli.errors import BAD_INPUT, NOT_FOUND, NOT_LOGGED_IN, UNAVAILABLE, CliError
 from trainyard_cli.follow import Follower, Line, _relay, websocket_url
 from trainyard_cli.main import (
-    _ignored_words,
     _print_line,
     metric_tables,
     script_args_as_options,
@@ -269,7 +269,7 @@ def test_what_git_ignores_is_uploaded_when_trainyardignore_brings_it_back(
     (tmp_path / ".gitignore").write_text("*.bin\n")
     left_out = upload.pack(tmp_path)
     assert "data/train.bin" not in left_out.files and left_out.ignored == ["data/train.bin"]
-    words = _ignored_words(left_out.ignored)
+    words = ignored_words(left_out.ignored)
     assert "data/train.bin" in words and "`!data/train.bin` to .trainyardignore" in words
     (tmp_path / ".trainyardignore").write_text("!data/train.bin\n")
     brought_back = upload.pack(tmp_path)
