@@ -320,6 +320,7 @@ def job_as_dict(
             "max_restarts": job.max_restarts,
             "backoff_seconds": job.restart_backoff_seconds,
             "exclude_failed_node": job.exclude_failed_node,
+            "args_on_resume": job.args_on_resume,
         },
         "one_instance_per_node": job.one_instance_per_node,
         "health_rules": job.health_rules,

@@ -51,6 +51,7 @@ FIELD_FOR_ERROR = {
     "restart.max_restarts": "max_restarts",
     "restart.backoff_seconds": "restart_backoff_seconds",
     "restart.exclude_failed_node": "exclude_failed_node",
+    "restart.args_on_resume": "args_on_resume",
     "one_instance_per_node": "one_instance_per_node",
     "health_rules": "health_rules",
     "env": "env",
@@ -271,6 +272,13 @@ class NewJobForm(_ShapeForm):
     exclude_failed_node = forms.BooleanField(
         label="Restart away from the node that failed", required=False
     )
+    args_on_resume = forms.CharField(
+        required=False,
+        label="Arguments for later attempts",
+        help_text="What a restart or a resume after preemption adds to the arguments; an "
+        "option here takes the place of the same one (e.g. --init_from=resume).",
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+    )
     # Sent as typed: the services parse it (jobs.time_limit_text), as for the API and the CLI.
     time_limit = forms.CharField(
         label="Time limit",
@@ -406,6 +414,7 @@ class NewJobForm(_ShapeForm):
                 max_restarts=restart.get("max_restarts"),
                 restart_backoff_seconds=restart.get("backoff_seconds"),
                 exclude_failed_node=restart.get("exclude_failed_node", False),
+                args_on_resume=shlex.join(restart.get("args_on_resume") or []),
             )
         if body.get("time_limit"):
             initial["time_limit"] = in_words(int(body["time_limit"]))
@@ -473,10 +482,10 @@ class NewJobForm(_ShapeForm):
         }
 
     def clean_args(self) -> list[str]:
-        try:
-            return shlex.split(self.cleaned_data.get("args") or "")
-        except ValueError as exc:
-            raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None
+        return _split_arguments(self.cleaned_data.get("args"))
+
+    def clean_args_on_resume(self) -> list[str]:
+        return _split_arguments(self.cleaned_data.get("args_on_resume"))
 
     def clean_health_rules(self) -> Any:
         return read_health_rules(self.cleaned_data.get("health_rules"))
@@ -510,6 +519,8 @@ class NewJobForm(_ShapeForm):
                 else 10,
                 "exclude_failed_node": bool(data.get("exclude_failed_node")),
             }
+        if data.get("args_on_resume"):
+            request.setdefault("restart", {})["args_on_resume"] = data["args_on_resume"]
         if data.get("one_instance_per_node"):
             request["one_instance_per_node"] = True
         if data.get("project", "").strip():
@@ -630,3 +641,11 @@ class JobShapeForm(_ShapeForm):
             shown = by_field.setdefault(_form_field(where, field) or "__all__", [])
             shown.extend(m for m in messages if m not in shown)
         return by_field
+
+
+def _split_arguments(text: str | None) -> list[str]:
+    """Arguments as a shell would split them, never run through one."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise forms.ValidationError(f"Could not split the arguments: {exc}.") from None

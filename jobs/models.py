@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs.arglists import merge
 from jobs.envvars import env_problems
 from jobs.labels import (
     NOTE_MAX,
@@ -956,6 +957,13 @@ class Job(models.Model):
     def priority_name(self) -> str:
         pclass = self.priority_class if self.priority_class_id else None
         return pclass.name if pclass is not None else PriorityClass.DEFAULT_NAME
+
+    def args_of_attempt(self, number: int) -> list[str]:
+        """The arguments attempt `number` runs with: the first, `args`; every later one (a
+        restart, a resume after preemption or a lost node), `args_on_resume` in place."""
+        if number == 0 or not self.args_on_resume:
+            return list(self.args)
+        return merge(list(self.args), list(self.args_on_resume))
 
     @property
     def restarts_left(self) -> int:

@@ -51,6 +51,11 @@ class RestartIn(_In):
     max_restarts: StrictInt | None = Field(default=None, ge=0, le=MAX_RESTARTS_LIMIT)
     backoff_seconds: StrictInt | None = Field(default=None, ge=0, le=RESTART_BACKOFF_MAX_SECONDS)
     exclude_failed_node: StrictBool | None = None
+    args_on_resume: list[StrictStr] | None = Field(
+        default=None,
+        description="Arguments every attempt after the first runs with: an option here takes "
+        'the place of the same option in program.args, e.g. ["--init_from=resume"].',
+    )
 
 
 class SlurmOptionsIn(_In):
@@ -288,6 +293,9 @@ class RestartDefaultsOut(_Out):
 
 class RestartOut(RestartDefaultsOut):
     exclude_failed_node: bool = False
+    args_on_resume: list[str] = Field(
+        default_factory=list, description="What every attempt after the first runs with."
+    )
 
 
 def _unless_none(value: object) -> bool:
@@ -376,6 +384,11 @@ class AttemptOut(_Out):
     started: str | None
     finished: str | None
     nodes: list[str] = Field(description="Where its replicas ran, once all had started.")
+    args: list[str] = Field(
+        default_factory=list,
+        description="The program's arguments in this attempt: later attempts have the job's "
+        "restart.args_on_resume in place.",
+    )
     reason: str
     counted: bool
     slurm: SlurmRecordOut | None = Field(
@@ -1162,3 +1175,109 @@ class ArtifactListOut(_Out):
     )
     truncated: bool = Field(description="The listing stopped at its bounds.")
     notes: list[str] = Field(description="What the user should know: files removed, …")
+
+
+# Experiments: hyperparameter searches whose trials are jobs (jobs/api_experiments.py).
+
+
+class ExperimentIn(BaseModel):
+    """The body of POST /api/v1/experiments. Each part's meaning is checked by
+    jobs.services.experiments.space, whose messages name the field (`space.--lr`,
+    `budget.parallel`, `template.roles`)."""
+
+    name: Any = None
+    template: Any = Field(default=None, description="A job request, as POST /api/v1/jobs takes.")
+    space: Any = Field(
+        default=None,
+        description='{"--lr": {"type": "float", "low": 0.01, "high": 1, "log": true}, '
+        '"--batch-size": {"type": "int", "low": 16, "high": 128}, '
+        '"$OPTIMIZER": {"type": "choice", "choices": ["sgd", "adam"]}}: an argument of the '
+        "program (--flag) or a variable ($NAME) and its distribution.",
+    )
+    objective: Any = Field(
+        default=None, description='{"metric": "eval_accuracy", "goal": "max", "unit": "epoch"}'
+    )
+    searcher: Any = Field(default=None, description="random, tpe (the default) or grid.")
+    pruner: Any = Field(
+        default=None, description="none (the default), median, successive_halving or hyperband."
+    )
+    pruner_options: Any = Field(
+        default=None, description='e.g. {"min_resource": 1, "reduction_factor": 3}'
+    )
+    budget: Any = Field(
+        default=None,
+        description='{"trials": 12, "parallel": 3, "core_hours": null, "gpu_hours": null}',
+    )
+    seed: Any = None
+
+
+class ObjectiveOut(_Out):
+    metric: str
+    goal: Literal["max", "min"]
+    unit: Literal["epoch", "step"]
+
+
+class ExperimentBudgetOut(_Out):
+    trials: int
+    parallel: int
+    core_hours: float | None
+    gpu_hours: float | None
+
+
+class ExperimentUsedOut(_Out):
+    trials: int = Field(description="Trials asked so far, waiting ones included.")
+    running: int = Field(description="Trials waiting or running now.")
+    core_hours: float
+    gpu_hours: float
+
+
+class BestTrialOut(_Out):
+    trial: int
+    job: int | None
+    value: float
+    params: dict[str, Any]
+
+
+class TrialOut(_Out):
+    number: int
+    state: Literal["waiting", "running", "completed", "pruned", "failed"]
+    params: dict[str, Any]
+    job: int | None
+    job_state: str | None
+    objective_last: float | None
+    objective_best: float | None
+    judged_through: int | None = Field(
+        description="The last epoch (or step) told to the pruner: a resumed trial is judged "
+        "only on what it reports after it."
+    )
+    reason: str
+    created: str | None
+    ended: str | None
+    core_hours: float
+    cost: float
+    samples_per_dollar: float | None
+
+
+class ExperimentSummaryOut(_Out):
+    id: int
+    name: str
+    owner: str
+    state: Literal["running", "paused", "stopping", "stopped", "finished", "failed"]
+    reason: str
+    created: str | None
+    ended: str | None
+    space: dict[str, Any]
+    objective: ObjectiveOut
+    searcher: str
+    pruner: str
+    budget: ExperimentBudgetOut
+    used: ExperimentUsedOut
+    best: BestTrialOut | None
+
+
+class ExperimentOut(ExperimentSummaryOut):
+    trials: list[TrialOut]
+
+
+class ExperimentListOut(_Out):
+    experiments: list[ExperimentSummaryOut]

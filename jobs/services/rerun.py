@@ -43,6 +43,8 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
         "health_rules": list(job.health_rules),
         "metrics": list(job.metric_definitions),
     }
+    if job.args_on_resume:
+        body["restart"]["args_on_resume"] = list(job.args_on_resume)
     limits = {
         "lines_per_second": (job.log_lines_per_second, job.image.log_lines_per_second),
         "max_mb": (job.log_max_mb, job.image.log_max_mb),

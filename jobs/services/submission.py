@@ -67,6 +67,7 @@ class RestartSettings:
     max_restarts: int = 0
     backoff_seconds: int = RESTART_BACKOFF_DEFAULT_SECONDS
     exclude_failed_node: bool = False
+    args_on_resume: tuple[str, ...] = ()
 
     @classmethod
     def of_image(cls, image: FrameworkImage) -> "RestartSettings":
@@ -152,13 +153,17 @@ def _check_program(
             program = {"path": script}
         except ProgramError as exc:
             errors.add("program.script", str(exc))
-    if len(args) > MAX_ARGS:
-        errors.add("program.args", f"{len(args)} arguments; at most {MAX_ARGS}.")
-    if any(len(a) > MAX_ARG_LENGTH for a in args):
-        errors.add("program.args", f"An argument is longer than {MAX_ARG_LENGTH} characters.")
-    if any("\x00" in a for a in args):
-        errors.add("program.args", "Arguments may not contain NUL bytes.")
+    _check_args("program.args", args, errors)
     return program, list(args)
+
+
+def _check_args(field: str, args: list[str], errors: _Errors) -> None:
+    if len(args) > MAX_ARGS:
+        errors.add(field, f"{len(args)} arguments; at most {MAX_ARGS}.")
+    if any(len(a) > MAX_ARG_LENGTH for a in args):
+        errors.add(field, f"An argument is longer than {MAX_ARG_LENGTH} characters.")
+    if any("\x00" in a for a in args):
+        errors.add(field, "Arguments may not contain NUL bytes.")
 
 
 def _check_snapshot_program(
@@ -297,11 +302,15 @@ def _check_restart(
         max_restarts = default.max_restarts if policy == default.policy else 3
     if policy == RestartPolicy.NEVER:
         max_restarts = 0
+    # Kept whatever the policy: an eviction's resume is a later attempt too.
+    args_on_resume = list(raw.args_on_resume or [])
+    _check_args("restart.args_on_resume", args_on_resume, errors)
     return RestartSettings(
         str(policy),
         max_restarts,
         raw.backoff_seconds if raw.backoff_seconds is not None else default.backoff_seconds,
         bool(raw.exclude_failed_node),
+        tuple(args_on_resume),
     )
 
 
@@ -618,6 +627,7 @@ def create_job(
         max_restarts=restart.max_restarts,
         restart_backoff_seconds=restart.backoff_seconds,
         exclude_failed_node=restart.exclude_failed_node,
+        args_on_resume=list(restart.args_on_resume),
         one_instance_per_node=request.one_instance_per_node,
         health_rules=request.health_rules,
         log_lines_per_second=log_limits.lines_per_second,

@@ -113,6 +113,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "started": a.started.isoformat() if a.started else None,
                 "finished": a.finished.isoformat() if a.finished else None,
                 "nodes": a.nodes,
+                "args": job.args_of_attempt(a.number),
                 "reason": a.reason,
                 "counted": a.counted,
                 "slurm": a.slurm_accounting or None,

@@ -130,14 +130,19 @@ function renderAttempts(state) {
   $("attempts-section").hidden = attempts.length < 2 && state.state !== "restarting";
   const body = document.querySelector("#attempts tbody");
   body.replaceChildren();
+  // Which arguments each attempt ran with, only where they differ (restart.args_on_resume).
+  const argsDiffer = new Set(attempts.map((a) => JSON.stringify(a.args || []))).size > 1;
+  document.querySelector("#attempts th.attempt-args").hidden = !argsDiffer;
   for (const a of attempts) {
     const tr = document.createElement("tr");
     tr.dataset.attempt = a.number;
     let why = a.reason ? a.reason.split("\n")[0] : "";
     if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
     else if (a.reason && !a.counted) why += " (not counted against the restarts)";
-    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), "–", why]);
+    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), "–", (a.args || []).join(" "), why]);
     if (a.nodes && a.nodes.length) tr.children[3].replaceChildren(...nodeNames(a.nodes));
+    tr.children[4].className = "attempt-args";
+    tr.children[4].hidden = !argsDiffer;
     tr.lastElementChild.title = a.reason || "";
     body.appendChild(tr);
   }
