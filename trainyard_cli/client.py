@@ -7,7 +7,7 @@ outright, so that it was surely never received and cannot happen twice.
 
 import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -39,13 +39,14 @@ def _exit_code_for(status: int) -> int:
     return BAD_INPUT
 
 
-def refusal(response: httpx.Response) -> CliError:
-    """The API's answer to a request it did not carry out, as the user should read it."""
+def refusal(response: httpx.Response, rename: Callable[[str], str] = str) -> CliError:
+    """The API's answer to a request it did not carry out, as the user should read it (its
+    fields named by `rename`)."""
     try:
         body = response.json()
     except ValueError:
         body = None
-    lines = field_messages(body)
+    lines = field_messages(body, rename)
     status = response.status_code
     if status == 401:
         head = "The console refused the token (revoked, or made on another console)."
@@ -100,10 +101,13 @@ class Api:
             time.sleep(pause)
             pause = min(pause * 2, 5.0)
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def call(
+        self, method: str, path: str, rename: Callable[[str], str] = str, **kwargs: Any
+    ) -> Any:
+        """The answer's JSON; a refusal names its fields by `rename` (e.g. as a job file does)."""
         response = self._send(method, path, **kwargs)
         if response.status_code >= 400:
-            raise refusal(response)
+            raise refusal(response, rename)
         try:
             return response.json()
         except ValueError:
@@ -121,8 +125,8 @@ class Api:
     def get(self, path: str, **params: Any) -> Any:
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None})
 
-    def post(self, path: str, **kwargs: Any) -> Any:
-        return self.call("POST", path, **kwargs)
+    def post(self, path: str, rename: Callable[[str], str] = str, **kwargs: Any) -> Any:
+        return self.call("POST", path, rename, **kwargs)
 
     def patch(self, path: str, **kwargs: Any) -> Any:
         return self.call("PATCH", path, **kwargs)
