@@ -39,8 +39,9 @@ DIMENSION_KEYS = {
     "int": ("type", "low", "high", "log", "step"),
     "choice": ("type", "choices"),
 }
-ARGUMENT = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")  # the program's option: --lr
+ARGUMENT = re.compile(r"--[^=\s]+")  # the program's option: --lr
 VARIABLE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*")  # an environment variable: $OPTIMIZER
+LARGEST_SEED = 2**32 - 1  # Optuna's samplers take a 32-bit seed
 # YAML 1.1 (PyYAML) reads 1e-3 as text: a number needs a dot before its exponent.
 EXPONENT_AS_TEXT = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
 
@@ -92,8 +93,9 @@ def experiment_request(
         _one_of(section["pruner"], PRUNERS, f"{SECTION}.pruner", problems)
     if "pruner_options" in section:
         _check_pruner_options(section["pruner_options"], problems)
-    if "seed" in section and not _is_int(section["seed"]):
-        problems.add(f"{SECTION}.seed", "must be a whole number.")
+    seed = section.get("seed")
+    if seed is not None and not (_is_int(seed) and 0 <= seed <= LARGEST_SEED):
+        problems.add(f"{SECTION}.seed", f"must be a whole number from 0 to {LARGEST_SEED}.")
     if "name" in section and not (isinstance(section["name"], str) and section["name"].strip()):
         problems.add(f"{SECTION}.name", "must be the experiment's name, as text.")
     problems.raise_any(path)
@@ -176,7 +178,7 @@ def _check_choices(choices: Any, field: str, problems: Problems) -> None:
 
 
 def _check_range(dimension: dict[str, Any], kind: str, field: str, problems: Problems) -> None:
-    is_value = _is_int if kind == "int" else _is_number
+    is_value = _is_whole if kind == "int" else _is_number
     what = "a whole number" if kind == "int" else "a number"
     bounds = {}
     for key in ("low", "high"):
@@ -188,8 +190,8 @@ def _check_range(dimension: dict[str, Any], kind: str, field: str, problems: Pro
         else:
             bounds[key] = value
     low, high = bounds.get("low"), bounds.get("high")
-    if low is not None and high is not None and not low < high:
-        problems.add(f"{field}.high", f"must be above low ({low}).")
+    if low is not None and high is not None and low > high:
+        problems.add(f"{field}.high", f"must be at least low ({low}).")
     log = dimension.get("log", False)
     if not isinstance(log, bool):
         problems.add(f"{field}.log", "must be true or false.")
@@ -199,7 +201,7 @@ def _check_range(dimension: dict[str, Any], kind: str, field: str, problems: Pro
         step = dimension["step"]
         if not is_value(step) or step <= 0:
             problems.add(f"{field}.step", f"must be {what} above 0{_as_text_hint(step)}.")
-        elif log is True:
+        elif log is True and not (kind == "int" and step == 1):
             problems.add(f"{field}.step", "cannot go with log: true (a log scale has no step).")
 
 
@@ -250,18 +252,23 @@ def _check_budget(budget: Any, problems: Problems) -> None:
 
 
 def _check_pruner_options(options: Any, problems: Problems) -> None:
-    """Their names depend on the pruner: the console says which it takes."""
+    """Their names and least values depend on the pruner: the console says which it takes."""
     where = f"{SECTION}.pruner_options"
     if not isinstance(options, dict):
         problems.add(where, "must be a mapping: {min_resource: 1, reduction_factor: 3}.")
         return
     for key, value in options.items():
-        if not (_is_number(value) or value == "auto"):
-            problems.add(f"{where}.{key}", f"must be a number{_as_text_hint(value)}.")
+        if not _is_int(value):
+            problems.add(f"{where}.{key}", f"must be a whole number{_as_text_hint(value)}.")
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_whole(value: Any) -> bool:
+    """A whole number, written as one or not (16 or 16.0)."""
+    return _is_int(value) or (_is_number(value) and float(value).is_integer())
 
 
 def _is_number(value: Any) -> bool:
