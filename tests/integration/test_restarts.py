@@ -13,13 +13,16 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import RunningStack, StackClient, pytorch_request
+from tests.conftest import RunningStack, StackClient, pytorch_request, signal_file
 from tests.integration.test_faults import wait_until
 
 pytestmark = pytest.mark.integration
 
 FINAL = re.compile(r"^final eval_accuracy=([0-9.]+)")
 EPOCH = re.compile(r"^epoch=(\d+)/(\d+) ")
+# nanoGPT's words (tests/fixtures/code/nanogpt_resume.py).
+SAVED = re.compile(r"^saving checkpoint to .* at iter (\d+)$")
+ITER = re.compile(r"^iter (\d+): loss ")
 
 
 def restart_policy(max_restarts: int, backoff: int = 1, **more: Any) -> dict[str, Any]:
@@ -111,6 +114,56 @@ def test_a_killed_worker_restarts_the_job_which_resumes_and_ends_as_an_unfaulted
     print(f"[recovery] epochs redone: {done_before - redone[0] + 1}; final accuracy "
           f"{faulted_accuracy:.4f} vs {unfaulted_accuracy:.4f} unfaulted")  # fmt: skip
     assert abs(faulted_accuracy - unfaulted_accuracy) <= 0.02
+
+
+def test_a_killed_nanogpt_resumes_from_its_checkpoint_through_the_resume_arguments(
+    fault_stack: RunningStack,
+) -> None:
+    """Issue 47, item 3: nanoGPT resumes only when told `--init_from=resume`. Its later
+    attempts get that in place of the first one's `--init_from=scratch`, so the restart loads
+    ckpt.pt and goes on from its iteration instead of training from scratch over it."""
+    admin = fault_stack.admin
+    release = signal_file("nanogpt")
+    request = pytorch_request(
+        "nanogpt resume",
+        "nanogpt_resume.py",
+        1,
+        args=["--init_from=scratch", "--max_iters=20", f"--hold_file={release}"],
+    )
+    job = admin.submit(
+        {**request, "restart": restart_policy(1, args_on_resume=["--init_from=resume"])}
+    )
+    assert job["restart"]["args_on_resume"] == ["--init_from=resume"]
+
+    def saved(attempt: int) -> list[int]:
+        return [
+            int(m.group(1))
+            for x in admin.logs(job["id"])
+            if x["attempt"] == attempt and (m := SAVED.match(x["text"]))
+        ]
+
+    # Killed once its iteration 10 is saved; it waits there for `release`, so not later.
+    wait_until("the checkpoint of iteration 10", lambda: 10 in saved(0))
+    pid = wait_until(
+        "the master's pid", lambda: trainer_pid(fault_stack, job["id"], "master", 0, 0)
+    )
+    psutil.Process(pid).send_signal(signal.SIGKILL)
+    release.touch()
+
+    finished = admin.wait_finished(job["id"])
+    assert finished["state"] == "succeeded", finished["reason"]
+    first, second = finished["attempts"]
+    assert "SIGKILL" in first["reason"], first
+    assert first["args"] == request["program"]["args"]
+    assert second["args"] == ["--init_from=resume", "--max_iters=20", f"--hold_file={release}"]
+    texts = {a: [x["text"] for x in admin.logs(job["id"]) if x["attempt"] == a] for a in (0, 1)}
+    assert "Initializing a new model from scratch" in texts[0]
+    assert "Initializing a new model from scratch" not in texts[1], texts[1]
+    assert any(t.startswith("Resuming training from ") for t in texts[1]), texts[1]
+    # It went on from the saved iteration: 11 to 20, nothing before.
+    iterations = [int(m.group(1)) for t in texts[1] if (m := ITER.match(t))]
+    assert iterations == list(range(11, 21)), iterations
+    assert saved(1) == [15, 20] and texts[1][-1] == "done at iter 20"
 
 
 def test_a_job_that_fails_every_time_ends_failed_with_every_attempts_reason(
