@@ -315,6 +315,15 @@ TRAINYARD_RECONCILE_SECONDS = env_float("TRAINYARD_RECONCILE_SECONDS", 5.0)
 # The Slurm pass (jobs.services.slurm.slurm_pass) submits, follows and stops the jobs of Slurm pools
 # every TRAINYARD_SLURM_SECONDS (0: never; then no job of a Slurm pool ever starts).
 TRAINYARD_SLURM_SECONDS = env_float("TRAINYARD_SLURM_SECONDS", 1.0)
+
+# Experiments (jobs/services/experiments): where Optuna keeps each search's state. "" (the
+# default): beside the console's database, a sibling SQLite file of the default SQLite one
+# (trainyard-search.sqlite3) or, on PostgreSQL, the same database through SQLAlchemy's psycopg
+# driver. Any SQLAlchemy URL otherwise (postgresql+psycopg://…).
+TRAINYARD_SEARCH_DATABASE_URL = os.environ.get("TRAINYARD_SEARCH_DATABASE_URL", "")
+# The console worker judges running trials and advances experiments every this many seconds,
+# besides at once when a trial's job ends or its objective arrives (0: never on a timer).
+TRAINYARD_EXPERIMENT_SWEEP_SECONDS = env_float("TRAINYARD_EXPERIMENT_SWEEP_SECONDS", 10.0)
 # How a pool whose jobs run as their owners submits a person's job: "options" (root runs sbatch
 # --uid/--gid, Slurm 22.05's way), "person" (sbatch runs as the person, with their uid, gid and
 # groups: for releases whose sbatch has no --uid), or "auto": "options" where the cluster's

@@ -4,11 +4,13 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-# api_artifacts is imported for its operations, which register on api.api (a job's artifacts).
+# api_artifacts and api_experiments are imported for their operations, which register on
+# api.api (a job's artifacts; experiments).
 from jobs import (  # noqa: F401
     account_views,
     api,
     api_artifacts,
+    api_experiments,
     form_views,
     run_views,
     user_views,

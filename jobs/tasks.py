@@ -23,7 +23,9 @@ from jobs.services import (
     reconcile,
     retention,
 )
-from jobs.services.lifecycle import reports, restarts
+from jobs.services.experiments import driver as experiments
+from jobs.services.experiments.sweep import ExperimentSweep
+from jobs.services.lifecycle import experiment_requests, reports, restarts
 from jobs.services.periodic import PeriodicPass
 from jobs.services.scheduler import scheduling
 from jobs.services.slurm import slurm_pass
@@ -92,6 +94,16 @@ def resume_restart(job_id: int) -> None:
     restarts.resume(job_id)
 
 
+@shared_task(name=experiment_requests.TASK_ADVANCE_EXPERIMENT)
+def advance_experiment(experiment_id: int) -> None:
+    experiments.advance(experiment_id)
+
+
+@shared_task(name=experiment_requests.TASK_JUDGE_TRIAL)
+def judge_trial(job_id: int) -> None:
+    experiments.judge(job_id)
+
+
 # Threads of the console worker, each started once it is ready: on a timer, if its interval is
 # set, reconciliation, and retention and the planner's statistics beside it (a pass is a few
 # queries, and every console worker may run one: removals are re-checked under a lock); and,
@@ -109,6 +121,7 @@ def start_periodic_passes(**_: Any) -> None:
         (retention.RetentionLoop, settings.TRAINYARD_RETENTION_SECONDS),
         (planner_stats.StatisticsLoop, settings.TRAINYARD_DB_STATISTICS_SECONDS),
         (slurm_pass.SlurmLoop, settings.TRAINYARD_SLURM_SECONDS),
+        (ExperimentSweep, settings.TRAINYARD_EXPERIMENT_SWEEP_SECONDS),
     ):
         if interval > 0:
             loop: PeriodicPass[Any] = loop_class(interval)

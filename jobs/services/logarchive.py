@@ -39,6 +39,7 @@ from jobs.logstream import RawEntry
 from jobs.models import Job, LogAck, LogChunk, MetricPoint
 from jobs.services import metric_summaries
 from jobs.services.health import HealthMonitor
+from jobs.services.lifecycle import experiment_requests
 from jobs.services.lifecycle.outcomes import log_end_reason
 from jobs.services.logceiling import KeptBytes
 from workers import contract
@@ -269,6 +270,8 @@ def _save(
         _count_drops(job_id, rows)
         MetricPoint.objects.bulk_create(points, ignore_conflicts=True)
         metric_summaries.record(job_id, points)
+        if points:
+            experiment_requests.metrics_archived(job_id, {p.name for p in points})
         LogChunk.objects.bulk_create(rows, ignore_conflicts=True)
         LogAck.objects.bulk_create(
             [LogAck(job_id=job_id, writer=w, seq=q) for w, q in acked.items()],

@@ -215,13 +215,19 @@ def stop_the_rest(job: Job, reason: str, grace_seconds: float | None = None) -> 
 
 
 def cancel(job_id: int, by: User) -> Job:
+    return cancel_for(job_id, f"cancelled by {by.get_username()}")
+
+
+def cancel_for(job_id: int, reason: str, strict: bool = True) -> Job:
+    """Cancel the job saying `reason` (Cancel's own is "cancelled by USER"; an experiment's
+    "stopped early: …" for a trial its pruner stopped): the same path, the same stops. Not
+    `strict`, a job that has already ended is left as it is."""
     with transaction.atomic():
         job = locked_job(job_id)
         if job is None:
             raise Job.DoesNotExist(f"No job {job_id}.")
-        transitions.move_job(
-            job, Job.State.CANCELLED, f"cancelled by {by.get_username()}", strict=True
-        )
+        if not transitions.move_job(job, Job.State.CANCELLED, reason, strict=strict):
+            return job
         restarts.attempt_ended(job, job.reason)
         stop_the_rest(job, "cancelled")
         complete_log_if_done(job)

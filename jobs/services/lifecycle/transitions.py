@@ -16,7 +16,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs.models import Job, JobAttempt, Replica
-from jobs.services.lifecycle import events
+from jobs.services.lifecycle import events, experiment_requests
 
 
 class InvalidTransition(Exception):
@@ -64,6 +64,8 @@ def move_job(
     if to in Job.TERMINAL_STATES:
         # A lender that ends before it ran (cancelled while it waited) has no room to keep.
         end_reservation(job.pk)
+        # A trial's end lets its experiment tell the searcher and start the next trial.
+        experiment_requests.job_ended(job.pk)
     if announce:
         events.state_changed_on_commit(job.pk)
     return True
