@@ -239,6 +239,7 @@ def apply_flags(
     restart_policy: str | None,
     max_restarts: int | None,
     exclude_failed_node: bool | None = None,
+    args_on_resume: list[str] | None = None,
     one_per_node: bool | None = None,
     time_limit: str | None = None,
     priority: str | None = None,
@@ -280,7 +281,12 @@ def apply_flags(
         body["slurm"] = {**_section(body, "slurm"), **dict(parse_slurm(o) for o in slurm)}
     if env:
         body["env"] = {**_section(body, "env"), **dict(parse_env(e) for e in env)}
-    if restart_policy is not None or max_restarts is not None or exclude_failed_node is not None:
+    if (
+        restart_policy is not None
+        or max_restarts is not None
+        or exclude_failed_node is not None
+        or args_on_resume
+    ):
         restart = _section(body, "restart")
         if restart_policy is not None:
             restart["policy"] = restart_policy
@@ -288,6 +294,8 @@ def apply_flags(
             restart["max_restarts"] = max_restarts
         if exclude_failed_node is not None:
             restart["exclude_failed_node"] = exclude_failed_node
+        if args_on_resume:
+            restart["args_on_resume"] = list(args_on_resume)
         body["restart"] = restart
     if time_limit is not None:
         # As typed: the console reads "2h", "90m" or seconds, and says what is wrong.

@@ -4,6 +4,7 @@ Every command is a few calls to API v1 (trainyard_cli.client) and a rendering of
 (trainyard_cli.render); `--json` prints the API's own answer instead, for scripts.
 """
 
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,15 @@ ExcludeFailedNode = Annotated[
     typer.Option(
         "--exclude-failed-node/--any-node",
         help="A restart runs away from the node whose instance failed (default: the image's).",
+        show_default=False,
+    ),
+]
+OnResume = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--on-resume",
+        help="An argument every later attempt (a restart, a resume after preemption) runs "
+        "with, in place of the same option: --on-resume=--init_from=resume; repeatable.",
         show_default=False,
     ),
 ]
@@ -216,6 +226,7 @@ def submit(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     exclude_failed_node: ExcludeFailedNode = None,
+    on_resume: OnResume = None,
     one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
@@ -257,6 +268,7 @@ def submit(
         restart_policy=restart,
         max_restarts=max_restarts,
         exclude_failed_node=exclude_failed_node,
+        args_on_resume=on_resume,
         one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,
@@ -413,6 +425,7 @@ def rerun(
     restart: Restart = None,
     max_restarts: MaxRestarts = None,
     exclude_failed_node: ExcludeFailedNode = None,
+    on_resume: OnResume = None,
     one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
@@ -440,6 +453,7 @@ def rerun(
         restart_policy=restart,
         max_restarts=max_restarts,
         exclude_failed_node=exclude_failed_node,
+        args_on_resume=on_resume,
         one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,
@@ -624,19 +638,31 @@ def show(
     ]
     if place := _queue_place(job):
         fields.insert(3, ("Queue", place))
+    if resume_args := job["restart"].get("args_on_resume"):
+        fields.insert(-3, ("Later attempts", "run with " + shlex.join(resume_args)))
     render.table(["", ""], fields, header=False)
     render.out.print()
     if len(job["attempts"]) > 1:
         # After a restart the instances below are the new attempt's (not placed yet, right
-        # after a kill): the attempts say what became of the earlier ones.
+        # after a kill): the attempts say what became of the earlier ones, and with which
+        # arguments where later attempts run with others.
+        with_args = len({shlex.join(a.get("args", [])) for a in job["attempts"]}) > 1
         render.table(
-            ["ATTEMPT", "STARTED", "ENDED", "NODES", "WHY IT ENDED"],
+            [
+                "ATTEMPT",
+                "STARTED",
+                "ENDED",
+                "NODES",
+                *(["ARGUMENTS"] if with_args else []),
+                "WHY IT ENDED",
+            ],
             [
                 [
                     str(a["number"]),
                     render.local_time(a["started"]),
                     render.local_time(a["finished"]),
                     ", ".join(a["nodes"]) or "—",
+                    *([shlex.join(a.get("args", []))] if with_args else []),
                     (a["reason"] or "").split("\n", 1)[0] or ("—" if a["finished"] else "running"),
                 ]
                 for a in job["attempts"]

@@ -480,6 +480,33 @@ def test_a_restart_away_from_the_failed_node_is_a_flag() -> None:
     }
 
 
+def test_arguments_for_later_attempts_are_a_repeatable_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--on-resume=--init_from=resume` reaches restart.args_on_resume, beside the file's
+    restart settings; the value may itself start with dashes."""
+    from typer.testing import CliRunner
+
+    from trainyard_cli import main
+
+    sent: list[dict[str, Any]] = []
+    monkeypatch.setattr(main, "_api", lambda: None)
+    monkeypatch.setattr(
+        main.code_upload, "send_with_code", lambda api, body, *rest: sent.append(body) or {}
+    )
+    monkeypatch.setattr(main, "_submitted", lambda *given: None)
+    answer = CliRunner().invoke(
+        main.app,
+        ["submit", "--no-upload", "--script", "digits-ddp", "--role", "master=cpu-1",
+         "--restart", "on-failure", "--on-resume=--init_from=resume", "--on-resume", "--x=1"],
+    )  # fmt: skip
+    assert answer.exit_code == 0, answer.output
+    assert sent[0]["restart"] == {
+        "policy": "on-failure",
+        "args_on_resume": ["--init_from=resume", "--x=1"],
+    }
+
+
 def test_metrics_by_step_and_by_epoch_are_two_tables_with_no_empty_column() -> None:
     def point(name: str, value: float, step: int | None, epoch: float | None) -> dict[str, Any]:
         return {"name": name, "value": value, "step": step, "epoch": epoch, "nonfinite": None}
