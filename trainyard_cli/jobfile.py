@@ -6,6 +6,9 @@ project, tags, note), plus one key of the CLI's own:
 
     code: ./src      # the folder to upload as the code snapshot, relative to the job file
 
+and, for `trainyard search submit` only, a `search:` section (trainyard_cli/search_section.py)
+that makes the file an experiment: the rest of it is the template of its trials.
+
 The console checks the request; this module only reads the file and applies the flags, so
 that every refusal is the API's own message about the field.
 """
@@ -20,12 +23,19 @@ import yaml
 from trainyard_cli.errors import BAD_INPUT, CliError
 
 CODE_KEY = "code"
+SEARCH_KEY = "search"
+NO_SEARCH = object()  # the file has no `search:` section (`search: null` is one, and wrong)
 
 
 @dataclass
 class Draft:
     body: dict[str, Any]
     code: Path | None  # from the job file's `code:`, resolved against the file's folder
+    search: Any = NO_SEARCH  # the `search:` section as written, for `trainyard search submit`
+
+    @property
+    def is_experiment(self) -> bool:
+        return self.search is not NO_SEARCH
 
 
 def read(path: Path) -> Draft:
@@ -46,7 +56,8 @@ def read(path: Path) -> Draft:
     code = data.pop(CODE_KEY, None)
     if code is not None and not isinstance(code, str):
         raise CliError(f"{path}: code: must be a folder's path.", BAD_INPUT)
-    return Draft(data, (path.parent / code).resolve() if code else None)
+    search = data.pop(SEARCH_KEY, NO_SEARCH)
+    return Draft(data, (path.parent / code).resolve() if code else None, search)
 
 
 # What a job file may expand to, counting every value an alias stands for as often as it is

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from trainyard_cli import artifacts, code_upload, config, jobfile, render
+from trainyard_cli import artifacts, code_upload, config, jobfile, render, search
 from trainyard_cli.client import Api
 from trainyard_cli.errors import (
     BAD_INPUT,
@@ -256,6 +256,12 @@ def submit(
     The script's folder is uploaded as the job's code, so it runs exactly the files you have
     here (what .gitignore or .trainyardignore names is left out)."""
     draft = jobfile.read(job_file) if job_file else jobfile.Draft({}, None)
+    if draft.is_experiment:
+        raise CliError(
+            f"{job_file} has a search: section: `trainyard search submit {job_file}` runs it "
+            "as an experiment (docs/experiments.md).",
+            BAD_INPUT,
+        )
     body = jobfile.apply_flags(
         draft.body,
         name=name,
@@ -996,6 +1002,9 @@ def metric_tables(points: list[dict[str, Any]], last: int) -> dict[str, dict[Any
 
 # A job's checkpoints and outputs, listed or downloaded (trainyard_cli/artifacts.py).
 app.command()(artifacts.artifacts)
+
+# Hyperparameter searches over a job file (trainyard_cli/search.py).
+app.add_typer(search.app)
 
 
 # --- the cluster and the catalog ----------------------------------------------------------------
