@@ -27,7 +27,9 @@ def search_storage(settings: Any, tmp_path: Path) -> str:
 def search_request(**overrides: Any) -> dict[str, Any]:
     request: dict[str, Any] = {
         "name": "digits-lr-bs",
-        "template": job_request(instances=1, program={"script": "digits-ddp", "args": ["--epochs", "9"]}),
+        "template": job_request(
+            instances=1, program={"script": "digits-ddp", "args": ["--epochs", "9"]}
+        ),
         "space": {
             "--lr": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
             "--batch-size": {"type": "int", "low": 16, "high": 128, "log": True},
