@@ -7,6 +7,7 @@ import io
 import itertools
 import os
 import shutil
+import sqlite3
 import tempfile
 import time
 import uuid
@@ -22,7 +23,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from console.settings import channel_layers
-from jobs.models import Node, Quota
+from jobs.models import Job, Node, Quota
 from jobs.redis_client import get_redis
 from stack.redis_server import free_port
 from stack.redis_server import private_server as private_redis
@@ -233,11 +234,11 @@ def require_postgres() -> None:
 class RunningStack:
     """A started `stack.run.Stack` with an admin login and API clients."""
 
-    def __init__(self, stack: "Stack", admin_password: str) -> None:
+    def __init__(self, stack: "Stack", admin_password: str, admin_token: str | None = None) -> None:
         self.stack = stack
         self.url = stack.url
         self.admin_password = admin_password
-        self.admin = self.client_for("admin")
+        self.admin = StackClient(self.url, admin_token) if admin_token else self.client_for("admin")
 
     def client_for(self, username: str) -> "StackClient":
         return StackClient(self.url, self.stack.manage("token", username).strip())
@@ -248,14 +249,18 @@ class RunningStack:
         """A user of this stack (with a quota of their own when given one: cpu, gpus, memory_gb,
         running_jobs), and an API client for them. A test that owns its user depends on no
         other test's jobs for what its quota has left."""
+        # One Django start for the user, their quota and their key (what `manage.py token`
+        # issues), not one for the user and another for the key: 60-odd tests make users.
         code = (
             "from django.contrib.auth.models import User; from jobs.models import Quota; "
+            "from jobs.services import tokens; "
             f"user = User.objects.create_user({username!r}, password={password!r})"
         )
         if quota is not None:
             code += f"; Quota.objects.create(user=user, **{quota!r})"
-        self.stack.manage("shell", "-c", code)
-        return self.client_for(username)
+        code += "; print(tokens.issue(user, 'manage.py').key)"
+        token = self.stack.manage("shell", "-c", code).strip().splitlines()[-1]
+        return StackClient(self.url, token)
 
 
 class StackClient:
@@ -416,9 +421,56 @@ def number_jobs_apart(stack: "Stack") -> None:
     `make test` runs two pytest processes, each with stacks of its own: without this, job 5 of
     one stack would be taken for job 5 of the other. The blocks start far above the small ids
     the unit tests give the jobs they start agents for."""
+    stack.manage("shell", "-c", f"from tests.job_ids import start_at; start_at({first_job_id()})")
+
+
+def first_job_id() -> int:
+    """The first job id of the next stack this process starts (see number_jobs_apart)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    first = (int(worker or 0) + 1) * 10_000_000 + next(_stacks_numbered) * 100_000
-    stack.manage("shell", "-c", f"from tests.job_ids import start_at; start_at({first})")
+    return (int(worker or 0) + 1) * 10_000_000 + next(_stacks_numbered) * 100_000
+
+
+# The first SQLite stack this pytest process starts is prepared the long way, in a folder of
+# its own; every later one starts from copies of what that left (see prepare_from_template).
+_TEMPLATE: dict[str, Any] = {}
+TEMPLATE_FILES = ("trainyard.sqlite3", "admin-password")
+
+
+def prepare_from_template(stack: "Stack") -> tuple[str, str | None]:
+    """What stack.prepare() and number_jobs_apart() make, in a fraction of the time; returns
+    the admin's password and, where known, an API key of theirs.
+
+    Migrating a fresh SQLite database, loading the catalog, making the admin and numbering the
+    jobs are four Django starts, 15-20 s on a quiet 2-core machine and a minute on a loaded
+    one, and every stack of a run would end with the same rows but for the admin's random
+    password and the first job id. None of them reads the environment a test gives its stack
+    (its timings, its code root), so this process's first stack has stack.prepare() run in a
+    template folder once, with a key issued for the admin (keys are kept as plain SHA-256
+    digests, valid in any copy), and each stack gets a copy of that database and the admin's
+    password file, then its own block of job ids. A stack on another database (DATABASE_URL:
+    PostgreSQL) is prepared the long way."""
+    if "DATABASE_URL" in stack.extra_env:
+        login = stack.prepare()
+        number_jobs_apart(stack)
+        return login.split(" ", 1)[1], None
+    if not _TEMPLATE:
+        folder = Path(tempfile.mkdtemp(prefix="trainyard-test-template-"))
+        model = type(stack)(var_dir=folder, port=free_port(), nodes=0)
+        _TEMPLATE["password"] = model.prepare().split(" ", 1)[1]
+        _TEMPLATE["admin_token"] = model.manage("token", "admin").strip()
+        _TEMPLATE["folder"] = folder
+    stack.keep_var_private()
+    (stack.var_dir / "logs").mkdir(exist_ok=True)
+    for name in TEMPLATE_FILES:
+        shutil.copy2(_TEMPLATE["folder"] / name, stack.var_dir / name)
+    # What tests/job_ids.start_at does in a stack's shell, without a Django start of its own.
+    with contextlib.closing(sqlite3.connect(stack.var_dir / TEMPLATE_FILES[0])) as db, db:
+        table = Job._meta.db_table
+        db.execute("DELETE FROM sqlite_sequence WHERE name = ?", [table])
+        db.execute(
+            "INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", [table, first_job_id() - 1]
+        )
+    return _TEMPLATE["password"], _TEMPLATE["admin_token"]
 
 
 @contextlib.contextmanager
@@ -443,11 +495,10 @@ def running_stack(
         extra_env=dict(extra_env or {}),
         redis_also_on=redis_also_on,
     )
-    login = running.prepare()
-    number_jobs_apart(running)
+    password, admin_token = prepare_from_template(running)
     try:
         running.start()
-        yield RunningStack(running, login.split(" ", 1)[1])
+        yield RunningStack(running, password, admin_token)
     finally:
         running.stop()
 
@@ -485,3 +536,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if workeroutput is not None:  # a pytest-xdist worker: see pytest_testnodedown
         workeroutput["fuzz_summary"] = session.config.stash.get(FUZZ_SUMMARY, [])
     shutil.rmtree(SIGNALS_DIR, ignore_errors=True)
+    if _TEMPLATE:
+        shutil.rmtree(_TEMPLATE["folder"], ignore_errors=True)
