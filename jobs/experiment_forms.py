@@ -11,15 +11,21 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
-from jobs.models import Experiment
-
 PREFIX = "search"
 SPACE_COLUMNS = ("key", "type", "low", "high", "scale", "step", "choices")
 PARAMETER_TYPES = [("float", "float"), ("int", "integer"), ("choice", "choices")]
 
 
-def _choices(options: Any) -> list[tuple[str, str]]:
-    return [(value, str(label)) for value, label in options]
+# The menus' words for the model's choices (its labels read "Tpe", "Successive Halving").
+GOALS = [("max", "maximize"), ("min", "minimize")]
+UNITS = [("epoch", "epoch"), ("step", "step")]
+SEARCHERS = [("tpe", "TPE (Bayesian)"), ("random", "random"), ("grid", "grid")]
+PRUNERS = [
+    ("median", "below the median"),
+    ("successive_halving", "successive halving"),
+    ("hyperband", "Hyperband"),
+    ("none", "never"),
+]
 
 
 class SearchForm(forms.Form):
@@ -27,13 +33,11 @@ class SearchForm(forms.Form):
         required=False, max_length=200, help_text="Empty: the job's name with “search”."
     )
     metric = forms.CharField(max_length=64, initial="eval_accuracy", label="Objective metric")
-    goal = forms.ChoiceField(choices=_choices(Experiment.Goal.choices), initial="max")
-    unit = forms.ChoiceField(
-        choices=_choices(Experiment.Unit.choices), initial="epoch", label="Judged at each"
-    )
-    searcher = forms.ChoiceField(choices=_choices(Experiment.Searcher.choices), initial="tpe")
+    goal = forms.ChoiceField(choices=GOALS, initial="max")
+    unit = forms.ChoiceField(choices=UNITS, initial="epoch", label="Judged at each")
+    searcher = forms.ChoiceField(choices=SEARCHERS, initial="tpe")
     pruner = forms.ChoiceField(
-        choices=_choices(Experiment.Pruner.choices),
+        choices=PRUNERS,
         initial="median",
         label="Stop early",
         help_text="How trials that will not pay off are stopped.",

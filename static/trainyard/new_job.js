@@ -9,6 +9,7 @@
 // path. It only helps choose: the server checks whatever is sent.
 import { formatPrice } from "./format.js";
 import { startRuleEditor } from "./rule_editor.js";
+import { startSearchPart } from "./experiment/search_form.js";
 
 {
   const catalog = JSON.parse(document.getElementById("catalog").textContent);
@@ -223,4 +224,5 @@ import { startRuleEditor } from "./rule_editor.js";
   form.addEventListener("change", update);
   update();
   startRuleEditor(form, () => (images[value("image")] || {}).health_rules || []);
+  startSearchPart(form);
 }

@@ -13,7 +13,7 @@ const OBJECTIVE = { metric: "eval_accuracy", goal: "max", unit: "epoch" };
 test("the axes are the space's keys in order, on their own scales, then the objective over what was reached", () => {
   const axes = axesOf(SPACE, OBJECTIVE, [0.5, null, 0.9]);
   assert.deepEqual(axes.map((a) => [a.key, a.kind]), [["--lr", "log"], ["--batch-size", "linear"], ["$OPTIMIZER", "choice"], [null, "linear"]]);
-  assert.equal(axes[3].label, "eval_accuracy (max)");
+  assert.equal(axes[3].label, "eval_accuracy ↑");
   assert.deepEqual([axes[3].low, axes[3].high], [0.5, 0.9]);
 });
 

@@ -4,7 +4,8 @@ what the numbers mean is left to the experiment service."""
 
 from django.http import QueryDict
 
-from jobs.experiment_forms import SearchForm
+from jobs.experiment_forms import GOALS, PRUNERS, SEARCHERS, UNITS, SearchForm
+from jobs.models import Experiment
 
 TEMPLATE = {"name": "digits", "image": "pytorch:2.13-cpu", "program": {"script": "digits-ddp"}}
 
@@ -84,3 +85,10 @@ def test_the_budget_must_be_whole_trials() -> None:
     form = SearchForm(data)
     assert not form.is_valid()
     assert "trials" in form.errors
+
+
+def test_the_menus_offer_every_choice_the_model_has_and_no_other() -> None:
+    assert [v for v, _ in GOALS] == Experiment.Goal.values
+    assert sorted(v for v, _ in UNITS) == sorted(Experiment.Unit.values)
+    assert sorted(v for v, _ in SEARCHERS) == sorted(Experiment.Searcher.values)
+    assert sorted(v for v, _ in PRUNERS) == sorted(Experiment.Pruner.values)

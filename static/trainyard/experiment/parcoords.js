@@ -13,7 +13,7 @@ export function axesOf(space, objective, values) {
   const high = reached.length ? Math.max(...reached) : 1;
   axes.push({
     key: null,
-    label: `${objective.metric} (${objective.goal})`,
+    label: `${objective.metric} ${objective.goal === "min" ? "↓" : "↑"}`,
     kind: "linear",
     low,
     high,

@@ -28,11 +28,15 @@ export function startSearchPart(form) {
   if (!part) return;
   const body = part.querySelector("#search-space tbody");
 
-  // A row's boxes that mean something for its type: a range for numbers, a list for choices.
+  // A row's boxes that mean something for its type (a range for numbers, a list for choices)
+  // stand out; the others fade. Never disabled: a disabled box is not sent, and the rows are
+  // sent as parallel lists, which would then no longer line up.
   function showRow(row) {
     const choice = row.querySelector("[name=search-space-type]").value === "choice";
-    for (const name of ["low", "high", "scale", "step"]) row.querySelector(`[name=search-space-${name}]`).disabled = choice;
-    row.querySelector("[name=search-space-choices]").disabled = !choice;
+    for (const name of ["low", "high", "scale", "step", "choices"]) {
+      const box = row.querySelector(`[name=search-space-${name}]`);
+      box.classList.toggle("unused", (name === "choices") !== choice);
+    }
   }
 
   part.addEventListener("change", (event) => {

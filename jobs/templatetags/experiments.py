@@ -1,0 +1,62 @@
+"""`{% load experiments %}` (issue 48): the New job form's "Search…" part, filled as it was sent
+when "Start search" was refused (jobs.experiment_views.experiment_new), empty otherwise, so
+that every page with the job form (New job, Edit and run again) offers it; and the job page's
+line naming the experiment a trial's job belongs to."""
+
+from typing import Any
+
+from django import template
+
+from jobs.experiment_forms import PARAMETER_TYPES, PRUNERS, SEARCHERS, SearchForm
+from jobs.models import Job, Trial
+
+register = template.Library()
+
+
+@register.inclusion_tag("jobs/_search.html", takes_context=True)
+def search_part(context: template.Context) -> dict[str, Any]:
+    search = context.get("search") or SearchForm()
+    return {
+        "search": search,
+        "rows": search.rows,
+        "types": PARAMETER_TYPES,
+        "problems": context.get("search_problems", []),
+    }
+
+
+@register.inclusion_tag("jobs/_trial_line.html")
+def trial_line(job: Job) -> dict[str, Any]:
+    """The job page's "Trial 3 of experiment digits-lr-bs" with the trial's parameters: nothing
+    for a job that is no trial."""
+    trial = Trial.objects.select_related("experiment").filter(job_id=job.pk).first()
+    if trial is None:
+        return {"trial": None}
+    return {"trial": trial, "params": params_text(trial.params)}
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """ "--lr 0.0316 --batch-size 32 $OPTIMIZER=adam", as the experiment page writes them."""
+    return " ".join(
+        f"{key}={_value(value)}" if key.startswith("$") else f"{key} {_value(value)}"
+        for key, value in params.items()
+    )
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.3g}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+@register.filter
+def searcher_words(searcher: str) -> str:
+    """ "TPE (Bayesian)" for "tpe": the words the Search… menu uses."""
+    return dict(SEARCHERS).get(searcher, searcher)
+
+
+@register.filter
+def pruner_words(pruner: str) -> str:
+    """ "below the median" for "median", "never" for "none"."""
+    return dict(PRUNERS).get(pruner, pruner)
