@@ -1,7 +1,9 @@
 """`trainyard search` (trainyard_cli/search.py) and the job file's `search:` section
 (trainyard_cli/search_section.py), against a console answered in-process through httpx's mock
-transport: what is sent, what is refused before anything is sent, and what is printed.
-tests/integration/test_cli_search.py runs the command against the real stack."""
+transport: what is sent, what is refused before anything is sent, and what is printed. The
+section's check is held to the console's own (jobs.services.experiments.space): what one refuses
+the other refuses, and the guide's example is taken by both. tests/integration/
+test_cli_search.py runs the command against the real stack."""
 
 import json
 from dataclasses import dataclass
@@ -12,7 +14,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from trainyard_cli import main, search, search_section
+from jobs.services.experiments import space as experiment_space
+from jobs.services.submission import ValidationFailed
+from trainyard_cli import jobfile, main, search, search_section
 from trainyard_cli.client import API, Api
 from trainyard_cli.config import Credentials
 from trainyard_cli.errors import CliError
@@ -172,6 +176,63 @@ def submitted(project: Path, *extra: str) -> Ran:
     return run("search", "submit", str(project / "job.yaml"), *extra)
 
 
+def with_section(project: Path, section: str) -> None:
+    """The example job file with `section`'s key in place of the search section's own."""
+    key = section.strip().split(":", 1)[0]
+    kept = []
+    skipping = False
+    for line in SEARCH_PART.splitlines(keepends=True):
+        if line.startswith(f"  {key}:"):
+            skipping = True
+            continue
+        if skipping and line.startswith("    "):
+            continue
+        skipping = False
+        kept.append(line)
+    (project / "job.yaml").write_text("name: digits\n" + JOB_PART + "".join(kept) + section)
+
+
+# Each line replaces the search section's line of the same key (or is added to it); the
+# place in the file it is refused by, and words of the message.
+BAD_SECTIONS = [
+    ("  spaces: {}\n", "search.spaces", "is not a key here"),
+    ("  space: {--lr: {type: float, low: 1e-3, high: 1.0}}\n", "search.space.--lr.low",
+     "YAML reads 1e-3 as text"),
+    ("  space: {--lr: {type: float, low: 1.0, high: 0.1}}\n", "search.space.--lr.high",
+     "must be at least low (1.0)"),
+    ("  space: {--lr: {type: float, low: 0, high: 1, log: true}}\n", "search.space.--lr.low",
+     "must be above 0 on a log scale"),
+    ("  space: {--lr: {type: float, low: 0.1, high: 1, lg: true}}\n", "search.space.--lr.lg",
+     "is not a key here"),
+    ("  space: {--bs: {type: int, low: 16.5, high: 128}}\n", "search.space.--bs.low",
+     "must be a whole number"),
+    ("  space: {--l=r: {type: float, low: 0.1, high: 1}}\n", "search.space.--l=r",
+     "neither an argument of the program"),
+    ("  space: {lr: {type: float, low: 0.1, high: 1}}\n", "search.space.lr",
+     "neither an argument of the program (--name) nor an environment variable"),
+    ("  space: {$OPT: {type: choice, choices: []}}\n", "search.space.$OPT.choices",
+     "must be a list of the values to try"),
+    ("  space: {--lr: {type: range, low: 0.1, high: 1}}\n", "search.space.--lr.type",
+     "'range' is not one of float, int, choice"),
+    ("  searcher: bayes\n", "search.searcher", "'bayes' is not one of random, tpe, grid"),
+    ("  searcher: grid\n", "search.space.--lr", "needs a step (or a list of choices)"),
+    ("  pruner: asha\n", "search.pruner", "'asha' is not one of none, median"),
+    ("  objective: {metric: eval_accuracy, goal: maximize}\n", "search.objective.goal",
+     "'maximize' is not one of max, min"),
+    ("  objective: {goal: max}\n", "search.objective.metric", "must name a metric"),
+    ("  budget: {trials: 0}\n", "search.budget.trials", "must be a whole number from 1"),
+    ("  budget: {parallel: 2}\n", "search.budget.trials", "is required"),
+    ("  budget: {trials: 4, core_hours: -1}\n", "search.budget.core_hours",
+     "must be a number above 0, or null"),
+    ("  budget: {trials: 4, hours: 3}\n", "search.budget.hours", "is not a key here"),
+    ("  seed: lucky\n", "search.seed", "must be a whole number from 0 to 4294967295"),
+    ("  space: {--lr: {type: float, low: 0.1, high: 1, log: true, step: 0.1}}\n",
+     "search.space.--lr.step", "cannot go with log: true"),
+    ("  pruner_options: {reduction_factor: three}\n", "search.pruner_options.reduction_factor",
+     "must be a whole number"),
+]  # fmt: skip
+
+
 def test_submit_sends_the_job_part_as_the_template_with_its_uploaded_code(
     console: Console, project: Path
 ) -> None:
@@ -222,62 +283,11 @@ def test_the_name_is_the_flags_then_the_sections_then_the_jobs(
     assert names == [("lr-bs", "digits-search"), ("from-flag", "digits-search")]
 
 
-@pytest.mark.parametrize(
-    ("section", "field", "words"),
-    [
-        ("  spaces: {}\n", "search.spaces", "is not a key here"),
-        ("  space: {--lr: {type: float, low: 1e-3, high: 1.0}}\n", "search.space.--lr.low",
-         "YAML reads 1e-3 as text"),
-        ("  space: {--lr: {type: float, low: 1.0, high: 0.1}}\n", "search.space.--lr.high",
-         "must be at least low (1.0)"),
-        ("  space: {--lr: {type: float, low: 0, high: 1, log: true}}\n", "search.space.--lr.low",
-         "must be above 0 on a log scale"),
-        ("  space: {--lr: {type: float, low: 0.1, high: 1, lg: true}}\n", "search.space.--lr.lg",
-         "is not a key here"),
-        ("  space: {--bs: {type: int, low: 16.5, high: 128}}\n", "search.space.--bs.low",
-         "must be a whole number"),
-        ("  space: {--l=r: {type: float, low: 0.1, high: 1}}\n", "search.space.--l=r",
-         "neither an argument of the program"),
-        ("  space: {lr: {type: float, low: 0.1, high: 1}}\n", "search.space.lr",
-         "neither an argument of the program (--name) nor an environment variable"),
-        ("  space: {$OPT: {type: choice, choices: []}}\n", "search.space.$OPT.choices",
-         "must be a list of the values to try"),
-        ("  space: {--lr: {type: range, low: 0.1, high: 1}}\n", "search.space.--lr.type",
-         "'range' is not one of float, int, choice"),
-        ("  searcher: bayes\n", "search.searcher", "'bayes' is not one of random, tpe, grid"),
-        ("  searcher: grid\n", "search.space.--lr", "needs a step (or a list of choices)"),
-        ("  pruner: asha\n", "search.pruner", "'asha' is not one of none, median"),
-        ("  objective: {metric: eval_accuracy, goal: maximize}\n", "search.objective.goal",
-         "'maximize' is not one of max, min"),
-        ("  objective: {goal: max}\n", "search.objective.metric", "must name a metric"),
-        ("  budget: {trials: 0}\n", "search.budget.trials", "must be a whole number from 1"),
-        ("  budget: {parallel: 2}\n", "search.budget.trials", "is required"),
-        ("  budget: {trials: 4, core_hours: -1}\n", "search.budget.core_hours",
-         "must be a number above 0, or null"),
-        ("  budget: {trials: 4, hours: 3}\n", "search.budget.hours", "is not a key here"),
-        ("  seed: lucky\n", "search.seed", "must be a whole number from 0 to 4294967295"),
-        ("  space: {--lr: {type: float, low: 0.1, high: 1, log: true, step: 0.1}}\n",
-         "search.space.--lr.step", "cannot go with log: true"),
-        ("  pruner_options: {reduction_factor: three}\n", "search.pruner_options.reduction_factor",
-         "must be a whole number"),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("section", "field", "words"), BAD_SECTIONS)
 def test_a_bad_search_section_is_refused_by_its_key_and_nothing_is_sent(
     console: Console, project: Path, section: str, field: str, words: str
 ) -> None:
-    """Each line replaces the section's line of the same key (or is added to it)."""
-    key = section.strip().split(":", 1)[0]
-    kept = []
-    skipping = False
-    for line in SEARCH_PART.splitlines(keepends=True):
-        if line.startswith(f"  {key}:"):
-            skipping = True
-            continue
-        if skipping and line.startswith("    "):
-            continue
-        skipping = False
-        kept.append(line)
-    (project / "job.yaml").write_text("name: digits\n" + JOB_PART + "".join(kept) + section)
+    with_section(project, section)
     result = submitted(project)
     assert result.exit_code == 2, result.output
     assert "the search: section cannot be used" in result.output
@@ -505,3 +515,35 @@ def test_choices_keep_true_and_1_apart() -> None:
     with pytest.raises(CliError) as refused:
         search_section.experiment_request(section, {"name": "job"}, None, "job.yaml")
     assert refused.value.details == ["search.space.$FLAG.choices: 'a' is given twice."]
+
+
+@pytest.mark.parametrize(("section", "field", "words"), BAD_SECTIONS)
+def test_the_console_refuses_what_the_section_check_refuses(
+    project: Path, section: str, field: str, words: str
+) -> None:
+    """The CLI's check only says earlier what the console would say: sent as it is, each bad
+    section is refused by the console's own check of an experiment too."""
+    with_section(project, section)
+    draft = jobfile.read(project / "job.yaml")
+    request = {"name": "digits", "template": draft.body, **draft.search}
+    with pytest.raises(ValidationFailed):
+        experiment_space.parse_request(request)
+
+
+def test_the_guides_job_file_is_an_experiment_the_console_takes(tmp_path: Path) -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    example = guide.split("```yaml\n# digits-search.yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "digits-search.yaml").write_text(example)
+    draft = jobfile.read(tmp_path / "digits-search.yaml")
+    template = jobfile.apply_flags(
+        draft.body, name=None, image=None, script=None, args=[], roles=[], kvstore=None,
+        env=[], restart_policy=None, max_restarts=None,
+    )  # fmt: skip
+    request = search_section.experiment_request(draft.search, template, None, "digits-search")
+    spec = experiment_space.parse_request(request)
+    assert [d.key for d in spec.dimensions] == ["--lr", "--batch-size"]
+    assert (spec.pruner, spec.pruner_options) == (
+        "successive_halving",
+        {"min_resource": 1, "reduction_factor": 3},
+    )
+    assert spec.template["program"]["script"] == "digits-ddp"
