@@ -37,7 +37,7 @@ def experiment_create(request: HttpRequest, payload: ExperimentIn) -> Status[dic
     """Check the search (400 with every problem, by field: `space.--lr`, `objective.metric`,
     `budget.parallel`, `template.<job field>` for the template's own), and start it: its
     trials are submitted as your jobs, within your quota and its budget."""
-    experiment = control.create_experiment(_user(request), payload.model_dump())
+    experiment = control.create_experiment(_user(request), payload.model_dump(exclude_unset=True))
     return Status(201, presenter.experiment_detail(experiment))
 
 

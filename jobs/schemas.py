@@ -1180,7 +1180,7 @@ class ArtifactListOut(_Out):
 # Experiments: hyperparameter searches whose trials are jobs (jobs/api_experiments.py).
 
 
-class ExperimentIn(BaseModel):
+class ExperimentIn(_In):
     """The body of POST /api/v1/experiments. Each part's meaning is checked by
     jobs.services.experiments.space, whose messages name the field (`space.--lr`,
     `budget.parallel`, `template.roles`)."""

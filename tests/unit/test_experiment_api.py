@@ -113,3 +113,23 @@ def test_pause_resume_and_stop(alice: User, sent_tasks: SentTasks) -> None:
         "experiment stopped by alice"
     )
     assert post(client, f"{base}/stop").status_code == 409
+
+
+def test_what_a_request_leaves_out_is_the_default(alice: User) -> None:
+    request = search_request(budget={"trials": 4})
+    for left_out in ("searcher", "pruner", "pruner_options", "seed"):
+        del request[left_out]
+    request["objective"] = {"metric": "eval_accuracy"}
+    response = post(client_for(alice), "/api/v1/experiments", request)
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert (body["searcher"], body["pruner"]) == ("tpe", "none")
+    assert body["objective"] == {"metric": "eval_accuracy", "goal": "max", "unit": "epoch"}
+    assert body["budget"]["parallel"] == 1
+
+
+def test_a_field_the_request_does_not_have_is_named(alice: User) -> None:
+    response = post(client_for(alice), "/api/v1/experiments", search_request(trials=12))
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"request": ["Unknown field(s): trials."]}
+    assert not Experiment.objects.exists()

@@ -192,8 +192,10 @@ def _parse_objective(raw: Any, errors: _Errors) -> tuple[str, str, str]:
     if not isinstance(raw, dict):
         errors.add("objective", 'Give it as {"metric": "eval_accuracy", "goal": "max"}.')
         return "", "", ""
-    metric, goal = raw.get("metric"), raw.get("goal", Experiment.Goal.MAXIMIZE)
-    unit = raw.get("unit", Experiment.Unit.EPOCH)
+    # An absent or null goal or unit is the default one.
+    metric = raw.get("metric")
+    goal = raw.get("goal") or Experiment.Goal.MAXIMIZE
+    unit = raw.get("unit") or Experiment.Unit.EPOCH
     if not isinstance(metric, str) or not metric.strip():
         errors.add("objective.metric", "Name the metric the jobs report (e.g. eval_accuracy).")
     elif len(metric) > METRIC_NAME_LENGTH:
@@ -217,7 +219,7 @@ def _parse_budget(raw: Any, errors: _Errors) -> Budget:
         errors.add("budget", 'Give it as {"trials": 12, "parallel": 3}.')
         return Budget(1, 1)
     trials: Any = raw.get("trials")
-    parallel: Any = raw.get("parallel", 1)
+    parallel: Any = 1 if raw.get("parallel") is None else raw["parallel"]
     if not _whole(trials) or not 1 <= trials <= MAX_TRIALS:
         errors.add("budget.trials", f"How many trials in all: a whole number, 1 to {MAX_TRIALS}.")
         trials = 1
@@ -314,7 +316,7 @@ def parse_request(data: Any) -> ExperimentSpec:
             if found is not None:
                 dimensions.append(found)
     metric, goal, unit = _parse_objective(data.get("objective"), errors)
-    searcher = data.get("searcher", Experiment.Searcher.TPE)
+    searcher = data.get("searcher") or Experiment.Searcher.TPE
     if searcher not in Experiment.Searcher.values:
         errors.add("searcher", f"One of {', '.join(Experiment.Searcher.values)}.")
     pruner, options = _parse_pruner(data.get("pruner"), data.get("pruner_options"), errors)
