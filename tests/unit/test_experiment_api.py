@@ -109,9 +109,8 @@ def test_pause_resume_and_stop(alice: User, sent_tasks: SentTasks) -> None:
     assert {t["state"] for t in stopped["trials"]} == {"failed"}
     assert {t["job_state"] for t in stopped["trials"]} == {"cancelled"}
     assert {t["reason"] for t in stopped["trials"]} == {"experiment stopped by alice"}
-    assert Trial.objects.get(experiment=experiment, number=0).job.reason == (
-        "experiment stopped by alice"
-    )
+    job = Trial.objects.get(experiment=experiment, number=0).job
+    assert job is not None and job.reason == "experiment stopped by alice"
     assert post(client, f"{base}/stop").status_code == 409
 
 

@@ -120,7 +120,7 @@ def test_a_grid_needs_a_step_or_choices_for_every_dimension() -> None:
 
 
 def test_a_trials_values_replace_the_templates_own_or_are_added() -> None:
-    template = {
+    template: dict[str, Any] = {
         "name": "t",
         "program": {"script": "digits-ddp", "args": ["--lr", "0.5", "--batch-size=8", "--x"]},
         "env": {"KEEP": "1"},
