@@ -247,8 +247,9 @@ def summary_rows(api: Api, e: dict[str, Any]) -> list[tuple[str, str]]:
         ("Space", space_text(e["space"])),
         (
             "Trials",
-            f"{used['trials']} of {budget['trials']} started, {used['running']} running, "
-            f"{trials_left} left; at most {budget['parallel']} at once",
+            f"{used['trials']} of {budget['trials']} started, "
+            f"{used['running']} running or waiting, {trials_left} left; "
+            f"at most {budget['parallel']} at once",
         ),
         ("Core-hours", hours_text(used.get("core_hours"), budget.get("core_hours"))),
         ("GPU-hours", hours_text(used.get("gpu_hours"), budget.get("gpu_hours"))),

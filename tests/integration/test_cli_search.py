@@ -165,7 +165,7 @@ def test_a_search_is_submitted_followed_to_its_end_and_shown(user: Any, tmp_path
     assert shown.returncode == 0, shown.stderr
     rows = [" ".join(line.split()) for line in shown.stdout.splitlines()]
     assert "State finished" in rows
-    assert "Trials 3 of 3 started, 0 running, 0 left; at most 3 at once" in rows
+    assert "Trials 3 of 3 started, 0 running or waiting, 0 left; at most 3 at once" in rows
     best_job = experiment["best"]["job"]
     assert f"Best trial {experiment['best']['trial']}, job {best_job}: eval_accuracy 0.92, " \
         "--lr=0.3 $OPTIMIZER=adam" in rows  # fmt: skip

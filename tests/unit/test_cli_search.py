@@ -386,7 +386,10 @@ def test_show_prints_the_budget_the_best_trial_and_each_trial(console: Console) 
 
     assert line_of("State") == "State running"
     assert line_of("Objective") == "Objective eval_accuracy, highest, by epoch"
-    assert line_of("Trials") == "Trials 3 of 12 started, 1 running, 9 left; at most 3 at once"
+    assert (
+        line_of("Trials")
+        == "Trials 3 of 12 started, 1 running or waiting, 9 left; at most 3 at once"
+    )
     assert line_of("Core-hours") == "Core-hours 0.5 of 2 (1.5 left)"
     assert line_of("GPU-hours") == "GPU-hours 0 (no limit)"
     assert line_of("Space") == "Space --lr 0.01 to 1 (log), $OPTIMIZER sgd|adam"
