@@ -11,11 +11,20 @@ from typing import Any
 from django import forms
 from django.http import QueryDict
 
+from jobs.models import Experiment
+from jobs.services.experiments import space
+
 PREFIX = "search"
 SPACE_COLUMNS = ("key", "type", "low", "high", "scale", "step", "choices")
 PARAMETER_TYPES = [("float", "float"), ("int", "integer"), ("choice", "choices")]
 
 
+# The form's fields for the pruner's settings, and the settings' names in the request.
+PRUNER_OPTION_FIELDS = {
+    "startup_trials": "n_startup_trials",
+    "min_resource": "min_resource",
+    "reduction_factor": "reduction_factor",
+}
 # The menus' words for the model's choices (its labels read "Tpe", "Successive Halving").
 GOALS = [("max", "maximize"), ("min", "minimize")]
 UNITS = [("epoch", "epoch"), ("step", "step")]
@@ -41,6 +50,26 @@ class SearchForm(forms.Form):
         initial="median",
         label="Stop early",
         help_text="How trials that will not pay off are stopped.",
+    )
+    # The pruner's settings the form offers (the API takes all of Optuna's): each shown only
+    # for a pruner that takes it (static/trainyard/experiment/search_form.js).
+    startup_trials = forms.IntegerField(
+        required=False,
+        min_value=0,
+        label="Judge after",
+        help_text="Trials run to the end before any is stopped (Optuna: 5).",
+    )
+    min_resource = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="First cut at",
+        help_text="The epoch (or step) trials are first judged at.",
+    )
+    reduction_factor = forms.IntegerField(
+        required=False,
+        min_value=2,
+        label="Keep 1 in",
+        help_text="Each cut keeps the best 1 in this many (3).",
     )
     trials = forms.IntegerField(min_value=1, initial=12, label="Trials")
     parallel = forms.IntegerField(min_value=1, initial=3, label="At once")
@@ -75,6 +104,14 @@ class SearchForm(forms.Form):
                 "gpu_hours": data["gpu_hours"],
             },
         }
+        takes = space.PRUNER_OPTIONS[Experiment.Pruner(data["pruner"])]
+        options = {
+            option: data[field]
+            for field, option in PRUNER_OPTION_FIELDS.items()
+            if option in takes and data[field] is not None
+        }
+        if options:
+            request["pruner_options"] = options
         if data["seed"] is not None:
             request["seed"] = data["seed"]
         return request

@@ -7,8 +7,15 @@ from typing import Any
 
 from django import template
 
-from jobs.experiment_forms import PARAMETER_TYPES, PRUNERS, SEARCHERS, SearchForm
+from jobs.experiment_forms import (
+    PARAMETER_TYPES,
+    PRUNER_OPTION_FIELDS,
+    PRUNERS,
+    SEARCHERS,
+    SearchForm,
+)
 from jobs.models import Job, Trial
+from jobs.services.experiments import space
 
 register = template.Library()
 
@@ -21,6 +28,11 @@ def search_part(context: template.Context) -> dict[str, Any]:
         "rows": search.rows,
         "types": PARAMETER_TYPES,
         "problems": context.get("search_problems", []),
+        # Which of the form's pruner settings each pruner takes, for the page's script.
+        "pruner_fields": {
+            pruner: [f for f, option in PRUNER_OPTION_FIELDS.items() if option in takes]
+            for pruner, takes in space.PRUNER_OPTIONS.items()
+        },
     }
 
 

@@ -10,14 +10,18 @@ from jobs.models import Experiment
 TEMPLATE = {"name": "digits", "image": "pytorch:2.13-cpu", "program": {"script": "digits-ddp"}}
 
 
-def posted(**rows: list[str]) -> QueryDict:
+def posted(**given: list[str] | str) -> QueryDict:
+    """The search part as the form posts it: lists are the space's columns, strings replace
+    the fields' values."""
     data = QueryDict(mutable=True)
     fields = {"metric": "eval_accuracy", "goal": "max", "unit": "epoch", "searcher": "tpe"}
     fields.update(pruner="median", trials="4", parallel="2", seed="7")
+    fields.update({k: v for k, v in given.items() if isinstance(v, str)})
     for name, value in fields.items():
         data[f"search-{name}"] = value
-    for column, values in rows.items():
-        data.setlist(f"search-space-{column}", values)
+    for column, values in given.items():
+        if isinstance(values, list):
+            data.setlist(f"search-space-{column}", values)
     return data
 
 
@@ -92,3 +96,24 @@ def test_the_menus_offer_every_choice_the_model_has_and_no_other() -> None:
     assert sorted(v for v, _ in UNITS) == sorted(Experiment.Unit.values)
     assert sorted(v for v, _ in SEARCHERS) == sorted(Experiment.Searcher.values)
     assert sorted(v for v, _ in PRUNERS) == sorted(Experiment.Pruner.values)
+
+
+def test_only_the_settings_the_chosen_pruner_takes_are_sent() -> None:
+    rows = {"key": ["--lr"], "type": ["float"], "low": ["0.1"], "high": ["1"]}
+    median = posted(**rows, pruner="median", startup_trials="1", reduction_factor="2")
+    form = SearchForm(median)
+    assert form.is_valid(), form.errors
+    assert form.as_request(TEMPLATE)["pruner_options"] == {"n_startup_trials": 1}
+    halving = posted(
+        **rows,
+        pruner="successive_halving",
+        startup_trials="1",
+        min_resource="1",
+        reduction_factor="2",
+    )
+    form = SearchForm(halving)
+    assert form.is_valid(), form.errors
+    assert form.as_request(TEMPLATE)["pruner_options"] == {"min_resource": 1, "reduction_factor": 2}
+    unset = SearchForm(posted(**rows))
+    assert unset.is_valid()
+    assert "pruner_options" not in unset.as_request(TEMPLATE)

@@ -66,6 +66,18 @@ export function startSearchPart(form) {
       return option;
     }));
   }
+  // Only the settings the chosen pruner takes (the server sends only those).
+  const prunerFields = JSON.parse(document.getElementById("search-pruner-fields").textContent);
+  const pruner = form.elements["search-pruner"];
+  function showPrunerFields() {
+    const shown = prunerFields[pruner.value] || [];
+    for (const fields of Object.values(prunerFields)) {
+      for (const name of fields) document.getElementById(`field-search-${name}`).hidden = !shown.includes(name);
+    }
+  }
+  pruner.addEventListener("change", showPrunerFields);
+  showPrunerFields();
+
   form.elements.args.addEventListener("input", offerKeys);
   if (form.elements.env) form.elements.env.addEventListener("input", offerKeys);
   offerKeys();
