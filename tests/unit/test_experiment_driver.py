@@ -201,3 +201,32 @@ def test_a_spent_core_hour_budget_stops_the_running_trials(
         assert trial.state == Trial.State.FAILED
         assert trial.reason == "experiment stopped: its budget of 0.5 core-hours is spent"
         assert trial.job is not None and trial.job.state == Job.State.CANCELLED
+
+
+def test_the_median_pruner_says_the_median_it_stopped_a_trial_below(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    set_quota(alice, cpu=8, jobs=8)
+    experiment = control.create_experiment(
+        alice,
+        search_request(
+            pruner="median",
+            pruner_options={"n_startup_trials": 2, "n_warmup_steps": 0},
+            budget={"trials": 4, "parallel": 2},
+        ),
+    )
+    driver.advance(experiment.pk)
+    for trial, value in zip(trials_of(experiment), (0.9, 0.8), strict=True):
+        assert trial.job is not None
+        report(trial.job, 1, value)
+        end_job(trial.job)
+    driver.advance(experiment.pk)
+    third = trials_of(experiment)[2]
+    assert third.job is not None
+    report(third.job, 1, 0.5)
+    driver.judge(third.job.pk)
+    third.refresh_from_db()
+    assert third.state == Trial.State.PRUNED
+    assert third.reason == (
+        "stopped early: eval_accuracy 0.5 at epoch 1, below the median 0.85 of 2 trials"
+    )
