@@ -143,23 +143,26 @@ def list_experiments(json_output: Json = False) -> None:
         render.note("No experiments yet: `trainyard search submit FILE` starts one.")
         return
     _console_display(api)
-    render.table(
-        ["ID", "NAME", "STATE", "TRIALS", "RUNNING", "BEST", "OBJECTIVE", "CREATED", "WHY"],
-        [
-            [
-                e["id"],
-                e["name"],
-                e["state"],
-                f"{e['used']['trials']} of {e['budget']['trials']}",
-                e["used"]["running"],
-                render.human_number((e.get("best") or {}).get("value")),
-                objective_text(e["objective"]),
-                render.local_time(e["created"]),
-                (e.get("reason") or "").split("\n", 1)[0],
-            ]
-            for e in experiments
-        ],
-    )
+    # Whoever sees others' experiments (staff) sees whose each is.
+    with_owner = len({e["owner"] for e in experiments}) > 1
+    columns = ["ID", "NAME", "STATE", "TRIALS", "RUNNING", "BEST", "OBJECTIVE", "CREATED"]
+    rows = []
+    for e in experiments:
+        row: list[Any] = [
+            e["id"],
+            e["name"],
+            e["state"],
+            f"{e['used']['trials']} of {e['budget']['trials']}",
+            e["used"]["running"],
+            render.human_number((e.get("best") or {}).get("value")),
+            objective_text(e["objective"]),
+            render.local_time(e["created"]),
+        ]
+        if with_owner:
+            row.append(e["owner"])
+        row.append((e.get("reason") or "").split("\n", 1)[0])  # show ID has the rest
+        rows.append(row)
+    render.table([*columns, *(["OWNER"] if with_owner else []), "WHY"], rows)
 
 
 @app.command()

@@ -434,6 +434,12 @@ def test_ls_lists_each_experiment_with_its_trials_and_best(console: Console) -> 
     )
     assert rows[2].startswith("7 digits-search running 0 of 12 0 —")
 
+    listed[1]["owner"] = "bob"  # staff see everyone's: whose each is
+    console.answer("GET", "/experiments", (200, {"experiments": listed}))
+    rows = [" ".join(line.split()) for line in run("search", "ls").output.splitlines()]
+    assert rows[0] == "ID NAME STATE TRIALS RUNNING BEST OBJECTIVE CREATED OWNER WHY"
+    assert rows[2].endswith("2026-11-29 15:00:00 bob")
+
 
 @pytest.mark.parametrize("action", ["pause", "resume", "stop"])
 def test_pause_resume_and_stop_post_to_the_experiment(console: Console, action: str) -> None:
