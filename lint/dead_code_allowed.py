@@ -154,3 +154,6 @@ possibilities  # unused attribute (trainyard_cli/main.py:176): the usage error's
 NoClientErrorTracebacks  # unused class (console/logfilters.py:6): named in settings.LOGGING
 updated  # unused variable (jobs/models.py, RunTableView): auto_now, written by name (run_table.remember)
 metric_summary  # unused variable (jobs/schemas.py, JobOut): a schema field Django Ninja serialises
+startup_trials  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
+min_resource  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
+reduction_factor  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
