@@ -31,6 +31,10 @@ the same programs started bare by the same supervisor (bench/sandbox.py).
 Limits: time to a trainer's first line and its throughput with a cgroup per instance vs none,
 and a neighbour's throughput beside a 1-core job running 4 busy processes, limits on and off
 (bench/limits.py).
+
+Experiments: a 12-trial search of the digits example with successive halving, next to the same
+12 configurations all run to the end: epochs, core-hours, wall time and the best eval accuracy
+of each (bench/experiments.py).
 """
 
 import sys
@@ -41,6 +45,7 @@ from pathlib import Path
 
 from bench.admission import RaceResult, race_in_subprocess
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
+from bench.experiments import experiments
 from bench.heartbeats import measure_in_subprocess as heartbeats_in_subprocess
 from bench.heartbeats import summary as heartbeats_summary
 from bench.limits import limits_cost
@@ -123,6 +128,8 @@ def main() -> int:
     ok = sandbox_cost() and ok
     print("== limits: a cgroup per instance vs none, same supervisor ==")
     ok = limits_cost() and ok
+    print("== experiments: a search stopped early vs every trial run to the end ==")
+    ok = experiments() and ok
     return 0 if ok else 1
 
 
