@@ -47,7 +47,7 @@ def trial_line(job: Job) -> dict[str, Any]:
 
 
 def params_text(params: dict[str, Any]) -> str:
-    """ "--lr 0.0316 --batch-size 32 $OPTIMIZER=adam", as the experiment page writes them."""
+    """The parameters as the experiment page writes them: "--lr 0.0316 $OPTIMIZER=adam"."""
     return " ".join(
         f"{key}={_value(value)}" if key.startswith("$") else f"{key} {_value(value)}"
         for key, value in params.items()
@@ -64,11 +64,18 @@ def _value(value: Any) -> str:
 
 @register.filter
 def searcher_words(searcher: str) -> str:
-    """ "TPE (Bayesian)" for "tpe": the words the Search… menu uses."""
+    """The words the Search… menu uses for a searcher: "TPE (Bayesian)" for "tpe"."""
     return dict(SEARCHERS).get(searcher, searcher)
 
 
 @register.filter
 def pruner_words(pruner: str) -> str:
-    """ "below the median" for "median", "never" for "none"."""
+    """The words the Search… menu uses for a pruner: "below the median", "never"."""
     return dict(PRUNERS).get(pruner, pruner)
+
+
+@register.filter
+def objective_value(value: float) -> str:
+    """An objective in four significant digits ("0.9556"), as the experiment page's script
+    writes it (static/trainyard/experiment/trials.js objectiveText)."""
+    return f"{float(f'{value:.4g}'):g}"

@@ -17,10 +17,13 @@ export function paramValue(value) {
   return String(value);
 }
 
+// A space key naming a variable of the job ($OPTIMIZER) rather than an argument (--lr).
+const isVariable = (key) => /^\$/.test(key);
+
 // "--lr 0.0316 --batch-size 32 $OPTIMIZER=adam": a trial's parameters as its job gets them.
 export function paramsText(params) {
   return Object.entries(params || {})
-    .map(([key, value]) => (key.startsWith("$") ? `${key}=${paramValue(value)}` : `${key} ${paramValue(value)}`))
+    .map(([key, value]) => (isVariable(key) ? `${key}=${paramValue(value)}` : `${key} ${paramValue(value)}`))
     .join(" ");
 }
 
