@@ -644,7 +644,8 @@ def show(
     ]
     if place := _queue_place(job):
         fields.insert(3, ("Queue", place))
-    if resume_args := job["restart"].get("args_on_resume"):
+    # A console older than the arguments for later attempts has none to say.
+    if resume_args := (job.get("restart") or {}).get("args_on_resume"):
         fields.insert(-3, ("Later attempts", "run with " + shlex.join(resume_args)))
     render.table(["", ""], fields, header=False)
     render.out.print()

@@ -490,10 +490,13 @@ def test_arguments_for_later_attempts_are_a_repeatable_flag(
     from trainyard_cli import main
 
     sent: list[dict[str, Any]] = []
+
+    def send_with_code(api: object, body: dict[str, Any], *rest: object) -> dict[str, Any]:
+        sent.append(body)
+        return {}
+
     monkeypatch.setattr(main, "_api", lambda: None)
-    monkeypatch.setattr(
-        main.code_upload, "send_with_code", lambda api, body, *rest: sent.append(body) or {}
-    )
+    monkeypatch.setattr(main.code_upload, "send_with_code", send_with_code)
     monkeypatch.setattr(main, "_submitted", lambda *given: None)
     answer = CliRunner().invoke(
         main.app,
