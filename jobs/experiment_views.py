@@ -33,13 +33,21 @@ def _experiment_for(user: User | AnonymousUser, experiment_id: int) -> Experimen
         raise Http404("No such experiment.") from None
 
 
+# The list shows this many experiments, newest first (as GET /api/v1/experiments does).
+LIST_LIMIT = 200
+
+
 @login_required
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = access.visible_experiments(request.user)
+    experiments = list(access.visible_experiments(request.user)[: LIST_LIMIT + 1])
     return render(
         request,
         "jobs/experiment_list.html",
-        {"rows": [(e, presenter.experiment_summary(e)) for e in experiments]},
+        {
+            "rows": [(e, presenter.experiment_summary(e)) for e in experiments[:LIST_LIMIT]],
+            "more": len(experiments) > LIST_LIMIT,
+            "limit": LIST_LIMIT,
+        },
     )
 
 
