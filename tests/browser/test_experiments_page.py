@@ -116,7 +116,18 @@ def test_a_search_from_the_form_runs_ends_and_its_best_trial_runs_again(
         expect(page.locator("#best-params")).to_contain_text("--lr ")
         expect(page.locator("#parcoords-plot svg g.pc-trial")).to_have_count(TRIALS)
         assert int(page.locator("#objective-chart").get_attribute("data-series") or 0) >= 2
+        compare = page.locator("#best-compare")
+        expect(compare).to_have_attribute("href", re.compile(r"^/compare/\?jobs=\d+(,\d+)+$"))
         keep_screenshot(page, "experiment-ended")
+
+        # The list says the same in a line.
+        page.click("nav a[href='/experiments/']")
+        listed = page.locator("#experiments tbody tr")
+        expect(listed).to_have_count(1)
+        expect(listed.locator(".state")).to_have_text("finished")
+        expect(listed).to_contain_text(f"{TRIALS} of {TRIALS}")
+        listed.locator("a").first.click()
+        page.wait_for_url(re.compile(r"/experiments/\d+/$"))
 
         # Run again submits the best trial's job once more; that job's page names its trial.
         best_job = re.search(r"job #(\d+)", page.locator("#best-trial").inner_text())
