@@ -75,7 +75,7 @@ class SearchForm(forms.Form):
     parallel = forms.IntegerField(min_value=1, initial=3, label="At once")
     core_hours = forms.FloatField(required=False, min_value=0, label="Core-hours")
     gpu_hours = forms.FloatField(required=False, min_value=0, label="GPU-hours")
-    seed = forms.IntegerField(required=False, help_text="The same seed asks the same trials.")
+    seed = forms.IntegerField(required=False, help_text="Seeds the searcher's random choices.")
 
     def __init__(self, data: QueryDict | None = None) -> None:
         super().__init__(data, prefix=PREFIX)
