@@ -56,6 +56,7 @@ def start_search(page: Page, url: str) -> None:
     page.fill("#id_search-trials", str(TRIALS))
     page.fill("#id_search-parallel", "2")
     page.fill("#id_search-seed", "7")
+    keep_screenshot(page, "experiment-search-form")
     page.click("#search-start")
     page.wait_for_url(re.compile(rf"{re.escape(url)}/experiments/\d+/$"))
 
