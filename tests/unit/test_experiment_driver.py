@@ -230,3 +230,23 @@ def test_the_median_pruner_says_the_median_it_stopped_a_trial_below(
     assert third.reason == (
         "stopped early: eval_accuracy 0.5 at epoch 1, below the median 0.85 of 2 trials"
     )
+
+
+def test_a_trial_at_its_declared_last_epoch_is_not_stopped(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    set_quota(alice, cpu=8, jobs=8)
+    experiment = control.create_experiment(
+        alice, search_request(pruner_options={"min_resource": 1, "reduction_factor": 3})
+    )
+    driver.advance(experiment.pk)
+    first, second, _ = trials_of(experiment)
+    assert first.job and second.job
+    report(first.job, 1, 0.9)
+    driver.judge(first.job.pk)
+    report(second.job, 0, 1.0, name="total_epochs")  # it runs 1 epoch in all
+    report(second.job, 1, 0.2)
+    driver.judge(second.job.pk)
+    second.refresh_from_db()
+    assert second.state == Trial.State.RUNNING and second.judged_through == 1
+    assert Job.objects.get(pk=second.job.pk).is_active

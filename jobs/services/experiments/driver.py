@@ -250,18 +250,39 @@ def _judge(experiment: Experiment, study: optuna.Study, trial: Trial, prune: boo
     asked = optuna.trial.Trial(study, studies.trial_id(study, trial.number))
     if study._storage.get_trial(asked._trial_id).state != TrialState.RUNNING:
         return
+    last = declared_end(experiment, trial.job.pk)
     for at, value in points:
         asked.report(value, at)
         trial.objective_last = value
         trial.objective_best = _better(experiment, trial.objective_best, value)
         trial.judged_through = at
-        if prune and experiment.pruner != Experiment.Pruner.NONE and asked.should_prune():
+        # A trial that has reported its last epoch has nothing left to save: stopping it
+        # would only cancel a job that is finishing, and lose its end.
+        finishing = last is not None and at >= last
+        if (
+            prune
+            and not finishing
+            and experiment.pruner != Experiment.Pruner.NONE
+            and asked.should_prune()
+        ):
             trial.save(update_fields=["objective_last", "objective_best", "judged_through"])
             why = explain(experiment, study, trial.number, at, value)
             _end_trial(study, trial, Trial.State.PRUNED, why)
             outcomes.cancel_for(trial.job.pk, why, strict=False)
             return
     trial.save(update_fields=["objective_last", "objective_best", "judged_through"])
+
+
+def declared_end(experiment: Experiment, job_id: int) -> float | None:
+    """The last epoch (or step) the trainer said it will run (trainyard_metrics.declare), or
+    None when it said nothing."""
+    name = "total_steps" if experiment.objective_unit == Experiment.Unit.STEP else "total_epochs"
+    return (
+        MetricPoint.objects.filter(job_id=job_id, name=name)
+        .order_by("-cursor")
+        .values_list("value", flat=True)
+        .first()
+    )
 
 
 def _better(experiment: Experiment, best: float | None, value: float) -> float:
