@@ -292,6 +292,7 @@ def _save(
     if ended:
         kept.forget(job_id)
         Job.objects.filter(pk=job_id).update(log_archived=True)
+        experiment_requests.log_archived(job_id)
         pipe = client.pipeline(transaction=False)
         for key in contract.job_log_keys(job_id):
             pipe.expire(key, EXPIRE_AFTER_ARCHIVE_SECONDS)
@@ -358,6 +359,7 @@ def _close_if_unclosed(client: redis.Redis, job_id: int, head: int) -> None:
     every writer's last lines are in the database (or it has waited long enough for them)."""
     if LogChunk.objects.filter(job_id=job_id, kind=LogChunk.Kind.END).exists():
         Job.objects.filter(pk=job_id).update(log_archived=True)
+        experiment_requests.log_archived(job_id)
         return
     job = Job.objects.get(pk=job_id)
     owed = list(

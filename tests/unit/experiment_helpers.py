@@ -60,9 +60,14 @@ def report(job: Job, epoch: int, value: float, name: str = "eval_accuracy") -> N
     )
 
 
-def end_job(job: Job, state: str = Job.State.SUCCEEDED, reason: str = "") -> None:
-    """The job ran and ended (its states as the lifecycle writes them)."""
+def end_job(
+    job: Job, state: str = Job.State.SUCCEEDED, reason: str = "", archived: bool = True
+) -> None:
+    """The job ran and ended (its states as the lifecycle writes them), and, unless not
+    `archived`, the log keeper has put its last lines and points in the database."""
     job.refresh_from_db()
     if job.state == Job.State.QUEUED and state == Job.State.SUCCEEDED:
         transitions.move_job(job, Job.State.RUNNING)
     assert transitions.move_job(job, state, reason), job.state
+    if archived:
+        Job.objects.filter(pk=job.pk).update(log_archived=True)

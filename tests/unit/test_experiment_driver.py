@@ -159,6 +159,32 @@ def test_ended_trials_are_told_and_the_search_goes_on_to_its_end(
     assert trials_of(experiment)[3].reason == reasons.no_objective("eval_accuracy")
 
 
+def test_a_succeeded_trial_is_told_only_once_its_last_points_are_archived(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    """Its end can reach the console before its last report reaches the database: told then,
+    it was "never reported eval_accuracy" (or judged on an earlier epoch)."""
+    set_quota(alice, cpu=8, jobs=8)
+    experiment = control.create_experiment(
+        alice,
+        search_request(pruner="none", pruner_options=None, budget={"trials": 1, "parallel": 1}),
+    )
+    driver.advance(experiment.pk)
+    (trial,) = trials_of(experiment)
+    assert trial.job is not None
+    report(trial.job, 1, 0.7)
+    end_job(trial.job, archived=False)
+    driver.advance(experiment.pk)
+    trial.refresh_from_db()
+    assert trial.state == Trial.State.RUNNING and optuna_states(experiment) == {0: "RUNNING"}
+    report(trial.job, 2, 0.9)  # the last point, archived with the rest of its log
+    Job.objects.filter(pk=trial.job.pk).update(log_archived=True)
+    driver.advance(experiment.pk)
+    trial.refresh_from_db()
+    assert (trial.state, trial.objective_last) == (Trial.State.COMPLETED, 0.9)
+    assert studies.load(experiment).best_value == 0.9
+
+
 def test_an_asked_trial_whose_row_was_never_written_is_adopted(
     alice: User, sent_tasks: SentTasks
 ) -> None:

@@ -40,6 +40,18 @@ def test_a_trials_job_ending_asks_to_advance_its_experiment(
     ]
 
 
+def test_a_trials_log_archived_asks_to_advance_its_experiment(
+    alice: User, sent_tasks: SentTasks, django_capture_on_commit_callbacks: Any
+) -> None:
+    experiment, trials = running_trials(alice)
+    assert trials[0].job is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        experiment_requests.log_archived(trials[0].job.pk)
+    assert sent_tasks.named(experiment_requests.TASK_ADVANCE_EXPERIMENT) == [
+        (experiment_requests.TASK_ADVANCE_EXPERIMENT, {"experiment_id": experiment.pk}, "console")
+    ]
+
+
 def test_another_jobs_end_asks_nothing(
     alice: User, sent_tasks: SentTasks, django_capture_on_commit_callbacks: Any
 ) -> None:

@@ -126,6 +126,11 @@ def _settle(experiment: Experiment, study: optuna.Study, trial: Trial) -> None:
     if job.state != Job.State.SUCCEEDED:
         _end_trial(study, trial, Trial.State.FAILED, reasons.job_ended(job.state, job.reason))
         return
+    if not job.log_archived:
+        # Its last points may still be on their way to the database: a trial that ends right
+        # after its last report would be judged without it, or found to have reported nothing.
+        # The log keeper asks again once every line is in (experiment_requests.log_archived).
+        return
     # The last values it reported are recorded, but a finished trial is not pruned.
     _judge(experiment, study, trial, prune=False)
     points = objective_points(experiment, job.pk)

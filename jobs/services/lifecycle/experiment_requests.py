@@ -23,6 +23,12 @@ def job_ended(job_id: int) -> None:
     transaction.on_commit(lambda: _advance_if_trial(job_id), robust=True)
 
 
+def log_archived(job_id: int) -> None:
+    """Every line and point of the ended job is in the database: a trial that succeeded is
+    told to the searcher only then (its last points may arrive after its end)."""
+    transaction.on_commit(lambda: _advance_if_trial(job_id), robust=True)
+
+
 def _advance_if_trial(job_id: int) -> None:
     experiment_id = Trial.objects.filter(job_id=job_id).values_list("experiment_id").first()
     if experiment_id is not None:
