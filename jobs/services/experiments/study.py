@@ -43,6 +43,10 @@ def storage_url() -> str:
     if configured:
         return configured
     database = settings.DATABASES["default"]
+    if "sqlite" in database["ENGINE"] and _in_memory(str(database["NAME"])):
+        # A console database in memory (a test's) gets a search storage in memory: both go
+        # with the process, and no file named after the memory database is left behind.
+        return "sqlite://"
     if "sqlite" in database["ENGINE"]:
         path = Path(str(database["NAME"]))
         return f"sqlite:///{path.with_name(path.stem + '-search.sqlite3')}"
@@ -58,6 +62,10 @@ def storage_url() -> str:
     raise ValueError(
         f"Set TRAINYARD_SEARCH_DATABASE_URL: no default storage for {database['ENGINE']}."
     )
+
+
+def _in_memory(name: str) -> bool:
+    return name == ":memory:" or "mode=memory" in name
 
 
 @functools.cache
