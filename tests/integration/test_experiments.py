@@ -15,32 +15,21 @@ from typing import Any
 
 import pytest
 
+from bench.experiments import PARALLEL, SEARCH, TRIALS
 from tests.conftest import RunningStack, StackClient, pytorch_request
 
 pytestmark = pytest.mark.integration
 
 EPOCHS = 6
-TRIALS = 12
-PARALLEL = 3
 # Successive halving's rungs are at epochs 1 and 3 (min_resource 1, reduction factor 3): a
 # trial is stopped after its first or third epoch, or runs its 6 (a judgement reaches the
 # trainer an epoch or so late on two busy cores: 6 epochs, not 4, keep that from deciding
 # whether half the epochs were saved). Small batches make an epoch
 # long next to the time a judgement takes to reach the trainer (the point's way to the
 # database, the judge, the stop), so that a stopped trial trains little past its rung. Very
-# low and very high learning rates in the space are what there is to stop.
-SEARCH: dict[str, Any] = {
-    "space": {
-        "--lr": {"type": "float", "low": 0.002, "high": 2.0, "log": True},
-        "--batch-size": {"type": "int", "low": 4, "high": 32, "log": True},
-    },
-    "objective": {"metric": "eval_accuracy", "goal": "max", "unit": "epoch"},
-    "searcher": "tpe",
-    "pruner": "successive_halving",
-    "pruner_options": {"min_resource": 1, "reduction_factor": 3},
-    "budget": {"trials": TRIALS, "parallel": PARALLEL},
-    "seed": 11,
-}
+# low and very high learning rates in the space are what there is to stop. The search itself
+# is the bench's (bench/experiments.py), which also runs its 12 configurations to the end.
+#
 # Long enough for a search of a few minutes on two busy cores; it only stops a hung test.
 SEARCH_GUARD = 480.0
 # How often the search is looked at: its answer lists every trial, and two cores also run the
