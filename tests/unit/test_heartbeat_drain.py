@@ -211,6 +211,7 @@ def test_the_console_worker_drains_unless_told_not_to(
     settings.TRAINYARD_RETENTION_SECONDS = 0
     settings.TRAINYARD_DB_STATISTICS_SECONDS = 0
     settings.TRAINYARD_SLURM_SECONDS = 0
+    settings.TRAINYARD_EXPERIMENT_SWEEP_SECONDS = 0
     settings.TRAINYARD_HEARTBEAT_DRAIN = drained
     monkeypatch.setattr(tasks, "_periodic", [])
     tasks.start_periodic_passes()
