@@ -63,9 +63,9 @@ def test_the_reasons_read_as_sentences() -> None:
     assert reasons.below_median("loss", 2.5, "step", 300, 1.25, 1, "min") == (
         "stopped early: loss 2.5 at step 300, above the median 1.25 of 1 trial"
     )
-    assert reasons.below_rung("eval_accuracy", 0.61, "epoch", 3, 1, 0.83, 2, 7, "max") == (
-        "stopped early: eval_accuracy 0.61 at epoch 3, below rung 1's cut-off 0.83 "
-        "(the best 2 of 7 trials there go on)"
+    assert reasons.below_rung("eval_accuracy", 0.61, "epoch", 3, 0.83, 2, 7, "max") == (
+        "stopped early: eval_accuracy 0.61 at epoch 3, below the cut-off 0.83: only the best 2 "
+        "of 7 trials at epoch 3 go on"
     )
     assert reasons.not_a_number("loss", "epoch", 2) == (
         "stopped early: loss is not a number at epoch 2"

@@ -85,8 +85,8 @@ def test_successive_halving_stops_a_trial_behind_its_rung_through_cancel(
     third.refresh_from_db()
     assert third.state == Trial.State.PRUNED
     assert third.reason == (
-        "stopped early: eval_accuracy 0.4 at epoch 1, below rung 0's cut-off 0.9 "
-        "(the best 1 of 3 trials there go on)"
+        "stopped early: eval_accuracy 0.4 at epoch 1, below the cut-off 0.9: only the best 1 "
+        "of 3 trials at epoch 1 go on"
     )
     assert (third.objective_last, third.objective_best, third.judged_through) == (0.4, 0.4, 1)
     job = Job.objects.get(pk=third.job.pk)

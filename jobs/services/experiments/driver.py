@@ -319,8 +319,8 @@ def explain(experiment: Experiment, study: optuna.Study, number: int, at: int, v
     if experiment.pruner == Experiment.Pruner.SUCCESSIVE_HALVING:
         found = _rung_cutoff(experiment, study, number)
         if found is not None:
-            rung, cutoff, promoted, trials = found
-            return reasons.below_rung(metric, value, unit, at, rung, cutoff, promoted, trials, goal)
+            _, cutoff, promoted, trials = found
+            return reasons.below_rung(metric, value, unit, at, cutoff, promoted, trials, goal)
     return reasons.pruned(metric, value, unit, at)
 
 

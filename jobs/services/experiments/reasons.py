@@ -29,18 +29,18 @@ def below_rung(
     value: float,
     unit: str,
     resource: int,
-    rung: int,
     cutoff: float,
     promoted: int,
     trials: int,
     goal: str,
 ) -> str:
-    """Successive halving: "stopped early: eval_accuracy 0.61 at epoch 3, below rung 1's
-    cut-off 0.83 (the best 2 of 7 trials there go on)"."""
+    """Successive halving: "stopped early: eval_accuracy 0.61 at epoch 3, below the cut-off
+    0.83: only the best 2 of 7 trials at epoch 3 go on". (The rung is named by its epoch: its
+    number means nothing to the person reading.)"""
     side = "below" if goal == "max" else "above"
     return (
-        f"{_at(metric, value, unit, resource)}, {side} rung {rung}'s cut-off {_value(cutoff)} "
-        f"(the best {promoted} of {trials} trials there go on)"
+        f"{_at(metric, value, unit, resource)}, {side} the cut-off {_value(cutoff)}: only the "
+        f"best {promoted} of {trials} trials at {unit} {resource} go on"
     )
 
 
