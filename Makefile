@@ -34,13 +34,10 @@ cluster: $(VENV)/.installed sandbox
 
 # Two pytest processes, each taking whole test files (pytest-xdist): most of an integration test
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
-# starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process. Files are handed
-# out in collection order (browser, integration, then the short unit files), not xdist's default
-# of most tests first, which left the long one-test integration files for the end: one process
-# then ran the last of them while the other stood idle. The unit files now fill in at the end.
+# starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
 test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
 # seconds, and a failure stops `make test` before the long Python suite starts.
