@@ -319,15 +319,15 @@ def explain(experiment: Experiment, study: optuna.Study, number: int, at: int, v
     if experiment.pruner == Experiment.Pruner.SUCCESSIVE_HALVING:
         found = _rung_cutoff(experiment, study, number)
         if found is not None:
-            _, cutoff, promoted, trials = found
+            cutoff, promoted, trials = found
             return reasons.below_rung(metric, value, unit, at, cutoff, promoted, trials, goal)
     return reasons.pruned(metric, value, unit, at)
 
 
 def _rung_cutoff(
     experiment: Experiment, study: optuna.Study, number: int
-) -> tuple[int, float, int, int] | None:
-    """The rung the trial failed, its cut-off, how many trials there go on, of how many: as
+) -> tuple[float, int, int] | None:
+    """The cut-off of the rung the trial failed, how many trials there go on, of how many: as
     Optuna's successive halving decided (a rung's values are its trials' system attributes)."""
     trials = study.get_trials(deepcopy=False)
     mine = next((t for t in trials if t.number == number), None)
@@ -345,7 +345,7 @@ def _rung_cutoff(
         cutoff = values[-promoted]
     else:
         cutoff = values[promoted - 1]
-    return rung, cutoff, promoted, len(values)
+    return cutoff, promoted, len(values)
 
 
 # --- the sweep --------------------------------------------------------------------------------
