@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -74,10 +75,21 @@ def fuzzer(stack: RunningStack) -> Iterator[StackClient]:
         "fuzzer", "fuzzer-password", quota={"cpu": 2, "gpus": 0, "memory_gb": 8, "running_jobs": 1}
     )
     yield client
+    for experiment in client.http.get("/api/v1/experiments").json()["experiments"]:
+        stop_experiment(client, experiment["id"])
     for job in client.http.get("/api/v1/jobs", params={"limit": 200}).json()["jobs"]:
         client.http.post(f"/api/v1/jobs/{job['id']}/cancel", json={})
     for job in client.http.get("/api/v1/jobs", params={"limit": 200}).json()["jobs"]:
         client.wait(job["id"], lambda j: j["state"] in TERMINAL)
+
+
+def stop_experiment(user: StackClient, experiment_id: int) -> None:
+    """End a search the fuzz got accepted, and wait until no trial of it is left running."""
+    user.http.post(f"/api/v1/experiments/{experiment_id}/stop", json={})
+    detail = user.http.get(f"/api/v1/experiments/{experiment_id}").json()
+    for trial in detail["trials"]:
+        if trial["job"] is not None:
+            user.wait(trial["job"], lambda job: job["state"] in TERMINAL)
 
 
 def snapshot(user: StackClient, admin: StackClient) -> dict[str, Any]:
@@ -351,6 +363,9 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
             job_id = response.json()["id"]
             fuzzer.http.post(f"/api/v1/jobs/{job_id}/cancel", json={})
             fuzzer.wait(job_id, lambda job: job["state"] in TERMINAL)
+        if response.status_code == 201 and label == "POST /api/v1/experiments":
+            # A search would go on submitting trials of its own: stopped at once, likewise.
+            stop_experiment(fuzzer, response.json()["id"])
         try:
             case.validate_response(response, checks=CHECKS, headers=auth)
         except Exception:
@@ -405,7 +420,12 @@ def test_no_input_gets_a_server_error_or_an_undocumented_answer(
                 path.replace("{job_id}", str(own_job["id"]))
                 .replace("{name}", node)
                 .replace("{sha256}", "0" * 64)
+                .replace("{path}", "checkpoints/model.pt")
             )
+            # Any other id (an experiment's): the method is refused before the view looks the
+            # object up, so a number that names nothing still reaches the 405.
+            url = re.sub(r"\{\w+_id\}", "1", url)
+            assert "{" not in url, f"{path}: fill in its path parameter to test wrong methods"
             allowed = {method.upper() for method in methods}
             for method in sorted(METHODS - allowed):
                 check_wrong_method(method, path, url, allowed)
