@@ -3,7 +3,7 @@ and the stop of a job past its limit (jobs.services.lifecycle.time_limits, sched
 
 import re
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -115,6 +115,12 @@ def test_the_api_and_the_job_page_show_the_limit_and_when_the_attempt_is_stopped
     assert 'id="time-limit-ends"' in page
 
 
+def reserved_at(start: datetime) -> str:
+    """A pattern for the head's reservation in words: the time alone, or with its date where
+    it falls on another day than the pass that wrote it (a run that crosses midnight)."""
+    return rf"reserved to start at (\d{{4}}-\d\d-\d\d )?{start:%H:%M} UTC on node-2"
+
+
 def test_a_greedy_pass_would_delay_the_head_easy_backfill_does_not(
     nodes: list[Node], submit: Callable[..., Job]
 ) -> None:
@@ -126,11 +132,7 @@ def test_a_greedy_pass_would_delay_the_head_easy_backfill_does_not(
     ending_placed = JobAttempt.objects.get(job=ending, number=0).placed
     assert ending_placed is not None
     start = ending_placed + timedelta(minutes=30)
-    # The time alone, or with its date where it falls on another day than now (a run that
-    # crosses midnight).
-    assert re.search(
-        rf"; reserved to start at (\d{{4}}-\d\d-\d\d )?{start:%H:%M} UTC on node-2$", head.reason
-    ), head.reason
+    assert re.search(rf"; {reserved_at(start)}$", head.reason), head.reason
     head.refresh_from_db()
     assert head.estimated_start == start  # the queue's estimated start (its page: the API)
     assert [(e.job_id, e.estimated_start) for e in queue_listing.entries(head.owner)] == [
@@ -140,17 +142,16 @@ def test_a_greedy_pass_would_delay_the_head_easy_backfill_does_not(
     # would still hold them when the head is due: it waits.
     long = submit(1)
     assert not placed(long)
-    assert long.reason == (
-        f"waiting so as not to delay job {head.pk}, reserved to start at {start:%H:%M} UTC on "
-        "node-2 (a job whose time limit ends it before then may start now)"
-    )
+    assert re.fullmatch(
+        rf"waiting so as not to delay job {head.pk}, {reserved_at(start)} "
+        r"\(a job whose time limit ends it before then may start now\)",
+        long.reason,
+    ), long.reason
     # One whose limit (and stop grace) ends it by then takes the two cores meanwhile.
     short = submit(1, time_limit="20m")
     assert placed(short) and nodes_of(short) == {"node-2"}
     head.refresh_from_db()
-    assert not placed(head) and head.reason.endswith(
-        f"reserved to start at {start:%H:%M} UTC on node-2"
-    )
+    assert not placed(head) and re.search(rf"{reserved_at(start)}$", head.reason), head.reason
     assert head.estimated_start == start
     assert Job.objects.get(pk=long.pk).estimated_start is None
 
