@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 
-from bench.experiments import PARALLEL, SEARCH, TRIALS
+from bench.experiments import EPOCHS, PARALLEL, SEARCH, TRIALS
 from tests.conftest import RunningStack, StackClient, pytorch_request
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 6
 # Successive halving's rungs are at epochs 1 and 3 (min_resource 1, reduction factor 3): a
 # trial is stopped after its first or third epoch, or runs its 6 (a judgement reaches the
 # trainer an epoch or so late on two busy cores: 6 epochs, not 4, keep that from deciding
