@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests.browser import page_watch
 from tests.conftest import RunningStack, wait_until
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -43,17 +44,35 @@ def browser() -> Iterator[Browser]:
         browser.close()
 
 
+# The session cookies of each login a test run has made, by (console, user, password). The
+# first page of a user logs in through the form; later ones start with that session, as a
+# person's second tab would, instead of paying for the password hash again (a second of the
+# web server's CPU per login). Cookies only: what a page keeps in localStorage is its own.
+_SESSIONS: dict[tuple[str, str, str], list[Any]] = {}
+
+
 @contextmanager
 def logged_in_page(browser: Browser, url: str, username: str, password: str) -> Iterator[Page]:
     """A fresh browser context logged in to the console at `url` as that user."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    known = _SESSIONS.get((url, username, password))
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 900},
+        storage_state={"cookies": known, "origins": []} if known else None,
+    )
+    watch = page_watch.PageWatch()
+    watch.watch(context)
+    page_watch.current.append(watch)
     page = context.new_page()
     page.set_default_timeout(HANG_GUARD_MS)
-    page.goto(f"{url}/accounts/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{url}/")
+    if known:
+        page.goto(f"{url}/")
+    if page.url != f"{url}/":  # no session yet, or the console has ended it
+        page.goto(f"{url}/accounts/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", password)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{url}/")
+        _SESSIONS[(url, username, password)] = context.cookies()
     try:
         yield page
     finally:
@@ -77,6 +96,20 @@ def wait_in_page(page: Page, what: str, predicate: str, arg: Any = None) -> None
     wait_for_function runs its predicate through eval, which the console's
     Content-Security-Policy forbids, as it should; evaluate is not affected.)"""
     wait_until(what, lambda: page.evaluate(predicate, arg))
+
+
+@pytest.fixture(autouse=True)
+def _forget_earlier_pages() -> None:
+    page_watch.current.clear()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    if report.failed and page_watch.current:
+        for n, watch in enumerate(page_watch.current, 1):
+            report.sections.append((f"browser context {n}", watch.report()))
+    return report
 
 
 @pytest.fixture

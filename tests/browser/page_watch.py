@@ -1,0 +1,71 @@
+"""What a browser context did, for the report of a browser test that failed.
+
+A page whose scripts never ran looks, in an assertion's message, like a page whose scripts
+rendered nothing: the two differ in whether a script's request never finished, failed, or
+ran and threw. Every context `logged_in_page` opens is watched; a failing test's report gets
+a section with the requests still open when it failed, the ones that failed, and what the
+page's scripts threw or logged as errors.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from playwright.sync_api import BrowserContext, ConsoleMessage, Error, Page, Request
+
+
+@dataclass
+class PageWatch:
+    started: float = field(default_factory=time.monotonic)
+    open_requests: dict[Request, float] = field(default_factory=dict)
+    failed_requests: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    console_errors: list[str] = field(default_factory=list)
+
+    def at(self) -> str:
+        return f"{time.monotonic() - self.started:7.2f} s"
+
+    def watch(self, context: BrowserContext) -> None:
+        context.on("request", self._requested)
+        context.on("requestfinished", self._finished)
+        context.on("requestfailed", self._failed)
+        context.on("page", self._watch_page)
+
+    def _watch_page(self, page: Page) -> None:
+        page.on("pageerror", self._page_error)
+        page.on("console", self._console)
+
+    def _requested(self, request: Request) -> None:
+        self.open_requests[request] = time.monotonic()
+
+    def _finished(self, request: Request) -> None:
+        self.open_requests.pop(request, None)
+
+    def _failed(self, request: Request) -> None:
+        self.open_requests.pop(request, None)
+        failure = f"{request.method} {request.url}: {request.failure}"
+        self.failed_requests.append(f"{self.at()} {failure}")
+
+    def _page_error(self, error: Error) -> None:
+        self.page_errors.append(f"{self.at()} {error.name}: {error.message}\n{error.stack or ''}")
+
+    def _console(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.console_errors.append(f"{self.at()} {message.text} ({message.location})")
+
+    def report(self) -> str:
+        now = time.monotonic()
+        lines = [
+            f"open for {now - since:.1f} s: {request.method} {request.url} "
+            f"({request.resource_type})"
+            for request, since in self.open_requests.items()
+            # A page's websocket upgrade and its long polls are open by design.
+            if request.resource_type not in {"websocket", "eventsource"}
+        ]
+        lines += [f"failed: {line}" for line in self.failed_requests]
+        lines += [f"page error: {line}" for line in self.page_errors]
+        lines += [f"console error: {line}" for line in self.console_errors]
+        return "\n".join(lines) or "every request finished; no script error"
+
+
+# The contexts of the test running now (one pytest process runs one test at a time).
+current: list[PageWatch] = []
