@@ -30,10 +30,12 @@ expect.set_options(timeout=HANG_GUARD_MS)
 
 
 @pytest.fixture(scope="package")
-def browser() -> Iterator[Browser]:
+def browser(django_db_setup: None) -> Iterator[Browser]:
     """One Chromium for the browser tests, stopped when they are done: Playwright's sync API
     keeps an event loop running in the main thread while it lives, and Django refuses
-    database calls from a thread with a running loop (the unit tests that follow)."""
+    database calls from a thread with a running loop (the unit tests that follow). For the
+    same reason the test database is made before it starts: a pytest process whose first
+    database test is a browser test (test_page_rules) would otherwise make it under the loop."""
     if not CHROMIUM.exists():
         pytest.fail("Chromium is missing at /usr/bin/chromium: run `make test`, which installs it")
     with sync_playwright() as p:
@@ -75,6 +77,9 @@ def logged_in_page(browser: Browser, url: str, username: str, password: str) -> 
         _SESSIONS[(url, username, password)] = context.cookies()
     try:
         yield page
+    except BaseException:
+        watch.note_pages(context)
+        raise
     finally:
         context.close()
 

@@ -20,6 +20,7 @@ class PageWatch:
     failed_requests: list[str] = field(default_factory=list)
     page_errors: list[str] = field(default_factory=list)
     console_errors: list[str] = field(default_factory=list)
+    pages_at_the_end: list[str] = field(default_factory=list)
 
     def at(self) -> str:
         return f"{time.monotonic() - self.started:7.2f} s"
@@ -52,9 +53,20 @@ class PageWatch:
         if message.type == "error":
             self.console_errors.append(f"{self.at()} {message.text} ({message.location})")
 
+    def note_pages(self, context: BrowserContext) -> None:
+        """Where each page was, and the errors it showed, when the test failed (called before
+        the context closes: the report is written after)."""
+        for page in context.pages:
+            try:
+                shown = page.locator(SHOWN_ERRORS).all_inner_texts()
+                self.pages_at_the_end.append(f"{page.url} showing {shown or 'no error'}")
+            except Error as exc:
+                self.pages_at_the_end.append(f"{page.url} (not readable: {exc.message})")
+
     def report(self) -> str:
         now = time.monotonic()
-        lines = [
+        lines = [f"page at the end: {line}" for line in self.pages_at_the_end]
+        lines += [
             f"open for {now - since:.1f} s: {request.method} {request.url} "
             f"({request.resource_type})"
             for request, since in self.open_requests.items()
@@ -66,6 +78,9 @@ class PageWatch:
         lines += [f"console error: {line}" for line in self.console_errors]
         return "\n".join(lines) or "every request finished; no script error"
 
+
+# What forms and pages show when something was refused.
+SHOWN_ERRORS = ".errorlist, .errornote, .error, [role=alert]"
 
 # The contexts of the test running now (one pytest process runs one test at a time).
 current: list[PageWatch] = []
