@@ -303,12 +303,13 @@ class StackClient:
     ) -> dict[str, Any]:
         """Poll until `until(job)`; the guard only stops a hung test, it measures nothing."""
         deadline = time.monotonic() + hang_guard
-        while True:
+        for pause in poll_pauses():
             job = self.job(job_id)
             if until(job):
                 return job
             assert time.monotonic() < deadline, f"job {job_id} stuck: {job}"
-            time.sleep(0.2)
+            time.sleep(pause)
+        raise AssertionError("unreachable: poll_pauses never ends")
 
     def wait_finished(self, job_id: int) -> dict[str, Any]:
         return self.wait(job_id, lambda j: j["state"] in TERMINAL and j["log_complete"])
@@ -347,15 +348,30 @@ def frame_lines(frame: dict[str, Any]) -> list[dict[str, Any]]:
 HANG_GUARD = 180.0  # stops a hung test; measures nothing
 
 
+def poll_pauses() -> Iterator[float]:
+    """The pauses between two looks at a condition: short at first (most conditions a test
+    waits on hold within a second or two), then longer, up to half a second. A wait of
+    minutes (a job that trains, a node's grace running out) then costs a few hundred API
+    requests instead of thousands: each is web server and test CPU that the stacks of both
+    pytest processes need."""
+    pause = 0.1
+    for _ in range(20):  # the first two seconds
+        yield pause
+    while True:
+        pause = min(pause * 1.25, 0.5)
+        yield pause
+
+
 def wait_until(what: str, check: Callable[[], Any], guard: float = HANG_GUARD) -> Any:
     """Poll `check` until it returns something true, and return that."""
     deadline = time.monotonic() + guard
-    while True:
+    for pause in poll_pauses():
         value = check()
         if value:
             return value
         assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.1)
+        time.sleep(pause)
+    raise AssertionError("unreachable: poll_pauses never ends")
 
 
 def page_for(stack: RunningStack, username: str, password: str, path: str) -> str:
