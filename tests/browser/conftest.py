@@ -30,12 +30,13 @@ expect.set_options(timeout=HANG_GUARD_MS)
 
 
 @pytest.fixture(scope="package")
-def browser(django_db_setup: None) -> Iterator[Browser]:
+def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
     """One Chromium for the browser tests, stopped when they are done: Playwright's sync API
     keeps an event loop running in the main thread while it lives, and Django refuses
     database calls from a thread with a running loop (the unit tests that follow). For the
     same reason the test database is made before it starts: a pytest process whose first
     database test is a browser test (test_page_rules) would otherwise make it under the loop."""
+    request.getfixturevalue("django_db_setup")
     if not CHROMIUM.exists():
         pytest.fail("Chromium is missing at /usr/bin/chromium: run `make test`, which installs it")
     with sync_playwright() as p:
