@@ -369,7 +369,12 @@ def test_resource_lines_break_between_attempts(page: Page, stack: RunningStack) 
     try:
         wait_until("2 memory samples of the first attempt", lambda: len(memory_since(0)) >= 2)
         fail.touch()
-        again = admin.wait(job["id"], lambda j: len(j["attempts"]) == 2 and j["state"] == "running")
+        # The second attempt's own start, not the job's state: the job's row and its attempts
+        # are two reads, and a read between them can pair "running" (the first attempt's)
+        # with a second attempt that has not started yet.
+        again = admin.wait(
+            job["id"], lambda j: len(j["attempts"]) == 2 and bool(j["attempts"][1]["started"])
+        )
         restarted = datetime.fromisoformat(again["attempts"][1]["started"]).timestamp()
         wait_until(
             "2 memory samples of the second attempt", lambda: len(memory_since(restarted)) >= 2
