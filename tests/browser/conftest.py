@@ -62,8 +62,7 @@ def logged_in_page(browser: Browser, url: str, username: str, password: str) -> 
         viewport={"width": 1280, "height": 900},
         storage_state={"cookies": known, "origins": []} if known else None,
     )
-    watch = page_watch.PageWatch()
-    watch.watch(context)
+    watch = page_watch.PageWatch(context)
     page_watch.current.append(watch)
     page = context.new_page()
     page.set_default_timeout(HANG_GUARD_MS)
@@ -79,7 +78,7 @@ def logged_in_page(browser: Browser, url: str, username: str, password: str) -> 
     try:
         yield page
     except BaseException:
-        watch.note_pages(context)
+        watch.note_pages()  # before the context closes
         raise
     finally:
         context.close()
@@ -114,6 +113,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     if report.failed and page_watch.current:
         for n, watch in enumerate(page_watch.current, 1):
+            watch.note_pages()  # a fixture's page is still open here
             report.sections.append((f"browser context {n}", watch.report()))
     return report
 
