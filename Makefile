@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster slurm slurm-packages people-python test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env
+.PHONY: run cluster slurm slurm-packages people-python test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env containers trainer-image
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -36,7 +36,7 @@ cluster: $(VENV)/.installed sandbox
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
 # starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
-test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python
+test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python trainer-image
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
@@ -104,6 +104,22 @@ chromium:
 # .people-python, the system's Python of the same version reading this virtualenv.
 people-python: $(VENV)/.installed
 	@$(PY) -m stack.slurm --people-python >/dev/null || echo "no Python for everyone: the run-as-owner Slurm test will skip"
+
+# podman and runc run the jobs whose image is a container (workers/containers.py,
+# docs/deploy.md); mmdebstrap makes the Debian root of the trainer image built here.
+containers:
+	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc mmdebstrap >/dev/null; \
+		else \
+			echo "podman is missing: the container tests will skip ('sudo apt-get install podman runc mmdebstrap')"; \
+		fi; \
+	fi
+
+# The trainer image, built here without a registry once per machine and recipe
+# (stack/trainer_image.py: Debian + Python + the trainers' wheels); prints its reference.
+trainer-image: $(VENV)/.installed containers
+	@if command -v podman >/dev/null; then $(PY) -m stack.trainer_image; fi
 
 sandbox:
 	@if ! command -v bwrap >/dev/null; then \

@@ -23,6 +23,7 @@ import json
 import os
 import queue
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ from stack.redis_server import (
     redis_server_binary,
     wait_for_redis,
 )
+from stack.trainer_image import CONTAINERS_CONF
 from workers import deathsig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -729,6 +731,14 @@ class Stack:
             ]  # fmt: skip
             if self.trainer_python:
                 argv += ["--trainer-python", self.trainer_python]
+            if shutil.which("podman"):
+                # Container images run in podman, with the settings these hosts need.
+                argv += [
+                    "--container-runtime",
+                    "podman",
+                    "--container-config",
+                    str(CONTAINERS_CONF),
+                ]
             if self.network is not None:
                 argv = self.network.hosts[i - 1].run_argv(argv)
             # The URL in the environment, not on the command line, where `ps` shows it.

@@ -45,6 +45,7 @@ from workers import (
     diskspace,
     guardian,
     heartbeat_route,
+    images,
     inventory,
     jobfolders,
     keeper,
@@ -303,8 +304,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--container-runtime",
         default=None,
-        help="docker or podman (a name or a path), for jobs whose image is a container; "
-        "default: docker, else podman, if installed",
+        help="podman or docker (a name or a path), for jobs whose image is a container; "
+        "default: podman, else docker, if installed",
+    )
+    parser.add_argument(
+        "--container-config",
+        type=Path,
+        default=None,
+        help="podman's settings file for this host (CONTAINERS_CONF), e.g. "
+        "deploy/podman/containers.conf: runc, cgroupfs, no raised rlimits (docs/deploy.md)",
+    )
+    parser.add_argument(
+        "--image-cache-gb",
+        type=float,
+        default=images.DEFAULT_CACHE_BYTES / (1 << 30),
+        help="the most the container images this agent pulled may take on disk; beyond it the "
+        "least recently used unused ones are removed (never localhost/ images)",
     )
     parser.add_argument(
         "--trainer-python",
@@ -457,6 +472,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         )
     if args.container_runtime and containers.find_runtime(args.container_runtime) is None:
         parser.error(f"--container-runtime {args.container_runtime}: no such executable")
+    if args.container_config is not None and not args.container_config.is_file():
+        parser.error(f"--container-config {args.container_config}: no such file")
     python = shutil.which(args.trainer_python)
     if python is None:
         parser.error(f"--trainer-python {args.trainer_python}: no such executable")
@@ -558,7 +575,11 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_root=(args.checkpoint_root or args.workdir / "checkpoints").resolve(),
         network=node_network(args.address, args.interface),
         trainer_python=args.trainer_python,
-        container_runtime=containers.find_runtime(args.container_runtime),
+        container_runtime=containers.find_runtime(
+            args.container_runtime,
+            args.container_config.resolve() if args.container_config else None,
+        ),
+        image_cache_bytes=int(args.image_cache_gb * (1 << 30)),
         trainer_sandbox=trainer_sandbox,
         keep_job_folders=args.keep_job_folders,
         keep_checkpoints=args.keep_checkpoints,

@@ -25,21 +25,47 @@ from pathlib import Path
 from workers.cgroups import Request
 from workers.launcher import INHERITED_ENV, WORKERS_PACKAGE, LocalProcess
 
-RUNTIMES = ("docker", "podman")
+# podman first: it needs no daemon, so where it is installed it runs; a docker client may be
+# installed on a host whose daemon is not (or is not ours to use).
+RUNTIMES = ("podman", "docker")
 NODE_LABEL = "trainyard.node"
 PYTHON_IN_IMAGE = "python"  # the image's own interpreter, found on its PATH
+# podman's settings file, where a site keeps its own beside the system's (deploy/podman/).
+CONTAINERS_CONF_ENV = "CONTAINERS_CONF"
+RUNTIME_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class ContainerError(RuntimeError):
     pass
 
 
-def find_runtime(preferred: str | None = None) -> str | None:
-    """The runtime's path: `preferred` if given (a name or a path), else docker, else podman."""
+@dataclass(frozen=True)
+class Runtime:
+    """A container engine as the agent runs it: its executable, and for podman the settings
+    file the host needs (deploy/podman/containers.conf says which and why)."""
+
+    path: str
+    config: Path | None = None
+
+    @property
+    def is_podman(self) -> bool:
+        return Path(self.path).name == "podman"
+
+    def env(self) -> dict[str, str]:
+        """The runtime's whole environment: fixed by the agent, none of it the job's (the
+        job's variables reach the container through its env file only)."""
+        env = {"PATH": RUNTIME_PATH}
+        if self.config is not None:
+            env[CONTAINERS_CONF_ENV] = str(self.config)
+        return env
+
+
+def find_runtime(preferred: str | None = None, config: Path | None = None) -> Runtime | None:
+    """The runtime: `preferred` if given (a name or a path), else podman, else docker."""
     for name in [preferred] if preferred else RUNTIMES:
         found = shutil.which(name)
         if found:
-            return found
+            return Runtime(found, config)
     return None
 
 
@@ -160,6 +186,8 @@ def limit_options(limits: Request) -> list[str]:
         options += ["--cpus", f"{limits.cpus:g}"]
     if limits.max_processes:
         options += ["--pids-limit", str(limits.max_processes)]
+    if limits.cores:
+        options += ["--cpuset-cpus", ",".join(str(c) for c in limits.cores)]
     return options
 
 
@@ -178,5 +206,9 @@ def remove_argv(runtime: str, name: str) -> list[str]:
 
 
 def leftovers_argv(runtime: str, node: str) -> list[str]:
-    """Lists (by id) the containers of this node's trainers, running or not."""
-    return [runtime, "ps", "--all", "--quiet", "--filter", f"label={NODE_LABEL}={node}"]
+    """Lists (by name, as the keepers record them) the containers of this node's trainers,
+    running or not."""
+    return [
+        runtime, "ps", "--all", "--filter", f"label={NODE_LABEL}={node}",
+        "--format", "{{.Names}}",
+    ]  # fmt: skip

@@ -50,7 +50,9 @@ from workers import (
     checkpoint_retention,
     containers,
     contract,
+    images,
     inventory,
+    jobenv,
     jobfiles,
     jobfolders,
     keeper,
@@ -291,7 +293,8 @@ class Supervisor:
         checkpoint_root: Path | None = None,
         network: NodeNetwork | None = None,
         trainer_python: str = sys.executable,
-        container_runtime: str | None = None,
+        container_runtime: containers.Runtime | None = None,
+        image_cache_bytes: int = images.DEFAULT_CACHE_BYTES,
         trainer_sandbox: sandbox.Sandbox | None = None,
         keep_job_folders: int | None = None,
         keep_checkpoints: int = 0,
@@ -345,6 +348,12 @@ class Supervisor:
         self._network = network or NodeNetwork(address="127.0.0.1", interface=None)
         # docker or podman, for jobs whose image is a container; None: this node has neither.
         self._container_runtime = container_runtime
+        # The images this node's containers run: pulled once, the least used removed.
+        self._images = (
+            images.ImageCache(container_runtime, node, workdir / "images.json", image_cache_bytes)
+            if container_runtime is not None
+            else None
+        )
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
@@ -501,7 +510,8 @@ class Supervisor:
                     for name in link.replica().get("containers", [])}  # fmt: skip
             try:
                 listed = subprocess.run(
-                    containers.leftovers_argv(self._container_runtime, self.node),
+                    containers.leftovers_argv(self._container_runtime.path, self.node),
+                    env=self._container_runtime.env(),
                     capture_output=True, text=True, timeout=30, check=False,
                 )  # fmt: skip
                 self._remove_containers([n for n in listed.stdout.split() if n not in kept])
@@ -789,6 +799,8 @@ class Supervisor:
             script, code = self._program(run, cwd)
         except (ProgramError, SnapshotError, workfolder.WorkFolderError) as exc:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
+        if spec.container_image:
+            self._ensure_image(run)
         # The folders the trainer writes to become its own; nobody else's trainers enter.
         sandbox.prepare_scratch(job_dir)
         for folder in (*sandbox.scratch_folders(job_dir), checkpoint_dir, cwd):
@@ -808,8 +820,13 @@ class Supervisor:
         ):
             argv, env = local.argv, local.env
             if spec.container_image:
-                argv = self._in_container(run, local, cwd, script, code, job_dir, checkpoint_dir)
-                env = {}  # the container's come from its env file; the runtime gets none of it
+                run_container = self._in_container(
+                    run, local, cwd, script, code, job_dir, checkpoint_dir
+                )
+                # The runtime's environment is its own (workers/containers.py Runtime.env), set
+                # by the same shim as a trainer's; the container's come from its env file.
+                argv = jobenv.command(run_container, cwd)
+                env = self._runtime(spec).env()
             else:
                 if "example" in spec.program and self.sandbox.isolation.isolated:
                     # A built-in example imports the agent's own `workers` package, whatever
@@ -1093,6 +1110,27 @@ class Supervisor:
             )
         return found
 
+    def _runtime(self, spec: ReplicaSpec) -> containers.Runtime:
+        if self._container_runtime is None:
+            raise RuntimeError(
+                f"image {spec.container_image} runs in containers, but {self.node} has no "
+                "container runtime (podman or docker; the agent's --container-runtime)"
+            )
+        return self._container_runtime
+
+    def _ensure_image(self, run: _ReplicaRun) -> None:
+        """The job's image on this node before anything of it starts: pulled if missing (the
+        log says so), or the instance fails with the runtime's words."""
+        self._runtime(run.spec)
+        assert self._images is not None
+        note = functools.partial(self._note, run)
+        try:
+            self._images.ensure(run.spec.container_image, note, run.stop_requested.is_set)
+        except images.ImageMissing as exc:
+            raise RuntimeError(str(exc)) from None
+        if run.stop_requested.is_set():
+            raise _StopRequested
+
     def _in_container(
         self,
         run: _ReplicaRun,
@@ -1105,31 +1143,28 @@ class Supervisor:
     ) -> list[str]:
         """The argv that runs this process in the job's container image."""
         spec = run.spec
-        if self._container_runtime is None:
-            raise RuntimeError(
-                f"image {spec.container_image} runs in containers, but {self.node} has no "
-                "container runtime (docker or podman; the agent's --container-runtime)"
-            )
+        runtime = self._runtime(spec)
         # Beside the instance's folder, in the attempt's, which is the agent's alone: the
         # runtime (root) opens it by name when this process starts, maybe after another
         # process of the instance is already running and could put a link in its own folder.
         env_file = instance_dir.with_name(f".{instance_dir.name}.env-{local.local_rank}")
-        folders = {cwd, instance_dir, checkpoint_dir}
-        if not code.is_relative_to(cwd):
-            folders.add(code)  # the code root; a snapshot is inside the working folder
         mounts = [containers.Mount(TRAINER_LIB, read_only=True)]
+        if not code.is_relative_to(cwd):
+            # The code root, read-only as in the sandbox; a snapshot is in the working folder.
+            mounts.append(containers.Mount(code, read_only=True))
         script_inside = None
         if "example" in spec.program:
             library, script_inside = containers.example_layout(script)
             mounts.append(library)
-        # The processes start in the job's working folder.
-        mounts += [containers.Mount(folder) for folder in sorted(folders)]
+        # The processes start in the job's working folder; these three are theirs to write.
+        mounts += [containers.Mount(f) for f in sorted({cwd, instance_dir, checkpoint_dir})]
         env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
         containers.write_env_file(env_file, env)
         name = containers.container_name(spec.job_id, spec.attempt, spec.tag, local.local_rank)
         run.containers.append(name)
+        cores = tuple(run.cores) if spec.local_world_size == 1 else ()
         return containers.run_argv(
-            self._container_runtime,
+            runtime.path,
             spec.container_image,
             name,
             self.node,
@@ -1141,7 +1176,9 @@ class Supervisor:
             script=script_inside,
             user=self.sandbox.container_user(spec.owner),
             shared_ipc=spec.local_world_size > 1,
-            limits=limits.share_of(limits.request_for(spec, []), spec.local_world_size),
+            limits=dataclasses.replace(
+                limits.share_of(limits.request_for(spec, []), spec.local_world_size), cores=cores
+            ),
         )
 
     def _remove_containers(self, names: list[str]) -> None:
@@ -1151,13 +1188,26 @@ class Supervisor:
         for name in names:
             try:
                 subprocess.run(
-                    containers.remove_argv(self._container_runtime, name),
+                    containers.remove_argv(self._container_runtime.path, name),
+                    env=self._container_runtime.env(),
                     capture_output=True,
                     timeout=KILL_WAIT_SECONDS * 4,
                     check=False,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 log.warning("could not remove container %s: %s", name, exc)
+
+    def _prune_images(self) -> None:
+        """Once an instance's containers are gone: the image cache back within its limit,
+        sparing what the node's other instances run."""
+        if self._images is None:
+            return
+        with self._lock:
+            in_use = {r.spec.container_image for r in self._runs.values() if r.spec.container_image}
+        try:
+            self._images.prune(in_use)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("could not prune the image cache: %s", exc)
 
     def _checkpoint_folder(self, spec: ReplicaSpec) -> Path:
         """Where the job's checkpoints are (it may not exist yet)."""
@@ -1412,6 +1462,8 @@ class Supervisor:
         for tail in run.tails:
             tail.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
         self._remove_containers(run.containers)
+        if run.containers:
+            self._prune_images()
 
     def _finish(
         self,

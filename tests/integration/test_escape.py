@@ -35,8 +35,11 @@ class Probe:
 
 
 @contextlib.contextmanager
-def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe]:
-    """Bob's job runs; alice's escape job tries everything; bob's job is released after."""
+def run_probe(
+    running: RunningStack, tmp_path: Path, tag: str, image: str = "pytorch:2.13-cpu"
+) -> Iterator[Probe]:
+    """Bob's job runs; alice's escape job (on `image`) tries everything; bob's job is released
+    after."""
     alice = running.create_user(f"alice-{tag}", "alice-pw", quota=QUOTA)
     bob = running.create_user(f"bob-{tag}", "bob-pw", quota=QUOTA)
     code = tmp_path / "bob-code"
@@ -97,7 +100,7 @@ def run_probe(running: RunningStack, tmp_path: Path, tag: str) -> Iterator[Probe
         job = alice.submit(
             {
                 "name": "escape",
-                "image": "pytorch:2.13-cpu",
+                "image": image,
                 "program": {
                     "script": "escape.py",
                     "args": [

@@ -1,7 +1,7 @@
 """Images that are containers (workers/containers.py): the docker and podman command lines, and
-the supervisor running an instance through a runtime. No container engine runs on this machine,
-so the supervisor's test uses a stand-in runtime (tests/fixtures/fake_container_runtime.py)
-that starts the command on the host the way docker would start it in the container."""
+the code around the supervisor's use of a runtime, through a stand-in runtime
+(tests/fixtures/fake_container_runtime.py) that starts the command on the host the way docker
+would start it in the container. The real engine runs in tests/integration/test_containers.py."""
 
 import json
 import os
@@ -72,7 +72,8 @@ def test_podman_gets_each_gpu_by_its_cdi_name_and_removal_that_tolerates_absence
     ]  # fmt: skip
     assert containers.remove_argv("docker", "n") == ["docker", "rm", "--force", "n"]
     assert containers.leftovers_argv("docker", "gpu-7") == [
-        "docker", "ps", "--all", "--quiet", "--filter", "label=trainyard.node=gpu-7",
+        "docker", "ps", "--all", "--filter", "label=trainyard.node=gpu-7",
+        "--format", "{{.Names}}",
     ]  # fmt: skip
 
 
@@ -137,7 +138,7 @@ def supervisor_with(
     shipper = LogShipper(client, tmp_path / "spool")
     sup = Supervisor(
         "n1", client, shipper, reports, tmp_path / "work", FIXTURE_CODE_ROOT, gpus=2,
-        container_runtime=runtime,
+        container_runtime=containers.Runtime(runtime) if runtime else None,
     )  # fmt: skip
     return sup, shipper
 
@@ -179,9 +180,12 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
         assert all(c[c.index("--memory-swap") + 1] == str(1 << 30) for c in runs)
         assert all(c[c.index("--cpus") + 1] == "1" for c in runs)
         instance = tmp_path / "work" / "jobs" / "11" / "attempt-0" / "master"
-        for c in runs:  # the code root (where they start), their folder, the job's checkpoints
+        for c in runs:  # the code root (read-only, as in the sandbox), their own folder
             volumes = {c[i + 1] for i, x in enumerate(c) if x == "--volume"}
-            assert {f"{FIXTURE_CODE_ROOT}:{FIXTURE_CODE_ROOT}", f"{instance}:{instance}"} <= volumes
+            assert {
+                f"{FIXTURE_CODE_ROOT}:{FIXTURE_CODE_ROOT}:ro",
+                f"{instance}:{instance}",
+            } <= volumes
         # Once the processes have ended, their containers are removed, whatever became of them.
         wait_until(
             lambda: sum(c[:2] == ["rm", "--force"] for c in
@@ -204,8 +208,8 @@ def test_a_container_image_on_a_node_without_a_runtime_fails_with_the_reason(
         exited = reports.wait_for(contract.TASK_REPLICA_EXITED)
         assert exited["state"] == "failed"
         assert exited["reason"] == (
-            "image train:2.13 runs in containers, but n1 has no container runtime (docker or "
-            "podman; the agent's --container-runtime)"
+            "image train:2.13 runs in containers, but n1 has no container runtime (podman or "
+            "docker; the agent's --container-runtime)"
         )
     finally:
         sup.shutdown()

@@ -1,0 +1,210 @@
+"""Framework images that are container images, on a real engine: Debian's podman with runc,
+the trainer image built here offline (stack/trainer_image.py, once per machine), and jobs
+submitted through the real console whose every instance runs in a container of its own.
+
+What a container must keep of the sandbox's promises is checked the way the sandbox's are: the
+hostile probe of test_escape runs inside one."""
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from stack import trainer_image
+from tests.conftest import (
+    RunningStack,
+    StackClient,
+    pytorch_request,
+    required_here,
+    wait_until,
+)
+from tests.integration.test_escape import assert_reaches_nothing, run_probe
+
+pytestmark = pytest.mark.integration
+
+DDP_IMAGE = "pytorch:2.13-container"
+PS_IMAGE = "kvstore-ps:2.13-container"
+QUOTA = {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 4}
+
+
+def podman(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", *args], env=trainer_image.runtime_env(), capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+
+
+def containers_of(job_id: int) -> list[str]:
+    """The names of the job's containers that exist now, running or not."""
+    listed = podman("ps", "--all", "--format", "{{.Names}}")
+    assert listed.returncode == 0, listed.stderr
+    return [n for n in listed.stdout.split() if n.startswith(f"trainyard-{job_id}-")]
+
+
+def register_container_image(stack: RunningStack, name: str, like: str, reference: str) -> None:
+    """An admin's copy of the starter image `like` whose trainers run in `reference`."""
+    stack.stack.manage(
+        "shell", "-c",
+        "from jobs.models import FrameworkImage\n"
+        f"image = FrameworkImage.objects.get(name={like!r})\n"
+        f"FrameworkImage.objects.filter(name={name!r}).delete()\n"
+        f"image.pk, image.name, image.container_image = None, {name!r}, {reference!r}\n"
+        "image.save()",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(stack: RunningStack) -> str:
+    missing = trainer_image.missing_tools()
+    required_here(
+        "the container tests",
+        f"{', '.join(missing)} missing (make containers)" if missing else None,
+    )
+    # Built once per machine and recipe: about 1.5 minutes the first time (the note says).
+    built = trainer_image.ensure()
+    register_container_image(stack, DDP_IMAGE, "pytorch:2.13-cpu", built)
+    register_container_image(stack, PS_IMAGE, "kvstore-ps:2.13", built)
+    return built
+
+
+@pytest.fixture(scope="module")
+def user(stack: RunningStack, reference: str) -> StackClient:
+    return stack.create_user("container-user", "container-pw", quota=QUOTA)
+
+
+def in_container(request: dict[str, Any], image: str = DDP_IMAGE) -> dict[str, Any]:
+    return {**request, "image": image}
+
+
+def test_a_two_node_ddp_job_trains_in_containers(user: StackClient, reference: str) -> None:
+    # 2 × 12 GB do not fit one 16 GB node: master and worker run on different nodes.
+    request = pytorch_request("ddp in containers", "digits-ddp", 2, package="server-2c12g",
+                              args=["--epochs", "2"])  # fmt: skip
+    job = user.wait_finished(user.submit(in_container(request))["id"])
+    assert job["state"] == "succeeded", job["reason"]
+    assert len({r["node"] for r in job["replicas"]}) == 2, job["replicas"]
+    lines = user.logs(job["id"])
+    assert {x["role"] for x in lines} >= {"master", "worker"}
+    accuracies = [float(m.group(1)) for x in lines
+                  if (m := re.search(r"eval_accuracy[=: ]+([\d.]+)", x["text"]))]  # fmt: skip
+    metrics = user.http.get(f"/api/v1/jobs/{job['id']}/metrics").json()
+    evals = [p["value"] for p in metrics["points"] if p["name"] == "eval_accuracy"]
+    assert evals or accuracies, "the job reported no eval accuracy"
+    assert max(evals or accuracies) > 0.8
+    assert containers_of(job["id"]) == []  # --rm, and removed by name after
+
+
+def test_a_parameter_server_job_trains_in_containers(user: StackClient, reference: str) -> None:
+    job = user.wait_finished(
+        user.submit(
+            {
+                "name": "ps in containers",
+                "image": PS_IMAGE,
+                "program": {"script": "digits-ps", "args": ["--epochs", "1"]},
+                "roles": {
+                    "server": {"package": "cpu-1", "instances": 1},
+                    "worker": {"package": "cpu-1", "instances": 2},
+                },
+                "kvstore": "dist_sync",
+            }
+        )["id"]
+    )
+    assert job["state"] == "succeeded", job["reason"]
+    tags = sorted(r["tag"] for r in job["replicas"])
+    assert tags == ["scheduler", "server-0", "worker-0", "worker-1"]
+    workers = [x for x in user.logs(job["id"])
+               if re.match(r"worker \d/2 kvstore=dist_sync servers=1", x["text"])]  # fmt: skip
+    assert len(workers) == 2, workers
+    assert containers_of(job["id"]) == []
+
+
+def test_a_failing_trainer_fails_the_job_with_its_exit_and_leaves_no_container(
+    user: StackClient, reference: str
+) -> None:
+    job = user.wait_finished(
+        user.submit(in_container(pytorch_request("fails", "fail.py", 1)))["id"]
+    )
+    assert job["state"] == "failed"
+    assert "(exited with code 3)" in job["reason"], job["reason"]
+    texts = [x["text"] for x in user.logs(job["id"])]
+    assert "RuntimeError: simulated failure in step 3" in texts
+    assert containers_of(job["id"]) == []
+
+
+def test_an_image_the_node_cannot_get_fails_the_job_with_the_runtimes_words(
+    stack: RunningStack, user: StackClient, reference: str
+) -> None:
+    missing = "localhost/trainyard-no-such-image:1"
+    register_container_image(stack, "missing:1", "pytorch:2.13-cpu", missing)
+    job = user.wait_finished(user.submit(in_container(pytorch_request("no image", "fail.py", 1),
+                                                      "missing:1"))["id"])  # fmt: skip
+    assert job["state"] == "failed"
+    assert re.search(rf"image {re.escape(missing)} not found on node-\d: \S", job["reason"]), job
+    texts = [x["text"] for x in user.logs(job["id"])]
+    assert any(t.startswith(f"[trainyard] pulling image {missing} on node-") for t in texts), texts
+
+
+def hold_in_container(user: StackClient, name: str) -> dict[str, Any]:
+    """A job that steps until it is cancelled (a container sees no signal file of the test's)."""
+    request = pytorch_request(name, "ticker.py", 2, args=["--stop", "/never", "--every", "0.2"])
+    job = user.submit(in_container(request))
+    user.wait(job["id"], lambda j: j["state"] == "running")
+    wait_until("both ranks to tick", lambda: len(ticking(user, job["id"])) == 2)
+    return job
+
+
+def ticking(user: StackClient, job_id: int) -> set[tuple[str, int]]:
+    return {(x["role"], x["index"]) for x in user.logs(job_id) if x["text"].startswith("tick")}
+
+
+def test_cancel_leaves_no_container(user: StackClient, reference: str) -> None:
+    job = hold_in_container(user, "to cancel")
+    assert len(containers_of(job["id"])) == 2
+    assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+    assert user.wait_finished(job["id"])["state"] == "cancelled"
+    wait_until("no container of the job", lambda: containers_of(job["id"]) == [])
+
+
+def test_a_restarted_agent_takes_its_containers_over(
+    stack: RunningStack, user: StackClient, reference: str
+) -> None:
+    job = hold_in_container(user, "through an agent restart")
+    before = containers_of(job["id"])
+    node = user.job(job["id"])["replicas"][0]["node"]
+    stack.stack.restart(node)
+    # The same containers go on: the job stays running, nothing restarts, and they still tick.
+    seen = len(user.logs(job["id"]))
+    wait_until("lines after the restart", lambda: len(user.logs(job["id"])) > seen + 4)
+    now = user.job(job["id"])
+    assert now["state"] == "running" and now["attempt"] == 0, now
+    assert containers_of(job["id"]) == before
+    assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+    assert user.wait_finished(job["id"])["state"] == "cancelled"
+    wait_until("no container of the job", lambda: containers_of(job["id"]) == [])
+
+
+@pytest.fixture(scope="module")
+def probe(
+    stack: RunningStack, reference: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Any]:
+    with run_probe(
+        stack, tmp_path_factory.mktemp("escape-c"), "container", image=DDP_IMAGE
+    ) as found:
+        yield found
+
+
+def test_a_container_reaches_nothing_beyond_its_job(probe: Any) -> None:
+    """Every escape of the sandbox's own test, tried from inside a container."""
+    assert_reaches_nothing(probe)
+
+
+def test_the_image_is_the_one_built_here(reference: str) -> None:
+    inspected = podman("image", "inspect", reference)
+    assert inspected.returncode == 0, inspected.stderr
+    (image,) = json.loads(inspected.stdout)
+    assert image["Labels"]["trainyard.recipe"] == reference.rsplit(":", 1)[1]
+    assert shutil.which("runc")
