@@ -31,6 +31,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers import containers
+from workers.containers import Runtime
+
 REPO = Path(__file__).resolve().parent.parent
 CONTAINERFILE = REPO / "deploy" / "images" / "trainer" / "Containerfile"
 # podman's settings for these hosts: no raised rlimits, runc, cgroupfs (the file says why).
@@ -48,9 +51,12 @@ class ImageBuildError(RuntimeError):
     pass
 
 
+# podman as the agents here run it: this machine's settings file, an environment of its own.
+PODMAN = Runtime("podman", CONTAINERS_CONF)
+
+
 def runtime_env() -> dict[str, str]:
-    """The environment podman runs with here: this machine's settings file, nothing else."""
-    return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+    return PODMAN.env()
 
 
 def missing_tools() -> list[str]:
@@ -84,12 +90,8 @@ class Recipe:
 
 
 def exists(reference: str) -> bool:
-    return (
-        subprocess.run(
-            ["podman", "image", "exists", reference], env=runtime_env(), check=False
-        ).returncode
-        == 0
-    )
+    argv = containers.image_exists_argv(PODMAN.path, reference)
+    return subprocess.run(argv, env=runtime_env(), check=False).returncode == 0
 
 
 def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:

@@ -205,6 +205,13 @@ def remove_argv(runtime: str, name: str) -> list[str]:
     )
 
 
+def image_exists_argv(runtime: str, reference: str) -> list[str]:
+    """Exits 0 when the image is on this host, without pulling it."""
+    if Path(runtime).name == "podman":
+        return [runtime, "image", "exists", reference]
+    return [runtime, "image", "inspect", "--format", "{{.Id}}", reference]
+
+
 def leftovers_argv(runtime: str, node: str) -> list[str]:
     """Lists (by name, as the keepers record them) the containers of this node's trainers,
     running or not."""

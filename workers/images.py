@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from workers import containers
 from workers.containers import Runtime
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ class ImageCache:
         self.limit_bytes = limit_bytes
         self.pull_timeout = pull_timeout
         # {reference: last use (epoch seconds)}: survives the agent, so that an image used
-        # before a restart is still this cache's to remove.
+        # before a restart is still this cache's to remove. It is in the agent's own work
+        # dir, where no job writes (jobs write only in the folders handed over to them).
         self._record = record
         self._lock = threading.Lock()
         self._pulls: dict[str, threading.Lock] = {}
@@ -72,9 +74,8 @@ class ImageCache:
         )
 
     def present(self, reference: str) -> bool:
-        if self.runtime.is_podman:
-            return self._runtime("image", "exists", reference).returncode == 0
-        return self._runtime("image", "inspect", "--format", "{{.Id}}", reference).returncode == 0
+        _, *args = containers.image_exists_argv(self.runtime.path, reference)
+        return self._runtime(*args).returncode == 0
 
     def ensure(
         self,

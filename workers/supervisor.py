@@ -354,6 +354,7 @@ class Supervisor:
             if container_runtime is not None
             else None
         )
+        self._pruning = threading.Lock()
         # Shared by every node in a cluster: a restart on another node resumes from it.
         self.checkpoint_root = checkpoint_root or workdir / "checkpoints"
         self.records = ProcRecords(workdir / "procs")
@@ -1197,11 +1198,24 @@ class Supervisor:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 log.warning("could not remove container %s: %s", name, exc)
 
+    def _prune_images_later(self) -> None:
+        """Off the exit's path (the report waits for no `image inspect`), one prune at a time:
+        one that finds another under way leaves the cache to it."""
+        if self._images is None or not self._pruning.acquire(blocking=False):
+            return
+
+        def prune() -> None:
+            try:
+                self._prune_images()
+            finally:
+                self._pruning.release()
+
+        threading.Thread(target=prune, name="image-prune", daemon=True).start()
+
     def _prune_images(self) -> None:
         """Once an instance's containers are gone: the image cache back within its limit,
         sparing what the node's other instances run."""
-        if self._images is None:
-            return
+        assert self._images is not None
         with self._lock:
             in_use = {r.spec.container_image for r in self._runs.values() if r.spec.container_image}
         try:
@@ -1463,7 +1477,7 @@ class Supervisor:
             tail.join(max(0.0, self._bounded(readers_end, lambda c: c.flush_until)))
         self._remove_containers(run.containers)
         if run.containers:
-            self._prune_images()
+            self._prune_images_later()
 
     def _finish(
         self,

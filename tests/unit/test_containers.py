@@ -71,6 +71,12 @@ def test_podman_gets_each_gpu_by_its_cdi_name_and_removal_that_tolerates_absence
         "/usr/bin/podman", "rm", "--force", "--ignore", "n",
     ]  # fmt: skip
     assert containers.remove_argv("docker", "n") == ["docker", "rm", "--force", "n"]
+    assert containers.image_exists_argv("/usr/bin/podman", "img") == [
+        "/usr/bin/podman", "image", "exists", "img",
+    ]  # fmt: skip
+    assert containers.image_exists_argv("docker", "img") == [
+        "docker", "image", "inspect", "--format", "{{.Id}}", "img",
+    ]  # fmt: skip
     assert containers.leftovers_argv("docker", "gpu-7") == [
         "docker", "ps", "--all", "--filter", "label=trainyard.node=gpu-7",
         "--format", "{{.Names}}",
