@@ -323,14 +323,24 @@ def trial_event(trial: dict[str, Any], metric: str) -> str:
     """One line of `submit --follow` when a trial starts or ends."""
     head = f"trial {trial['number']} {trial['state']}"
     if trial["state"] in ("waiting", "running"):
-        job = f": job {trial['job']}" if trial.get("job") is not None else ""
-        return f"{head}{job}, {params_text(trial['params'])}"
+        return f"{head}{_job_and_params(trial)}"
     if trial["state"] == "completed":
         return (
             f"{head}: {metric} {render.human_number(trial['objective_last'])} "
             f"(best {render.human_number(trial['objective_best'])})"
         )
     return f"{head}: {trial.get('reason') or '—'}"
+
+
+def trial_ran(trial: dict[str, Any]) -> str:
+    """The start line of a trial that began and ended between two polls (a short trial, or a
+    follower started late): its job and values are told all the same, in the past tense."""
+    return f"trial {trial['number']} ran{_job_and_params(trial)}"
+
+
+def _job_and_params(trial: dict[str, Any]) -> str:
+    job = f": job {trial['job']}" if trial.get("job") is not None else ""
+    return f"{job}, {params_text(trial['params'])}"
 
 
 def _outcome(e: dict[str, Any]) -> str:
@@ -351,10 +361,16 @@ def _follow(api: Api, experiment: dict[str, Any], quiet: bool) -> dict[str, Any]
     while True:
         for trial in experiment.get("trials") or []:
             now = (trial["state"], trial.get("job"))
-            if seen.get(trial["number"]) != now:
+            before = seen.get(trial["number"])
+            if before != now:
                 seen[trial["number"]] = now
-                if not quiet:
-                    render.out.print(Text(trial_event(trial, metric)))
+                if quiet:
+                    continue
+                told_its_job = before is not None and before[1] == now[1]
+                if trial["state"] not in ("waiting", "running") and not told_its_job:
+                    if now[1] is not None:
+                        render.out.print(Text(trial_ran(trial)))
+                render.out.print(Text(trial_event(trial, metric)))
         if experiment["state"] != state and not quiet:
             render.note(f"experiment {number}: {experiment['state']}")
         state = experiment["state"]

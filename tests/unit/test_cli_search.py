@@ -504,6 +504,19 @@ def test_follow_prints_each_trials_start_and_end_until_the_experiment_ends(
     assert f"Experiment 7 {end}. Best: trial 0, job 40: eval_accuracy 0.96, --lr=0.1" in out
 
 
+def test_follow_tells_the_job_of_a_trial_that_began_and_ended_between_two_polls(
+    console: Console, project: Path
+) -> None:
+    ended = trial(2, "completed", objective_last=0.67, objective_best=0.67)
+    console.answer("POST", "/experiments", (201, experiment()))
+    console.answer("GET", "/experiments/7", (200, experiment("finished", [ended])))
+    out = submitted(project, "--follow").output
+    ran = "trial 2 ran: job 42, --lr=0.03162 --batch-size=32 $OPTIMIZER=adam"
+    assert ran in out
+    assert out.index(ran) < out.index("trial 2 completed: eval_accuracy 0.67 (best 0.67)")
+    assert "trial 2 running" not in out  # it was never seen running: not said to be
+
+
 def test_renamed_gives_the_job_files_place_of_a_console_field() -> None:
     assert search_section.renamed("template.program.args") == "program.args"
     assert search_section.renamed("template") == "the job"
