@@ -7,7 +7,7 @@
 //
 // Everything shown is built with createElement / textContent: job and metric names are data.
 import { chartControls } from "./chart_controls.js";
-import { axesOf, curveOn, effectiveAxis, reports, X_AXES } from "./curves.js";
+import { axesOf, curveOn, effectiveAxis, reports, timeOrigin, X_AXES } from "./curves.js";
 import { formatCompact, formatCount, formatDuration, formatMoney, perMoney } from "./format.js";
 import { align, chartSlot, COLOURS, formatValue, render, resizeWith, zoomOutOnDoubleClick } from "./plot.js";
 
@@ -158,10 +158,9 @@ function startCompare() {
       const answer = await getJson(`/api/v1/compare?jobs=${encodeURIComponent(section.dataset.jobs)}`);
       renderFigures(answer);
       const points = await Promise.all(answer.jobs.map(pointsOf));
-      // Where each job's "time since start" counts from: its start, as on its own page (its
-      // first point where it has no start).
+      // Where each job's "time since start" counts from, as on its own page.
       const firsts = answer.jobs.map((job, i) =>
-        job.started ? Date.parse(job.started) / 1000 : Math.min(...[...points[i].values()].flat().map((p) => p.ts)));
+        timeOrigin(job.started ? Date.parse(job.started) / 1000 : null, Math.min(...[...points[i].values()].flat().map((p) => p.ts))));
       shown = { jobs: answer.jobs, points, firsts };
       $("compare-no-charts").hidden = answer.charts.length > 0;
       $("chart-controls").hidden = answer.charts.length === 0;

@@ -66,6 +66,14 @@ export function xOf(report, axis, origin = 0) {
   return null;
 }
 
+// Where "time since start" counts from: the job's start (seconds), or its first report where
+// that came earlier. A trainer may report within milliseconds of its start, before the console
+// has heard that it started, and a node's clock may run ahead of the console's: counting from
+// the start alone drew such a first point at a negative time.
+export function timeOrigin(started, firstReport) {
+  return Math.min(started ?? Infinity, firstReport ?? Infinity);
+}
+
 // (x, value) pairs of these reports on `axis`, sorted by x; a report without that coordinate
 // is left out. Two reports at one x (a step reported twice, by two attempts) keep the later.
 export function curveOn(reportList, axis, origin = 0) {

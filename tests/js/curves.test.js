@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  align, attemptBreaks, axesOf, breakAt, completeTotals, curveOn, effectiveAxis, forLogScale, reports, smooth, tickSteps,
+  align, attemptBreaks, axesOf, breakAt, completeTotals, curveOn, effectiveAxis, forLogScale, reports, smooth, tickSteps, timeOrigin,
   viewFrom,
 } from "../../static/trainyard/curves.js";
 
@@ -114,4 +114,13 @@ test("steps and epochs tick on whole numbers only; time since start in round sec
   assert.equal(tickSteps("wall"), null);
   // A run whose training took a second still gets ticks.
   assert.ok(tickSteps("relative").includes(0.1));
+});
+
+test("time since start counts from the job's start, or from its first report where that came earlier", () => {
+  assert.equal(timeOrigin(100, 100.5), 100);
+  // The trainer reported 19 ms before the console heard that the job had started: no point at -0.019 s.
+  assert.equal(timeOrigin(100, 99.981), 99.981);
+  assert.equal(timeOrigin(null, 42), 42);
+  assert.equal(timeOrigin(100, Infinity), 100); // no report yet
+  assert.deepEqual(curveOn([point("master", 0, 1, null, 99.981, 2)], "relative", timeOrigin(100, 99.981)), [[0, 2]]);
 });

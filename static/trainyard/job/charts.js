@@ -18,7 +18,7 @@
 // the log scale and the x axis of them all, and a zoom dragged on one is shown by every chart
 // on the same axis. On a time axis a line breaks between the job's attempts.
 import { chartControls } from "../chart_controls.js";
-import { attemptBreaks, axesOf, breakAt, completeTotals, curveOn, effectiveAxis, reports, X_AXES } from "../curves.js";
+import { attemptBreaks, axesOf, breakAt, completeTotals, curveOn, effectiveAxis, reports, timeOrigin, X_AXES } from "../curves.js";
 import { formatCompact, formatCount, formatDuration, formatMoney, formatPrice, perMoney } from "../format.js";
 import { align, chartSlot, COLOURS, render, resizeWith, showEmpty, zoomOutOnDoubleClick } from "../plot.js";
 import { isTerminal, tagOf as tagOfInstance } from "../rules.js";
@@ -103,7 +103,7 @@ function startCharts() {
 
   // One process's (or the mean over processes') reports as a line on `axis`.
   function lineOf(reportList, axis, into = run) {
-    const origin = into.started ?? into.first;
+    const origin = timeOrigin(into.started, into.first);
     const line = curveOn(reportList, axis, origin);
     if (into !== run) return line; // a baseline's attempts are not known here
     if (axis === "wall") return breakAt(line, breaks);
