@@ -38,6 +38,9 @@ def start_search(page: Page, url: str) -> None:
     """The New job form's job (digits-ddp, one instance, 2 epochs) as a 4-trial search."""
     page.goto(f"{url}/jobs/new/")
     page.fill("#id_name", "digits")
+    # Named, not left to the default (the first PyTorch image by name): tests beside
+    # this one add images to the shared stack.
+    page.select_option("#id_image", "pytorch:2.13-cpu")
     page.select_option("#id_script", "digits-ddp")
     page.fill("#id_args", "--epochs 2 --lr 0.05")
     page.fill("#id_instances", "1")

@@ -31,6 +31,9 @@ def test_launch_from_the_form_and_see_worker_lines_live(
     page = lena_page
     page.click("text=New job")
     page.fill("#id_name", "digits from the browser")
+    # Named, not left to the default (the first PyTorch image by name): tests beside
+    # this one add images to the shared stack.
+    page.select_option("#id_image", "pytorch:2.13-cpu")
     page.select_option("#id_script", "digits-ddp")
     page.fill("#id_args", "--epochs 8")
     page.select_option("#id_package", "cpu-1")
@@ -73,6 +76,7 @@ def test_launch_from_the_form_and_see_worker_lines_live(
 def test_html_from_a_trainer_is_shown_as_text(page: Page, stack: RunningStack) -> None:
     page.goto(f"{stack.url}/jobs/new/")
     page.fill("#id_name", "markup")
+    page.select_option("#id_image", "pytorch:2.13-cpu")
     page.select_option("#id_script", "__path__")
     page.fill("#id_script_path", "markup.py")
     page.fill("#id_instances", "1")
@@ -90,6 +94,7 @@ def test_over_quota_form_says_which_resource_and_creates_nothing(
     before = len(stack.admin.http.get("/api/v1/jobs").json()["jobs"])
     page.goto(f"{stack.url}/jobs/new/")
     page.fill("#id_name", "too big")
+    page.select_option("#id_image", "pytorch:2.13-cpu")
     page.select_option("#id_package", "cpu-2")
     page.fill("#id_instances", "17")  # 34 cores: over the quota of 32
     expect(page.locator("tr[data-resource=cpu]")).to_have_class(re.compile("over"))

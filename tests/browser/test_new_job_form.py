@@ -23,6 +23,9 @@ def test_a_health_rule_built_in_the_editor_is_checked_by_the_server_and_launched
     with user_page(browser, stack, "fern", "fern-password-1") as page:
         page.goto(f"{stack.url}/jobs/new/")
         page.fill("#id_name", "watched")
+        # Named, not left to the default (the first PyTorch image by name): tests beside
+        # this one add images to the shared stack.
+        page.select_option("#id_image", "pytorch:2.13-cpu")
         page.select_option("#id_script", "__path__")
         page.fill("#id_script_path", "markup.py")
         page.fill("#id_instances", "1")

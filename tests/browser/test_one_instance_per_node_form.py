@@ -20,6 +20,9 @@ def test_one_instance_per_node_from_the_form(browser: Browser, stack: RunningSta
     with user_page(browser, stack, "ines", "ines-password-1") as page:
         page.goto(f"{stack.url}/jobs/new/")
         page.fill("#id_name", "spread")
+        # Named, not left to the default (the first PyTorch image by name): tests beside
+        # this one add images to the shared stack.
+        page.select_option("#id_image", "pytorch:2.13-cpu")
         page.select_option("#id_script", "__path__")
         page.fill("#id_script_path", "env_dump.py")
         page.select_option("#id_package", "cpu-1")

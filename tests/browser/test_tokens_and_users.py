@@ -78,6 +78,9 @@ def test_an_admin_adds_a_user_who_then_launches_a_job(
     with user_page(browser, stack, "nadia", "nadia-password-1") as page:
         page.click("text=New job")
         page.fill("#id_name", "nadia's first job")
+        # Named, not left to the default (the first PyTorch image by name): tests beside
+        # this one add images to the shared stack.
+        page.select_option("#id_image", "pytorch:2.13-cpu")
         page.select_option("#id_script", "__path__")
         page.fill("#id_script_path", "markup.py")
         page.select_option("#id_package", "cpu-1")
