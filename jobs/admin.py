@@ -43,6 +43,7 @@ class FrameworkImageAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "framework",
+        "container_image",
         "enabled",
         "log_lines_per_second",
         "log_max_mb",

@@ -330,6 +330,7 @@ def job_as_dict(
         "priority": job.priority_name,
         "priority_value": job.priority,
         "pool": job.slurm_pool.name if job.slurm_pool_id and job.slurm_pool else "",
+        "container_image": job.container_image,
         "slurm": job.slurm_options,
         "preempted_by": [int(j) for j in job.preempted_by],
         "usage": presenters.usage(job),
@@ -406,6 +407,8 @@ def catalog_for(user: User) -> dict[str, Any]:
                     "backoff_seconds": i.restart_backoff_seconds,
                 },
                 "health_rules": i.health_rules,
+                "container_image": i.container_image,
+                "user_image_prefixes": i.user_image_prefixes,
                 "default_env": i.default_env,
             }
             for i in FrameworkImage.objects.filter(enabled=True)

@@ -38,6 +38,7 @@ SNAPSHOT_CHOICE = "snapshot:"
 FIELD_FOR_ERROR = {
     "name": "name",
     "image": "image",
+    "container_image": "container_image",
     "program": "script",
     "program.script": "script",
     "program.args": "args",
@@ -183,6 +184,15 @@ class NewJobForm(_ShapeForm):
         required=False, max_length=1000, help_text="Optional labels, separated by spaces."
     )
     image = forms.ChoiceField()
+    # Shown only for an image whose admin lets users bring their own (new_job.js).
+    container_image = forms.CharField(
+        required=False,
+        max_length=300,
+        label="Your own container image",
+        widget=forms.TextInput(attrs={"spellcheck": "false", "autocomplete": "off"}),
+        help_text="Optional: an OCI image reference to run the trainers in instead of the "
+        "image's; the image's framework still decides how they launch.",
+    )
     script = forms.ChoiceField(
         label="Training program",
         help_text="A built-in example, a script under the code root, or code you uploaded.",
@@ -313,7 +323,10 @@ class NewJobForm(_ShapeForm):
             else []
         )
         images = list(FrameworkImage.objects.filter(enabled=True))
-        self._choices("image", [(i.name, i.name) for i in images])
+        self._choices(
+            "image", [(i.name, f"{i.name} · container" if i.container_image else i.name)
+                      for i in images]
+        )  # fmt: skip
         # PyTorch first: the most common kind of job, and the form's simplest shape.
         self.fields["image"].initial = next(
             (i.name for i in images if i.framework == Framework.PYTORCH), None
@@ -372,6 +385,7 @@ class NewJobForm(_ShapeForm):
         initial: dict[str, Any] = {
             "name": body.get("name", ""),
             "image": body.get("image", ""),
+            "container_image": body.get("container_image") or "",
             "args": shlex.join(program.get("args", [])),
         }
         if program.get("snapshot"):
@@ -508,6 +522,8 @@ class NewJobForm(_ShapeForm):
             "image": data["image"],
             "program": {**self._program(), "args": data["args"]},
         }
+        if data.get("container_image", "").strip():
+            request["container_image"] = data["container_image"].strip()
         if data.get("restart_policy"):
             request["restart"] = {
                 "policy": data["restart_policy"],

@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import container_refs
 from jobs.arglists import merge
 from jobs.envvars import env_problems
 from jobs.labels import (
@@ -223,7 +224,19 @@ class FrameworkImage(models.Model):
     framework = models.CharField(max_length=20, choices=Framework.choices)
     description = models.CharField(max_length=300, blank=True)
     container_image = models.CharField(
-        max_length=300, blank=True, help_text="Optional image reference for container clusters."
+        max_length=300,
+        blank=True,
+        help_text="The OCI image its trainers run in, e.g. registry.example.com/ml/pytorch:2.13; "
+        "empty: the host's interpreter (below). Pulled once per node.",
+    )
+    # Which images of their own users may bring to jobs on this image (its framework decides
+    # how they launch): reference prefixes, matched at a boundary (jobs.container_refs).
+    user_image_prefixes = models.JSONField(
+        "images users may bring",
+        default=list,
+        blank=True,
+        help_text="Prefixes of image references a job on this image may name instead of its "
+        'own: ["registry.example.com/team-a/"]. Empty: none; jobs run in this image\'s own.',
     )
     # How its instances run on a host without containers: this interpreter (a virtualenv's or
     # a conda environment's python) instead of the agent's --trainer-python.
@@ -327,6 +340,15 @@ class FrameworkImage(models.Model):
             not isinstance(p, str) or (p and not p.startswith("/")) for p in paths
         ):
             problems["python"] = "Give absolute paths: /opt/envs/NAME/bin/python."
+        prefixes = self.user_image_prefixes
+        if not isinstance(prefixes, list):
+            problems["user_image_prefixes"] = 'A list of prefixes: ["registry.example.com/a/"].'
+        elif bad := [p for p in map(container_refs.prefix_problem, prefixes) if p]:
+            problems["user_image_prefixes"] = " ".join(bad)
+        if self.container_image and (
+            bad_ref := container_refs.reference_problem(self.container_image)
+        ):
+            problems["container_image"] = bad_ref
         if problems:
             raise ValidationError(problems)
 
@@ -786,6 +808,10 @@ class Job(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     name = models.CharField(max_length=200, validators=[validate_name])
     image = models.ForeignKey(FrameworkImage, on_delete=models.PROTECT)
+    # The OCI image its trainers run in, fixed at submission (the image's own, or one the
+    # owner brought within its allow-list); empty: the host's interpreter. An admin who
+    # moves an image to a new tag changes the jobs submitted after, never one already queued.
+    container_image = models.CharField(max_length=300, blank=True)
     # Where it runs: a Slurm pool, or (None) Trainyard's own agents.
     slurm_pool = models.ForeignKey(SlurmPool, null=True, blank=True, on_delete=models.PROTECT)
     # Its own Slurm options, within what the pool allows (slurm_choices.SlurmChoices.stored):

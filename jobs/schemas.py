@@ -89,6 +89,12 @@ class JobIn(_In):
 
     name: StrictStr
     image: StrictStr = Field(description="A framework image's name from the catalog.")
+    container_image: StrictStr | None = Field(
+        default=None,
+        description="An OCI image of your own to run its trainers in, instead of the image's "
+        "(the image's framework still decides how they launch): allowed where the catalog's "
+        "`user_image_prefixes` of that image has a prefix of it. Absent: the image's own.",
+    )
     program: ProgramIn
     roles: dict[str, RoleIn] = Field(description='{ROLE: {"package", "instances"}}')
     kvstore: StrictStr | None = None
@@ -480,6 +486,9 @@ class JobOut(_Out):
     )
     owner: str
     image: str
+    container_image: str = Field(
+        description='The OCI image its trainers run in; "": the host\'s interpreter.'
+    )
     pool: str = Field(description='The Slurm pool it runs in; "": Trainyard\'s own nodes.')
     slurm: dict[str, str | bool] = Field(
         description="The Slurm options it chose (partition, account, qos, …); {}: its pool's."
@@ -561,6 +570,7 @@ class JobRequestOut(_Out):
 
     name: str
     image: str
+    container_image: str | None = _param("The image of the owner's own it ran in, if any.")
     program: ProgramOut
     roles: dict[str, RoleOut]
     kvstore: str | None = Field(default=None, exclude_if=_unless_none)
@@ -601,6 +611,13 @@ class ImageOut(_Out):
     kvstore_modes: list[str]
     restart: RestartDefaultsOut
     health_rules: list[HealthRuleOut]
+    container_image: str = Field(
+        description='The OCI image its jobs run in; "": the host\'s interpreter.'
+    )
+    user_image_prefixes: list[str] = Field(
+        description="Prefixes of images of your own a job on it may name as `container_image`; "
+        "[]: none."
+    )
     default_env: dict[str, str] = Field(
         description="Variables every trainer of a job on this image gets; a job's own "
         "variable of the same name wins. Taken when the job is submitted (a rerun takes the "

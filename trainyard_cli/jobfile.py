@@ -258,6 +258,7 @@ def apply_flags(
     slurm: list[str] | None = None,
     project: str | None = None,
     tags: list[str] | None = None,
+    container_image: str | None = None,
 ) -> dict[str, Any]:
     """The job file's body with the flags on top: a flag wins over the file's value (tags
     join the file's)."""
@@ -288,6 +289,8 @@ def apply_flags(
         body["priority"] = priority
     if pool is not None:
         body["pool"] = pool
+    if container_image is not None:
+        body["container_image"] = container_image
     if slurm:
         body["slurm"] = {**_section(body, "slurm"), **dict(parse_slurm(o) for o in slurm)}
     if env:

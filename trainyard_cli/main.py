@@ -90,6 +90,13 @@ Pool = Annotated[
         help="Run it in a Slurm pool (`trainyard pools`); default: Trainyard's own nodes."
     ),
 ]
+ContainerImage = Annotated[
+    str | None,
+    typer.Option(
+        help="Run its trainers in an OCI image of your own, where the framework image lets "
+        "it in (`trainyard images` says which)."
+    ),
+]
 SlurmOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -232,6 +239,7 @@ def submit(
     priority: Priority = None,
     pool: Pool = None,
     slurm: SlurmOption = None,
+    container_image: ContainerImage = None,
     project: Annotated[str | None, typer.Option(help="The project to file the run under.")] = None,
     tag: Annotated[list[str] | None, typer.Option(help="A tag for the run; repeatable.")] = None,
     arg: Annotated[
@@ -280,6 +288,7 @@ def submit(
         priority=priority,
         pool=pool,
         slurm=slurm or [],
+        container_image=container_image,
         project=project,
         tags=tag or [],
     )
@@ -293,6 +302,14 @@ def submit(
         api, body, folder, no_upload, json_output, lambda: api.post("/jobs", json=body)
     )
     _submitted(api, job, follow_log, wait, json_output)
+
+
+def _runs_in(job: dict[str, Any]) -> str:
+    """Where its trainers run: "container registry.example.com/ml/pytorch:2.13", or the
+    host's Python (a Slurm pool's jobs always: pools run no containers)."""
+    if job.get("container_image") and not job.get("pool"):
+        return f"container {job['container_image']}"
+    return "the node's own Python, no container"
 
 
 def _submitted(
@@ -435,6 +452,7 @@ def rerun(
     one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
+    container_image: ContainerImage = None,
     arg: Annotated[
         list[str] | None,
         typer.Option(help="The script's arguments, replacing the job's; or put them after --."),
@@ -463,6 +481,7 @@ def rerun(
         one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,
+        container_image=container_image,
     )
     jobfile.check_text(body)
     _submitted(api, api.post("/jobs", json=body), follow_log, wait, json_output)
@@ -619,6 +638,7 @@ def show(
         ("Project", job.get("project") or "—"),
         ("Tags", " ".join(job.get("tags") or []) or "—"),
         ("Image", job["image"] + (f", kvstore {job['kvstore']}" if job["kvstore"] else "")),
+        ("Runs in", _runs_in(job)),
         ("Program", " ".join([program["script"], *program["args"]]) + code),
         ("Roles", roles),
         (
@@ -1122,8 +1142,18 @@ def images(json_output: Json = False) -> None:
         render.print_json(answer)
         return
     render.table(
-        ["IMAGE", "FRAMEWORK", "ROLES", "DESCRIPTION"],
-        [[i["name"], i["framework"], ", ".join(i["roles"]), i["description"]] for i in answer],
+        ["IMAGE", "FRAMEWORK", "ROLES", "RUNS IN", "YOURS MAY START WITH", "DESCRIPTION"],
+        [
+            [
+                i["name"],
+                i["framework"],
+                ", ".join(i["roles"]),
+                i.get("container_image") or "the node's Python",
+                ", ".join(i.get("user_image_prefixes") or []) or "—",
+                i["description"],
+            ]
+            for i in answer
+        ],
     )
 
 

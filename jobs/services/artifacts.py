@@ -205,7 +205,7 @@ class _Asker:
             "job_id": self.job.pk,
             "checkpoint_key": self.job.checkpoint_key,
             "owner": self.job.owner_id,
-            "container": bool(self.job.image.container_image),
+            "container": bool(self.job.container_image),
             "reply_to": reply_to,
             **extra,
         }

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.contrib.auth.models import AnonymousUser, User
 
+from jobs import container_refs
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import Job
 
@@ -45,6 +46,8 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     }
     if job.args_on_resume:
         body["restart"]["args_on_resume"] = list(job.args_on_resume)
+    if brought := brought_image(job):
+        body["container_image"] = brought
     limits = {
         "lines_per_second": (job.log_lines_per_second, job.image.log_lines_per_second),
         "max_mb": (job.log_max_mb, job.image.log_max_mb),
@@ -94,3 +97,13 @@ def has_image_health_rules(job: Job) -> bool:
         return bool(rules_to_json(parse_rules(job.image.health_rules)) == job.health_rules)
     except RuleError:
         return False
+
+
+def brought_image(job: Job) -> str:
+    """The container image the job ran in when it is not its image's own and the image lets it
+    in now: the owner's own, or the image's reference of before an admin moved it to a new tag
+    (a copy then runs in the very image that ran). "" otherwise: a copy runs in the image's."""
+    ran_in, own = job.container_image, job.image.container_image
+    if not ran_in or ran_in == own:
+        return ""
+    return ran_in if container_refs.allowed_by(ran_in, job.image.user_image_prefixes or []) else ""

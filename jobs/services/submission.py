@@ -16,7 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from pydantic import ValidationError as PydanticValidationError
 
-from jobs import text, time_limit_text
+from jobs import container_refs, text, time_limit_text
 from jobs.envvars import MAX_ENV_VARS, env_problems
 from jobs.healthrules import RuleError, parse_rules, rules_to_json
 from jobs.models import (
@@ -115,6 +115,7 @@ class JobRequest:
     slurm_choices: SlurmChoices = field(default_factory=SlurmChoices)  # within the pool's
     one_instance_per_node: bool = False  # no two of its instances on one node
     filing: run_labels.Filing = field(default_factory=run_labels.Filing)  # project, tags, note
+    container_image: str = ""  # the OCI image its trainers run in; "": the host's interpreter
 
 
 class _Errors:
@@ -382,6 +383,39 @@ def _check_pool(
     return pool
 
 
+def _check_container_image(
+    raw: str | None, image: FrameworkImage | None, pool: SlurmPool | None, errors: _Errors
+) -> str:
+    """The OCI image the job's trainers run in: the image's own, or one the user brings that
+    the image's allow-list lets in (never one a runtime could read as an option)."""
+    own = image.container_image if image is not None else ""
+    if not raw or image is None or raw == own:
+        return own
+    if problem := container_refs.reference_problem(raw):
+        errors.add("container_image", problem)
+        return own
+    prefixes = image.user_image_prefixes or []
+    if not prefixes:
+        runs_in = f"its own image {own}" if own else "the host's interpreter"
+        errors.add(
+            "container_image",
+            f"{image.name} runs in {runs_in}: its admin lets no image of yours in.",
+        )
+    elif not container_refs.allowed_by(raw, prefixes):
+        errors.add(
+            "container_image",
+            f"{raw} is not among the images {image.name} lets in: references starting "
+            f"with {', '.join(prefixes)}.",
+        )
+    elif pool is not None:
+        errors.add(
+            "container_image",
+            f"The Slurm pool {pool.name!r} runs the host's interpreter: an image of your own "
+            "runs on Trainyard's own nodes (leave the pool empty).",
+        )
+    return raw
+
+
 def _check_slurm_choices(body: JobIn, pool: SlurmPool | None, errors: _Errors) -> SlurmChoices:
     """The job's own Slurm options, each one its pool allows."""
     if body.slurm is None:
@@ -473,6 +507,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         errors.add("time_limit", str(exc))
     priority = _check_priority(body.priority, errors)
     slurm_pool = _check_pool(body.pool, image, roles, errors)
+    container_image = _check_container_image(body.container_image, image, slurm_pool, errors)
     choices = _check_slurm_choices(body, slurm_pool, errors)
     filing, filing_errors = run_labels.check_filing(body.tags, body.project, body.note)
     for field_name, messages in filing_errors.items():
@@ -500,6 +535,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         choices,
         bool(body.one_instance_per_node),
         filing,
+        container_image,
     )
 
 
@@ -606,6 +642,7 @@ def create_job(
         owner=owner,
         name=request.name,
         image_id=request.image.pk,
+        container_image=request.container_image,
         slurm_pool=request.slurm_pool,
         slurm_options=request.slurm_choices.stored(),
         program=request.program,

@@ -98,11 +98,17 @@ import { startSearchPart } from "./experiment/search_form.js";
     }
   }
 
-  // The chosen image's default variables (rendered by the server, one line per image).
-  function showImageEnv() {
-    for (const line of document.querySelectorAll(".image-env[data-image]")) {
+  // The chosen image's notes (rendered by the server, one line per image): its default
+  // variables, where its trainers run, and which images of their own users may bring, whose
+  // field shows only where the image lets one in (a value typed there stays, to be refused
+  // with its reason, rather than vanish unseen).
+  function showImageNotes() {
+    for (const line of document.querySelectorAll(".image-env[data-image], .image-runs-in[data-image], .image-brought[data-image]")) {
       line.hidden = line.dataset.image !== value("image");
     }
+    const brought = document.getElementById("field-container_image");
+    const lets = ((images[value("image")] || {}).user_image_prefixes || []).length > 0;
+    if (brought) brought.hidden = !lets && !form.elements.container_image.value;
   }
 
   // The fields the preview needs; a change to any other does not ask the server again.
@@ -216,7 +222,7 @@ import { startSearchPart } from "./experiment/search_form.js";
     showFields(fw);
     showSlurmOptions();
     showRestartDefault();
-    showImageEnv();
+    showImageNotes();
     askPreview();
   }
 

@@ -45,20 +45,23 @@ def containers_of(job_id: int) -> list[str]:
     return [n for n in listed.stdout.split() if n.startswith(f"trainyard-{job_id}-")]
 
 
-def register_container_image(stack: RunningStack, name: str, like: str, reference: str) -> None:
-    """An admin's copy of the starter image `like` whose trainers run in `reference`."""
-    stack.stack.manage(
-        "shell", "-c",
-        "from jobs.models import FrameworkImage\n"
-        f"image = FrameworkImage.objects.get(name={like!r})\n"
-        f"FrameworkImage.objects.filter(name={name!r}).delete()\n"
-        f"image.pk, image.name, image.container_image = None, {name!r}, {reference!r}\n"
-        "image.save()",
-    )  # fmt: skip
+def register_container_image(
+    stack: RunningStack, name: str, like: str, reference: str, lets_in: tuple[str, ...] = ()
+) -> None:
+    """An admin's copy of the starter image `like` whose trainers run in `reference` ("": the
+    host's Python), letting in users' own images that start with `lets_in`."""
+    lets = [f"--lets-in={prefix}" for prefix in lets_in]
+    stack.stack.manage("container_image", name, "--like", like, "--reference", reference, *lets)
+
+
+def retire_image(stack: RunningStack, name: str) -> None:
+    """Off the New job form again (kept, not deleted: the jobs that ran on it name it), so that
+    no other test on the shared stack picks it up as a default or in a menu."""
+    stack.stack.manage("container_image", name, "--disable")
 
 
 @pytest.fixture(scope="module")
-def reference(stack: RunningStack) -> str:
+def reference(stack: RunningStack) -> Iterator[str]:
     missing = trainer_image.missing_tools()
     required_here(
         "the container tests",
@@ -68,7 +71,9 @@ def reference(stack: RunningStack) -> str:
     built = trainer_image.ensure()
     register_container_image(stack, DDP_IMAGE, "pytorch:2.13-cpu", built)
     register_container_image(stack, PS_IMAGE, "kvstore-ps:2.13", built)
-    return built
+    yield built
+    for name in (DDP_IMAGE, PS_IMAGE):
+        retire_image(stack, name)
 
 
 @pytest.fixture(scope="module")
@@ -140,18 +145,23 @@ def test_an_image_the_node_cannot_get_fails_the_job_with_the_runtimes_words(
 ) -> None:
     missing = "localhost/trainyard-no-such-image:1"
     register_container_image(stack, "missing:1", "pytorch:2.13-cpu", missing)
-    job = user.wait_finished(user.submit(in_container(pytorch_request("no image", "fail.py", 1),
-                                                      "missing:1"))["id"])  # fmt: skip
+    try:
+        job = user.wait_finished(user.submit(in_container(
+            pytorch_request("no image", "fail.py", 1), "missing:1"))["id"])  # fmt: skip
+    finally:
+        retire_image(stack, "missing:1")
     assert job["state"] == "failed"
     assert re.search(rf"image {re.escape(missing)} not found on node-\d: \S", job["reason"]), job
     texts = [x["text"] for x in user.logs(job["id"])]
     assert any(t.startswith(f"[trainyard] pulling image {missing} on node-") for t in texts), texts
 
 
-def hold_in_container(user: StackClient, name: str) -> dict[str, Any]:
+def hold_in_container(
+    user: StackClient, name: str, image: str = DDP_IMAGE, **also: Any
+) -> dict[str, Any]:
     """A job that steps until it is cancelled (a container sees no signal file of the test's)."""
     request = pytorch_request(name, "ticker.py", 2, args=["--stop", "/never", "--every", "0.2"])
-    job = user.submit(in_container(request))
+    job = user.submit({**in_container(request, image), **also})
     user.wait(job["id"], lambda j: j["state"] == "running")
     wait_until("both ranks to tick", lambda: len(ticking(user, job["id"])) == 2)
     return job
@@ -184,6 +194,35 @@ def test_a_restarted_agent_takes_its_containers_over(
     assert containers_of(job["id"]) == before
     assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
     assert user.wait_finished(job["id"])["state"] == "cancelled"
+    wait_until("no container of the job", lambda: containers_of(job["id"]) == [])
+
+
+def test_an_image_a_user_brings_runs_where_the_admin_lets_it_in(
+    stack: RunningStack, user: StackClient, reference: str
+) -> None:
+    # An image on the host's Python whose admin lets in the trainer images built here.
+    register_container_image(stack, "bring:1", "pytorch:2.13-cpu", "",
+                             lets_in=("localhost/trainyard-trainer",))  # fmt: skip
+    try:
+        refused = user.http.post(
+            "/api/v1/jobs",
+            json={**in_container(pytorch_request("theirs", "fail.py", 1), "bring:1"),
+                  "container_image": "docker.io/library/debian:12"},
+        )  # fmt: skip
+        assert refused.status_code == 400
+        assert refused.json()["errors"]["container_image"] == [
+            "docker.io/library/debian:12 is not among the images bring:1 lets in: references "
+            "starting with localhost/trainyard-trainer."
+        ]
+        job = hold_in_container(user, "brought", "bring:1", container_image=reference)
+        assert user.job(job["id"])["container_image"] == reference
+        assert len(containers_of(job["id"])) == 2  # a host image's job, in containers
+        assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+        assert user.wait_finished(job["id"])["state"] == "cancelled"
+        again = user.http.get(f"/api/v1/jobs/{job['id']}/request").json()
+        assert again["container_image"] == reference  # Run again runs in it too
+    finally:
+        retire_image(stack, "bring:1")
     wait_until("no container of the job", lambda: containers_of(job["id"]) == [])
 
 

@@ -76,7 +76,7 @@ def test_the_form_says_what_the_chosen_image_sets(client: Client, alice: User) -
         f'<small class="image-env" data-image="{STARTER}" hidden>This image sets: '
         "<code>ACCELERATE_USE_CPU=true</code>. Your own variables of the same name win.</small>"
     ) in page
-    assert 'data-image="kvstore-ps:2.13"' not in page  # it sets none
+    assert 'class="image-env" data-image="kvstore-ps:2.13"' not in page  # it sets none
 
 
 def admin_form_data(client: Client, url: str) -> dict[str, Any]:

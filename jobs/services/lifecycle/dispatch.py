@@ -153,7 +153,7 @@ def _attempt_fields(job: Job, instances: int) -> dict[str, Any]:
         "attempt": job.attempt,
         "max_restarts": job.max_restarts,
         "checkpoint_key": job.checkpoint_key,
-        "container_image": job.image.container_image,
+        "container_image": job.container_image,
         # The image's defaults as they were at submission, under the job's own variables.
         "extra_env": {**job.image_env, **job.env},
         "owner": job.owner_id,
