@@ -32,6 +32,10 @@ Limits: time to a trainer's first line and its throughput with a cgroup per inst
 and a neighbour's throughput beside a 1-core job running 4 busy processes, limits on and off
 (bench/limits.py).
 
+Containers: submit -> first training line for the same two-instance DDP job with its trainers
+in podman containers (the trainer image built here) and on the host's Python, side by side
+(bench/container_startup.py).
+
 Experiments: a 12-trial search of the digits example with successive halving, next to the same
 12 configurations all run to the end: epochs, core-hours, wall time and the best eval accuracy
 of each (bench/experiments.py).
@@ -44,6 +48,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from bench.admission import RaceResult, race_in_subprocess
+from bench.container_startup import container_startup
 from bench.databases import fresh_postgres, fresh_sqlite, postgres_unreachable_reason
 from bench.experiments import experiments
 from bench.heartbeats import measure_in_subprocess as heartbeats_in_subprocess
@@ -128,6 +133,8 @@ def main() -> int:
     ok = sandbox_cost() and ok
     print("== limits: a cgroup per instance vs none, same supervisor ==")
     ok = limits_cost() and ok
+    print("== containers: a DDP job's first line in podman vs on the host's Python ==")
+    ok = container_startup() and ok
     print("== experiments: a search stopped early vs every trial run to the end ==")
     ok = experiments() and ok
     return 0 if ok else 1

@@ -133,18 +133,19 @@ def torchrun() -> Run:
 class Console(logs.Console):
     """The log bench's API and websocket client, running one timed job at a time."""
 
-    def run(self, name: str, pool: str = "") -> Run:
-        """One timed job; `pool`: in that Slurm pool instead of on the agents."""
-        return asyncio.run(self._run(name, pool))
+    def run(self, name: str, pool: str = "", image: str = "pytorch:2.13-cpu") -> Run:
+        """One timed job; `pool`: in that Slurm pool instead of on the agents; `image`: on
+        that framework image (one that runs in containers, say)."""
+        return asyncio.run(self._run(name, pool, image))
 
-    async def _run(self, name: str, pool: str = "") -> Run:
+    async def _run(self, name: str, pool: str = "", image: str = "pytorch:2.13-cpu") -> Run:
         """Submit, then follow: the websocket is opened as soon as the job has an id, after=0,
         so no line is missed; a line that came before it is replayed, with its arrival time
         then (what a browser that opens the page at once would see)."""
         run = Run()
         body = {
             "name": name,
-            "image": "pytorch:2.13-cpu",
+            "image": image,
             "program": {"script": PROGRAM, "args": [str(STEPS)]},
             "roles": {
                 "master": {"package": "cpu-1", "instances": 1},
