@@ -10,8 +10,8 @@ instance's processes runs in a container of its own, with
 - the GPUs the agent assigned to the instance, renumbered from 0 inside as the runtime does;
 - the environment in a file only the agent reads (`--env-file`), never on a command line;
 - `--init`, so that SIGTERM reaches the trainer and orphans are reaped;
-- a label naming the node, so that an agent that starts again removes what its previous
-  incarnation left.
+- labels naming the node and the agent's work dir, so that an agent that starts again removes
+  what its previous incarnation left, and nothing of another agent's on the same host.
 
 Stopping the `run` process does not always stop the container (a SIGKILL never reaches it), so
 the supervisor removes it by name afterwards (`remove_argv`).
@@ -29,6 +29,9 @@ from workers.launcher import INHERITED_ENV, WORKERS_PACKAGE, LocalProcess
 # installed on a host whose daemon is not (or is not ours to use).
 RUNTIMES = ("podman", "docker")
 NODE_LABEL = "trainyard.node"
+# The agent's work dir: agents of other consoles (or test stacks) on the same host may use the
+# same node name, and one that starts must remove only what its own earlier run left.
+AGENT_LABEL = "trainyard.workdir"
 PYTHON_IN_IMAGE = "python"  # the image's own interpreter, found on its PATH
 # podman's settings file, where a site keeps its own beside the system's (deploy/podman/).
 CONTAINERS_CONF_ENV = "CONTAINERS_CONF"
@@ -141,6 +144,7 @@ def run_argv(
     user: str | None = None,
     shared_ipc: bool = False,
     limits: Request | None = None,
+    agent: Path | None = None,
 ) -> list[str]:
     """The argv that runs `process` (its script, or `script` inside the image, and its
     arguments) in `image`.
@@ -157,6 +161,8 @@ def run_argv(
         "--read-only", "--tmpfs", "/tmp",  # noqa: S108 (the container's own /tmp)
         "--env-file", str(env_file), "--workdir", str(workdir),
     ]  # fmt: skip
+    if agent is not None:
+        argv += ["--label", f"{AGENT_LABEL}={agent}"]
     if user is not None:
         argv += ["--user", user]
     if limits is not None:
@@ -212,10 +218,10 @@ def image_exists_argv(runtime: str, reference: str) -> list[str]:
     return [runtime, "image", "inspect", "--format", "{{.Id}}", reference]
 
 
-def leftovers_argv(runtime: str, node: str) -> list[str]:
-    """Lists (by name, as the keepers record them) the containers of this node's trainers,
-    running or not."""
+def leftovers_argv(runtime: str, node: str, agent: Path) -> list[str]:
+    """Lists (by name, as the keepers record them) the containers this node's agent on the
+    work dir `agent` started, running or not (both labels: the runtime ANDs its filters)."""
     return [
         runtime, "ps", "--all", "--filter", f"label={NODE_LABEL}={node}",
-        "--format", "{{.Names}}",
+        "--filter", f"label={AGENT_LABEL}={agent}", "--format", "{{.Names}}",
     ]  # fmt: skip

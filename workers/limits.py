@@ -56,6 +56,18 @@ def share_of(request: cgroups.Request, processes: int) -> cgroups.Request:
     )
 
 
+def cores_of_process(
+    cores: list[int] | tuple[int, ...], index: int, processes: int
+) -> tuple[int, ...]:
+    """The cores of process `index` of an instance's `processes` (a container each): an equal
+    slice of the instance's, where there are at least as many cores as processes (8 processes
+    on 96 cores get 12 each, none shared); all of them where there are fewer (they share)."""
+    if processes <= 1 or len(cores) < processes:
+        return tuple(cores)
+    start, end = index * len(cores) // processes, (index + 1) * len(cores) // processes
+    return tuple(cores[start:end])
+
+
 def _package(spec: ReplicaSpec) -> str:
     return f" (package {spec.package})" if spec.package else ""
 

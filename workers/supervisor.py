@@ -511,7 +511,9 @@ class Supervisor:
                     for name in link.replica().get("containers", [])}  # fmt: skip
             try:
                 listed = subprocess.run(
-                    containers.leftovers_argv(self._container_runtime.path, self.node),
+                    containers.leftovers_argv(
+                        self._container_runtime.path, self.node, self._workdir
+                    ),
                     env=self._container_runtime.env(),
                     capture_output=True, text=True, timeout=30, check=False,
                 )  # fmt: skip
@@ -1163,7 +1165,7 @@ class Supervisor:
         containers.write_env_file(env_file, env)
         name = containers.container_name(spec.job_id, spec.attempt, spec.tag, local.local_rank)
         run.containers.append(name)
-        cores = tuple(run.cores) if spec.local_world_size == 1 else ()
+        cores = limits.cores_of_process(run.cores, local.local_rank, spec.local_world_size)
         return containers.run_argv(
             runtime.path,
             spec.container_image,
@@ -1180,6 +1182,7 @@ class Supervisor:
             limits=dataclasses.replace(
                 limits.share_of(limits.request_for(spec, []), spec.local_world_size), cores=cores
             ),
+            agent=self._workdir,
         )
 
     def _remove_containers(self, names: list[str]) -> None:

@@ -15,7 +15,7 @@ import redis
 
 from tests.conftest import FIXTURE_CODE_ROOT
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
-from workers import containers, contract
+from workers import containers, contract, limits
 from workers.containers import Mount
 from workers.launcher import TRAINER_LIB, LocalProcess
 from workers.logship import LogShipper
@@ -44,12 +44,14 @@ def test_docker_runs_the_script_on_the_host_network_with_the_instances_gpus(
         [2, 5],
         user="1900000007:1900000007",
         shared_ipc=True,
+        agent=Path("/var/lib/trainyard/agent"),
     )
     assert argv == [
         "/usr/bin/docker", "run", "--rm", "--name", "trainyard-7-a0-worker-1-1",
         "--label", "trainyard.node=gpu-7", "--network", "host", "--ipc", "host", "--init",
         "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
         "--tmpfs", "/tmp", "--env-file", str(tmp_path / "env-1"), "--workdir", "/code",
+        "--label", "trainyard.workdir=/var/lib/trainyard/agent",
         "--user", "1900000007:1900000007",
         "--volume", "/code:/code", "--volume", "/ck:/ck",
         "--volume", f"{TRAINER_LIB}:{TRAINER_LIB}:ro",
@@ -77,9 +79,10 @@ def test_podman_gets_each_gpu_by_its_cdi_name_and_removal_that_tolerates_absence
     assert containers.image_exists_argv("docker", "img") == [
         "docker", "image", "inspect", "--format", "{{.Id}}", "img",
     ]  # fmt: skip
-    assert containers.leftovers_argv("docker", "gpu-7") == [
+    # Only this agent's: another console's agent on the host may call its node gpu-7 too.
+    assert containers.leftovers_argv("docker", "gpu-7", Path("/var/a")) == [
         "docker", "ps", "--all", "--filter", "label=trainyard.node=gpu-7",
-        "--format", "{{.Names}}",
+        "--filter", "label=trainyard.workdir=/var/a", "--format", "{{.Names}}",
     ]  # fmt: skip
 
 
@@ -220,3 +223,14 @@ def test_a_container_image_on_a_node_without_a_runtime_fails_with_the_reason(
     finally:
         sup.shutdown()
         shipper.close()
+
+
+def test_each_process_container_gets_its_own_slice_of_the_instances_cores() -> None:
+    cores = list(range(8, 20))  # 12 cores
+    slices = [limits.cores_of_process(cores, i, 3) for i in range(3)]
+    assert slices == [(8, 9, 10, 11), (12, 13, 14, 15), (16, 17, 18, 19)]
+    uneven = [limits.cores_of_process(list(range(5)), i, 2) for i in range(2)]
+    assert uneven == [(0, 1), (2, 3, 4)]  # every core given, none twice
+    assert limits.cores_of_process([3, 4], 1, 4) == (3, 4)  # fewer cores than processes: shared
+    assert limits.cores_of_process([3, 4], 0, 1) == (3, 4)
+    assert limits.cores_of_process([], 0, 2) == ()  # no cpuset on this node
