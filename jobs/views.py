@@ -289,7 +289,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "state": presenters.job_state_payload(job),
             "usage": usage,
             "usage_rows": presenters.usage_rows(usage) if usage is not None else [],
-            "usage_unmeasured": usage is None and presenters.unmeasured_because_unlimited(job),
+            "usage_unmeasured": presenters.why_unmeasured(job) if usage is None else None,
             "roles": job.roles.all(),
             "workers": workers,
             "batch_note": batch_note(job.kvstore, workers, job.per_worker_batch),
