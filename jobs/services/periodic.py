@@ -16,6 +16,9 @@ class PeriodicPass(threading.Thread, Generic[Report]):
     """Runs `one_pass` every `interval` seconds until stopped."""
 
     what = "pass"  # said in the log: "reconciliation", "retention"
+    # Whether the first pass runs as the loop starts rather than an interval later: for a pass
+    # that picks up what a killed worker had in hand.
+    pass_at_start = False
 
     def __init__(self, interval: float) -> None:
         super().__init__(name=self.what, daemon=True)
@@ -27,6 +30,8 @@ class PeriodicPass(threading.Thread, Generic[Report]):
 
     def run(self) -> None:
         log.info("%s every %.1f s", self.what, self.interval)
+        if self.pass_at_start:
+            self.run_once()
         while not self.stopped.wait(self.interval):
             self.run_once()
 
