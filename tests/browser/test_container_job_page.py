@@ -6,14 +6,14 @@ node."""
 import pytest
 from playwright.sync_api import Browser, expect
 
-from stack import trainer_image
 from tests.browser.conftest import keep_screenshot, user_page
-from tests.conftest import RunningStack, pytorch_request, required_here
+from tests.conftest import RunningStack, pytorch_request
 from tests.integration.test_containers import (
     containers_of,
     register_container_image,
     retire_image,
     ticking,
+    trainer_image_here,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -26,12 +26,7 @@ QUOTA = {"cpu": 4, "gpus": 0, "memory_gb": 32, "running_jobs": 2}
 def test_the_job_page_names_the_container_image_and_the_nodes(
     browser: Browser, stack: RunningStack
 ) -> None:
-    missing = trainer_image.missing_tools()
-    required_here(
-        "the container job page",
-        f"{', '.join(missing)} missing (make containers)" if missing else None,
-    )
-    reference = trainer_image.ensure()
+    reference = trainer_image_here("the container job page")
     register_container_image(stack, IMAGE, "pytorch:2.13-cpu", reference)
     register_container_image(
         stack, BRING, "pytorch:2.13-cpu", "", lets_in=("localhost/trainyard-trainer",)

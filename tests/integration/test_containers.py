@@ -60,15 +60,17 @@ def retire_image(stack: RunningStack, name: str) -> None:
     stack.stack.manage("container_image", name, "--disable")
 
 
+def trainer_image_here(what: str) -> str:
+    """The trainer image built here, built now if missing (once per machine and recipe: about
+    1.5 minutes the first time); `what` is skipped, or failed under CI, without podman."""
+    missing = trainer_image.missing_tools()
+    required_here(what, f"{', '.join(missing)} missing (make containers)" if missing else None)
+    return trainer_image.ensure()
+
+
 @pytest.fixture(scope="module")
 def reference(stack: RunningStack) -> Iterator[str]:
-    missing = trainer_image.missing_tools()
-    required_here(
-        "the container tests",
-        f"{', '.join(missing)} missing (make containers)" if missing else None,
-    )
-    # Built once per machine and recipe: about 1.5 minutes the first time (the note says).
-    built = trainer_image.ensure()
+    built = trainer_image_here("the container tests")
     register_container_image(stack, DDP_IMAGE, "pytorch:2.13-cpu", built)
     register_container_image(stack, PS_IMAGE, "kvstore-ps:2.13", built)
     yield built
