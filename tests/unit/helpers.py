@@ -6,8 +6,11 @@ from typing import Any, cast
 
 import pytest
 import redis
+from django.contrib.auth.models import User
+from django.test import Client
 
 from jobs.logstream import RawEntry
+from jobs.models import ApiToken
 from jobs.services.lifecycle import dispatch
 from workers import contract
 from workers.logsink import LogBatch, LogSink
@@ -25,6 +28,16 @@ def job_request(instances: int = 3, package: str = "cpu-1", **overrides: Any) ->
     }
     request.update(overrides)
     return request
+
+
+def api_submit(client: Client, user: User, **overrides: Any) -> Any:
+    """POST /api/v1/jobs with `user`'s token: job_request(instances=2) with `overrides`."""
+    return client.post(
+        "/api/v1/jobs",
+        job_request(instances=2, **overrides),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}",
+    )
 
 
 class SentTasks:

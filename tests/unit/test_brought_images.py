@@ -15,10 +15,11 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 
 from jobs import container_refs
-from jobs.models import ApiToken, FrameworkImage, Job, SlurmPool
+from jobs.models import FrameworkImage, Job, SlurmPool
 from jobs.services import rerun
 from jobs.services.submission import ValidationFailed, check_job_request
 from tests.unit.helpers import SentTasks, job_request
+from tests.unit.helpers import api_submit as submit
 from workers import contract
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
@@ -111,15 +112,6 @@ def test_an_image_of_ones_own_is_not_for_a_slurm_pool() -> None:
         "The Slurm pool 'hpc' runs the host's interpreter: an image of your own runs on "
         "Trainyard's own nodes (leave the pool empty)."
     ]
-
-
-def submit(client: Client, user: User, **overrides: Any) -> Any:
-    return client.post(
-        "/api/v1/jobs",
-        job_request(instances=2, **overrides),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}",
-    )
 
 
 def started_in(sent_tasks: SentTasks) -> list[str]:

@@ -11,22 +11,14 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs.models import ApiToken, FrameworkImage, Job
-from tests.unit.helpers import SentTasks, job_request
+from tests.unit.helpers import SentTasks
+from tests.unit.helpers import api_submit as submit
 from workers import contract
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
 
 STARTER = "pytorch:2.13-cpu"
 STARTER_DEFAULTS = {"ACCELERATE_USE_CPU": "true"}
-
-
-def submit(client: Client, user: User, **overrides: Any) -> Any:
-    return client.post(
-        "/api/v1/jobs",
-        job_request(instances=2, **overrides),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}",
-    )
 
 
 def started_env(sent_tasks: SentTasks) -> list[dict[str, str]]:

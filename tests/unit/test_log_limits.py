@@ -9,25 +9,17 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs import logstream
-from jobs.models import ApiToken, FrameworkImage, Job, LogChunk, MetricPoint
+from jobs.models import FrameworkImage, Job, LogChunk, MetricPoint
 from jobs.redis_client import get_redis
 from jobs.services import logarchive
 from jobs.services.logceiling import KeptBytes
 from jobs.services.submission import check_job_request, submit_job
 from tests.unit.helpers import SentTasks, append_lines, job_request, stream_entries
+from tests.unit.helpers import api_submit as submit
 from workers import contract
 from workers.logsink import LogBatch, LogSink
 
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "nodes", "redis_url", "sent_tasks")
-
-
-def submit(client: Client, user: User, **overrides: Any) -> Any:
-    return client.post(
-        "/api/v1/jobs",
-        job_request(instances=2, **overrides),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Token {ApiToken.issue(user)}",
-    )
 
 
 def test_a_job_takes_its_images_limits(client: Client, alice: User) -> None:

@@ -232,10 +232,10 @@ def why_unmeasured(job: Job) -> str | None:
     reason, and an ended instance on a node with limits means something else went wrong,
     which this does not claim to know."""
     ended = [r for r in _current_replicas(job) if r.finished is not None]
-    nodes = [r.node for r in ended]
-    if not nodes or any(node is None for node in nodes):
+    nodes = [r.node for r in ended if r.node is not None]
+    if not nodes or len(nodes) < len(ended):
         return None
-    if all(node is not None and not node.limits_enforced for node in nodes):
+    if not any(node.limits_enforced for node in nodes):
         return "limits not enforced on its nodes"
     if job.container_image and job.slurm_pool_id is None:
         return (
