@@ -243,6 +243,26 @@ class RunningStack:
     def client_for(self, username: str) -> "StackClient":
         return StackClient(self.url, self.stack.manage("token", username).strip())
 
+    def add_package(self, prefix: str, **fields: Any) -> str:
+        """A package of a test module's own, named `prefix`-<random> (the catalog's stay as
+        they are); `retire_packages(prefix)` takes them off the form again."""
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        values = {"cpu": 1, "memory_gb": 2, **fields}
+        self.stack.manage(
+            "shell", "-c",
+            f"from jobs.models import Package; Package.objects.create(name={name!r}, **{values!r})",
+        )  # fmt: skip
+        return name
+
+    def retire_packages(self, prefix: str) -> None:
+        """The stack is shared: its New-job form offers the smallest package first, and a 1 GB
+        package of a module's would otherwise be every later test's default."""
+        self.stack.manage(
+            "shell", "-c",
+            "from jobs.models import Package; "
+            f"Package.objects.filter(name__startswith={prefix + '-'!r}).update(enabled=False)",
+        )  # fmt: skip
+
     def create_user(
         self, username: str, password: str, quota: dict[str, int] | None = None
     ) -> "StackClient":

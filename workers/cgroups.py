@@ -37,9 +37,10 @@ import hashlib
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,11 @@ V1_REQUIRED = ("memory", "cpu", "cpuacct", "pids")
 V2_CONTROLLERS = ("memory", "cpu", "pids")
 V2_OPTIONAL = ("cpuset",)
 GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
+NOWHERE = Path("/nonexistent")
+# Where the groups of a v1 node's containers go, at the same path in every hierarchy: a
+# container runtime takes one parent path for all of them (--cgroup-parent), and an agent's
+# own place may differ between hierarchies (here: memory's is /process_api/<id>, the others /).
+CONTAINERS_TOP = "trainyard-containers"
 
 
 class Layout(enum.StrEnum):
@@ -182,11 +188,19 @@ def _number(text: str) -> int:
 
 
 class InstanceGroup:
-    """One instance's cgroup: a folder per v1 hierarchy, or one v2 folder."""
+    """One instance's cgroup: a folder per v1 hierarchy, or one v2 folder.
 
-    def __init__(self, layout: Layout, folders: dict[str, Path]) -> None:
+    A `nested` group holds no process itself: a container runtime makes a group per container
+    below it (runc's libpod-<id>, conmon's), and removes each as its container ends. What the
+    containers used stays counted here (CPU time and the memory watermark are charged to every
+    ancestor), but the kernel counts an OOM kill and a refused fork in the container's own group
+    on cgroup v1, which is gone by the time anyone asks: a limit set here that was reached is
+    read as what ended them (`usage`)."""
+
+    def __init__(self, layout: Layout, folders: dict[str, Path], nested: bool = False) -> None:
         self.layout = layout
         self.folders = folders
+        self.nested = nested
 
     def procs_files(self) -> list[str]:
         """Where a process writes its pid to join the group (every hierarchy's)."""
@@ -196,39 +210,82 @@ class InstanceGroup:
         return all(folder.is_dir() for folder in self.folders.values())
 
     def pids(self) -> list[int]:
+        """The processes in the group (a nested group's: in the groups below it)."""
         found: set[int] = set()
-        for name in self.procs_files():
-            found.update(int(p) for p in _read(Path(name)).split() if p.isdigit())
+        files = [Path(name) for name in self.procs_files()]
+        if self.nested:
+            files = [f for folder in self.folders.values() for f in folder.rglob("cgroup.procs")]
+        for path in files:
+            found.update(int(p) for p in _read(path).split() if p.isdigit())
         return sorted(found)
+
+    def now(self) -> tuple[float, int]:
+        """CPU-seconds so far and the memory in use now, as container tools chart it (the
+        working set: what is charged less the page cache the kernel may drop at once)."""
+        if self.layout is Layout.V1:
+            cpu = _number(_read(self.folders.get("cpuacct", NOWHERE) / "cpuacct.usage")) / 1e9
+            memory = self.folders.get("memory", NOWHERE)
+            charged = _number(_read(memory / "memory.usage_in_bytes"))
+            inactive = _keyed(_read(memory / "memory.stat")).get("total_inactive_file", 0)
+        else:
+            folder = self.folders[""]
+            cpu = _keyed(_read(folder / "cpu.stat")).get("usage_usec", 0) / 1e6
+            charged = _number(_read(folder / "memory.current"))
+            inactive = _keyed(_read(folder / "memory.stat")).get("inactive_file", 0)
+        return cpu, max(0, charged - inactive)
 
     def usage(self) -> Usage:
         if self.layout is Layout.V1:
             # A controller the group is not in (a Slurm step without pids) reads as nothing.
             cpu, memory, pids = (
-                self.folders.get(c, Path("/nonexistent")) for c in ("cpuacct", "memory", "pids")
+                self.folders.get(c, NOWHERE) for c in ("cpuacct", "memory", "pids")
             )
-            return Usage(
+            found = Usage(
                 cpu_seconds=_number(_read(cpu / "cpuacct.usage")) / 1e9,
                 memory_peak_bytes=_number(_read(memory / "memory.max_usage_in_bytes")),
                 oom_kills=_keyed(_read(memory / "memory.oom_control")).get("oom_kill", 0),
                 process_limit_hits=_keyed(_read(pids / "pids.events")).get("max", 0),
             )
-        folder = self.folders[""]
-        memory_events = _keyed(_read(folder / "memory.events"))
-        # memory.peak came with Linux 5.19; before it, what is in use now is the best known.
-        peak = _read(folder / "memory.peak") or _read(folder / "memory.current")
-        return Usage(
-            cpu_seconds=_keyed(_read(folder / "cpu.stat")).get("usage_usec", 0) / 1e6,
-            memory_peak_bytes=_number(peak),
-            oom_kills=memory_events.get("oom_kill", 0),
-            process_limit_hits=_keyed(_read(folder / "pids.events")).get("max", 0),
-        )
+            memory_limit = _read(memory / "memory.limit_in_bytes")
+        else:
+            folder = pids = self.folders[""]
+            memory_events = _keyed(_read(folder / "memory.events"))
+            # memory.peak came with Linux 5.19; before it, what is in use now is the best known.
+            peak = _read(folder / "memory.peak") or _read(folder / "memory.current")
+            found = Usage(
+                cpu_seconds=_keyed(_read(folder / "cpu.stat")).get("usage_usec", 0) / 1e6,
+                memory_peak_bytes=_number(peak),
+                oom_kills=memory_events.get("oom_kill", 0),
+                process_limit_hits=_keyed(_read(folder / "pids.events")).get("max", 0),
+            )
+            memory_limit = _read(folder / "memory.max")
+        if not self.nested:
+            return found
+        # The containers' groups counted their own OOM kills and refused forks, and are gone:
+        # a watermark at this group's limit is the kernel's doing (the kill's SIGKILL decides
+        # that it ended them: workers/limits.py killed_by_the_kernel).
+        limit = _number(memory_limit)
+        if limit and found.memory_peak_bytes >= limit:
+            found = dataclasses.replace(found, oom_kills=max(found.oom_kills, 1))
+        most = _number(_read(pids / "pids.max"))
+        if most and _number(_read(pids / "pids.peak")) >= most:
+            found = dataclasses.replace(found, process_limit_hits=max(found.process_limit_hits, 1))
+        return found
 
     def remove(self) -> bool:
         """Remove the group once its processes are gone; False while any is left (the kernel
-        refuses to remove a cgroup with a process in it)."""
+        refuses to remove a cgroup with a process in it). A nested group's left-over children
+        go first (conmon's, which the runtime leaves behind)."""
         removed = True
         for folder in self.folders.values():
+            if self.nested and folder.is_dir():
+                for child in sorted(
+                    (p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
+                ):
+                    try:
+                        child.rmdir()
+                    except OSError:
+                        pass  # a process still in it: the group's own rmdir says so below
             try:
                 folder.rmdir()
             except FileNotFoundError:
@@ -255,6 +312,12 @@ class Cgroups:
     # Node folders probe made that these groups do not use (cpuset, when there are no cores to
     # give): removed with the others when the agent stops, else each agent leaves one behind.
     unused_roots: tuple[tuple[str, Path], ...] = ()
+    # Groups whose processes are a container runtime's, in groups it makes below them
+    # (InstanceGroup.nested); `path` is the roots' cgroup path, the same in every hierarchy.
+    nested: bool = False
+    path: str = ""
+    # Where this node's containers' groups go (its `nested` twin); None: nowhere known.
+    containers: "Cgroups | None" = None
 
     @property
     def enforced(self) -> bool:
@@ -263,7 +326,11 @@ class Cgroups:
     def group(self, name: str) -> InstanceGroup:
         if not GROUP_NAME.match(name):
             raise CgroupError(f"not a cgroup name: {name!r}")
-        return InstanceGroup(self.layout, {c: root / name for c, root in self.roots})
+        return InstanceGroup(self.layout, {c: root / name for c, root in self.roots}, self.nested)
+
+    def path_of(self, name: str) -> str:
+        """The cgroup path of group `name`, as a container runtime's --cgroup-parent takes it."""
+        return f"{self.path.rstrip('/')}/{name}"
 
     def create(self, name: str, request: Request) -> InstanceGroup:
         """The instance's group, made with its limits (a left-over one of the same name, empty
@@ -271,6 +338,8 @@ class Cgroups:
         if not self.enforced:
             raise CgroupError(f"limits are not enforced on this node: {self.reason}")
         group = self.group(name)
+        if self.nested:
+            group.remove()  # a left-over one, with the runtime's empty groups in it
         for folder in group.folders.values():
             if folder.is_dir() and not _read(folder / "cgroup.procs").split():
                 folder.rmdir()
@@ -280,11 +349,19 @@ class Cgroups:
                 _limit_v1(group.folders, request, self.devices)
             else:
                 _limit_v2(group.folders[""], request)
-            if self.cores:
-                # Before any process joins: a cpuset group with no cores refuses them.
-                folder = group.folders["cpuset" if self.layout is Layout.V1 else ""]
-                _write(folder / "cpuset.mems", self.mems)
-                _write(folder / "cpuset.cpus", cpu_list(request.cores or self.cores))
+                if self.nested:  # the runtime's groups below take the same controllers
+                    _write(group.folders[""] / "cgroup.subtree_control", _enabled(self.roots))
+            cpuset = group.folders.get("cpuset" if self.layout is Layout.V1 else "")
+            if self.cores or (self.nested and self.layout is Layout.V1 and cpuset is not None):
+                # Before any process joins: a cpuset group with no cores refuses them (and a
+                # v1 runtime's child copies its parent's, so a nested group needs them too).
+                assert cpuset is not None
+                _write(cpuset / "cpuset.mems", self.mems or _read(cpuset.parent / "cpuset.mems"))
+                cores = request.cores or self.cores
+                _write(
+                    cpuset / "cpuset.cpus",
+                    cpu_list(cores) if cores else _read(cpuset.parent / "cpuset.cpus").strip(),
+                )
         except OSError as exc:
             group.remove()
             raise CgroupError(f"cannot set the limits of cgroup {name}: {exc}") from exc
@@ -305,6 +382,8 @@ class Cgroups:
         for name in sorted(names - kept):
             if GROUP_NAME.match(name) and self.group(name).remove():
                 removed += 1
+        if self.containers is not None:
+            removed += self.containers.sweep(keep)
         return removed
 
     def sharing_cores(self, advertised: int) -> "Cgroups":
@@ -319,17 +398,29 @@ class Cgroups:
             roots=tuple((c, r) for c, r in self.roots if c != "cpuset"),
             unused_roots=self.unused_roots + tuple((c, r) for c, r in self.roots if c == "cpuset"),
             cores=(),
+            # Containers' groups keep their cpuset folders (a v1 runtime makes its own below
+            # them either way), with the node's whole list.
+            containers=(
+                dataclasses.replace(self.containers, cores=())
+                if self.containers is not None
+                else None
+            ),
             reason=self.reason.replace(", dedicated cores", "")
             + f" (cores shared: the node advertises {advertised}, it has {len(self.cores)})",
         )
 
     def remove_node_folders(self) -> None:
         """Remove the node's folders where no instance's group is left in them."""
+        if self.containers is not None:
+            self.containers.remove_node_folders()
         for _, root in self.roots + self.unused_roots:
-            try:
-                root.rmdir()
-            except OSError:
-                pass  # a group still in it (its keeper holds it for the next agent), or gone
+            for folder in (
+                [root, root.parent] if self.nested and self.layout is Layout.V1 else [root]
+            ):
+                try:
+                    folder.rmdir()  # and a v1 /trainyard-containers no other agent uses
+                except OSError:
+                    pass  # a group still in it (its keeper holds it for the next agent), or gone
 
 
 def _limit_v1(folders: dict[str, Path], request: Request, devices: bool) -> None:
@@ -406,6 +497,9 @@ def probe(
     if all(c in v1 for c in V1_REQUIRED):
         try:
             found = _prepare_v1(v1, memberships, name)
+            found = dataclasses.replace(
+                found, containers=_for_containers(_containers_v1, mounts, name, found)
+            )
             return _tried(found) if try_it else found
         except (OSError, CgroupError) as exc:
             problems.append(f"cgroup v1: {exc}")
@@ -416,6 +510,10 @@ def probe(
     if unified is not None and "" in memberships:
         try:
             found = _prepare_v2(unified, memberships[""], name)
+            found = dataclasses.replace(
+                found,
+                containers=_for_containers(_containers_v2, unified, memberships[""], name, found),
+            )
             return _tried(found) if try_it else found
         except (OSError, CgroupError) as exc:
             problems.append(f"cgroup v2: {exc}")
@@ -516,14 +614,86 @@ def _prepare_v2(mount: Mount, own: str, name: str) -> Cgroups:
     )
 
 
+def _for_containers(make: Callable[..., Cgroups], *args: Any) -> Cgroups | None:
+    """The containers' twin of a node's groups; None (the runtime's own flags then hold its
+    containers) where its folders cannot be made."""
+    try:
+        return make(*args)
+    except OSError as exc:
+        log.warning("no cgroups for containers, the runtime's flags hold them: %s", exc)
+        return None
+
+
+def _containers_v1(mounts: list[Mount], name: str, node: Cgroups) -> Cgroups:
+    """The folders of this node's containers' groups: /trainyard-containers/<node folder> in
+    every hierarchy. Every one, not only the controllers Trainyard limits: a runtime makes its
+    groups in each (freezer, blkio, the unified one of a hybrid host), and what it leaves
+    there (conmon's) goes with the instance's group."""
+    path = f"/{CONTAINERS_TOP}/{name}"
+    roots: dict[str, Path] = {}
+    for mount in mounts:
+        controllers = [c for c in V1_CONTROLLERS if c in mount.options]
+        for key in controllers or [f"other:{mount.point}"]:
+            roots[key] = _inside(mount, path)
+    for key, root in roots.items():
+        root.mkdir(parents=True, exist_ok=True)
+        if key == "cpuset":  # each new level takes its parent's cores, as the node's folder
+            _cpuset_from_parent(root.parent)
+            _cpuset_from_parent(root)
+    return Cgroups(
+        Layout.V1,
+        "containers' groups: " + path,
+        tuple(sorted(roots.items())),
+        cores=node.cores,
+        mems=node.mems,
+        nested=True,
+        path=path,
+    )
+
+
+def _containers_v2(mount: Mount, own: str, name: str, node: Cgroups) -> Cgroups:
+    """The folder of this node's containers' groups on a v2 host: beside the node's folder,
+    in the agent's own place (all a systemd delegation gives it)."""
+    folder = _inside(mount, own) / f"{name}-containers"
+    folder.mkdir(exist_ok=True)
+    _write(folder / "cgroup.subtree_control", _enabled(node.roots))
+    return Cgroups(
+        Layout.V2,
+        f"containers' groups: {folder}",
+        (("", folder),),
+        cores=node.cores,
+        mems=node.mems,
+        nested=True,
+        path=f"{own.rstrip('/')}/{folder.name}",
+    )
+
+
+def _enabled(roots: tuple[tuple[str, Path], ...]) -> str:
+    """A v2 folder's controllers as cgroup.subtree_control takes them for its children."""
+    return " ".join(
+        f"+{c.lstrip('+')}"
+        for _, root in roots
+        for c in _read(root / "cgroup.subtree_control").split()
+    )
+
+
 def _tried(found: Cgroups) -> Cgroups:
-    """Make, limit and remove a group once: a node that cannot is not enforcing limits."""
+    """Make, limit and remove a group once: a node that cannot is not enforcing limits. One
+    whose containers' folders cannot be used runs containers under the runtime's own flags."""
     probe_name = f"probe-{os.getpid()}"
     try:
         group = found.create(probe_name, Request(memory_bytes=64 << 20, cpus=1, max_processes=8))
     except (OSError, CgroupError) as exc:
         return Cgroups(Layout.NONE, f"{found.layout.value} is there but cannot be used: {exc}")
     group.remove()
+    if found.containers is not None:
+        try:
+            found.containers.create(probe_name, Request(memory_bytes=64 << 20)).remove()
+        except (OSError, CgroupError) as exc:
+            log.warning(
+                "containers' cgroups cannot be used, the runtime's flags hold them: %s", exc
+            )
+            return dataclasses.replace(found, containers=None)
     return found
 
 

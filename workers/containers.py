@@ -145,6 +145,7 @@ def run_argv(
     shared_ipc: bool = False,
     limits: Request | None = None,
     agent: Path | None = None,
+    cgroup_parent: str | None = None,
 ) -> list[str]:
     """The argv that runs `process` (its script, or `script` inside the image, and its
     arguments) in `image`.
@@ -153,7 +154,12 @@ def run_argv(
     "UID:GID", where the agent may give one), no capability, no privilege gained by exec, a
     read-only image with a private /tmp, and its own PID namespace (docker's default). The
     host's IPC namespace only for an instance of several processes (`shared_ipc`), whose NCCL
-    talks through shared memory; a lone process gets a private one."""
+    talks through shared memory; a lone process gets a private one.
+
+    `cgroup_parent`: the instance's group for containers (workers/cgroups.py), which holds its
+    package for all of its containers together and keeps their counters; `limits` then stay
+    off. Without one (a node that enforces no limits), the runtime's flags hold each container
+    to `limits`, its share of the package."""
     argv = [
         runtime, "run", "--rm", "--name", name, "--label", f"{NODE_LABEL}={node}",
         "--network", "host", "--ipc", "host" if shared_ipc else "private", "--init",
@@ -165,7 +171,9 @@ def run_argv(
         argv += ["--label", f"{AGENT_LABEL}={agent}"]
     if user is not None:
         argv += ["--user", user]
-    if limits is not None:
+    if cgroup_parent is not None:
+        argv += ["--cgroup-parent", cgroup_parent]
+    elif limits is not None:
         argv += limit_options(limits)
     for mount in mounts:
         argv += ["--volume", mount.option()]

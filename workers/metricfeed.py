@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from workers import jobfiles
+from workers.cgroups import InstanceGroup
 from workers.logquota import TokenBucket
 from workers.metricparse import KNOWN_METRICS, BadMetric, Point, parse_line
 
@@ -161,12 +162,16 @@ class MetricTail(threading.Thread):
 
 @dataclass
 class SampledInstance:
-    """One instance the sampler measures: its top processes and the GPUs it was given."""
+    """One instance the sampler measures: its top processes and the GPUs it was given; or,
+    for an instance in containers, its group, since its trainers are no process of the
+    agent's tree (the runtime's client is, and uses next to nothing)."""
 
     pids: list[int]
     gpu_ids: list[int]
     emit: EmitPoints
     processes: dict[int, psutil.Process] = field(default_factory=dict)
+    group: InstanceGroup | None = None
+    last_cpu: tuple[float, float] | None = None  # (monotonic time, CPU-seconds) of the last
 
 
 class SystemSampler(threading.Thread):
@@ -200,6 +205,9 @@ class SystemSampler(threading.Thread):
 
     def sample(self, instance: SampledInstance) -> None:
         """One sample of one instance (the first call only primes the CPU counters)."""
+        if instance.group is not None:
+            self._sample_group(instance, instance.group)
+            return
         cpu = 0.0
         rss = 0
         alive: dict[int, psutil.Process] = {}
@@ -225,6 +233,18 @@ class SystemSampler(threading.Thread):
         instance.processes = alive
         if not alive or not primed:
             return
+        self._emit(instance, cpu, rss)
+
+    def _sample_group(self, instance: SampledInstance, group: InstanceGroup) -> None:
+        """CPU from the group's CPU-seconds since the last sample, memory as it is now."""
+        seconds, memory = group.now()
+        at = time.monotonic()
+        last, instance.last_cpu = instance.last_cpu, (at, seconds)
+        if last is None or at <= last[0] or not group.pids():
+            return
+        self._emit(instance, 100.0 * max(0.0, seconds - last[1]) / (at - last[0]), memory)
+
+    def _emit(self, instance: SampledInstance, cpu: float, rss: int) -> None:
         now = time.time()
         points = [
             Point("cpu_percent", round(cpu, 1), None, None, now),

@@ -214,9 +214,10 @@ def _shim_python(program: str) -> str:
     return program if Path(program).name.startswith("python") else sys.executable
 
 
-def exit_code(code: int | None, sandbox: Sandbox) -> int | None:
-    """A trainer's exit code as the supervisor reports it: negative for a signal, as Popen's."""
-    if code is None or not sandbox.isolation.isolated:
+def exit_code(code: int | None, sandbox: Sandbox, in_container: bool = False) -> int | None:
+    """A trainer's exit code as the supervisor reports it: negative for a signal, as Popen's.
+    bwrap and a container runtime (`in_container`) both say a signal N as the code 128 + N."""
+    if code is None or not (sandbox.isolation.isolated or in_container):
         return code
     if SIGNAL_EXIT_BASE < code <= SIGNAL_EXIT_BASE + MAX_SIGNAL:
         return SIGNAL_EXIT_BASE - code

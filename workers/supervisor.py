@@ -198,6 +198,9 @@ class _ReplicaRun:
     instance_dir: Path | None = None  # this attempt's folder of the instance, once started
     failed_local_rank: int | None = None  # the process whose failure ended the replica
     cgroup: cgroups.InstanceGroup | None = None  # its limits and counters, where enforced
+    # For a job in containers: the group above the runtime's groups for its containers, which
+    # holds them to the package and counts what they use (the runtime's client is in `cgroup`).
+    container_group: cgroups.InstanceGroup | None = None
     # Set when the agent stops the replica for a limit (the disk's): its failure's reason.
     limit_reason: str = ""
     limit_stop_at: float = 0.0  # monotonic time of that stop, for the SIGKILL after the grace
@@ -544,8 +547,12 @@ class Supervisor:
             run.instance_dir = Path(doc["instance_dir"]) if doc.get("instance_dir") else None
             if self.limits.enforced:
                 # Its processes are still in the group the earlier agent made.
-                group = self.limits.group(folder_name(spec.job_id, spec.attempt, spec.tag))
+                name = folder_name(spec.job_id, spec.attempt, spec.tag)
+                group = self.limits.group(name)
                 run.cgroup = group if group.exists() else None
+                if run.containers and self.limits.containers is not None:
+                    group = self.limits.containers.group(name)
+                    run.container_group = group if group.exists() else None
             link.claim()  # at once: its grace runs
             with self._lock:
                 if run.ident in self._runs:
@@ -621,11 +628,17 @@ class Supervisor:
         # Read once every process is gone, then the group goes (one left with a process in
         # it, which only a stuck process makes, goes at the agent's next start: sweep()).
         usage = self._usage(run)
-        if run.cgroup is not None:
-            run.cgroup.remove()
+        if run.container_group is not None:
+            # conmon outlives its container by moments, in a group below the instance's.
+            gone_by = time.monotonic() + KILL_WAIT_SECONDS
+            while run.container_group.pids() and time.monotonic() < gone_by:
+                time.sleep(0.05)
+        for group in (run.cgroup, run.container_group):
+            if group is not None:
+                group.remove()
         if run.state == ReplicaState.STOPPED and run.keeper is not None:
             # How its processes ended, as they did: -15 for one that obeyed the SIGTERM.
-            codes = [sandbox.exit_code(e["code"], self.sandbox) for e in run.keeper.exits() if e]
+            codes = [self._exit_code(run, e["code"]) for e in run.keeper.exits() if e]
             exit_code = next((c for c in codes if c != 0), 0 if codes else None)
         if run.ended_at is None:
             run.ended_at = time.time()
@@ -886,11 +899,17 @@ class Supervisor:
         gpu_devices = [f"/dev/nvidia{g}" for g in run.gpu_ids]
         if run.gpu_ids:
             gpu_devices += list(sandbox.GPU_CONTROL_DEVICES)
+        name = folder_name(spec.job_id, spec.attempt, spec.tag)
+        request = dataclasses.replace(limits.request_for(spec, gpu_devices), cores=tuple(run.cores))
         try:
-            run.cgroup = self.limits.create(
-                folder_name(spec.job_id, spec.attempt, spec.tag),
-                dataclasses.replace(limits.request_for(spec, gpu_devices), cores=tuple(run.cores)),
-            )
+            run.cgroup = self.limits.create(name, request)
+            if spec.container_image and self.limits.containers is not None:
+                # The whole package for all of the instance's containers together, as the
+                # instance's group holds a sandboxed instance's processes; the runtime keeps
+                # each container's devices (GPUs through CDI), so none are limited here.
+                run.container_group = self.limits.containers.create(
+                    name, dataclasses.replace(request, devices=())
+                )
         except cgroups.CgroupError as exc:
             raise RuntimeError(
                 f"cannot hold the instance to its package on {self.node}: {exc}"
@@ -898,11 +917,10 @@ class Supervisor:
         return run.cgroup.procs_files()
 
     def _usage(self, run: _ReplicaRun) -> cgroups.Usage | None:
-        """The instance's counters; None without a group, or for a container image, whose
-        trainers run in the runtime's cgroups (their limits are the runtime's flags)."""
-        if run.cgroup is None or run.spec.container_image:
-            return None
-        return run.cgroup.usage()
+        """The instance's counters; None without a group. A job in containers: its
+        containers' group (None where the runtime's own flags held them, uncounted)."""
+        group = run.container_group if run.spec.container_image else run.cgroup
+        return group.usage() if group is not None else None
 
     def _check_limits(self, run: _ReplicaRun) -> None:
         """Now and then: a line in the job's log once its process limit is hit (forks fail
@@ -942,7 +960,12 @@ class Supervisor:
         if use is None:
             return
         # Files removed but held open count too (du cannot see them).
-        held = sum(limits.unlinked_bytes(r.cgroup.pids()) for r in mine if r.cgroup is not None)
+        held = sum(
+            limits.unlinked_bytes(group.pids())
+            for r in mine
+            for group in (r.cgroup, r.container_group)
+            if group is not None
+        )
         use = dataclasses.replace(use, used_bytes=use.used_bytes + held)
         if use.over:
             run.limit_reason = limits.disk_reason(spec, use)
@@ -1027,7 +1050,10 @@ class Supervisor:
             tail.start()
             run.tails.append(tail)
         run.sampled = SampledInstance(
-            link.pids(), run.gpu_ids, lambda ts, points: self._ship_points(run, ts, points)
+            link.pids(),
+            run.gpu_ids,
+            lambda ts, points: self._ship_points(run, ts, points),
+            group=run.container_group,
         )
 
     def _points_emitter(
@@ -1183,6 +1209,11 @@ class Supervisor:
                 limits.share_of(limits.request_for(spec, []), spec.local_world_size), cores=cores
             ),
             agent=self._workdir,
+            cgroup_parent=(
+                self.limits.containers.path_of(folder_name(spec.job_id, spec.attempt, spec.tag))
+                if run.container_group is not None and self.limits.containers is not None
+                else None
+            ),
         )
 
     def _remove_containers(self, names: list[str]) -> None:
@@ -1301,7 +1332,7 @@ class Supervisor:
             if run.handed_over.is_set():
                 raise _HandedOver
             exits = link.exits()
-            codes = [sandbox.exit_code(e["code"], self.sandbox) if e else None for e in exits]
+            codes = [self._exit_code(run, e["code"]) if e else None for e in exits]
             failed = next((c for c in codes if c not in (None, 0)), None)
             if run.limit_reason and failed is None and all(c is not None for c in codes):
                 # Stopped for a limit, and it ended cleanly on the SIGTERM: still a failure.
@@ -1338,7 +1369,10 @@ class Supervisor:
         # told apart by the exit's time): its own failure, reported as one.
         run.failed_local_rank = own
         run.ended_at = float(exits[own]["at"])  # type: ignore[index]
-        return sandbox.exit_code(exits[own]["code"], self.sandbox)  # type: ignore[index]
+        return self._exit_code(run, exits[own]["code"])  # type: ignore[index]
+
+    def _exit_code(self, run: _ReplicaRun, code: int | None) -> int | None:
+        return sandbox.exit_code(code, self.sandbox, in_container=bool(run.spec.container_image))
 
     def _failed_before_stop(self, run: _ReplicaRun, exits: list[Any]) -> int | None:
         """The local rank of a process that exited with a failure before the stop was asked
@@ -1346,7 +1380,7 @@ class Supervisor:
         for rank, ended in enumerate(exits):
             if not ended or float(ended["at"]) >= run.stop_requested_at:
                 continue
-            if sandbox.exit_code(ended["code"], self.sandbox) != 0:
+            if self._exit_code(run, ended["code"]) != 0:
                 return rank
         return None
 

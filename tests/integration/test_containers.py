@@ -79,8 +79,9 @@ def reference(stack: RunningStack) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def user(stack: RunningStack, reference: str) -> StackClient:
-    return stack.create_user("container-user", "container-pw", quota=QUOTA)
+def user(stack: RunningStack, reference: str) -> Iterator[StackClient]:
+    yield stack.create_user("container-user", "container-pw", quota=QUOTA)
+    stack.retire_packages("in-containers")
 
 
 def in_container(request: dict[str, Any], image: str = DDP_IMAGE) -> dict[str, Any]:
@@ -249,3 +250,59 @@ def test_the_image_is_the_one_built_here(reference: str) -> None:
     (image,) = json.loads(inspected.stdout)
     assert image["Labels"]["trainyard.recipe"] == reference.rsplit(":", 1)[1]
     assert shutil.which("runc")
+
+
+def points(user: StackClient, job_id: int, name: str) -> list[float]:
+    metrics = user.http.get(f"/api/v1/jobs/{job_id}/metrics").json()
+    return [p["value"] for p in metrics["points"] if p["name"] == name]
+
+
+def test_a_container_jobs_use_is_its_containers_not_the_runtimes_client(
+    user: StackClient, reference: str
+) -> None:
+    """The charts and the Use line measure the trainer in its container: the `podman run`
+    client, which is the agent's child, idles at under 1 % and about 35 MB."""
+    request = pytorch_request("measured in a container", "digits-ddp", 1, args=["--epochs", "8"])
+    job = user.wait_finished(user.submit(in_container(request))["id"])
+    assert job["state"] == "succeeded", job["reason"]
+    cpu, memory = points(user, job["id"], "cpu_percent"), points(user, job["id"], "memory_mb")
+    assert cpu and memory, "no samples of the instance"
+    assert max(cpu) > 30 and max(memory) > 100, (cpu, memory)  # torch, training on its core
+    assert max(cpu) <= 100 * 1.1, cpu  # a cpu-1 package: its one core's worth, no more
+    (instance,) = job["usage"]["instances"]
+    assert instance["cpu_seconds"] > 1 and instance["memory_peak_gb"] > 0.1, instance
+
+
+def test_a_memory_hog_in_a_container_fails_out_of_memory_at_its_package(
+    stack: RunningStack, user: StackClient, reference: str
+) -> None:
+    package = stack.add_package("in-containers", memory_gb=1)
+    request = pytorch_request("hog in a container", "hog.py", 1, package=package,
+                              args=["--gb", "3"])  # fmt: skip
+    job = user.wait_finished(user.submit(in_container(request))["id"])
+    assert job["state"] == "failed"
+    assert re.match(
+        rf"master on node-\d: out of memory: used 1.0 of 1 GB \(package {package}\)",
+        job["reason"],
+    ), job["reason"]
+    texts = [x["text"] for x in user.logs(job["id"])]
+    assert "taking 3 GB" in texts and not any(t.startswith("survived") for t in texts)
+    assert containers_of(job["id"]) == []
+
+
+def test_a_fork_bomb_in_a_container_stops_at_its_process_limit(
+    stack: RunningStack, user: StackClient, reference: str
+) -> None:
+    package = stack.add_package("in-containers", max_processes=64)
+    request = pytorch_request("bomb in a container", "forks.py", 1, package=package,
+                              args=["--release", "/never"])  # fmt: skip
+    job = user.submit(in_container(request))
+    note = f"[trainyard] process limit of 64 reached (package {package}): forks fail from now on"
+    texts = lambda: [x["text"] for x in user.logs(job["id"])]  # noqa: E731
+    wait_until("the limit's note", lambda: note in texts())
+    said = next(t for t in texts() if t.startswith("fork failed after"))
+    # The trainer, the container's init and its children, conmon: 64 tasks, no more.
+    assert int(said.split()[3]) < 64, said
+    assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
+    assert user.wait_finished(job["id"])["state"] == "cancelled"
+    wait_until("no container of the job", lambda: containers_of(job["id"]) == [])

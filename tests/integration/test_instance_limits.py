@@ -47,14 +47,7 @@ class Neighbours:
     node_cgroups: cgroups.Cgroups  # the agent's, as it made them
 
     def package(self, **fields: Any) -> str:
-        """A package of this module's own (the catalog's stay as they are)."""
-        name = f"limits-{uuid.uuid4().hex[:8]}"
-        values = {"cpu": 1, "memory_gb": 2, **fields}
-        self.running.stack.manage(
-            "shell", "-c",
-            f"from jobs.models import Package; Package.objects.create(name={name!r}, **{values!r})",
-        )  # fmt: skip
-        return name
+        return self.running.add_package("limits", **fields)
 
     def group(self, job_id: int, tag: str = "master") -> cgroups.InstanceGroup:
         return self.node_cgroups.group(folder_name(job_id, 0, tag))
@@ -111,13 +104,7 @@ def neighbours(stack: RunningStack) -> Iterator[Neighbours]:
         alice.wait_finished(job["id"])
         for name in drained:
             admin.http.post(f"/api/v1/nodes/{name}/ready")
-        # The stack is shared: its New-job form offers the smallest package first, and a 1 GB
-        # package of this module's would otherwise be every later test's default.
-        stack.stack.manage(
-            "shell", "-c",
-            "from jobs.models import Package; "
-            "Package.objects.filter(name__startswith='limits-').update(enabled=False)",
-        )  # fmt: skip
+        stack.retire_packages("limits")
 
 
 def neighbour_steps(n: Neighbours) -> int:

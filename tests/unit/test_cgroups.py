@@ -333,3 +333,136 @@ def test_a_slurm_steps_use_is_read_from_the_groups_its_task_cgroup_made(tmp_path
     assert found == cgroups.Usage(cpu_seconds=7.5, memory_peak_bytes=1 << 30, oom_kills=1)
     # proctrack/linuxproc: the wrapper is in no step group, so no counters are the step's.
     assert cgroups.slurm_step_usage(mountinfo, "2:cpuacct:/\n4:memory:/user.slice\n") is None
+
+
+def test_v1_containers_groups_are_at_one_path_in_every_hierarchy(
+    tmp_path: Path, written: list[tuple[Path, str]]
+) -> None:
+    """A runtime takes one --cgroup-parent for all hierarchies, and this agent's place differs
+    between them (memory's is /process_api/abc): the containers' groups go at the same path
+    in each, the package written on them, the runtime's own device rules left to it."""
+    mountinfo, proc, root = v1_host(tmp_path, memory_own="/process_api/abc")
+    (tmp_path / "freezer").mkdir()
+    mountinfo += f"40 31 0:40 / {tmp_path / 'freezer'} rw,relatime - cgroup cgroup rw,freezer\n"
+    found = cgroups.probe("node-1", "/w", mountinfo=mountinfo, proc_cgroup=proc, try_it=False)
+    twin = found.containers
+    assert twin is not None and twin.nested
+    assert twin.path.startswith("/trainyard-containers/trainyard-node-1-")
+    made = twin.create("9-0-master", REQUEST)
+    path = twin.path_of("9-0-master")
+    assert made.nested and made.folders["memory"] == root / "memory" / path.lstrip("/")
+    assert made.folders["other:" + str(tmp_path / "freezer")] == tmp_path / "freezer" / path[1:]
+    assert (made.folders["memory"] / "memory.limit_in_bytes").read_text() == str(2 << 30)
+    assert (made.folders["pids"] / "pids.max").read_text() == "256"
+    assert (made.folders["cpuset"] / "cpuset.cpus").read_text() == "1,2"
+    assert not [p for p, _ in written if p.parent == made.folders["devices"]]
+    # Without cores of its own, a nested group still names the node's (a v1 runtime's child
+    # copies them from it).
+    shared = twin.create("9-0-worker-0", cgroups.Request(cpus=1))
+    assert (shared.folders["cpuset"] / "cpuset.cpus").read_text() == "0,1,2,3"
+
+
+def fake_runtime_child(group: cgroups.InstanceGroup) -> None:
+    """What runc and conmon leave below a nested group after their container has ended."""
+    for folder in group.folders.values():
+        (folder / "conmon").mkdir(parents=True)
+
+
+def test_a_nested_groups_limits_reached_are_read_as_what_ended_its_containers(
+    tmp_path: Path, written: list[tuple[Path, str]]
+) -> None:
+    mountinfo, proc, _ = v1_host(tmp_path)
+    found = cgroups.probe("n", "/w", mountinfo=mountinfo, proc_cgroup=proc, try_it=False)
+    assert found.containers is not None
+    group = found.containers.group("3-0-master")
+    memory, pids = group.folders["memory"], group.folders["pids"]
+    for folder in group.folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    (group.folders["cpuacct"] / "cpuacct.usage").write_text("2500000000\n")
+    (memory / "memory.limit_in_bytes").write_text(f"{1 << 30}\n")
+    (memory / "memory.max_usage_in_bytes").write_text(f"{600 << 20}\n")
+    (pids / "pids.max").write_text("64\n")
+    (pids / "pids.peak").write_text("12\n")
+    assert group.usage() == cgroups.Usage(cpu_seconds=2.5, memory_peak_bytes=600 << 20)
+    # At the limit: the containers' own groups counted the kill, and they are gone.
+    (memory / "memory.max_usage_in_bytes").write_text(f"{1 << 30}\n")
+    (pids / "pids.peak").write_text("64\n")
+    assert group.usage() == cgroups.Usage(2.5, 1 << 30, oom_kills=1, process_limit_hits=1)
+    # An instance group of its own processes counts its events itself: no inference there.
+    plain = cgroups.InstanceGroup(group.layout, group.folders)
+    assert plain.usage().oom_kills == 0 and plain.usage().process_limit_hits == 0
+    # What the runtime left below goes with it (the group's own rmdir is the kernel's: a
+    # fake one's folder holds files, which a real group's never stop).
+    fake_runtime_child(group)
+    group.remove()
+    assert not any((f / "conmon").exists() for f in group.folders.values())
+
+
+def test_a_nested_groups_use_now_is_its_cpu_time_and_working_set(tmp_path: Path) -> None:
+    folder = tmp_path / "memory"
+    cpu = tmp_path / "cpuacct"
+    for f in (folder, cpu):
+        f.mkdir()
+    (cpu / "cpuacct.usage").write_text("1500000000\n")
+    (folder / "memory.usage_in_bytes").write_text(f"{500 << 20}\n")
+    (folder / "memory.stat").write_text(f"cache 1\ntotal_inactive_file {100 << 20}\n")
+    group = cgroups.InstanceGroup(cgroups.Layout.V1, {"memory": folder, "cpuacct": cpu}, True)
+    assert group.now() == (1.5, 400 << 20)
+    (folder / "child").mkdir()
+    (folder / "child" / "cgroup.procs").write_text("41\n42\n")
+    assert group.pids() == [41, 42]  # the processes of the runtime's groups below
+
+
+def test_v2_containers_groups_go_beside_the_nodes_folder(
+    tmp_path: Path, written: list[tuple[Path, str]]
+) -> None:
+    mountinfo, proc, _ = v2_host(tmp_path, "/agents.slice/trainyard.service")
+    found = cgroups.probe("node-1", "/w", mountinfo=mountinfo, proc_cgroup=proc, try_it=False)
+    twin = found.containers
+    assert twin is not None
+    ((_, node_root),) = found.roots
+    ((_, folder),) = twin.roots
+    assert folder == node_root.with_name(node_root.name + "-containers")
+    assert twin.path == f"/agents.slice/trainyard.service/{folder.name}"
+    made = twin.create("5-0-master", REQUEST)
+    assert (made.folders[""] / "memory.max").read_text() == str(2 << 30)
+    # The runtime's groups below it get the controllers.
+    assert (made.folders[""] / "cgroup.subtree_control").read_text() == (
+        "+memory +cpu +pids +cpuset"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make cgroups")
+def test_on_this_host_a_nested_group_holds_and_counts_what_ran_below_it(tmp_path: Path) -> None:
+    """As a container runtime does: a process in a child group of the instance's, which goes
+    once the process has ended; the instance's group still knows the CPU time, the peak and
+    that its limit killed it."""
+    found = cgroups.probe("unit-test", str(tmp_path))
+    if not found.enforced or found.containers is None:
+        pytest.skip(f"SKIPPED, not run: {found.reason}")
+    group = found.containers.create("1-0-master", cgroups.Request(memory_bytes=64 << 20))
+    try:
+        child = {key: folder / "libpod-test" for key, folder in group.folders.items()}
+        for folder in child.values():
+            folder.mkdir()
+        if "cpuset" in child:
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                (child["cpuset"] / name).write_text((group.folders["cpuset"] / name).read_text())
+        hog = (
+            "import time; t = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass\n"
+            "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096])"
+        )
+        procs = sorted({str(f / "cgroup.procs") for f in child.values()})
+        done = subprocess.run(
+            deathsig.command([sys.executable, "-c", hog], cgroups=procs), capture_output=True
+        )
+        assert done.returncode == -9
+        for folder in child.values():
+            folder.rmdir()
+        usage = group.usage()
+        assert usage.cpu_seconds >= 0.3 and usage.memory_peak_bytes == 64 << 20
+        assert usage.oom_kills == 1
+    finally:
+        assert group.remove()
+        found.remove_node_folders()

@@ -16,6 +16,7 @@ import redis
 from tests.conftest import FIXTURE_CODE_ROOT
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
 from workers import containers, contract, limits
+from workers.cgroups import Request
 from workers.containers import Mount
 from workers.launcher import TRAINER_LIB, LocalProcess
 from workers.logship import LogShipper
@@ -183,8 +184,8 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
             "trainyard-11-a0-master-1",
         ]
         assert all(c[c.index("--gpus") + 1] == '"device=0,1"' for c in runs)
-        # Each of the instance's 2 containers gets half its package (the runtime's cgroup
-        # holds it, not the instance's).
+        # Each of the instance's 2 containers gets half its package: on a node that enforces
+        # no limits of its own (as this one), the runtime's flags hold them.
         assert all(c[c.index("--memory") + 1] == str(1 << 30) for c in runs)
         assert all(c[c.index("--memory-swap") + 1] == str(1 << 30) for c in runs)
         assert all(c[c.index("--cpus") + 1] == "1" for c in runs)
@@ -234,3 +235,19 @@ def test_each_process_container_gets_its_own_slice_of_the_instances_cores() -> N
     assert limits.cores_of_process([3, 4], 1, 4) == (3, 4)  # fewer cores than processes: shared
     assert limits.cores_of_process([3, 4], 0, 1) == (3, 4)
     assert limits.cores_of_process([], 0, 2) == ()  # no cpuset on this node
+
+
+def test_a_container_in_its_instances_group_gets_the_parent_and_no_flags_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """Where the node holds the instance's containers in a group of its own, that group has
+    the whole package for all of them: no per-container share on top."""
+    argv = containers.run_argv(
+        "/usr/bin/podman", "localhost/train:1", "trainyard-7-a0-master-0", "node-1", process(),
+        Path("/code"), [], tmp_path / "env", [],
+        limits=Request(memory_bytes=1 << 30, cpus=1, max_processes=64, cores=(2,)),
+        cgroup_parent="/trainyard-containers/trainyard-node-1-abc/7-0-master",
+    )  # fmt: skip
+    at = argv.index("--cgroup-parent")
+    assert argv[at + 1] == "/trainyard-containers/trainyard-node-1-abc/7-0-master"
+    assert not {"--memory", "--cpus", "--pids-limit", "--cpuset-cpus"} & set(argv)

@@ -190,10 +190,10 @@ def test_instances_that_ended_on_nodes_without_limits_say_why_there_is_no_use(
     Node.objects.update(limits="cgroup-v2")
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="job-usage"' not in html
-    # Unless its trainers ran in containers: the runtime's cgroups are not read.
+    # Containers are measured too (their group's counters): no excuse for them either.
     Job.objects.filter(pk=job.pk).update(container_image="registry.example.com/ml/pt:2.13")
     html = client.get(f"/jobs/{job.pk}/").content.decode()
-    assert "not measured: its trainers ran in containers, which the runtime holds" in html
+    assert 'id="job-usage"' not in html
 
 
 # --- trainyard show ---------------------------------------------------------------------------

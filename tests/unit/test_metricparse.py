@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_until
+from workers.cgroups import InstanceGroup, Layout
 from workers.metricfeed import MetricTail, SampledInstance, SystemSampler
 from workers.metricparse import (
     BadMetric,
@@ -289,3 +290,33 @@ def test_an_instance_with_several_gpus_gets_their_mean_and_each_gpus_own_figures
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_instance_in_containers_is_sampled_from_its_group(tmp_path: Path) -> None:
+    """Its trainers are no process of the agent's (the runtime's client is, and idles): CPU
+    is the group's CPU-seconds over the time between samples, memory its working set."""
+    cpu, memory, below = tmp_path / "cpuacct", tmp_path / "memory", tmp_path / "memory" / "c"
+    below.mkdir(parents=True)
+    cpu.mkdir()
+    (below / "cgroup.procs").write_text("4242\n")  # a container's process, in its own group
+    (memory / "memory.usage_in_bytes").write_text(f"{300 << 20}\n")
+    (memory / "memory.stat").write_text(f"total_inactive_file {44 << 20}\n")
+    group = InstanceGroup(Layout.V1, {"cpuacct": cpu, "memory": memory}, nested=True)
+    sink = Sink()
+    watched = SampledInstance([1], gpu_ids=[], emit=sink.on_points, group=group)
+    sampler = SystemSampler(lambda: [watched])
+    (cpu / "cpuacct.usage").write_text("1000000000\n")
+    sampler.sample(watched)  # primes
+    assert sink.points == [] and watched.last_cpu is not None
+    primed_at = watched.last_cpu[0]
+    (cpu / "cpuacct.usage").write_text("1500000000\n")  # half a CPU-second later
+    wait_until("some time to pass", lambda: time.monotonic() - primed_at >= 0.5)
+    sampler.sample(watched)
+    window = watched.last_cpu[0] - primed_at
+    cpu_percent, memory_mb = (p.value for p in sink.points)
+    assert cpu_percent == round(100 * 0.5 / window, 1)
+    assert memory_mb == 256.0
+    # Once no process is left in it, no more points (as for ended processes).
+    (below / "cgroup.procs").write_text("")
+    sampler.sample(watched)
+    assert len(sink.points) == 2

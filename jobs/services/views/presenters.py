@@ -226,22 +226,15 @@ def usage_rows(use: efficiency.JobUse) -> list[dict[str, Any]]:
 def why_unmeasured(job: Job) -> str | None:
     """Why the job's use is missing, where that is known, for the job page to say rather than
     leave users wondering: every node its ended instances ran on holds no instance to its
-    package (no cgroup, so no counters), or its trainers ran in containers, which the
-    container runtime holds to their share of the package in cgroups of its own that the
-    agent does not read. Slurm instances (no node of ours) and instances still running are no
-    reason, and an ended instance on a node with limits means something else went wrong,
-    which this does not claim to know."""
+    package (no cgroup, so no counters). Slurm instances (no node of ours) and instances still
+    running are no reason, and an ended instance on a node with limits means something else
+    went wrong, which this does not claim to know."""
     ended = [r for r in _current_replicas(job) if r.finished is not None]
     nodes = [r.node for r in ended if r.node is not None]
     if not nodes or len(nodes) < len(ended):
         return None
     if not any(node.limits_enforced for node in nodes):
         return "limits not enforced on its nodes"
-    if job.container_image and job.slurm_pool_id is None:
-        return (
-            "its trainers ran in containers, which the runtime holds to the package "
-            "(--memory, --cpus, --pids-limit) in cgroups Trainyard does not read yet"
-        )
     return None
 
 
