@@ -17,6 +17,7 @@ Stopping the `run` process does not always stop the container (a SIGKILL never r
 the supervisor removes it by name afterwards (`remove_argv`).
 """
 
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass
@@ -97,8 +98,12 @@ def example_layout(script: Path) -> tuple[Mount, Path]:
     )
 
 
-def container_name(job_id: int, attempt: int, tag: str, local_rank: int) -> str:
-    return f"trainyard-{job_id}-a{attempt}-{tag}-{local_rank}"
+def container_name(job_id: int, attempt: int, tag: str, local_rank: int, agent: Path) -> str:
+    """Unique on the host: another console's agent there (or a test stack's) may run a job of
+    the same number, and the runtime refuses a second container of a name in use. The agent's
+    work dir tells them apart, as its label does."""
+    mark = hashlib.sha256(str(agent).encode()).hexdigest()[:8]
+    return f"trainyard-{job_id}-a{attempt}-{tag}-{local_rank}-{mark}"
 
 
 def container_env(

@@ -1189,7 +1189,9 @@ class Supervisor:
         mounts += [containers.Mount(f) for f in sorted({cwd, instance_dir, checkpoint_dir})]
         env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
         containers.write_env_file(env_file, env)
-        name = containers.container_name(spec.job_id, spec.attempt, spec.tag, local.local_rank)
+        name = containers.container_name(
+            spec.job_id, spec.attempt, spec.tag, local.local_rank, self._workdir
+        )
         run.containers.append(name)
         cores = limits.cores_of_process(run.cores, local.local_rank, spec.local_world_size)
         return containers.run_argv(

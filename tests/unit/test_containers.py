@@ -179,9 +179,10 @@ def test_the_supervisor_runs_a_container_instance_and_removes_the_container_afte
         ]
         calls = [json.loads(line) for line in log.read_text().splitlines()]
         runs = [c for c in calls if c[0] == "run"]
+        mark = containers.container_name(11, 0, "master", 0, tmp_path / "work").rsplit("-", 1)[1]
         assert sorted(c[c.index("--name") + 1] for c in runs) == [
-            "trainyard-11-a0-master-0",
-            "trainyard-11-a0-master-1",
+            f"trainyard-11-a0-master-0-{mark}",
+            f"trainyard-11-a0-master-1-{mark}",
         ]
         assert all(c[c.index("--gpus") + 1] == '"device=0,1"' for c in runs)
         # Each of the instance's 2 containers gets half its package: on a node that enforces
@@ -251,3 +252,11 @@ def test_a_container_in_its_instances_group_gets_the_parent_and_no_flags_of_its_
     at = argv.index("--cgroup-parent")
     assert argv[at + 1] == "/trainyard-containers/trainyard-node-1-abc/7-0-master"
     assert not {"--memory", "--cpus", "--pids-limit", "--cpuset-cpus"} & set(argv)
+
+
+def test_container_names_of_two_agents_on_one_host_differ() -> None:
+    """Two consoles' agents on one host may both run a job 7: podman refuses a second
+    container of a name in use, so the agent's work dir is part of the name."""
+    ours = containers.container_name(7, 0, "worker-1", 0, Path("/var/lib/trainyard/a"))
+    theirs = containers.container_name(7, 0, "worker-1", 0, Path("/srv/other-console/agent"))
+    assert ours.startswith("trainyard-7-a0-worker-1-0-") and ours != theirs
