@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run cluster slurm slurm-packages people-python test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env containers trainer-image
+.PHONY: directory run cluster slurm slurm-packages people-python test jstest bench bench-scale bench-fairness bench-preemption lint format chromium sandbox clean mxnet-env containers trainer-image
 
 # The stamp is rebuilt when the dependency lists change; constraints.txt pins torch to the
 # CPU wheel so that no CUDA packages are pulled in.
@@ -36,7 +36,7 @@ cluster: $(VENV)/.installed sandbox
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
 # starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
 TEST_PROCESSES ?= 2
-test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python trainer-image
+test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python trainer-image directory
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile
 
 # The page scripts' pure parts (tests/js), by Node's own test runner: no npm package, a few
@@ -142,6 +142,22 @@ slurm-packages:
 			echo "Slurm is missing: the Slurm tests will skip ('sudo apt-get install slurm-wlm munge slurmdbd mariadb-server')"; \
 		fi; \
 	fi
+
+# Sign-in through an LDAP directory: django-auth-ldap and python-ldap (which builds against
+# OpenLDAP's headers), and OpenLDAP's slapd, which the directory tests start as a private
+# server of their own (stack/directory.py), as they start Redis and Slurm.
+directory: $(VENV)/.installed
+	@if ! command -v slapd >/dev/null || ! command -v ldapmodify >/dev/null \
+		|| [ ! -e /usr/include/ldap.h ] || [ ! -e /usr/include/sasl/sasl.h ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slapd ldap-utils libldap2-dev libsasl2-dev >/dev/null; \
+		else \
+			echo "OpenLDAP is missing: the directory tests will skip ('sudo apt-get install slapd ldap-utils libldap2-dev libsasl2-dev')"; \
+		fi; \
+	fi
+	@$(PY) -c "import django_auth_ldap, ldap" 2>/dev/null \
+		|| $(PY) -m pip install --quiet -c constraints.txt -e ".[directory]" \
+		|| echo "python-ldap did not build: the directory tests will skip"
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -188,6 +188,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Django's ModelBackend behind the login throttle (jobs/login_throttle.py).
 AUTHENTICATION_BACKENDS = ["jobs.login_throttle.ThrottledModelBackend"]
+# Sign-in through the organisation's LDAP directory (jobs/directory.py; docs/deploy.md):
+# people in it sign in with their directory password, behind the same throttle; local
+# accounts (the admin of a small set-up) keep theirs.
+TRAINYARD_LDAP_URL = os.environ.get("TRAINYARD_LDAP_URL", "")
+if TRAINYARD_LDAP_URL:
+    from console.directory_settings import ldap_settings
+
+    globals().update(ldap_settings(os.environ))
+    AUTHENTICATION_BACKENDS = ["jobs.directory.ThrottledDirectoryBackend"]
 # Wrong passwords allowed per account, and per client address (all accounts together), before
 # that account or address is locked out; 0: no limit. Failures count for, and a lock lasts,
 # TRAINYARD_LOGIN_LOCKOUT_SECONDS. Behind a proxy the address is the client's only if the web

@@ -62,6 +62,7 @@ urlpatterns = [
     path("queue/", views.queue_page, name="queue"),
     path("quotas/", views.quota_list, name="quota_list"),
     path("storage/", views.storage_page, name="storage"),
+    path("account/", account_views.profile, name="profile"),
     path("account/tokens/", account_views.token_list, name="token_list"),
     path("account/tokens/<int:token_id>/revoke/", account_views.token_revoke, name="token_revoke"),
     path("account/password/", account_views.password_change, name="password_change"),

@@ -1,5 +1,5 @@
-"""The logged-in user's own account pages: their API tokens and their password. Thin views
-over jobs.services.tokens and jobs.services.users."""
+"""The logged-in user's own account pages: their profile, their API tokens and their
+password. Thin views over jobs.services.identity, .tokens and .users."""
 
 from django.contrib import messages
 from django.contrib.auth import update_session_auth_hash
@@ -11,7 +11,13 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from jobs.account_forms import ChangePasswordForm, NewTokenForm
-from jobs.services import tokens, users
+from jobs.services import identity, tokens, users
+
+
+@login_required
+def profile(request: HttpRequest) -> HttpResponse:
+    user: User = request.user  # type: ignore[assignment]  # login_required
+    return render(request, "account/profile.html", {"profile": identity.profile_of(user)})
 
 
 @never_cache  # the page may hold a new key: no cache keeps a copy

@@ -13,6 +13,7 @@ from jobs.account_forms import AdminChangePasswordForm
 from jobs.models import (
     AgentCredential,
     ApiToken,
+    DirectoryAccount,
     FrameworkImage,
     HealthEvent,
     Job,
@@ -67,8 +68,17 @@ class SlurmPoolAdmin(admin.ModelAdmin):
 class UnixAccountAdmin(admin.ModelAdmin):
     """Which Unix account a person's jobs run as, on pools that run jobs as their owners."""
 
-    list_display = ("user", "username", "slurm_account")
+    list_display = ("user", "username", "uid", "gid", "slurm_account", "from_directory")
     search_fields = ("user__username", "username")
+
+
+@admin.register(DirectoryAccount)
+class DirectoryAccountAdmin(admin.ModelAdmin):
+    """People who sign in through the directory: what it last said (jobs/directory.py)."""
+
+    list_display = ("user", "dn", "checked", "refused")
+    search_fields = ("user__username", "dn")
+    readonly_fields = ("user", "dn", "checked", "refused")
 
 
 @admin.register(Package)

@@ -234,12 +234,19 @@ class ThrottledModelBackend(ModelBackend):
         if lockout is not None:
             _tell(request, lockout)
             raise PermissionDenied(lockout.message)
-        user = super().authenticate(request, username=username, password=password, **kwargs)
+        user = self.check_password(request, username, password, **kwargs)
         if user is None:
             _tell(request, attempt_failed(last_allowed))
         else:
             attempt_succeeded(request, username)
         return user
+
+    def check_password(
+        self, request: HttpRequest | None, username: str, password: str, **kwargs: Any
+    ) -> User | None:
+        """The user whose password this is, or None: the console's own (a subclass may ask a
+        directory first); the throttle around it is the same."""
+        return super().authenticate(request, username=username, password=password, **kwargs)
 
     async def aauthenticate(
         self,

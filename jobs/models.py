@@ -212,9 +212,39 @@ class UnixAccount(models.Model):
         validators=[SLURM_WORD],
         help_text="sbatch --account for this person's jobs; empty: the pool's.",
     )
+    # The numbers, where they are known here: from the directory the person signs in through
+    # (posixAccount's uidNumber and gidNumber, the gidNumbers of their posixGroups), or set by
+    # an admin. Empty: the console host resolves the username (its passwd, sssd).
+    uid = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: looked up.")
+    gid = models.PositiveIntegerField(null=True, blank=True, help_text="Empty: looked up.")
+    groups = models.JSONField(
+        default=list, blank=True, help_text="Supplementary group ids, e.g. [30001, 30002]."
+    )
+    from_directory = models.BooleanField(
+        default=False, editable=False, help_text="Written by the directory at each sign-in."
+    )
 
     def __str__(self) -> str:
         return f"{self.user} as {self.username}"
+
+
+class DirectoryAccount(models.Model):
+    """A console user who signs in through the organisation's LDAP directory
+    (jobs/directory.py): their entry, and when the directory last said they may sign in. Such
+    a user has no password of the console's: the directory decides, and a periodic check ends
+    their sessions and tokens once it says no more."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, related_name="directory_account", on_delete=models.CASCADE
+    )
+    dn = models.CharField(max_length=500)
+    checked = models.DateTimeField(help_text="When the directory last answered for them.")
+    refused = models.CharField(
+        max_length=300, blank=True, help_text="Why the directory no longer lets them in."
+    )
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.dn})"
 
 
 class FrameworkImage(models.Model):

@@ -127,6 +127,12 @@ def start_periodic_passes(**_: Any) -> None:
             loop: PeriodicPass[Any] = loop_class(interval)
             loop.start()
             _periodic.append(loop)
+    if settings.TRAINYARD_LDAP_URL and settings.TRAINYARD_LDAP_CHECK_SECONDS > 0:
+        from jobs.directory import DirectoryCheck  # python-ldap: only where a directory is set
+
+        check = DirectoryCheck(settings.TRAINYARD_LDAP_CHECK_SECONDS)
+        check.start()
+        _periodic.append(check)
     if settings.TRAINYARD_HEARTBEAT_DRAIN:
         drain = heartbeat_drain.DrainLoop()
         drain.start()

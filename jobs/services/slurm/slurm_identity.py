@@ -72,6 +72,16 @@ def identity_of(user: User) -> Identity:
             f"{user.get_username()} has no Unix account for this pool, whose jobs run as their "
             "owners: an admin sets one (admin → Unix accounts)"
         )
+    lowest = uid_min()
+    if account.uid is not None and account.gid is not None:
+        # The directory's numbers (or an admin's): the console host need not know the person.
+        if account.uid < lowest:
+            raise NoIdentity(
+                f"the Unix identity of {user.get_username()} has uid {account.uid}: root and "
+                f"system accounts (uid below {lowest}) never run jobs"
+            )
+        groups = tuple(dict.fromkeys([account.gid, *(int(g) for g in account.groups)]))
+        return Identity(account.username, account.uid, account.gid, account.slurm_account, groups)
     try:
         entry = pwd.getpwnam(account.username)
     except KeyError:
@@ -79,7 +89,6 @@ def identity_of(user: User) -> Identity:
             f"the Unix account {account.username!r} of {user.get_username()} does not exist on "
             "the console host (a Slurm submit host knows the cluster's users)"
         ) from None
-    lowest = uid_min()
     if entry.pw_uid < lowest:
         raise NoIdentity(
             f"the Unix account {account.username!r} has uid {entry.pw_uid}: root and system "
