@@ -54,7 +54,6 @@ def ldap_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "AUTH_LDAP_USER_ATTRLIST": ["*", "+"],
         "AUTH_LDAP_CONNECTION_OPTIONS": {ldap.OPT_NETWORK_TIMEOUT: 10, ldap.OPT_TIMEOUT: 10},
         "TRAINYARD_LDAP_GROUP_BASE": group_base,
-        "TRAINYARD_LDAP_CHECK_SECONDS": int(env.get("TRAINYARD_LDAP_CHECK_SECONDS", "300")),
     }
     staff = env.get("TRAINYARD_LDAP_STAFF_GROUP")
     if staff:

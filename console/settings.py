@@ -192,6 +192,11 @@ AUTHENTICATION_BACKENDS = ["jobs.login_throttle.ThrottledModelBackend"]
 # people in it sign in with their directory password, behind the same throttle; local
 # accounts (the admin of a small set-up) keep theirs.
 TRAINYARD_LDAP_URL = os.environ.get("TRAINYARD_LDAP_URL", "")
+TRAINYARD_LDAP_GROUP_BASE = os.environ.get("TRAINYARD_LDAP_GROUP_BASE", "")
+# How often the console worker asks the directory about everyone it signed in (0: never).
+TRAINYARD_LDAP_CHECK_SECONDS = env_int("TRAINYARD_LDAP_CHECK_SECONDS", 300)
+AUTH_LDAP_REQUIRE_GROUP: str | None = None
+AUTH_LDAP_DENY_GROUP: str | None = None
 if TRAINYARD_LDAP_URL:
     from console.directory_settings import ldap_settings
 

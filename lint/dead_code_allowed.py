@@ -157,3 +157,6 @@ metric_summary  # unused variable (jobs/schemas.py, JobOut): a schema field Djan
 startup_trials  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
 min_resource  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
 reduction_factor  # unused variable (jobs/experiment_forms.py, SearchForm): form fields read by name (PRUNER_OPTION_FIELDS)
+AUTH_LDAP_SERVER_URI  # unused attribute (tests/unit/test_directory.py): a setting django-auth-ldap reads by name
+sandbox_uid  # unused variable (jobs/services/identity.py, Profile): read by the profile template
+ThrottledDirectoryBackend  # unused class (jobs/directory.py): named in settings.AUTHENTICATION_BACKENDS
