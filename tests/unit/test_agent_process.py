@@ -26,7 +26,7 @@ from tests.conftest import (
 )
 from tests.keeper_output import read_output
 from tests.unit.test_supervisor import spec, texts, tree_pids, wait_until
-from workers import agent, contract, sandbox
+from workers import agent, cgroups, contract, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "t1"
@@ -114,6 +114,14 @@ class Agents:
         for pid in self.pids:
             if process_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        # An agent killed by SIGKILL leaves its node's cgroup folders and its instances' (empty
+        # once their processes are dead): they go here, not a few more per test in every
+        # hierarchy of the machine, as its next start would sweep them.
+        for workdir in {started.workdir.resolve() / NODE for started in self.started}:
+            left = cgroups.probe(NODE, str(workdir), try_it=False)
+            if left.enforced:
+                left.sweep()
+                left.remove_node_folders()
 
 
 @pytest.fixture
