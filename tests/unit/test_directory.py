@@ -13,6 +13,7 @@ websockets on the real Redis channel layer:
 - a directory uid of a system account never runs a job.
 """
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,10 @@ STAFF_GROUP = f"cn=ml-admins,{GROUPS}"
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slapd.Directory]:
     missing = slapd.missing_tools()
+    if importlib.util.find_spec("django_auth_ldap") is None:
+        missing.append("django-auth-ldap")
     required_here("the directory tests", f"{', '.join(missing)} missing (make directory)"
                   if missing else None)  # fmt: skip
-    pytest.importorskip("django_auth_ldap", reason="SKIPPED, not run: make directory")
     with slapd.private_directory(tmp_path_factory.mktemp("slapd"), SUFFIX) as found:
         found.add(
             slapd.person("ada", 20001, 20001, "ada-directory-pw", SUFFIX)
@@ -217,8 +219,8 @@ def test_a_directory_uid_of_a_system_account_never_runs_a_job(
     assert (found.uid, found.gid, found.groups) == (20001, 20001, (20001, 30000, 30001))
 
 
+@pytest.mark.usefixtures("directory")
 def test_the_settings_say_what_is_missing(tmp_path: Path) -> None:
-    pytest.importorskip("django_auth_ldap", reason="SKIPPED, not run: make directory")
     from django.core.exceptions import ImproperlyConfigured
 
     from console.directory_settings import ldap_settings
