@@ -33,7 +33,7 @@ from ldap.filter import escape_filter_chars
 
 from jobs.login_throttle import ThrottledModelBackend
 from jobs.models import DirectoryAccount, UnixAccount
-from jobs.services import revocation
+from jobs.services import users
 from jobs.services.periodic import PeriodicPass
 
 log = logging.getLogger(__name__)
@@ -140,13 +140,10 @@ ldap_error.connect(_note_error, dispatch_uid="trainyard-directory-check")
 @transaction.atomic
 def refuse(account: DirectoryAccount, why: str) -> None:
     """Deactivate a person the directory no longer lets in, as an admin's deactivation does."""
-    user = account.user
-    user.is_active = False
-    user.save(update_fields=["is_active"])
+    users.deactivate(account.user)
     account.refused = why[:300]
     account.save(update_fields=["refused"])
-    revocation.tell_streams_on_commit(user.pk)
-    log.info("signed %s out: %s", user.get_username(), why)
+    log.info("signed %s out: %s", account.user.get_username(), why)
 
 
 def check_accounts() -> int:

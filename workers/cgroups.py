@@ -214,7 +214,9 @@ class InstanceGroup:
         found: set[int] = set()
         files = [Path(name) for name in self.procs_files()]
         if self.nested:
-            files = [f for folder in self.folders.values() for f in folder.rglob("cgroup.procs")]
+            # Every process is in every hierarchy: one hierarchy's groups below say them all.
+            below = self.folders.get("pids") or next(iter(self.folders.values()))
+            files = list(below.rglob("cgroup.procs"))
         for path in files:
             found.update(int(p) for p in _read(path).split() if p.isdigit())
         return sorted(found)

@@ -295,10 +295,12 @@ def test_an_instance_with_several_gpus_gets_their_mean_and_each_gpus_own_figures
 def test_an_instance_in_containers_is_sampled_from_its_group(tmp_path: Path) -> None:
     """Its trainers are no process of the agent's (the runtime's client is, and idles): CPU
     is the group's CPU-seconds over the time between samples, memory its working set."""
-    cpu, memory, below = tmp_path / "cpuacct", tmp_path / "memory", tmp_path / "memory" / "c"
-    below.mkdir(parents=True)
-    cpu.mkdir()
-    (below / "cgroup.procs").write_text("4242\n")  # a container's process, in its own group
+    cpu, memory = tmp_path / "cpuacct", tmp_path / "memory"
+    # A container's process, in its own group below the instance's, in every hierarchy.
+    below = [cpu / "c", memory / "c"]
+    for folder in below:
+        folder.mkdir(parents=True)
+        (folder / "cgroup.procs").write_text("4242\n")
     (memory / "memory.usage_in_bytes").write_text(f"{300 << 20}\n")
     (memory / "memory.stat").write_text(f"total_inactive_file {44 << 20}\n")
     group = InstanceGroup(Layout.V1, {"cpuacct": cpu, "memory": memory}, nested=True)
@@ -317,6 +319,7 @@ def test_an_instance_in_containers_is_sampled_from_its_group(tmp_path: Path) -> 
     assert cpu_percent == round(100 * 0.5 / window, 1)
     assert memory_mb == 256.0
     # Once no process is left in it, no more points (as for ended processes).
-    (below / "cgroup.procs").write_text("")
+    for folder in below:
+        (folder / "cgroup.procs").write_text("")
     sampler.sample(watched)
     assert len(sink.points) == 2
