@@ -330,6 +330,13 @@ def job_as_dict(
         "priority": job.priority_name,
         "priority_value": job.priority,
         "pool": job.slurm_pool.name if job.slurm_pool_id and job.slurm_pool else "",
+        "run_as": (
+            {"uid": job.run_uid, "gid": job.run_gid, "groups": job.run_groups}
+            if job.run_uid is not None
+            else None
+        ),
+        "data": list(job.data_folders),
+        "results": job.results_folder,
         "container_image": job.container_image,
         "slurm": job.slurm_options,
         "preempted_by": [int(j) for j in job.preempted_by],

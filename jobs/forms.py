@@ -53,6 +53,8 @@ FIELD_FOR_ERROR = {
     "restart.backoff_seconds": "restart_backoff_seconds",
     "restart.exclude_failed_node": "exclude_failed_node",
     "restart.args_on_resume": "args_on_resume",
+    "data": "data_folders",
+    "results": "results_folder",
     "one_instance_per_node": "one_instance_per_node",
     "health_rules": "health_rules",
     "env": "env",
@@ -312,6 +314,22 @@ class NewJobForm(_ShapeForm):
         help_text="NAME=value, one a line, for every process. Values of names with TOKEN, "
         "SECRET, PASSWORD or KEY in them are masked for anyone but you.",
     )
+    data_folders = forms.CharField(
+        label="Data folders",
+        required=False,
+        widget=forms.Textarea(
+            attrs={"rows": 2, "spellcheck": "false", "placeholder": "/shared/datasets/vision"}
+        ),
+        help_text="Folders of the nodes the job reads, one a line: there, read-only, if your "
+        "Unix identity may read them.",
+    )
+    results_folder = forms.CharField(
+        label="Results folder",
+        required=False,
+        max_length=4096,
+        widget=forms.TextInput(attrs={"spellcheck": "false"}),
+        help_text="A folder of the nodes the job writes to, as you.",
+    )
 
     def __init__(self, *args: Any, user: User | AnonymousUser | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -435,6 +453,9 @@ class NewJobForm(_ShapeForm):
         if body.get("health_rules") and not image_health_rules:
             initial["health_rules"] = json.dumps(body["health_rules"])
         initial["env"] = "\n".join(f"{k}={v}" for k, v in (body.get("env") or {}).items())
+        data = body.get("data") or []
+        initial["data_folders"] = "\n".join([data] if isinstance(data, str) else data)
+        initial["results_folder"] = body.get("results") or ""
         self.initial = initial
 
     def _slurm_choices(self) -> None:
@@ -537,6 +558,11 @@ class NewJobForm(_ShapeForm):
             }
         if data.get("args_on_resume"):
             request.setdefault("restart", {})["args_on_resume"] = data["args_on_resume"]
+        folders = (data.get("data_folders") or "").splitlines()
+        if folders := [line.strip() for line in folders if line.strip()]:
+            request["data"] = folders
+        if data.get("results_folder", "").strip():
+            request["results"] = data["results_folder"].strip()
         if data.get("one_instance_per_node"):
             request["one_instance_per_node"] = True
         if data.get("project", "").strip():

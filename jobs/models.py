@@ -907,6 +907,16 @@ class Job(models.Model):
         default=False,
         help_text="No two instances of the job on one node (Slurm's --ntasks-per-node=1).",
     )
+    # The owner's own Unix identity, as the console resolved it at submission
+    # (jobs.services.identity.unix_identity_of), which every attempt runs as, so that what an
+    # attempt wrote is the next one's. Empty: none was known; nodes give a uid of Trainyard's.
+    run_uid = models.PositiveIntegerField(null=True, blank=True)
+    run_gid = models.PositiveIntegerField(null=True, blank=True)
+    run_groups = models.JSONField(default=list, blank=True)
+    # Folders of the nodes' file system the job named (workers/folderaccess.py): data its
+    # trainers read, and the folder its results go to.
+    data_folders = models.JSONField(default=list, blank=True)
+    results_folder = models.CharField(max_length=4096, blank=True, default="")
     health_rules = models.JSONField(default=list, blank=True)
     # Frozen at submission (the job's own, or the default then:
     # jobs.services.lifecycle.time_limits).

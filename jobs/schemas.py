@@ -154,6 +154,18 @@ class JobIn(_In):
     note: StrictStr = Field(
         default="", description="What the run is for: plain text, at most 2,000 characters."
     )
+    data: list[StrictStr] | StrictStr | None = Field(
+        default=None,
+        description="Folders of the nodes' file system the job reads, e.g. "
+        '["/shared/datasets/vision"]: bound read-only into its sandbox where they are, if your '
+        "Unix identity may read them (checked at submission where the console sees them, and "
+        "on the node, as you, before the job starts). Needs a Unix identity of yours.",
+    )
+    results: StrictStr | None = Field(
+        default=None,
+        description="A folder of the nodes' file system the job writes its results to (your "
+        "identity must be allowed to write it); what it writes there is yours, uid and gid.",
+    )
     env: dict[StrictStr, StrictStr] | None = Field(
         default=None,
         description="Environment variables for every process of the job, {NAME: value}. Names "
@@ -471,6 +483,12 @@ class MetricSummaryOut(_Out):
     points: int
 
 
+class RunAsOut(_Out):
+    uid: int
+    gid: int
+    groups: list[int] = Field(description="Supplementary groups, the primary one first.")
+
+
 class JobOut(_Out):
     id: int
     name: str
@@ -490,6 +508,12 @@ class JobOut(_Out):
         description='The OCI image its trainers run in; "": the host\'s interpreter.'
     )
     pool: str = Field(description='The Slurm pool it runs in; "": Trainyard\'s own nodes.')
+    run_as: RunAsOut | None = Field(
+        description="The owner's own Unix identity its trainers run as, as resolved at "
+        "submission; null: none was known, and nodes give them a uid of Trainyard's own."
+    )
+    data: list[str] = Field(description="Folders by path it reads (read-only).")
+    results: str = Field(description='The folder by path it writes its results to; "": none.')
     slurm: dict[str, str | bool] = Field(
         description="The Slurm options it chose (partition, account, qos, …); {}: its pool's."
     )
@@ -583,6 +607,8 @@ class JobRequestOut(_Out):
     env: dict[str, str] | None = Field(default=None, exclude_if=_unless_none)
     project: str | None = _param("Its project, when it has one.")
     tags: list[str] | None = _param("Its tags, when it has some.")
+    data: list[str] | None = _param("The folders by path it reads, when it names some.")
+    results: str | None = _param("Its results folder, when it names one.")
 
 
 class JobListOut(_Out):

@@ -251,6 +251,8 @@ def apply_flags(
     max_restarts: int | None,
     exclude_failed_node: bool | None = None,
     args_on_resume: list[str] | None = None,
+    data: list[str] | None = None,
+    results: str | None = None,
     one_per_node: bool | None = None,
     time_limit: str | None = None,
     priority: str | None = None,
@@ -283,6 +285,10 @@ def apply_flags(
         body["roles"] = {**_section(body, "roles"), **dict(parse_role(r) for r in roles)}
     if kvstore is not None:
         body["kvstore"] = kvstore
+    if data:
+        body["data"] = list(data)
+    if results is not None:
+        body["results"] = results
     if one_per_node is not None:
         body["one_instance_per_node"] = one_per_node
     if priority is not None:

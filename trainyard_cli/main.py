@@ -64,6 +64,19 @@ OnResume = Annotated[
         show_default=False,
     ),
 ]
+DataFolder = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--data",
+        help="A folder of the nodes the job reads (read-only, as you), e.g. "
+        "/shared/datasets/vision; repeatable.",
+        show_default=False,
+    ),
+]
+ResultsFolder = Annotated[
+    str | None,
+    typer.Option("--results", help="A folder of the nodes the job writes its results to, as you."),
+]
 OnePerNode = Annotated[
     bool | None,
     typer.Option(
@@ -234,6 +247,8 @@ def submit(
     max_restarts: MaxRestarts = None,
     exclude_failed_node: ExcludeFailedNode = None,
     on_resume: OnResume = None,
+    data: DataFolder = None,
+    results: ResultsFolder = None,
     one_per_node: OnePerNode = None,
     time_limit: TimeLimit = None,
     priority: Priority = None,
@@ -283,6 +298,8 @@ def submit(
         max_restarts=max_restarts,
         exclude_failed_node=exclude_failed_node,
         args_on_resume=on_resume,
+        data=data,
+        results=results,
         one_per_node=one_per_node,
         time_limit=time_limit,
         priority=priority,

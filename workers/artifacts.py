@@ -194,7 +194,8 @@ def serve(
     request: dict[str, Any], *, client: Any, node: str, checkpoint_root: Path, sandbox: Any
 ) -> None:
     """Answer a TASK_LIST_ARTIFACTS (no "path") or TASK_READ_ARTIFACT request: {job_id,
-    checkpoint_key, owner, container, reply_to[, path, offset]}. The answer's header is
+    checkpoint_key, owner, uid, gid (the owner's own identity's; -1: none), container,
+    reply_to[, path, offset]}. The answer's header is
     {"ok": true, ...} or {"error": "bad-path" | "not-found" | "refused" | "failed",
     "message"}; a chunk's bytes follow its header."""
     header: dict[str, Any]
@@ -205,7 +206,12 @@ def serve(
             checkpoint_root,
             int(request["job_id"]),
             str(request["checkpoint_key"]),
-            sandbox.file_owner(int(request["owner"]), bool(request.get("container"))),
+            sandbox.file_owner(
+                sandbox.user_of(
+                    int(request["owner"]), int(request.get("uid", -1)), int(request.get("gid", -1))
+                ),
+                bool(request.get("container")),
+            ),
         )
         if "path" in request:
             size, version, data = read_chunk(job, request["path"], int(request.get("offset", 0)))

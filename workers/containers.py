@@ -25,6 +25,7 @@ from pathlib import Path
 
 from workers.cgroups import Request
 from workers.launcher import INHERITED_ENV, WORKERS_PACKAGE, LocalProcess
+from workers.unixids import JobUser
 
 # podman first: it needs no daemon, so where it is installed it runs; a docker client may be
 # installed on a host whose daemon is not (or is not ours to use).
@@ -146,7 +147,7 @@ def run_argv(
     env_file: Path,
     gpu_ids: list[int],
     script: Path | None = None,
-    user: str | None = None,
+    user: JobUser | None = None,
     shared_ipc: bool = False,
     limits: Request | None = None,
     agent: Path | None = None,
@@ -155,8 +156,8 @@ def run_argv(
     """The argv that runs `process` (its script, or `script` inside the image, and its
     arguments) in `image`.
 
-    As in the bubblewrap sandbox (workers/sandbox.py): a uid of the job's owner (`user`,
-    "UID:GID", where the agent may give one), no capability, no privilege gained by exec, a
+    As in the bubblewrap sandbox (workers/sandbox.py): the job's user (`user`: their uid, gid
+    and groups, where the agent may give them), no capability, no privilege gained by exec, a
     read-only image with a private /tmp, and its own PID namespace (docker's default). The
     host's IPC namespace only for an instance of several processes (`shared_ipc`), whose NCCL
     talks through shared memory; a lone process gets a private one.
@@ -175,7 +176,10 @@ def run_argv(
     if agent is not None:
         argv += ["--label", f"{AGENT_LABEL}={agent}"]
     if user is not None:
-        argv += ["--user", user]
+        argv += ["--user", f"{user.uid}:{user.gid}"]
+        for group in user.groups:
+            if group != user.gid:  # the person's other groups, as at their login
+                argv += ["--group-add", str(group)]
     if cgroup_parent is not None:
         argv += ["--cgroup-parent", cgroup_parent]
     elif limits is not None:

@@ -151,8 +151,11 @@ def masked_env(env: dict[str, str]) -> dict[str, str]:
 # serve side by side through a rolling upgrade (docs/operations.md). Bump PROTOCOL_VERSION when
 # an agent learns something the console may rely on; raise MIN_AGENT_PROTOCOL when the console
 # starts sending what older agents would misread. Agents from before versioning count as 0.
-PROTOCOL_VERSION = 1
-MIN_AGENT_PROTOCOL = 1
+# 2: a start message may carry the owner's Unix identity and folders named by path
+# (ReplicaSpec run_uid/run_gid/run_groups, data_folders, results_folder), which an agent of 1
+# would refuse as unknown fields, or would run as a uid of Trainyard's own.
+PROTOCOL_VERSION = 2
+MIN_AGENT_PROTOCOL = 2
 PROTOCOL_FIELD = "protocol"
 
 # The state of a replica the console asked about and this node does not know.

@@ -48,7 +48,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers import jobenv, jobfiles
+from workers import jobenv, jobfiles, unixids
+from workers.folderaccess import NamedFolder
+from workers.spec import ReplicaSpec
+from workers.unixids import JobUser
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,8 @@ class Folders:
     gpu_ids: list[int] = field(default_factory=list)
     # Bound at /tmp, /dev/shm, and the process's HOME: the instance's own.
     scratch: Path | None = None
+    # Folders the job named by path (workers/folderaccess.py), checked as its user already.
+    named: tuple[NamedFolder, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -129,33 +134,43 @@ class Sandbox:
         return self.isolation is Isolation.SANDBOX
 
     def uid_of(self, owner: int) -> int:
-        """The uid a console user's trainers run as on every node."""
+        """The uid of Trainyard's own a console user's trainers run as on every node where the
+        console knows no Unix identity of theirs."""
         return self.uid_base + owner
 
-    def file_owner(self, owner: int, container: bool = False) -> int:
-        """The uid that owns what a console user's trainers write on this node: their own
-        where this agent gives uids (a root agent gives its containers the owner's uid even
+    def user_of(
+        self, owner: int, uid: int = -1, gid: int = -1, groups: Iterable[int] = ()
+    ) -> JobUser:
+        """Who a console user's trainers run as where this agent gives uids: their own Unix
+        identity where the console sent one (uid >= 0), else a uid of Trainyard's own."""
+        if uid >= 0:
+            return unixids.own_user(uid, gid, tuple(groups))
+        return unixids.synthetic_user(self.uid_base, owner)
+
+    def user_for(self, spec: ReplicaSpec) -> JobUser:
+        return self.user_of(spec.owner, spec.run_uid, spec.run_gid, spec.run_groups)
+
+    def file_owner(self, user: JobUser, container: bool = False) -> int:
+        """The uid that owns what a console user's trainers write on this node: theirs where
+        this agent gives uids (a root agent gives its containers the user's uid even
         unsandboxed: container_user), else the agent's (trainers then run as the agent)."""
         if self.switches_uid or (container and os.geteuid() == 0):
-            return self.uid_of(owner)
+            return user.uid
         return os.geteuid()
 
-    def container_user(self, owner: int) -> str | None:
-        """docker's --user for a job's containers: the owner's uid where this agent gives
-        uids (root), else None (the image's own user)."""
-        if os.geteuid() != 0:
-            return None
-        uid = self.uid_of(owner)
-        return f"{uid}:{uid}"
+    def container_user(self, user: JobUser) -> JobUser | None:
+        """Who a job's containers run as: the user where this agent gives uids (root), else
+        None (the image's own user)."""
+        return user if os.geteuid() == 0 else None
 
-    def hand_over(self, path: Path, owner: int) -> None:
+    def hand_over(self, path: Path, user: JobUser) -> None:
         """Make a folder the trainer writes to its own, and nobody else's (0700). A root agent
-        gives it to the owner's uid even unsandboxed: its containers run as that uid."""
-        uid = self.uid_of(owner) if self.switches_uid or os.geteuid() == 0 else None
-        jobfiles.hand_over_folder(path, None if uid is None else (uid, uid))
+        gives it to the user even unsandboxed: its containers run as them."""
+        ids = user.ids if self.switches_uid or os.geteuid() == 0 else None
+        jobfiles.hand_over_folder(path, ids)
 
     def wrap(
-        self, argv: list[str], folders: Folders, env: dict[str, str], owner: int
+        self, argv: list[str], folders: Folders, env: dict[str, str], user: JobUser
     ) -> tuple[list[str], dict[str, str]]:
         """The argv that runs `argv` in this sandbox, starting in `cwd`, and the environment
         it is to have. The argv must be started with jobenv.privileged_env() and that
@@ -175,9 +190,13 @@ class Sandbox:
             # Only the instance's own GPUs exist in here, and CUDA numbers them from 0.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(folders.gpu_ids)))
         if self.switches_uid:
-            uid = str(self.uid_of(owner))
+            groups = (
+                [f"--groups={','.join(str(g) for g in user.groups)}"]
+                if user.groups
+                else ["--clear-groups"]
+            )
             inside += [
-                self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                self.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", *groups,
                 "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
             ]  # fmt: skip
         # SIGTERM's default back before the shim, not in it: a stop that comes while the shim
@@ -244,6 +263,9 @@ def mounts(folders: Folders, python: Iterable[Path]) -> list[str]:
         binds.append(("--ro-bind", path, path))
     for path in _outermost(writable):
         binds.append(("--bind", path, path))
+    for named in folders.named:
+        # Where the job named it, from where it resolved to when it was checked.
+        binds.append(("--bind" if named.writable else "--ro-bind", named.real, Path(named.path)))
     # Outer folders first: a writable folder inside a read-only one is bound over it.
     binds.sort(key=lambda b: len(b[2].parts))
     created: set[Path] = set()
@@ -369,7 +391,8 @@ def probe(
 def _try(sandbox: Sandbox) -> str | None:
     """Run `true` in the sandbox; None when it works, else what bwrap said."""
     folders = Folders(cwd=Path("/usr"))
-    argv, env = sandbox.wrap(["true"], folders, {"PATH": os.environ.get("PATH", "")}, owner=0)
+    env = {"PATH": os.environ.get("PATH", "")}
+    argv, env = sandbox.wrap(["true"], folders, env, sandbox.user_of(0))
     try:
         result = subprocess.run(
             argv,

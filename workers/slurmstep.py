@@ -57,7 +57,17 @@ from typing import IO
 import psutil
 import redis
 
-from workers import cgroups, contract, jobenv, launcher, limits, programs, sandbox
+from workers import (
+    cgroups,
+    contract,
+    folderaccess,
+    jobenv,
+    launcher,
+    limits,
+    programs,
+    sandbox,
+    unixids,
+)
 from workers.launcher import NodeNetwork
 from workers.logquota import LogLimits
 from workers.logship import LogShipper, ReplicaKey
@@ -393,10 +403,12 @@ def _sandboxed(
     spec: ReplicaSpec,
     script: Path,
     code_root: Path,
-    instance_dir: Path,
-    checkpoint_dir: Path,
+    writable: tuple[Path, Path],
+    named: tuple[folderaccess.NamedFolder, ...],
 ) -> launcher.LocalProcess:
-    """The process as it runs in the sandbox: the agents' folders, for a node Slurm chose."""
+    """The process as it runs in the sandbox: the agents' folders, for a node Slurm chose;
+    `writable`: the instance's folder and the checkpoint folder."""
+    instance_dir, _ = writable
     env = process.env
     if "example" in spec.program and isolation.isolation.isolated:
         # A built-in example imports Trainyard's `workers` package; in the sandbox its folder
@@ -407,14 +419,27 @@ def _sandboxed(
         sandbox.Folders(
             cwd=script.parent,
             read_only=[launcher.WORKERS_PACKAGE, launcher.TRAINER_LIB, script.parent, code_root],
-            writable=[instance_dir, checkpoint_dir],
+            writable=list(writable),
             gpu_ids=gpu_ids(process.env),
             scratch=instance_dir,
+            named=named,
         ),
         env,
-        spec.owner,
+        isolation.user_for(spec),
     )
     return launcher.LocalProcess(process.local_rank, argv, env)
+
+
+def named_folders(spec: ReplicaSpec) -> tuple[folderaccess.NamedFolder, ...]:
+    """The folders the job named, checked for the step's own user: Slurm runs a pool's jobs
+    as their owners (or as the console's user, where the console refuses named folders), and
+    the sandbox of an unprivileged step binds nothing its user could not read anyway. Raises
+    folderaccess.FolderRefused."""
+    me = unixids.own_user(os.getuid(), os.getgid(), os.getgroups())
+    wanted = [(p, False) for p in spec.data_folders]
+    if spec.results_folder:
+        wanted.append((spec.results_folder, True))
+    return tuple(folderaccess.check(path, me, writable) for path, writable in wanted)
 
 
 def failure_reason(
@@ -465,7 +490,8 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     try:
         spec = ReplicaSpec.from_dict({**fields, "node": node, "master_addr": address})
         script = programs.resolve_program(spec.program, Path(str(plan["code_root"])))
-    except (SpecError, programs.ProgramError, KeyError) as exc:
+        named = named_folders(spec)
+    except (SpecError, programs.ProgramError, KeyError, folderaccess.FolderRefused) as exc:
         raise StepError(f"cannot start: {exc}") from None
     instance_dir = attempt_dir / spec.tag
     instance_dir.mkdir(parents=True, exist_ok=True)
@@ -480,7 +506,7 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     )
     sandbox.prepare_scratch(instance_dir)
     for folder in (*sandbox.scratch_folders(instance_dir), checkpoint_dir):
-        isolation.hand_over(folder, spec.owner)
+        isolation.hand_over(folder, isolation.user_for(spec))
     processes = launcher.build_processes(
         spec,
         script,
@@ -494,7 +520,13 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     )
     processes = [
         _sandboxed(
-            p, isolation, spec, script, Path(str(plan["code_root"])), instance_dir, checkpoint_dir
+            p,
+            isolation,
+            spec,
+            script,
+            Path(str(plan["code_root"])),
+            (instance_dir, checkpoint_dir),
+            named,
         )
         for p in processes
     ]
@@ -529,7 +561,7 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
             shipping.follow_metrics(
                 Path(p.env[contract.TRAINYARD_METRICS_FILE]),
                 attempt_dir,
-                isolation.file_owner(spec.owner),
+                isolation.file_owner(isolation.user_for(spec)),
             )
             for p in processes
         ]
@@ -550,7 +582,11 @@ def run(plan_path: Path, env: dict[str, str]) -> int:
     else:
         state = "stopped" if stopping else "failed"
         reason = failure_reason(
-            spec, instance_dir, codes, instance.stderr_tails, isolation.file_owner(spec.owner)
+            spec,
+            instance_dir,
+            codes,
+            instance.stderr_tails,
+            isolation.file_owner(isolation.user_for(spec)),
         )
         limited = limits.end_reason(spec, usage) if usage is not None else None
         if limited is not None:

@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workers.contract import tag_of
+from workers.folderaccess import MAX_FOLDERS, shape_problem
 
 FRAMEWORK_PYTORCH = "pytorch"
 FRAMEWORK_KVSTORE = "kvstore"
@@ -58,8 +59,18 @@ class ReplicaSpec:
     container_image: str = ""
     # The interpreter the image's trainers run with on this node; empty: the agent's own choice.
     python: str = ""
-    # The console user who owns the job: a sandboxed trainer runs as a uid made from it.
+    # The console user who owns the job: a sandboxed trainer runs as a uid made from it where
+    # the console knows no Unix identity of theirs.
     owner: int = 0
+    # The owner's own Unix identity (workers/unixids.py), where the console knows one: the
+    # trainers run as it; uid -1: none known.
+    run_uid: int = -1
+    run_gid: int = -1
+    run_groups: list[int] = field(default_factory=list)
+    # Folders of the host's file system the job named (workers/folderaccess.py): data its
+    # trainers read, and a folder their results go to ("": none).
+    data_folders: list[str] = field(default_factory=list)
+    results_folder: str = ""
     # The package's name and what it gives the instance beyond cpus and gpus (workers/limits.py
     # holds the instance to them); 0: no such limit (a console older than limits).
     package: str = ""
@@ -85,11 +96,29 @@ class ReplicaSpec:
             raise SpecError("rank_offset must lie inside the world")
         if not all(isinstance(a, str) for a in self.args):
             raise SpecError("args must be strings")
+        self._check_identity()
         if self.framework == FRAMEWORK_KVSTORE:
             if self.role not in KVSTORE_ROLES:
                 raise SpecError(f"a parameter-server job has no role {self.role!r}")
             if self.num_servers < 1 or self.num_workers < 1 or not self.kvstore:
                 raise SpecError("a parameter-server job needs servers, workers and a mode")
+
+    def _check_identity(self) -> None:
+        if self.run_uid < -1 or (self.run_uid >= 0 and self.run_gid < 0):
+            raise SpecError("a Unix identity needs a uid and a gid")
+        if not all(isinstance(g, int) and g >= 0 for g in self.run_groups):
+            raise SpecError("groups must be gids")
+        folders = [*self.data_folders, *([self.results_folder] if self.results_folder else [])]
+        if len(folders) > MAX_FOLDERS:
+            raise SpecError(f"at most {MAX_FOLDERS} folders")
+        for folder in folders:
+            if not isinstance(folder, str) or (problem := shape_problem(folder)) is not None:
+                raise SpecError(f"folder: {problem or 'not a path'}")
+
+    @property
+    def user_known(self) -> bool:
+        """Whether the trainers run as their owner's own Unix identity."""
+        return self.run_uid >= 0
 
     @property
     def tag(self) -> str:

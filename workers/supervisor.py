@@ -50,6 +50,7 @@ from workers import (
     checkpoint_retention,
     containers,
     contract,
+    folderaccess,
     images,
     inventory,
     jobenv,
@@ -58,10 +59,12 @@ from workers import (
     keeper,
     limits,
     sandbox,
+    unixids,
     workfolder,
 )
 from workers.diskspace import DiskWatch, is_no_room
 from workers.filetail import FileTail
+from workers.folderaccess import NamedFolder
 from workers.keeperlink import KeeperLink, KeptProcess, SpareKeepers, folder_name
 from workers.launcher import (
     TRAINER_LIB,
@@ -81,6 +84,7 @@ from workers.programs import ProgramError, resolve_program, resolve_under_root
 from workers.snapshot import SnapshotCache, SnapshotError
 from workers.spec import ReplicaSpec
 from workers.tracebacks import ended_with_error, own_error
+from workers.unixids import JobUser
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +205,8 @@ class _ReplicaRun:
     # For a job in containers: the group above the runtime's groups for its containers, which
     # holds them to the package and counts what they use (the runtime's client is in `cgroup`).
     container_group: cgroups.InstanceGroup | None = None
+    # The folders the job named by path, as checked on this node for its user.
+    named: tuple[NamedFolder, ...] = ()
     # Set when the agent stops the replica for a limit (the disk's): its failure's reason.
     limit_reason: str = ""
     limit_stop_at: float = 0.0  # monotonic time of that stop, for the SIGKILL after the grace
@@ -815,12 +821,14 @@ class Supervisor:
             script, code = self._program(run, cwd)
         except (ProgramError, SnapshotError, workfolder.WorkFolderError) as exc:
             raise RuntimeError(f"cannot run the program on {self.node}: {exc}") from None
+        user = self._user_of(run)
+        run.named = self._named_folders(spec, user)
         if spec.container_image:
             self._ensure_image(run)
         # The folders the trainer writes to become its own; nobody else's trainers enter.
         sandbox.prepare_scratch(job_dir)
         for folder in (*sandbox.scratch_folders(job_dir), checkpoint_dir, cwd):
-            self.sandbox.hand_over(folder, spec.owner)
+            self.sandbox.hand_over(folder, user)
         joined = self._make_cgroup(run)
         kept: list[KeptProcess] = []
         metrics_files: list[str] = []
@@ -858,9 +866,10 @@ class Supervisor:
                         writable=[job_dir, checkpoint_dir, cwd],
                         gpu_ids=run.gpu_ids,
                         scratch=job_dir,
+                        named=run.named,
                     ),
                     env,
-                    spec.owner,
+                    user,
                 )
             kept.append(KeptProcess(argv, env, cwd, joined, self._trainer_oom_score))
             metrics_files.append(local.env[contract.TRAINYARD_METRICS_FILE])
@@ -1187,6 +1196,10 @@ class Supervisor:
             mounts.append(library)
         # The processes start in the job's working folder; these three are theirs to write.
         mounts += [containers.Mount(f) for f in sorted({cwd, instance_dir, checkpoint_dir})]
+        # The folders it named, where it named them, checked as its user (_named_folders).
+        mounts += [
+            containers.Mount(n.real, Path(n.path), read_only=not n.writable) for n in run.named
+        ]
         env = containers.container_env(local, run.gpu_ids, library=script_inside is not None)
         containers.write_env_file(env_file, env)
         name = containers.container_name(
@@ -1205,7 +1218,7 @@ class Supervisor:
             env_file,
             run.gpu_ids,
             script=script_inside,
-            user=self.sandbox.container_user(spec.owner),
+            user=self.sandbox.container_user(self.sandbox.user_for(spec)),
             shared_ipc=spec.local_world_size > 1,
             limits=dataclasses.replace(
                 limits.share_of(limits.request_for(spec, []), spec.local_world_size), cores=cores
@@ -1423,7 +1436,47 @@ class Supervisor:
 
     def _file_owner(self, run: _ReplicaRun) -> int:
         """The uid the replica's metrics and error files must belong to (workers/jobfiles.py)."""
-        return self.sandbox.file_owner(run.spec.owner, bool(run.spec.container_image))
+        return self.sandbox.file_owner(
+            self.sandbox.user_for(run.spec), bool(run.spec.container_image)
+        )
+
+    def _user_of(self, run: _ReplicaRun) -> JobUser:
+        """Who the replica's trainers run as here; never root nor a system account, whatever
+        the console sent (it refuses them too)."""
+        user = self.sandbox.user_for(run.spec)
+        if run.spec.user_known:
+            refusal = unixids.system_account_refusal(
+                user.uid, unixids.uid_min(), f"the owner of job {run.spec.job_id}"
+            )
+            if refusal is not None:
+                raise RuntimeError(f"{self.node} refuses to run it: {refusal}")
+        return user
+
+    def _named_folders(self, spec: ReplicaSpec, user: JobUser) -> tuple[NamedFolder, ...]:
+        """The folders the job named, resolved here, each checked as its user by the kernel
+        (workers/folderaccess.py) before anything of the replica starts."""
+        wanted = [(path, False) for path in spec.data_folders]
+        if spec.results_folder:
+            wanted.append((spec.results_folder, True))
+        if not wanted:
+            return ()
+        if not (spec.user_known and os.geteuid() == 0 and self.sandbox.isolation.isolated):
+            raise RuntimeError(
+                f"{self.node} cannot give the job its folders: they are read as the owner's own "
+                "Unix identity, which takes an agent that runs as root with its sandbox"
+            )
+        named = []
+        for path, writable in wanted:
+            try:
+                named.append(
+                    folderaccess.check(
+                        path, user, writable, guarded=(self._workdir, self.checkpoint_root)
+                    )
+                )
+            except folderaccess.FolderRefused as exc:
+                kind = "results" if writable else "data"
+                raise RuntimeError(f"{kind} folder refused on {self.node}: {exc}") from None
+        return tuple(named)
 
     def _stopped_reason(self, run: _ReplicaRun) -> str:
         """Why it was stopped, and the error its own stderr ended with, if it did: peers of a

@@ -205,6 +205,9 @@ class _Asker:
             "job_id": self.job.pk,
             "checkpoint_key": self.job.checkpoint_key,
             "owner": self.job.owner_id,
+            # What the job's trainers wrote belongs to the identity they ran as.
+            "uid": self.job.run_uid if self.job.run_uid is not None else -1,
+            "gid": self.job.run_gid if self.job.run_gid is not None else -1,
             "container": bool(self.job.container_image),
             "reply_to": reply_to,
             **extra,

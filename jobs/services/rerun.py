@@ -46,6 +46,10 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
     }
     if job.args_on_resume:
         body["restart"]["args_on_resume"] = list(job.args_on_resume)
+    if job.data_folders:
+        body["data"] = list(job.data_folders)
+    if job.results_folder:
+        body["results"] = job.results_folder
     if brought := brought_image(job):
         body["container_image"] = brought
     limits = {

@@ -8,6 +8,7 @@ rules, paths under the code root, the quota and the nodes' capacity.
 Errors are collected per field: {"roles.worker.instances": ["..."]}.
 """
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ from jobs.models import (
 )
 from jobs.runconfig import config_of
 from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
+from jobs.services import identity as unix_identity
 from jobs.services import quota, run_labels, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
 from jobs.services.lifecycle.time_limits import default_for
@@ -47,7 +49,7 @@ from jobs.services.scheduler import scheduling
 from jobs.services.slurm import slurm_batch, slurm_choices, slurm_client, slurm_identity, slurm_pass
 from jobs.services.slurm.slurm_choices import SlurmChoices
 from jobs.services.totals import RoleRequest, Totals, compute_totals
-from workers import contract
+from workers import contract, folderaccess, unixids
 from workers.metricparse import BadMetric, check_definitions
 from workers.programs import (
     BUILTIN_EXAMPLES,
@@ -116,6 +118,8 @@ class JobRequest:
     one_instance_per_node: bool = False  # no two of its instances on one node
     filing: run_labels.Filing = field(default_factory=run_labels.Filing)  # project, tags, note
     container_image: str = ""  # the OCI image its trainers run in; "": the host's interpreter
+    data_folders: tuple[str, ...] = ()  # folders by path it reads (workers/folderaccess.py)
+    results_folder: str = ""  # the folder by path it writes its results to; "": none
 
 
 class _Errors:
@@ -509,6 +513,7 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
     slurm_pool = _check_pool(body.pool, image, roles, errors)
     container_image = _check_container_image(body.container_image, image, slurm_pool, errors)
     choices = _check_slurm_choices(body, slurm_pool, errors)
+    data_folders, results_folder = _check_folder_names(body.data, body.results, errors)
     filing, filing_errors = run_labels.check_filing(body.tags, body.project, body.note)
     for field_name, messages in filing_errors.items():
         for message in messages:
@@ -536,7 +541,27 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         bool(body.one_instance_per_node),
         filing,
         container_image,
+        data_folders,
+        results_folder,
     )
+
+
+def _check_folder_names(
+    data: list[str] | str | None, results: str | None, errors: _Errors
+) -> tuple[tuple[str, ...], str]:
+    """The folders a job names by path, as names: absolute, in their plain form, each once.
+    Whether its owner may have them is asked in submit_job (folder_refusals)."""
+    named = [data] if isinstance(data, str) else list(data or [])
+    for path in named:
+        if problem := folderaccess.shape_problem(path):
+            errors.add("data", f"Data folder: {problem}.")
+    if len(set(named)) != len(named):
+        errors.add("data", "A data folder is named twice.")
+    if results and (problem := folderaccess.shape_problem(results)):
+        errors.add("results", f"Results folder: {problem}.")
+    if len(named) + bool(results) > folderaccess.MAX_FOLDERS:
+        errors.add("data", f"At most {folderaccess.MAX_FOLDERS} folders.")
+    return tuple(named), results or ""
 
 
 def check_job_shape(
@@ -574,6 +599,11 @@ def submit_job(user: User, request: JobRequest) -> Job:
         else default_for(user, request.priority)
     )
     never = _why_never_runs(user, request, time_limit)
+    try:
+        identity = unix_identity.unix_identity_of(user)
+    except unix_identity.NoUnixIdentity as exc:
+        raise ValidationFailed({"identity": [f"{exc}."]}) from None
+    never.update(folder_refusals(request, identity))
     snapshot = None
     if "snapshot" in request.program:
         sha256 = request.program["snapshot"]
@@ -589,7 +619,7 @@ def submit_job(user: User, request: JobRequest) -> Job:
         over = quota.excesses(scopes, request.totals)
         if over or never:
             raise _admission_failure(request, scopes, over, never)
-        job = create_job(user, request, time_limit, snapshot)
+        job = create_job(user, request, time_limit, snapshot, identity)
         # Placement runs in the console worker: this request holds the write lock only for
         # the quota check and the rows it writes.
         if request.slurm_pool is not None:
@@ -597,6 +627,36 @@ def submit_job(user: User, request: JobRequest) -> Job:
         else:
             schedule_requests.request_schedule()
     return job
+
+
+def folder_refusals(request: JobRequest, identity: unix_identity.Resolved | None) -> dict[str, str]:
+    """Why the owner may not have the folders the job names, by field; {} when they may.
+    Checked here by the permission bits where this host sees the folder (the nodes check
+    again, as the owner, before the job starts: the last word is theirs)."""
+    wanted = [(path, False) for path in request.data_folders]
+    if request.results_folder:
+        wanted.append((request.results_folder, True))
+    if not wanted:
+        return {}
+    if identity is None:
+        return {
+            "data": "Folders by path are read and written as your own Unix identity, and the "
+            "console knows none of yours: sign in through the directory, or an admin sets one "
+            "(admin → Unix accounts)."
+        }
+    if request.slurm_pool is not None and not request.slurm_pool.run_as_owner:
+        return {"data": "Folders by path need a pool that runs jobs as their owners."}
+    user = unixids.own_user(identity.uid, identity.gid, identity.groups)
+    refusals: dict[str, str] = {}
+    for path, writable in wanted:
+        if not os.path.lexists(path):
+            continue  # not on this host: the nodes answer
+        try:
+            folderaccess.check(path, user, writable, as_kernel=False)
+        except folderaccess.FolderRefused as exc:
+            field_name = "results" if writable else "data"
+            refusals.setdefault(field_name, f"{exc}.")
+    return refusals
 
 
 def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> dict[str, str]:
@@ -627,7 +687,11 @@ def _why_never_runs(user: User, request: JobRequest, time_limit: int | None) -> 
 
 
 def create_job(
-    owner: User, request: JobRequest, time_limit: int | None, snapshot: CodeSnapshot | None
+    owner: User,
+    request: JobRequest,
+    time_limit: int | None,
+    snapshot: CodeSnapshot | None,
+    identity: unix_identity.Resolved | None = None,
 ) -> Job:
     """Write an admitted job with one replica row per instance, in state queued.
 
@@ -666,6 +730,11 @@ def create_job(
         exclude_failed_node=restart.exclude_failed_node,
         args_on_resume=list(restart.args_on_resume),
         one_instance_per_node=request.one_instance_per_node,
+        run_uid=identity.uid if identity is not None else None,
+        run_gid=identity.gid if identity is not None else None,
+        run_groups=list(identity.groups) if identity is not None else [],
+        data_folders=list(request.data_folders),
+        results_folder=request.results_folder,
         health_rules=request.health_rules,
         log_lines_per_second=log_limits.lines_per_second,
         log_max_mb=log_limits.max_mb,

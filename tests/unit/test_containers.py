@@ -15,7 +15,7 @@ import redis
 
 from tests.conftest import FIXTURE_CODE_ROOT
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
-from workers import containers, contract, limits
+from workers import containers, contract, limits, unixids
 from workers.cgroups import Request
 from workers.containers import Mount
 from workers.launcher import TRAINER_LIB, LocalProcess
@@ -43,7 +43,7 @@ def test_docker_runs_the_script_on_the_host_network_with_the_instances_gpus(
         [Mount(Path("/code")), Mount(Path("/ck")), Mount(TRAINER_LIB, read_only=True)],
         tmp_path / "env-1",
         [2, 5],
-        user="1900000007:1900000007",
+        user=unixids.own_user(20001, 20001, [30001]),
         shared_ipc=True,
         agent=Path("/var/lib/trainyard/agent"),
     )
@@ -53,7 +53,7 @@ def test_docker_runs_the_script_on_the_host_network_with_the_instances_gpus(
         "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--read-only",
         "--tmpfs", "/tmp", "--env-file", str(tmp_path / "env-1"), "--workdir", "/code",
         "--label", "trainyard.workdir=/var/lib/trainyard/agent",
-        "--user", "1900000007:1900000007",
+        "--user", "20001:20001", "--group-add", "30001",
         "--volume", "/code:/code", "--volume", "/ck:/ck",
         "--volume", f"{TRAINER_LIB}:{TRAINER_LIB}:ro",
         "--gpus", '"device=2,5"',

@@ -18,6 +18,7 @@ from tests.conftest import (
 )
 from tests.unit.test_supervisor import Reports, spec, texts, wait_until
 from workers import contract, sandbox
+from workers.folderaccess import NamedFolder
 from workers.logship import LogShipper
 from workers.sandbox import Folders, Isolation, Sandbox
 from workers.supervisor import Supervisor
@@ -33,7 +34,7 @@ def test_it_gives_a_process_only_the_device_nodes_of_its_own_gpus(tmp_path: Path
     """A launch plan on a fake 4-GPU node: the instance given GPUs 1 and 2 sees those two
     device nodes, numbered 0 and 1 by CUDA, and no other GPU."""
     folders = Folders(cwd=tmp_path, writable=[tmp_path], gpu_ids=[1, 2], scratch=tmp_path)
-    argv, env = ROOTED.wrap(["/usr/bin/python3", "train.py"], folders, {}, owner=7)
+    argv, env = ROOTED.wrap(["/usr/bin/python3", "train.py"], folders, {}, ROOTED.user_of(7))
     gpus = [d for d, _ in option_pairs(argv, "--dev-bind-try") if d[len("/dev/nvidia") :].isdigit()]
     assert gpus == ["/dev/nvidia1", "/dev/nvidia2"]
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -42,7 +43,9 @@ def test_it_gives_a_process_only_the_device_nodes_of_its_own_gpus(tmp_path: Path
 def test_it_runs_a_users_trainers_as_that_users_own_uid_without_capabilities(
     tmp_path: Path,
 ) -> None:
-    argv, _ = ROOTED.wrap(["/usr/bin/python3", "train.py"], Folders(cwd=tmp_path), {}, owner=7)
+    argv, _ = ROOTED.wrap(
+        ["/usr/bin/python3", "train.py"], Folders(cwd=tmp_path), {}, ROOTED.user_of(7)
+    )
     inside = argv[argv.index("--") + 1 :]
     uid = sandbox.DEFAULT_UID_BASE + 7
     assert inside[:7] == [
@@ -63,7 +66,9 @@ def test_no_variable_of_the_job_is_on_the_command_line(tmp_path: Path) -> None:
     their values, and nothing before the drop runs with them."""
     secret = {"BOB_API_TOKEN": "bob-secret-123", "LD_PRELOAD": "/x/evil.so"}
     for wrapper in (ROOTED, Sandbox(Isolation.NONE, reason="bwrap not found")):
-        argv, env = wrapper.wrap(["/usr/bin/python3", "t.py"], Folders(cwd=tmp_path), secret, 7)
+        argv, env = wrapper.wrap(
+            ["/usr/bin/python3", "t.py"], Folders(cwd=tmp_path), secret, ROOTED.user_of(7)
+        )
         assert not any("bob-secret" in a or "evil.so" in a for a in argv)
         assert env["BOB_API_TOKEN"] == "bob-secret-123"
 
@@ -72,7 +77,7 @@ def test_a_node_without_a_sandbox_still_sets_the_environment_in_the_last_step(
     tmp_path: Path,
 ) -> None:
     bare = Sandbox(Isolation.NONE, reason="bwrap not found")
-    argv, env = bare.wrap(["python", "x.py"], Folders(cwd=tmp_path), {"A": "1"}, owner=3)
+    argv, env = bare.wrap(["python", "x.py"], Folders(cwd=tmp_path), {"A": "1"}, bare.user_of(3))
     assert argv == ["python", "-I", "-S", str(sandbox.JOBENV_SHIM), "--chdir", str(tmp_path),
                     "--", "python", "x.py"]  # fmt: skip
     assert env == {"A": "1"}
@@ -286,7 +291,40 @@ def test_the_node_side_reads_a_jobs_files_as_its_trainers_uid_owns_them() -> Non
     """What jobfiles checks a job's metrics and error files against: the uid its trainers run
     as, which for a root agent's containers is the owner's even without a sandbox."""
     bare = Sandbox(Isolation.NONE, reason="bwrap not found")
-    assert ROOTED.file_owner(7) == sandbox.DEFAULT_UID_BASE + 7
-    assert bare.file_owner(7) == os.geteuid()
+    seven = ROOTED.user_of(7)
+    assert ROOTED.file_owner(seven) == sandbox.DEFAULT_UID_BASE + 7
+    assert bare.file_owner(seven) == os.geteuid()
     expected = sandbox.DEFAULT_UID_BASE + 7 if os.geteuid() == 0 else os.geteuid()
-    assert bare.file_owner(7, container=True) == expected
+    assert bare.file_owner(seven, container=True) == expected
+    # A person's own identity, where the console sent one.
+    ada = ROOTED.user_of(7, 20001, 20001, [30001])
+    assert ROOTED.file_owner(ada) == 20001
+
+
+def test_a_person_with_a_unix_identity_runs_as_it_with_their_groups(tmp_path: Path) -> None:
+    ada = ROOTED.user_of(7, 20001, 20002, [30000, 30001, 20002])
+    assert (ada.uid, ada.gid, ada.groups, ada.own) == (20001, 20002, (20002, 30000, 30001), True)
+    argv, _ = ROOTED.wrap(["/usr/bin/python3", "train.py"], Folders(cwd=tmp_path), {}, ada)
+    inside = argv[argv.index("--") + 1 :]
+    assert inside[:4] == [
+        "/usr/bin/setpriv", "--reuid=20001", "--regid=20002", "--groups=20002,30000,30001"
+    ]  # fmt: skip
+    assert "uid 20001, gid 20002, groups 30000,30001 (the owner's own)" == ada.describe()
+    assert "Trainyard's own" in ROOTED.user_of(7).describe()
+
+
+def test_named_folders_are_bound_where_the_job_named_them(tmp_path: Path) -> None:
+    data = NamedFolder("/shared/datasets/vision", tmp_path / "real-vision", writable=False)
+    results = NamedFolder("/shared/results/vision", tmp_path / "real-results", writable=True)
+    folders = Folders(cwd=tmp_path / "work", named=(data, results))
+    argv, _ = ROOTED.wrap(["/usr/bin/python3", "t.py"], folders, {}, ROOTED.user_of(7))
+    assert (str(tmp_path / "real-vision"), "/shared/datasets/vision") in option_pairs(
+        argv, "--ro-bind"
+    )
+    assert (str(tmp_path / "real-results"), "/shared/results/vision") in option_pairs(
+        argv, "--bind"
+    )
+    # Their parents are made in the new root, open to the job's uid (not copied from the host).
+    assert ["--perms", "0755", "--dir", "/shared"] in [
+        argv[i : i + 4] for i in range(len(argv) - 3)
+    ]

@@ -148,8 +148,15 @@ def _package_limits(package: Package) -> dict[str, Any]:
 def _attempt_fields(job: Job, instances: int) -> dict[str, Any]:
     """What every instance of an attempt shares: which attempt, how many may follow, the key
     that names the job's checkpoint folder on every attempt, the container to run in, and whose
-    job it is (a sandboxed trainer runs as a uid of that user's)."""
+    job it is, the Unix identity its trainers run as (the owner's own, as resolved at
+    submission; absent: a uid of Trainyard's own) and the folders it named."""
+    identity: dict[str, Any] = {}
+    if job.run_uid is not None and job.run_gid is not None:
+        identity = {"run_uid": job.run_uid, "run_gid": job.run_gid, "run_groups": job.run_groups}
     return {
+        **identity,
+        "data_folders": list(job.data_folders),
+        "results_folder": job.results_folder,
         "attempt": job.attempt,
         "max_restarts": job.max_restarts,
         "checkpoint_key": job.checkpoint_key,

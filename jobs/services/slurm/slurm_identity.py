@@ -14,17 +14,14 @@ typed: a uid below the host's UID_MIN is refused.
 """
 
 import functools
-import os
-import pwd
-import re
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import User
 
 from jobs.models import UnixAccount
+from jobs.services import identity as unix_identity
 from jobs.services.slurm.slurm_client import (
     CLIENT_TIMEOUT_SECONDS,
     RunAs,
@@ -32,9 +29,6 @@ from jobs.services.slurm.slurm_client import (
     SlurmTarget,
     SlurmUnavailable,
 )
-
-LOGIN_DEFS = Path("/etc/login.defs")
-DEFAULT_UID_MIN = 1000
 
 
 @dataclass(frozen=True)
@@ -54,16 +48,6 @@ class NoIdentity(SlurmRefused):
     """The job's owner has no usable Unix account; the message says why and what to do."""
 
 
-def uid_min(login_defs: Path = LOGIN_DEFS) -> int:
-    """The lowest uid of a person's account on this host (login.defs' UID_MIN)."""
-    try:
-        text = login_defs.read_text()
-    except OSError:
-        return DEFAULT_UID_MIN
-    found = re.search(r"^\s*UID_MIN\s+(\d+)", text, re.MULTILINE)
-    return int(found.group(1)) if found else DEFAULT_UID_MIN
-
-
 def identity_of(user: User) -> Identity:
     """The owner's Unix account, resolved here. Raises NoIdentity."""
     account = UnixAccount.objects.filter(user=user).first()
@@ -72,36 +56,12 @@ def identity_of(user: User) -> Identity:
             f"{user.get_username()} has no Unix account for this pool, whose jobs run as their "
             "owners: an admin sets one (admin → Unix accounts)"
         )
-    lowest = uid_min()
-    if account.uid is not None and account.gid is not None:
-        # The directory's numbers (or an admin's): the console host need not know the person.
-        if account.uid < lowest:
-            raise NoIdentity(
-                f"the Unix identity of {user.get_username()} has uid {account.uid}: root and "
-                f"system accounts (uid below {lowest}) never run jobs"
-            )
-        groups = tuple(dict.fromkeys([account.gid, *(int(g) for g in account.groups)]))
-        return Identity(account.username, account.uid, account.gid, account.slurm_account, groups)
     try:
-        entry = pwd.getpwnam(account.username)
-    except KeyError:
-        raise NoIdentity(
-            f"the Unix account {account.username!r} of {user.get_username()} does not exist on "
-            "the console host (a Slurm submit host knows the cluster's users)"
-        ) from None
-    if entry.pw_uid < lowest:
-        raise NoIdentity(
-            f"the Unix account {account.username!r} has uid {entry.pw_uid}: root and system "
-            f"accounts (uid below {lowest}) never run jobs"
-        )
-    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        found = unix_identity.resolve(account)
+    except unix_identity.NoUnixIdentity as exc:
+        raise NoIdentity(str(exc)) from None
     return Identity(
-        account.username,
-        entry.pw_uid,
-        entry.pw_gid,
-        account.slurm_account,
-        groups,
-        entry.pw_dir or "/",
+        account.username, found.uid, found.gid, account.slurm_account, found.groups, found.home
     )
 
 
