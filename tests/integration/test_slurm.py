@@ -49,11 +49,16 @@ from tests.conftest import (
     set_quota,
     signal_file,
 )
+from tests.integration.test_directory_identity import sign_in_through_directory
+from tests.unit import test_directory, test_named_folders
+from tests.unit.test_named_folders import ADA, VISION, TeamTree
 from workers.slurmstep import outcome_file
 
 pytestmark = pytest.mark.django_db
 
 FIXTURE_CODE = Path(__file__).resolve().parent.parent / "fixtures" / "code"
+# The directory tests' slapd, and the team's folder tree (tests/unit/test_named_folders.py).
+directory, team_tree = test_directory.directory, test_named_folders.team_tree
 
 
 @pytest.fixture(scope="module")
@@ -974,11 +979,12 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     assert "Account=vision" in shown, shown
     assert re.search(r"TimeLimit=00:1[01]:00", shown), shown
     # Its trainers are alice's processes.
-    owners = {
-        psutil.Process(pid).uids().real
-        for pid in psutil.pids()
-        if _environ(psutil.Process(pid)).get("TRAINYARD_JOB_ID") == str(job["id"])
-    }
+    # (A process that ends between the listing and the look is not one to count.)
+    owners = set()
+    for process in psutil.process_iter():
+        if _environ(process).get("TRAINYARD_JOB_ID") == str(job["id"]):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                owners.add(process.uids().real)
     assert owners == {entry.pw_uid}, owners
     release.touch()
     done = alice.wait_finished(job["id"])
@@ -1001,6 +1007,85 @@ def test_a_job_runs_as_its_owners_unix_account_with_their_slurm_account(
     ended = alice.wait_finished(as_root["id"])
     assert ended["state"] == "failed", ended
     assert "Slurm did not take it" in ended["reason"], ended["reason"]
+
+
+def directory_person_on_the_nodes(name: str, uid: int, groups: dict[str, int]) -> None:
+    """The person as the cluster's nodes know them through sssd: an account of the directory's
+    numbers (uid, a primary group of the same number) in the directory's groups; made here
+    with useradd and groupadd where missing, refused where the numbers are someone else's."""
+    for tool in ("useradd", "groupadd"):
+        required_here("the directory Slurm test", None if shutil.which(tool) else f"no {tool}")
+    for group, gid in {name: uid, **groups}.items():
+        try:
+            found = grp.getgrgid(gid)
+        except KeyError:
+            subprocess.run(["groupadd", "--gid", str(gid), group], check=True)
+            continue
+        assert found.gr_name == group, f"gid {gid} is {found.gr_name} here, not {group}"
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--uid", str(uid), "--gid", str(uid), "--groups", ",".join(groups),
+             "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            check=True,
+        )  # fmt: skip
+        return
+    assert entry.pw_name == name, f"uid {uid} is {entry.pw_name} here, not {name}"
+
+
+def test_a_directory_persons_slurm_job_runs_as_them_and_reads_the_teams_data(
+    slurm_cluster: slurm.SlurmCluster,
+    slurm_stack: RunningStack,
+    directory: Any,
+    team_tree: TeamTree,
+) -> None:
+    """ada signs in through the directory (slapd): on a pool that runs jobs as their owners,
+    Slurm runs her job as her, uid 20001, with her group vision, so it reads the team's data
+    set (root:vision, 0750) and what it writes into her results folder is hers."""
+    directory_person_on_the_nodes("ada", ADA.uid, {"trainyard-users": 30000, "vision": VISION})
+    if slurm_cluster.accounting is not None:
+        # Her association, as a site's admin makes it (an account of her own: the test above
+        # made `vision` already).
+        slurm_cluster.accounting.manage(slurm_cluster.env(), "add", "account", "ada-team")
+        slurm_cluster.accounting.manage(
+            slurm_cluster.env(), "add", "user", "ada", "account=ada-team"
+        )
+    try:
+        python = slurm.python_for_everyone()
+    except slurm.SlurmUnavailable as exc:
+        required_here("the directory Slurm test", str(exc))
+    ada = sign_in_through_directory(slurm_stack, directory, "ada", "ada-directory-pw")
+    slurm_stack.stack.manage(
+        "slurm_pool", "slurm-directory",
+        "--partition", slurm.USERS_PARTITION,
+        "--shared-root", str(slurm_cluster.root / "shared" / "slurm-directory"),
+        "--python", python,
+        "--code-root", str(FIXTURE_CODE),
+        "--slurm-conf", str(slurm_cluster.conf),
+        "--redis-host", slurm_cluster.controller_address,
+        "--run-as-owner", "--all-images", "--all-packages",
+    )  # fmt: skip
+    args = ["--data", str(team_tree.vision), "--results", str(team_tree.results)]
+    job = ada.submit({
+        **slurm_request("team_data.py", 1, package="cpu-1", args=args),
+        "pool": "slurm-directory", "time_limit": "10m",
+        "data": [str(team_tree.vision)], "results": str(team_tree.results),
+    })  # fmt: skip
+    assert job["run_as"] == {"uid": 20001, "gid": 20001, "groups": [20001, 30000, VISION]}
+    done = ada.wait_finished(job["id"])
+    lines = [line["text"] for line in ada.logs(job["id"])]
+    assert done["state"] == "succeeded", (done["reason"], lines)
+    # The step's sandbox is a user namespace of hers, where groups it does not map show as
+    # the overflow gid; the kernel still grants what they grant: she reads vision's files.
+    identity = next(line for line in lines if line.startswith("identity "))
+    assert identity.startswith("identity uid=20001 gid=20001 groups="), identity
+    assert "first sample says: a cat" in lines
+    assert "data writable: no (Read-only file system)" in lines
+    result = team_tree.results / "result-0.txt"
+    assert (result.stat().st_uid, result.stat().st_gid) == ADA.ids
+    record = done["attempts"][0]["slurm"]
+    assert record["state"] == "COMPLETED", record
 
 
 def test_where_sbatch_takes_no_uid_it_runs_as_the_person(
