@@ -22,13 +22,18 @@ from tests.conftest import (
     required_here,
     wait_until,
 )
+from tests.integration.test_directory_identity import sign_in_through_directory, team_job
 from tests.integration.test_escape import assert_reaches_nothing, run_probe
+from tests.unit import test_directory, test_named_folders
+from tests.unit.test_named_folders import ADA, TeamTree
 
 pytestmark = pytest.mark.integration
 
 DDP_IMAGE = "pytorch:2.13-container"
 PS_IMAGE = "kvstore-ps:2.13-container"
 QUOTA = {"cpu": 8, "gpus": 0, "memory_gb": 32, "running_jobs": 4}
+# The directory tests' slapd, and the team's folder tree (tests/unit/test_named_folders.py).
+directory, team_tree = test_directory.directory, test_named_folders.team_tree
 
 
 def podman(*args: str) -> subprocess.CompletedProcess[str]:
@@ -306,3 +311,22 @@ def test_a_fork_bomb_in_a_container_stops_at_its_process_limit(
     assert user.http.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 200
     assert user.wait_finished(job["id"])["state"] == "cancelled"
     wait_until("no container of the job", lambda: containers_of(job["id"]) == [])
+
+
+def test_a_directory_persons_container_job_runs_as_them_and_reads_the_teams_data(
+    stack: RunningStack, reference: str, directory: Any, team_tree: TeamTree
+) -> None:
+    """In a container as in the sandbox: ada (signed in through slapd) runs as uid 20001, gid
+    20001 and her groups (podman --user, --group-add), reads vision's data set through its
+    group, and what she writes into her results folder is hers."""
+    ada = sign_in_through_directory(stack, directory, "ada", "ada-directory-pw")
+    job = ada.submit({**team_job(team_tree, "ada reads vision in a container"), "image": DDP_IMAGE})
+    done = ada.wait_finished(job["id"])
+    lines = [line["text"] for line in ada.logs(job["id"])]
+    assert done["state"] == "succeeded", (done["reason"], lines)
+    assert "identity uid=20001 gid=20001 groups=[20001, 30000, 30001]" in lines
+    assert "first sample says: a cat" in lines
+    assert "data writable: no (Read-only file system)" in lines
+    result = team_tree.results / "result-0.txt"
+    assert (result.stat().st_uid, result.stat().st_gid) == ADA.ids
+    assert not containers_of(job["id"])
