@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 
-def _secret(env: Mapping[str, str], name: str) -> str:
+def secret(env: Mapping[str, str], name: str) -> str:
     """A value, or the contents of the file NAME_FILE names (a container's secret)."""
     path = env.get(f"{name}_FILE")
     return Path(path).read_text().strip() if path else env.get(name, "")
@@ -37,7 +37,7 @@ def ldap_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "AUTH_LDAP_SERVER_URI": env["TRAINYARD_LDAP_URL"],
         "AUTH_LDAP_START_TLS": env.get("TRAINYARD_LDAP_START_TLS", "") in ("1", "true", "yes"),
         "AUTH_LDAP_BIND_DN": env.get("TRAINYARD_LDAP_BIND_DN", ""),
-        "AUTH_LDAP_BIND_PASSWORD": _secret(env, "TRAINYARD_LDAP_BIND_PASSWORD"),
+        "AUTH_LDAP_BIND_PASSWORD": secret(env, "TRAINYARD_LDAP_BIND_PASSWORD"),
         "AUTH_LDAP_USER_SEARCH": LDAPSearch(
             user_base, ldap.SCOPE_SUBTREE, env.get("TRAINYARD_LDAP_USER_FILTER", "(uid=%(user)s)")
         ),

@@ -202,6 +202,20 @@ if TRAINYARD_LDAP_URL:
 
     globals().update(ldap_settings(os.environ))
     AUTHENTICATION_BACKENDS = ["jobs.directory.ThrottledDirectoryBackend"]
+# Sign-in through the organisation's OpenID Connect provider (jobs/single_sign_on.py;
+# docs/deploy.md), beside the passwords above; set, TRAINYARD_OIDC_CLIENT_ID turns it on.
+TRAINYARD_OIDC_CLIENT_ID = os.environ.get("TRAINYARD_OIDC_CLIENT_ID", "")
+TRAINYARD_OIDC_NAME = ""
+TRAINYARD_OIDC_CLAIMS: dict[str, str] = {}
+TRAINYARD_OIDC_GROUPS: list[str] = []
+TRAINYARD_OIDC_REQUIRE_GROUP = ""
+TRAINYARD_OIDC_STAFF_GROUP = ""
+OIDC_OP_TOKEN_ENDPOINT = ""
+if TRAINYARD_OIDC_CLIENT_ID:
+    from console.sso_settings import oidc_settings
+
+    globals().update(oidc_settings(os.environ))
+    AUTHENTICATION_BACKENDS = [*AUTHENTICATION_BACKENDS, "jobs.single_sign_on.SingleSignOnBackend"]
 # Wrong passwords allowed per account, and per client address (all accounts together), before
 # that account or address is locked out; 0: no limit. Failures count for, and a lock lasts,
 # TRAINYARD_LOGIN_LOCKOUT_SECONDS. Behind a proxy the address is the client's only if the web

@@ -14,10 +14,11 @@ from jobs import (  # noqa: F401
     experiment_views,
     form_views,
     run_views,
+    single_sign_on,
     user_views,
     views,
 )
-from jobs.login_throttle import AdminLoginForm, LoginForm
+from jobs.login_throttle import AdminLoginForm
 
 # Both login pages say how long to wait when the login throttle refuses an attempt.
 admin.site.login_form = AdminLoginForm
@@ -69,9 +70,10 @@ urlpatterns = [
     path("users/", user_views.user_list, name="user_list"),
     path("users/<int:user_id>/", user_views.user_edit, name="user_edit"),
     path("users/groups/<int:group_id>/", user_views.group_edit, name="group_edit"),
-    path(
-        "accounts/login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"
-    ),
+    path("accounts/login/", single_sign_on.LoginView.as_view(), name="login"),
+    # The organisation's OpenID Connect provider, where one is set (404 elsewhere).
+    path("oidc/authenticate/", single_sign_on.start, name="oidc_authentication_init"),
+    path("oidc/callback/", single_sign_on.callback, name="oidc_authentication_callback"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     # The admin's "change password" (your own) is the account page: one place where a
     # password change also decides about the API tokens.

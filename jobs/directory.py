@@ -150,7 +150,9 @@ def check_accounts() -> int:
     """Ask the directory about every active person it signed in; how many it no longer lets
     in. Nobody changes in a pass the directory did not answer."""
     backend = LDAPBackend()
-    accounts = DirectoryAccount.objects.select_related("user").filter(user__is_active=True)
+    accounts = DirectoryAccount.objects.select_related("user").filter(
+        user__is_active=True, via="ldap"
+    )
     verdicts: list[tuple[DirectoryAccount, str]] = []
     _errors.checking, _errors.found = True, ""
     try:

@@ -230,14 +230,23 @@ class UnixAccount(models.Model):
 
 class DirectoryAccount(models.Model):
     """A console user who signs in through the organisation's LDAP directory
-    (jobs/directory.py): their entry, and when the directory last said they may sign in. Such
-    a user has no password of the console's: the directory decides, and a periodic check ends
-    their sessions and tokens once it says no more."""
+    (jobs/directory.py) or its OpenID Connect provider (jobs/single_sign_on.py): their entry,
+    and when it last said they may sign in. Such a user has no password of the console's: the
+    directory decides, and (LDAP) a periodic check ends their sessions and tokens once it says
+    no more."""
 
     user = models.OneToOneField(
         settings.AUTH_USER_MODEL, related_name="directory_account", on_delete=models.CASCADE
     )
-    dn = models.CharField(max_length=500)
+    dn = models.CharField(
+        max_length=500, help_text="Their LDAP entry, or their OpenID Connect subject."
+    )
+    # How they sign in: the LDAP directory (checked again on a timer) or the organisation's
+    # OpenID Connect provider (jobs/single_sign_on.py: checked at each sign-in).
+    via = models.CharField(
+        max_length=10, choices=[("ldap", "LDAP directory"), ("oidc", "OpenID Connect")],
+        default="ldap",
+    )  # fmt: skip
     checked = models.DateTimeField(help_text="When the directory last answered for them.")
     refused = models.CharField(
         max_length=300, blank=True, help_text="Why the directory no longer lets them in."

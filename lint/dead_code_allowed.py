@@ -160,3 +160,12 @@ reduction_factor  # unused variable (jobs/experiment_forms.py, SearchForm): form
 AUTH_LDAP_SERVER_URI  # unused attribute (tests/unit/test_directory.py): a setting django-auth-ldap reads by name
 sandbox_uid  # unused variable (jobs/services/identity.py, Profile): read by the profile template
 ThrottledDirectoryBackend  # unused class (jobs/directory.py): named in settings.AUTHENTICATION_BACKENDS
+SingleSignOnBackend  # unused class (jobs/single_sign_on.py): named in settings.AUTHENTICATION_BACKENDS
+__new__  # unused function (jobs/single_sign_on.py): Django instantiates the backend by its path
+verify_claims  # unused method (jobs/single_sign_on.py): mozilla-django-oidc's hook
+filter_users_by_claims  # unused method (jobs/single_sign_on.py): mozilla-django-oidc's hook
+last_name  # unused attribute (jobs/single_sign_on.py): a User field, saved
+authentication_form  # unused variable (jobs/single_sign_on.py, LoginView): Django's LoginView reads it
+__getattr__  # unused function (stack/oidc_provider.py): the module's urlconf and validator, looked up by name
+daemon_threads  # unused variable (stack/oidc_provider.py): socketserver's ThreadingMixIn reads it
+log_message  # unused method (stack/oidc_provider.py): wsgiref's handler calls it

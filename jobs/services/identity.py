@@ -71,12 +71,19 @@ class UnixIdentity:
 
 @dataclass(frozen=True)
 class Profile:
-    signs_in_through: str  # the directory entry's DN, or "" for a password of this console's
+    signs_in_through: str  # the directory entry's DN (or OIDC subject), "": a password of ours
+    via: str  # "ldap", "oidc" or "" (a password of this console's)
     groups: tuple[str, ...]
     unix: UnixIdentity | None
     # The uid of Trainyard's own a node's sandbox gives the person's trainers (an agent's
     # --uid-base may differ: this is the default's).
     sandbox_uid: int
+
+
+def _source(account: UnixAccount, directory: DirectoryAccount | None) -> str:
+    if not account.from_directory:
+        return "an admin"
+    return "the single sign-on" if directory and directory.via == "oidc" else "the directory"
 
 
 def profile_of(user: User) -> Profile:
@@ -89,10 +96,11 @@ def profile_of(user: User) -> Profile:
             account.uid,
             account.gid,
             tuple(int(g) for g in account.groups),
-            "the directory" if account.from_directory else "an admin",
+            _source(account, directory),
         )
     return Profile(
         directory.dn if directory is not None else "",
+        directory.via if directory is not None else "",
         tuple(user.groups.order_by("name").values_list("name", flat=True)),
         unix,
         DEFAULT_UID_BASE + user.pk,
