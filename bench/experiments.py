@@ -33,12 +33,18 @@ from stack.run import Stack
 # A judgement reaches a trainer an epoch or so after its rung on two busy cores: at 4 epochs
 # that late epoch alone decided whether half the epochs were saved (26 of 48 in one run).
 EPOCHS = 6
+# Digits' epochs take a fifth of a second here, less than a judgement needs to reach the
+# trainer (its point's way to the database, the judge, the stop: about a second on two busy
+# cores, several while a console worker restarts): a trial would train to the end before its
+# stop came, whatever the pruner decided. Epochs of a few seconds, as a real data set's take
+# (minutes), let early stopping save what it decides to.
+PACE = ["--min-epoch-seconds", "2"]
 TRIALS = 12
 PARALLEL = 3
 GUARD_SECONDS = 1800.0  # stops a hung run; measures nothing
 TEMPLATE: dict[str, Any] = {
     "image": "pytorch:2.13-cpu",
-    "program": {"script": "digits-ddp", "args": ["--epochs", str(EPOCHS)]},
+    "program": {"script": "digits-ddp", "args": ["--epochs", str(EPOCHS), *PACE]},
     "roles": {
         "master": {"package": "cpu-1", "instances": 1},
         "worker": {"package": "cpu-1", "instances": 1},
@@ -102,7 +108,7 @@ def wait_for(what: str, check: Callable[[], Any]) -> Any:
 
 
 def args_of(params: dict[str, Any]) -> list[str]:
-    args = ["--epochs", str(EPOCHS)]
+    args = ["--epochs", str(EPOCHS), *PACE]
     for key, value in params.items():
         args += [key, repr(value) if isinstance(value, float) else str(value)]
     return args

@@ -47,6 +47,13 @@ BUILTIN_ARGUMENTS: dict[str, tuple[ExampleArgument, ...]] = {
         ExampleArgument(
             "--seed", "N", "0", "the same number gives the same initial weights and data order"
         ),
+        ExampleArgument(
+            "--min-epoch-seconds",
+            "S",
+            "0",
+            "make every epoch last at least this long, as a larger data set's would (0: as fast "
+            "as it goes): for trying what acts between epochs, early stopping or preemption",
+        ),
     ),
     "digits-ps": (
         ExampleArgument(

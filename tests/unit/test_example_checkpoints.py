@@ -25,6 +25,7 @@ import torch
 from tests.ps import launcher
 from tests.ps.launcher import PS_SCRIPT, Job, free_port, ps_env, spawn
 from workers import contract
+from workers.examples import digits_ddp
 
 EPOCHS = 8
 ARGS = ["--epochs", str(EPOCHS), "--batch-size", "32", "--seed", "0"]
@@ -360,3 +361,21 @@ def test_a_parameter_server_job_resumes_after_a_kill_and_after_a_sigterm(
     )
     assert ps_baseline.codes["worker-0"] == 0, ps_baseline.job.dump()
     assert abs(again - whole) <= TOLERANCE
+
+
+def test_a_paced_epoch_waits_for_its_share_a_step_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """--min-epoch-seconds: after k of n steps, the epoch waits until k/n of its minimum has
+    passed, so a SIGTERM is still noticed at the next step (not at the epoch's end)."""
+    slept: list[float] = []
+    monkeypatch.setattr(digits_ddp.time, "perf_counter", lambda: 10.5)
+    monkeypatch.setattr(digits_ddp.time, "sleep", slept.append)
+    digits_ddp.pace(10.0, 2, 4, 2.0)  # half the steps: due at 11.0
+    assert slept == [0.5]
+    digits_ddp.pace(10.0, 1, 4, 2.0)  # a quarter: due at 10.5, now
+    digits_ddp.pace(10.0, 4, 4, 0.0)  # unpaced
+    assert slept == [0.5]
+    assert digits_ddp.parse_args(["--min-epoch-seconds", "2"]).min_epoch_seconds == 2.0
+    with pytest.raises(SystemExit):
+        digits_ddp.parse_args(["--min-epoch-seconds", "-1"])

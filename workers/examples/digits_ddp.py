@@ -141,10 +141,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="the same number gives the same initial weights and data order",
     )
+    parser.add_argument(
+        "--min-epoch-seconds",
+        type=float,
+        default=0,
+        help="make every epoch last at least this long, as a larger data set's would (0: as fast "
+        "as it goes): for trying what acts between epochs, early stopping or preemption",
+    )
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.lr <= 0:
         parser.error("--epochs and --batch-size must be at least 1 and --lr positive")
+    if args.min_epoch_seconds < 0:
+        parser.error("--min-epoch-seconds must not be negative")
     return args
+
+
+def pace(epoch_start: float, done: int, steps: int, min_epoch_seconds: float) -> None:
+    """Wait, after `done` of an epoch's `steps` steps, until that share of min_epoch_seconds
+    has passed since the epoch started: a step at a time, so that a SIGTERM still stops
+    training within a step's share."""
+    if min_epoch_seconds > 0 and steps > 0:
+        wait = epoch_start + min_epoch_seconds * done / steps - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
 
 
 def read_topology() -> Topology:
@@ -636,6 +655,9 @@ def run_epoch(run: Training, epoch: int, start: Position) -> float | None:
         if k % METRIC_EVERY_STEPS == 0:
             # Epochs, not steps, line runs of different world sizes up (fewer steps each).
             metrics.report(step=epoch * steps + k, epoch=epoch + k / steps, loss=loss, lr=lr)
+        pace(
+            epoch_start, k + 1 - start.steps_done, steps - start.steps_done, args.min_epoch_seconds
+        )
     if run.stop.requested:
         halt(run, Position(epoch, steps, loss_sum, seen))
     elapsed = time.perf_counter() - epoch_start
