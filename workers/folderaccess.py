@@ -13,6 +13,9 @@ A job reaches such a folder only as its owner's own Unix identity may (workers/u
   another between the check and the bind;
 - none of the agent's own folders (its work folder, the checkpoint root) may be the folder,
   lie inside it or hold it.
+The lookups run as this process (root, on a node); what they find is said only once the
+person is known to reach the folder: a folder that is not there, is no folder or is closed to
+them gets the same words, so a refusal tells nobody what lies in folders closed to them.
 Nothing here runs through a shell; the probe's argv names the resolved path.
 """
 
@@ -30,6 +33,9 @@ MAX_PATH_LENGTH = 4096
 MAX_FOLDERS = 16
 PROBE_TIMEOUT_SECONDS = 30
 READ_AND_ENTER = 0o5
+# What a check answers where the person may not have the folder (the caller says it in words
+# that do not tell that apart from a folder that is not there).
+_MAY_NOT = "may not"
 WRITE_AND_ENTER = 0o3
 
 
@@ -70,28 +76,49 @@ def check(
     problem = shape_problem(path)
     if problem is not None:
         raise FolderRefused(problem)
+    # Looked up as this process (root, on a node), but nothing of what it finds is said before
+    # the person is known to reach the folder: "does not exist" against "may not read it" would
+    # tell them what lies in folders closed to them.
+    unreachable = FolderRefused(
+        f"{path}: {user.describe()} may not {'write' if writable else 'read'} it, or it is no "
+        "folder here"
+    )
     try:
         real = Path(os.path.realpath(path, strict=True))
         found = os.stat(real)
-    except FileNotFoundError:
-        raise FolderRefused(f"{path} does not exist") from None
-    except OSError as exc:
-        raise FolderRefused(f"{path} cannot be looked up: {exc.strerror}") from None
+    except OSError:
+        raise unreachable from None
     if not stat.S_ISDIR(found.st_mode):
-        raise FolderRefused(f"{path} is not a folder")
-    for own in guarded:
-        own = Path(os.path.realpath(own))
-        if own == real or own.is_relative_to(real) or real.is_relative_to(own):
-            raise FolderRefused(f"{path} is or holds a folder of Trainyard's own")
-    _check_folders_above(path, real)
+        raise unreachable
     if as_kernel is None:
         as_kernel = os.geteuid() == 0
     refusal = (
         _kernel_refusal(real, user, writable) if as_kernel else _mode_refusal(real, user, writable)
     )
+    if refusal == _MAY_NOT:
+        raise unreachable
     if refusal is not None:
         raise FolderRefused(f"{path}: {refusal}")
+    for own in guarded:
+        own = Path(os.path.realpath(own))
+        if own == real or own.is_relative_to(real) or real.is_relative_to(own):
+            raise FolderRefused(f"{path} is or holds a folder of Trainyard's own")
+    _check_folders_above(path, real)
     return NamedFolder(path, real, writable)
+
+
+def may_look_where(path: str, user: JobUser) -> bool:
+    """Whether `user` may enter the nearest folder above `path` that exists here (by the
+    permission bits): where they may, that `path` is not there is theirs to know; where they
+    may not, a refusal must not tell it apart from a folder closed to them."""
+    above = Path(path).parent
+    while not os.path.lexists(above):
+        above = above.parent
+    try:
+        real = Path(os.path.realpath(above, strict=True))
+        return all(_allows(os.stat(f), user, 0o1) for f in (*reversed(real.parents), real))
+    except OSError:
+        return False
 
 
 def _check_folders_above(path: str, real: Path) -> None:
@@ -150,7 +177,7 @@ def _kernel_refusal(real: Path, user: JobUser, writable: bool) -> str | None:
     if done.returncode == 0:
         return None
     if done.returncode == 1:
-        return f"{user.describe()} may not {'write' if writable else 'read'} it"
+        return _MAY_NOT
     said = done.stderr.decode(errors="replace").strip() or f"exit code {done.returncode}"
     return f"could not be checked as {user.describe()}: {said}"
 
@@ -159,10 +186,10 @@ def _mode_refusal(real: Path, user: JobUser, writable: bool) -> str | None:
     """The permission bits' answer for `user` (ACLs unread): None where it may."""
     for above in reversed(real.parents):
         if not _allows(os.stat(above), user, 0o1):
-            return f"{user.describe()} may not enter {above}"
+            return _MAY_NOT
     wanted = READ_AND_ENTER | (WRITE_AND_ENTER if writable else 0)
     if not _allows(os.stat(real), user, wanted):
-        return f"{user.describe()} may not {'write' if writable else 'read'} it"
+        return _MAY_NOT
     return None
 
 

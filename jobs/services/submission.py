@@ -649,7 +649,7 @@ def folder_refusals(request: JobRequest, identity: unix_identity.Resolved | None
     user = unixids.own_user(identity.uid, identity.gid, identity.groups)
     refusals: dict[str, str] = {}
     for path, writable in wanted:
-        if not os.path.lexists(path):
+        if not os.path.lexists(path) and folderaccess.may_look_where(path, user):
             continue  # not on this host: the nodes answer
         try:
             folderaccess.check(path, user, writable, as_kernel=False)

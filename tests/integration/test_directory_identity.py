@@ -118,11 +118,11 @@ def test_someone_the_team_folder_is_closed_to_is_refused_at_submission_with_the_
     errors = refused.json()["errors"]
     assert errors["data"] == [
         f"{team_tree.vision}: uid 20002, gid 20002, groups 30000,30002 (the owner's own) may "
-        "not read it."
+        "not read it, or it is no folder here."
     ], errors
     assert errors["results"] == [
         f"{team_tree.results}: uid 20002, gid 20002, groups 30000,30002 (the owner's own) may "
-        "not write it."
+        "not write it, or it is no folder here."
     ], errors
     local = stack.create_user("no-identity", "no-identity-pw-1", QUOTA)
     refused = local.http.post("/api/v1/jobs", json=team_job(team_tree, "local reads vision"))

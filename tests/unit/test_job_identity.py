@@ -15,7 +15,9 @@ from jobs.forms import NewJobForm
 from jobs.models import Node, UnixAccount
 from jobs.services import rerun
 from jobs.services.submission import ValidationFailed, check_job_request, submit_job
+from tests.unit import test_named_folders
 from tests.unit.helpers import SentTasks, job_request
+from tests.unit.test_named_folders import TeamTree
 from tests.unit.test_restarts import start_all
 from trainyard_cli import jobfile
 from workers import contract
@@ -23,6 +25,7 @@ from workers import contract
 pytestmark = pytest.mark.usefixtures("catalog", "code_root", "redis_url")
 
 Capture = Callable[..., Any]
+team_tree = test_named_folders.team_tree  # a team's folders, as a site makes them
 
 
 def ada_account(user: User, uid: int = 20001) -> UnixAccount:
@@ -141,3 +144,18 @@ def test_the_form_and_the_cli_send_them(alice: User, nodes: list[Node]) -> None:
         restart_policy=None, max_restarts=None, data=["/shared/a"], results="/shared/out",
     )  # fmt: skip
     assert (body["data"], body["results"]) == (["/shared/a"], "/shared/out")
+
+
+def test_a_folder_the_console_cannot_see_goes_through_only_where_they_could_look(
+    alice: User, nodes: list[Node], team_tree: TeamTree
+) -> None:
+    UnixAccount.objects.create(user=alice, username="grace", uid=20002, gid=20002, groups=[30000])
+    hidden = str(team_tree.vision / "not-there")
+    with pytest.raises(ValidationFailed) as refused:
+        submit_job(alice, check_job_request(job_request(1, data=[hidden])))
+    assert refused.value.errors["data"] == [
+        f"{hidden}: uid 20002, gid 20002, groups 30000 (the owner's own) may not read it, or it "
+        "is no folder here."
+    ]
+    # Not on this host, and nothing closed to her above it: the nodes answer for it.
+    assert submit_job(alice, check_job_request(job_request(1, data=["/nowhere/x"]))).pk

@@ -146,8 +146,8 @@ def test_links_are_followed_and_what_is_no_folder_of_a_jobs_is_refused(
         ("shared/datasets", "not an absolute path"),
         (f"{team_tree.vision}/../vision", "not in its plain form"),
         (f"{team_tree.vision}/", "not in its plain form"),
-        (str(team_tree.base / "missing"), "does not exist"),
-        (str(team_tree.vision / "0001.txt"), "is not a folder"),
+        (str(team_tree.base / "missing"), "may not read it, or it is no folder here"),
+        (str(team_tree.vision / "0001.txt"), "may not read it, or it is no folder here"),
     ):
         with pytest.raises(FolderRefused, match=said):
             folderaccess.check(path, ADA, False)
@@ -216,7 +216,7 @@ def test_a_job_of_someone_outside_the_group_fails_before_it_starts_saying_why(
     assert exited["state"] == "failed"
     assert exited["reason"] == (
         f"data folder refused on n1: {team_tree.vision}: uid 20002, gid 20002, groups 30000 "
-        "(the owner's own) may not read it"
+        "(the owner's own) may not read it, or it is no folder here"
     )
     assert not any(line.startswith("identity") for line in texts(client, 42))
 
@@ -232,3 +232,21 @@ def test_a_job_sent_to_run_as_root_never_starts(
         in (exited["reason"])
     )
     assert not any(line.startswith("identity") for line in texts(client, 43))
+
+
+def test_a_refusal_tells_nobody_what_lies_in_folders_closed_to_them(team_tree: TeamTree) -> None:
+    """A folder that is not there, in a folder closed to the person, is refused in the same
+    words as one that is there: neither the words nor being let through say which."""
+    there, not_there = team_tree.vision, team_tree.vision / "not-there"
+    for path in (there, not_there):
+        with pytest.raises(FolderRefused) as refused:
+            folderaccess.check(str(path), GRACE, False, as_kernel=False)
+        assert str(refused.value) == (
+            f"{path}: uid 20002, gid 20002, groups 30000 (the owner's own) may not read it, or "
+            "it is no folder here"
+        )
+    # The console lets a folder it cannot see through to the nodes only where the person could
+    # have looked for it.
+    assert not folderaccess.may_look_where(str(not_there / "deeper"), GRACE)
+    assert folderaccess.may_look_where(str(not_there / "deeper"), ADA)
+    assert folderaccess.may_look_where("/nowhere/at/all", GRACE)
