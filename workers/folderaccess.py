@@ -50,6 +50,12 @@ class NamedFolder:
     writable: bool
 
 
+def requests(data: Iterable[str], results: str) -> list[tuple[str, bool]]:
+    """The folders a job names, each with whether it is written: its data folders, then its
+    results folder ("": none)."""
+    return [*((path, False) for path in data), *([(results, True)] if results else [])]
+
+
 def shape_problem(path: str) -> str | None:
     """What is wrong with a folder's name on its own (any host), or None."""
     if not path.startswith("/"):
@@ -158,14 +164,11 @@ def _kernel_refusal(real: Path, user: JobUser, writable: bool) -> str | None:
     setpriv, test = shutil.which("setpriv"), shutil.which("test", path="/usr/bin:/bin")
     if setpriv is None or test is None:
         return "setpriv (util-linux) or test (coreutils) is missing here, so it cannot be checked"
-    groups = (
-        ["--groups=" + ",".join(str(g) for g in user.groups)] if user.groups else ["--clear-groups"]
-    )
     want = ["-d", str(real), "-a", "-r", str(real), "-a", "-x", str(real)]
     if writable:
         want += ["-a", "-w", str(real)]
     argv = [
-        setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", *groups,
+        setpriv, *user.setpriv_options(),
         "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", test, *want,
     ]  # fmt: skip
     try:

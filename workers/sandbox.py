@@ -190,13 +190,8 @@ class Sandbox:
             # Only the instance's own GPUs exist in here, and CUDA numbers them from 0.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(folders.gpu_ids)))
         if self.switches_uid:
-            groups = (
-                [f"--groups={','.join(str(g) for g in user.groups)}"]
-                if user.groups
-                else ["--clear-groups"]
-            )
             inside += [
-                self.setpriv, f"--reuid={user.uid}", f"--regid={user.gid}", *groups,
+                self.setpriv, *user.setpriv_options(),
                 "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs",
             ]  # fmt: skip
         # SIGTERM's default back before the shim, not in it: a stop that comes while the shim

@@ -436,9 +436,7 @@ def named_folders(spec: ReplicaSpec) -> tuple[folderaccess.NamedFolder, ...]:
     the sandbox of an unprivileged step binds nothing its user could not read anyway. Raises
     folderaccess.FolderRefused."""
     me = unixids.own_user(os.getuid(), os.getgid(), os.getgroups())
-    wanted = [(p, False) for p in spec.data_folders]
-    if spec.results_folder:
-        wanted.append((spec.results_folder, True))
+    wanted = folderaccess.requests(spec.data_folders, spec.results_folder)
     return tuple(folderaccess.check(path, me, writable) for path, writable in wanted)
 
 

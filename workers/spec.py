@@ -4,7 +4,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workers.contract import tag_of
-from workers.folderaccess import MAX_FOLDERS, shape_problem
+from workers.folderaccess import MAX_FOLDERS, requests, shape_problem
 
 FRAMEWORK_PYTORCH = "pytorch"
 FRAMEWORK_KVSTORE = "kvstore"
@@ -108,7 +108,7 @@ class ReplicaSpec:
             raise SpecError("a Unix identity needs a uid and a gid")
         if not all(isinstance(g, int) and g >= 0 for g in self.run_groups):
             raise SpecError("groups must be gids")
-        folders = [*self.data_folders, *([self.results_folder] if self.results_folder else [])]
+        folders = [path for path, _ in requests(self.data_folders, self.results_folder)]
         if len(folders) > MAX_FOLDERS:
             raise SpecError(f"at most {MAX_FOLDERS} folders")
         for folder in folders:

@@ -1455,9 +1455,7 @@ class Supervisor:
     def _named_folders(self, spec: ReplicaSpec, user: JobUser) -> tuple[NamedFolder, ...]:
         """The folders the job named, resolved here, each checked as its user by the kernel
         (workers/folderaccess.py) before anything of the replica starts."""
-        wanted = [(path, False) for path in spec.data_folders]
-        if spec.results_folder:
-            wanted.append((spec.results_folder, True))
+        wanted = folderaccess.requests(spec.data_folders, spec.results_folder)
         if not wanted:
             return ()
         if not (spec.user_known and os.geteuid() == 0 and self.sandbox.isolation.isolated):

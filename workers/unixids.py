@@ -54,6 +54,16 @@ class JobUser:
     def ids(self) -> tuple[int, int]:
         return self.uid, self.gid
 
+    def setpriv_options(self) -> list[str]:
+        """setpriv's options that make a process this user: uid, gid and exactly these groups
+        (none of root's left behind)."""
+        groups = ",".join(str(g) for g in self.groups)
+        return [
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+        ]
+
     def describe(self) -> str:
         if not self.own:
             return f"uid {self.uid} (Trainyard's own: no Unix identity is known for the owner)"

@@ -633,9 +633,7 @@ def folder_refusals(request: JobRequest, identity: unix_identity.Resolved | None
     """Why the owner may not have the folders the job names, by field; {} when they may.
     Checked here by the permission bits where this host sees the folder (the nodes check
     again, as the owner, before the job starts: the last word is theirs)."""
-    wanted = [(path, False) for path in request.data_folders]
-    if request.results_folder:
-        wanted.append((request.results_folder, True))
+    wanted = folderaccess.requests(request.data_folders, request.results_folder)
     if not wanted:
         return {}
     if identity is None:
