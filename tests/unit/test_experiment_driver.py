@@ -6,6 +6,7 @@ reason, told to Optuna when they end; every call safe to make twice."""
 import optuna
 import pytest
 from django.contrib.auth.models import User
+from django.db import transaction
 
 from jobs.models import Experiment, Job, JobAttempt, Trial
 from jobs.services.experiments import control, driver, reasons
@@ -94,6 +95,74 @@ def test_successive_halving_stops_a_trial_behind_its_rung_through_cancel(
     assert optuna_states(experiment)[2] == "PRUNED"
     first.refresh_from_db()
     assert first.state == Trial.State.RUNNING and first.judged_through == 1
+
+
+class Killed(Exception):
+    """The console worker dying inside a call, before its transaction commits."""
+
+
+def test_a_stop_whose_commit_was_lost_is_made_by_the_next_judgement(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    """Optuna's storage commits on its own: a kill after the pruner said "stop" and before the
+    console's commit leaves Optuna with the trial pruned and its row running (CI saw that
+    trial train to its end, "completed" with nothing judged)."""
+    set_quota(alice, cpu=8, jobs=8)
+    experiment = control.create_experiment(alice, search_request())
+    driver.advance(experiment.pk)
+    first, second, third = trials_of(experiment)
+    assert first.job and second.job and third.job
+    for trial, value in ((first, 0.90), (second, 0.85)):
+        assert trial.job is not None
+        report(trial.job, 1, value)
+        driver.judge(trial.job.pk)
+    report(third.job, 1, 0.40)
+    with pytest.raises(Killed), transaction.atomic():
+        driver.judge(third.job.pk)
+        raise Killed
+    third.refresh_from_db()
+    assert third.state == Trial.State.RUNNING and third.judged_through is None
+    assert Job.objects.get(pk=third.job.pk).is_active
+    assert optuna_states(experiment)[2] == "PRUNED", "what the lost call told Optuna stays"
+
+    report(third.job, 2, 0.45)  # it trained on; its next point brings the next judgement
+    driver.judge(third.job.pk)
+    third.refresh_from_db()
+    assert third.state == Trial.State.PRUNED
+    assert third.reason == (
+        "stopped early: eval_accuracy 0.4 at epoch 1, below the cut-off 0.9: only the best 1 "
+        "of 3 trials at epoch 1 go on"
+    )
+    assert (third.objective_last, third.objective_best, third.judged_through) == (0.45, 0.45, 2)
+    job = Job.objects.get(pk=third.job.pk)
+    assert job.state == Job.State.CANCELLED and job.reason == third.reason
+
+
+def test_an_end_whose_commit_was_lost_is_settled_again_with_its_points(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    set_quota(alice, cpu=8, jobs=8)
+    experiment = control.create_experiment(
+        alice,
+        search_request(pruner="none", pruner_options=None, budget={"trials": 1, "parallel": 1}),
+    )
+    driver.advance(experiment.pk)
+    (trial,) = trials_of(experiment)
+    assert trial.job is not None
+    report(trial.job, 1, 0.7)
+    report(trial.job, 2, 0.8)
+    end_job(trial.job)
+    with pytest.raises(Killed), transaction.atomic():
+        driver.advance(experiment.pk)
+        raise Killed
+    trial.refresh_from_db()
+    assert trial.state == Trial.State.RUNNING and optuna_states(experiment) == {0: "COMPLETE"}
+    driver.advance(experiment.pk)
+    trial.refresh_from_db()
+    assert (trial.state, trial.objective_last, trial.judged_through) == ("completed", 0.8, 2)
+    experiment.refresh_from_db()
+    assert experiment.state == Experiment.State.FINISHED
+    assert studies.load(experiment).best_value == 0.8
 
 
 def test_a_resumed_trial_is_judged_only_on_epochs_it_reports_anew(

@@ -6,8 +6,11 @@ Both rebuild the Optuna study from its storage every time and hold the experimen
 locked while they decide (SQLite: the write lock), so either may run twice, or at once in two
 processes, and decide each thing once: a trial is told to Optuna with skip_if_finished, a
 value already reported for a step is ignored by Optuna, and `Trial.judged_through` says what
-was judged. An Optuna trial asked by a call that died before its Trial row was written is
-adopted by the next call as a waiting trial, so no configuration is lost either.
+was judged. Optuna's storage commits on its own, so a call that dies keeps what it told
+Optuna and loses its own writes: an Optuna trial asked before its Trial row was written is
+adopted by the next call as a waiting trial, and a trial Optuna ended whose row still runs is
+caught up (`_catch_up`: stopped, if it was pruned), so no configuration and no decision is
+lost.
 
 Trials are ordinary jobs of the experiment's owner, submitted through the job submission's own
 checks (quota, fair share, restarts, logs); a trial pruned is cancelled through the lifecycle's
@@ -253,7 +256,9 @@ def _judge(experiment: Experiment, study: optuna.Study, trial: Trial, prune: boo
     if not points:
         return
     asked = optuna.trial.Trial(study, studies.trial_id(study, trial.number))
-    if study._storage.get_trial(asked._trial_id).state != TrialState.RUNNING:
+    frozen = study._storage.get_trial(asked._trial_id)
+    if frozen.state != TrialState.RUNNING:
+        _catch_up(experiment, study, trial, frozen, points, stop=prune)
         return
     last = declared_end(experiment, trial.job.pk)
     for at, value in points:
@@ -276,6 +281,33 @@ def _judge(experiment: Experiment, study: optuna.Study, trial: Trial, prune: boo
             outcomes.cancel_for(trial.job.pk, why, strict=False)
             return
     trial.save(update_fields=["objective_last", "objective_best", "judged_through"])
+
+
+def _catch_up(
+    experiment: Experiment,
+    study: optuna.Study,
+    trial: Trial,
+    frozen: optuna.trial.FrozenTrial,
+    points: list[tuple[int, float]],
+    stop: bool,
+) -> None:
+    """Optuna has ended a trial whose row still runs: the call that told it died before its
+    own transaction committed (Optuna's storage commits on its own). The row takes what the
+    trial reported, and a trial Optuna pruned is stopped now, for the reason the pruner had,
+    as that call would have stopped it; left running, it was never judged again (Optuna
+    takes no report of an ended trial) and trained to its end."""
+    assert trial.job is not None
+    for at, value in points:
+        trial.objective_last = value
+        trial.objective_best = _better(experiment, trial.objective_best, value)
+        trial.judged_through = at
+    trial.save(update_fields=["objective_last", "objective_best", "judged_through"])
+    told = sorted(frozen.intermediate_values.items())
+    if stop and frozen.state == TrialState.PRUNED and told:
+        at, value = told[-1]
+        why = explain(experiment, study, trial.number, at, value)
+        _end_trial(study, trial, Trial.State.PRUNED, why)
+        outcomes.cancel_for(trial.job.pk, why, strict=False)
 
 
 def declared_end(experiment: Experiment, job_id: int) -> float | None:
