@@ -37,6 +37,9 @@ FAST_RECONCILIATION = {
 EPOCH = re.compile(r"^epoch=(\d+)/\d+ ")
 FINAL = re.compile(r"^final eval_accuracy=([0-9.]+)")
 GUARD_SECONDS = 600.0  # stops a hung run; measures nothing
+# Issue 50's goal for the kill -> every instance running again (torch elastic's own restart of
+# the same job took 1.6-2.0 s on this machine).
+RUNNING_AGAIN_GOAL_SECONDS = 1.0
 
 
 class Console:
@@ -161,10 +164,11 @@ def measure(stack: Stack, console: Console) -> bool:
     lines = console.lines(job_id)
     before, after = epochs(lines, 0), epochs(lines, 1)
     redone = len(set(before) & set(after))
+    verdict = "MET" if running_again <= RUNNING_AGAIN_GOAL_SECONDS else "MISSED"
     print(
         f"kill -9 of worker-1 after epoch {max(before)} of {EPOCHS}: every instance running "
-        f"again after {running_again:.1f} s, first epoch of the new attempt done after "
-        f"{stepping_again:.1f} s"
+        f"again after {running_again:.1f} s (goal <= {RUNNING_AGAIN_GOAL_SECONDS:.1f} s: "
+        f"{verdict}), first epoch of the new attempt done after {stepping_again:.1f} s"
     )
     print(
         f"  progress lost: {redone} epoch(s) done twice (the new attempt began at epoch "

@@ -22,6 +22,7 @@ from torch.optim import SGD
 
 from workers.examples.digits_ddp import (
     configure_threads,
+    freeze_imports,
     metrics,
     pick_device,
     process_group,
@@ -51,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    freeze_imports()
     args = parse_args(argv)
     configure_threads()
     topo = read_topology()
