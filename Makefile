@@ -34,7 +34,9 @@ cluster: $(VENV)/.installed sandbox
 
 # Two pytest processes, each taking whole test files (pytest-xdist): most of an integration test
 # is waiting for processes, timers and other hosts, so two share the 2 cores well. Each process
-# starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process.
+# starts the stacks it needs. TEST_PROCESSES=0 runs everything in one process. The browser tests
+# and the tests that change the host's network are handed out as one file (tests/file_groups.py):
+# Chromium fails a page's loads when an interface comes or goes.
 TEST_PROCESSES ?= 2
 test: jstest $(VENV)/.installed chromium sandbox slurm-packages people-python trainer-image directory
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile

@@ -169,3 +169,4 @@ authentication_form  # unused variable (jobs/single_sign_on.py, LoginView): Djan
 __getattr__  # unused function (stack/oidc_provider.py): the module's urlconf and validator, looked up by name
 daemon_threads  # unused variable (stack/oidc_provider.py): socketserver's ThreadingMixIn reads it
 log_message  # unused method (stack/oidc_provider.py): wsgiref's handler calls it
+_split_scope  # unused method (tests/file_groups.py): pytest-xdist's scheduler calls it

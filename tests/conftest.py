@@ -70,6 +70,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s --dist loadfile, with the browser tests and the tests that change the
+    host's network handed out as one file (tests/file_groups.py)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from tests.file_groups import FileGroupScheduling
+
+    return FileGroupScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
     """pytest-xdist's controller: the fuzz ran in a worker process (`make test` runs two), whose
     stash the controller never sees; the worker hands its lines over at its end."""
