@@ -68,27 +68,39 @@ def test_a_trial_the_quota_refuses_waits_and_is_submitted_later(
     assert experiment.reason == ""
 
 
-def test_successive_halving_stops_a_trial_behind_its_rung_through_cancel(
-    alice: User, sent_tasks: SentTasks
-) -> None:
+# Successive halving's reason for the third of three trials at epoch 1 (0.9, 0.85, then 0.4).
+THIRD_BEHIND_ITS_RUNG = (
+    "stopped early: eval_accuracy 0.4 at epoch 1, below the cut-off 0.9: only the best 1 of 3 "
+    "trials at epoch 1 go on"
+)
+
+
+def three_trials_the_third_behind_at_epoch_1(alice: User) -> tuple[Experiment, Trial, Trial]:
+    """A search's first three trials at epoch 1: the first two judged (0.9, 0.85), the third's
+    0.4 reported and not yet judged. The experiment, the first trial and the third."""
     set_quota(alice, cpu=8, jobs=8)
     experiment = control.create_experiment(alice, search_request())
     driver.advance(experiment.pk)
     first, second, third = trials_of(experiment)
     assert first.job and second.job and third.job
-    report(first.job, 1, 0.90)
-    driver.judge(first.job.pk)
-    report(second.job, 1, 0.85)
-    driver.judge(second.job.pk)
+    for trial, value in ((first, 0.90), (second, 0.85)):
+        assert trial.job is not None
+        report(trial.job, 1, value)
+        driver.judge(trial.job.pk)
     report(third.job, 1, 0.40)
+    return experiment, first, third
+
+
+def test_successive_halving_stops_a_trial_behind_its_rung_through_cancel(
+    alice: User, sent_tasks: SentTasks
+) -> None:
+    experiment, first, third = three_trials_the_third_behind_at_epoch_1(alice)
+    assert third.job is not None
     driver.judge(third.job.pk)
     driver.judge(third.job.pk)  # twice: decided once
     third.refresh_from_db()
     assert third.state == Trial.State.PRUNED
-    assert third.reason == (
-        "stopped early: eval_accuracy 0.4 at epoch 1, below the cut-off 0.9: only the best 1 "
-        "of 3 trials at epoch 1 go on"
-    )
+    assert third.reason == THIRD_BEHIND_ITS_RUNG
     assert (third.objective_last, third.objective_best, third.judged_through) == (0.4, 0.4, 1)
     job = Job.objects.get(pk=third.job.pk)
     assert job.state == Job.State.CANCELLED and job.reason == third.reason
@@ -107,16 +119,8 @@ def test_a_stop_whose_commit_was_lost_is_made_by_the_next_judgement(
     """Optuna's storage commits on its own: a kill after the pruner said "stop" and before the
     console's commit leaves Optuna with the trial pruned and its row running (CI saw that
     trial train to its end, "completed" with nothing judged)."""
-    set_quota(alice, cpu=8, jobs=8)
-    experiment = control.create_experiment(alice, search_request())
-    driver.advance(experiment.pk)
-    first, second, third = trials_of(experiment)
-    assert first.job and second.job and third.job
-    for trial, value in ((first, 0.90), (second, 0.85)):
-        assert trial.job is not None
-        report(trial.job, 1, value)
-        driver.judge(trial.job.pk)
-    report(third.job, 1, 0.40)
+    experiment, _, third = three_trials_the_third_behind_at_epoch_1(alice)
+    assert third.job is not None
     with pytest.raises(Killed), transaction.atomic():
         driver.judge(third.job.pk)
         raise Killed
@@ -129,10 +133,7 @@ def test_a_stop_whose_commit_was_lost_is_made_by_the_next_judgement(
     driver.judge(third.job.pk)
     third.refresh_from_db()
     assert third.state == Trial.State.PRUNED
-    assert third.reason == (
-        "stopped early: eval_accuracy 0.4 at epoch 1, below the cut-off 0.9: only the best 1 "
-        "of 3 trials at epoch 1 go on"
-    )
+    assert third.reason == THIRD_BEHIND_ITS_RUNG
     assert (third.objective_last, third.objective_best, third.judged_through) == (0.45, 0.45, 2)
     job = Job.objects.get(pk=third.job.pk)
     assert job.state == Job.State.CANCELLED and job.reason == third.reason
