@@ -96,6 +96,9 @@ def test_a_search_stops_trials_early_and_survives_a_console_worker_restart(
     trials = done["trials"]
     assert [t["number"] for t in trials] == list(range(TRIALS)), "no trial lost"
     assert all(t["job"] is not None for t in trials)
+    # Whole, in the captured output: the assertion's message is cut short where it is long.
+    for t in trials:
+        print(f"trial {t['number']}: {t['state']}: {t['reason']}")
     assert {t["state"] for t in trials} <= {"completed", "pruned"}, [
         (t["number"], t["state"], t["reason"]) for t in trials
     ]
