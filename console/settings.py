@@ -409,6 +409,10 @@ TRAINYARD_TIME_LIMIT_GRACE_SECONDS = env_int("TRAINYARD_TIME_LIMIT_GRACE_SECONDS
 # between SIGTERM and SIGKILL to save a checkpoint.
 TRAINYARD_PREEMPTION_MIN_RUN_SECONDS = env_int("TRAINYARD_PREEMPTION_MIN_RUN_SECONDS", 600)
 TRAINYARD_PREEMPTION_GRACE_SECONDS = env_int("TRAINYARD_PREEMPTION_GRACE_SECONDS", 30)
+# An elastic job grows only once it has run at its size this long (jobs.services.lifecycle
+# .elastic): each resize is a checkpoint and a restart, and room that comes and goes would
+# otherwise keep it restarting instead of training.
+TRAINYARD_ELASTIC_SETTLE_SECONDS = env_int("TRAINYARD_ELASTIC_SETTLE_SECONDS", 60)
 # Whether jobs may run on a node whose agent cannot sandbox its trainers (no bubblewrap, or no
 # user namespaces and not root): there a training script can read what the agent can, other
 # users' jobs included (docs/security.md). Off in production unless an admin turns it on.

@@ -281,7 +281,7 @@ def job_as_dict(
     of its environment, anyone else (an admin) the secret-looking ones masked.
     `queue_positions`, from presenters.queue_positions, saves a query per job in a list."""
     roles = {
-        r.role: {"package": r.package.name, "instances": r.instances}
+        r.role: {"package": r.package.name, "instances": r.asked}
         for r in presenters.related(job, "roles", lambda: job.roles.select_related("package"))
     }
     return {

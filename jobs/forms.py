@@ -135,18 +135,40 @@ def read_health_rules(text: str | None) -> Any:
         raise forms.ValidationError(f"The rules are not valid JSON: {exc}.") from None
 
 
+def _fewest(instances: Any) -> Any:
+    """A role's count as the form's count field shows it: an elastic role's minimum."""
+    return instances["min"] if isinstance(instances, dict) else instances
+
+
+def _most(instances: Any) -> int | None:
+    return instances["max"] if isinstance(instances, dict) else None
+
+
 def roles_of(framework: str, data: dict[str, Any]) -> dict[str, Any]:
     """The request's roles from the form's fields: one package and count for PyTorch (instance
     0 is the master), each role's own for a parameter-server image."""
     if framework == Framework.KVSTORE:
         return {
             "server": {"package": data["server_package"], "instances": data["servers"]},
-            "worker": {"package": data["worker_package"], "instances": data["workers"]},
+            "worker": {"package": data["worker_package"], "instances": _workers(data)},
         }
     roles: dict[str, Any] = {"master": {"package": data["package"], "instances": 1}}
-    if data["instances"] > 1:
+    most = data.get("max_instances")
+    if most and most > data["instances"]:
+        # Elastic: the workers between the two counts, the master always one.
+        workers: dict[str, int] = {"min": data["instances"] - 1, "max": most - 1}
+        roles["worker"] = {"package": data["package"], "instances": workers}
+    elif data["instances"] > 1:
         roles["worker"] = {"package": data["package"], "instances": data["instances"] - 1}
     return roles
+
+
+def _workers(data: dict[str, Any]) -> int | dict[str, int]:
+    """A parameter-server form's workers: a count, or {min, max} up to its "Up to"."""
+    most = data.get("max_workers")
+    if most and data["workers"] and most > data["workers"]:
+        return {"min": data["workers"], "max": most}
+    return data["workers"]
 
 
 def _fields_of(framework: str) -> tuple[str, ...]:
@@ -228,6 +250,13 @@ class NewJobForm(_ShapeForm):
         required=False,
         help_text="Instance 0 is [master], the rest [worker-1], ...",
     )
+    max_instances = forms.IntegerField(
+        min_value=2,
+        required=False,
+        label="Up to (elastic)",
+        help_text="Empty: exactly the instances above. More: it starts once those fit, grows "
+        "to this many as room frees, and shrinks instead of stopping when a node is lost.",
+    )
     # Parameter-server images: servers and workers each with their own package.
     kvstore = forms.ChoiceField(
         label="kvstore mode", choices=KVStoreMode.choices, initial="dist_sync", required=False
@@ -236,6 +265,12 @@ class NewJobForm(_ShapeForm):
     servers = forms.IntegerField(min_value=1, initial=1, required=False, label="Servers")
     worker_package = forms.ChoiceField(label="Worker package", required=False, widget=PackageSelect)
     workers = forms.IntegerField(min_value=1, initial=2, required=False, label="Workers")
+    max_workers = forms.IntegerField(
+        min_value=2,
+        required=False,
+        label="Up to (elastic workers)",
+        help_text="Empty: exactly the workers above. More: elastic workers, as for PyTorch.",
+    )
     one_instance_per_node = forms.BooleanField(
         label="One instance per node",
         required=False,
@@ -420,13 +455,17 @@ class NewJobForm(_ShapeForm):
                 server_package=roles.get("server", {}).get("package"),
                 servers=roles.get("server", {}).get("instances"),
                 worker_package=roles.get("worker", {}).get("package"),
-                workers=roles.get("worker", {}).get("instances"),
+                workers=_fewest(roles.get("worker", {}).get("instances")),
+                max_workers=_most(roles.get("worker", {}).get("instances")),
             )
         else:
             initial.update(
                 package=roles.get("master", {}).get("package"),
-                instances=sum(r.get("instances", 0) for r in roles.values()),
+                instances=sum(_fewest(r.get("instances", 0)) or 0 for r in roles.values()),
             )
+            workers = roles.get("worker", {}).get("instances")
+            if isinstance(workers, dict):
+                initial["max_instances"] = 1 + workers["max"]
         if body.get("one_instance_per_node"):
             initial["one_instance_per_node"] = True
         if body.get("project"):

@@ -937,6 +937,13 @@ class Job(models.Model):
     )
     # The current attempt (0: the first run); replicas of earlier attempts keep their rows.
     attempt = models.PositiveIntegerField(default=0)
+    # An elastic job (its worker role asked for as {min, max}) runs with any number of charged
+    # instances from min_size to max_size; a fixed one has both equal to its instances.
+    # `resizes` counts the attempts begun to change its size (grow, shrink): neither failures
+    # nor restarts of its policy (jobs.services.lifecycle.elastic).
+    min_size = models.PositiveIntegerField(default=0)
+    max_size = models.PositiveIntegerField(default=0)
+    resizes = models.PositiveIntegerField(default=0)
     restarts_used = models.PositiveSmallIntegerField(
         default=0, help_text="Restarts counted against max_restarts (evictions are not)."
     )
@@ -1041,6 +1048,10 @@ class Job(models.Model):
         return merge(list(self.args), list(self.args_on_resume))
 
     @property
+    def is_elastic(self) -> bool:
+        return self.min_size < self.max_size
+
+    @property
     def restarts_left(self) -> int:
         if self.restart_policy != RestartPolicy.ON_FAILURE:
             return 0
@@ -1087,13 +1098,32 @@ class JobRole(models.Model):
     job = models.ForeignKey(Job, related_name="roles", on_delete=models.CASCADE)
     role = models.CharField(max_length=20)
     package = models.ForeignKey(Package, on_delete=models.PROTECT)
-    instances = models.PositiveIntegerField()
+    instances = models.PositiveIntegerField(help_text="Elastic: the most it runs with.")
+    min_instances = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Elastic: the fewest it runs with. Empty: fixed."
+    )
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "role"], name="one_row_per_role")]
 
     def __str__(self) -> str:
+        if self.min_instances is not None:
+            return f"{self.role} {self.package} ×{self.min_instances}-{self.instances}"
         return f"{self.role} {self.package} ×{self.instances}"
+
+    @property
+    def count_text(self) -> str:
+        """ "3", or an elastic role's "1-3 (elastic)"."""
+        if self.min_instances is None:
+            return str(self.instances)
+        return f"{self.min_instances}-{self.instances} (elastic)"
+
+    @property
+    def asked(self) -> "int | dict[str, int]":
+        """What the request said: a number, or an elastic role's {"min": N, "max": M}."""
+        if self.min_instances is None:
+            return self.instances
+        return {"min": self.min_instances, "max": self.instances}
 
 
 class JobAttempt(models.Model):
@@ -1113,6 +1143,14 @@ class JobAttempt(models.Model):
     finished = models.DateTimeField(null=True, blank=True)
     nodes = models.JSONField(default=list, blank=True)
     reason = models.TextField(blank=True, help_text="Why it ended, when not by succeeding.")
+    # The charged instances it was placed with, and, for an elastic job, why that differs
+    # from the attempt before ("grew to 4: room freed on node-1"): its size over time.
+    instances = models.PositiveIntegerField(null=True, blank=True)
+    resize = models.CharField(max_length=300, blank=True, default="")
+    # False while an elastic attempt that an instance's failure ended waits for the rest of
+    # its instances to end: only then is it known whether a node was behind it (a shrink) or
+    # the job itself (a restart of its policy, or its end) (jobs.services.lifecycle.elastic).
+    judged = models.BooleanField(default=True)
     # A Slurm pool's job: Slurm's id of the job this attempt is (empty until submitted), and
     # the SHA-256 of its Redis user's secret, so that the user can be made again after Redis
     # restarts without it (jobs/services/slurm/slurm_access.py); the secret itself is not kept.

@@ -40,10 +40,19 @@ class ProgramIn(_In):
     )
 
 
+class InstanceRangeIn(_In):
+    min: StrictInt = Field(description="The fewest instances it runs with.")
+    max: StrictInt = Field(description="The most instances it runs with.")
+
+
 class RoleIn(BaseModel):
     # Unknown keys inside a role were always ignored; they still are.
     package: StrictStr = Field(description="A package's name from the catalog.")
-    instances: StrictInt
+    instances: StrictInt | InstanceRangeIn = Field(
+        description='A number, or {"min": N, "max": M} for an elastic role (the workers): the '
+        "job starts once the minimum fits, grows as room frees and shrinks instead of "
+        "stopping when a node is lost (docs/elastic.md)."
+    )
 
 
 class RestartIn(_In):
@@ -289,9 +298,16 @@ class ProgramOut(_Out):
     )
 
 
+class InstanceRangeOut(_Out):
+    min: int
+    max: int
+
+
 class RoleOut(_Out):
     package: str
-    instances: int
+    instances: int | InstanceRangeOut = Field(
+        description='A number, or an elastic role\'s {"min": N, "max": M}.'
+    )
 
 
 class TotalsOut(_Out):
@@ -409,6 +425,14 @@ class AttemptOut(_Out):
     )
     reason: str
     counted: bool
+    instances: int | None = Field(
+        default=None, description="The charged instances it was placed with; null: not placed."
+    )
+    resize: str = Field(
+        default="",
+        description="An elastic job's attempt: why its size differs from the one before, e.g. "
+        '"grew to 4: room freed on node-1"; "" when it does not.',
+    )
     slurm: SlurmRecordOut | None = Field(
         default=None,
         description="A Slurm pool's ended attempt, where the cluster keeps accounting: what "
@@ -568,6 +592,9 @@ class JobOut(_Out):
     attempt: int
     restarts_used: int
     max_restarts: int
+    resizes: int = Field(
+        default=0, description="An elastic job's changes of size so far (not restarts)."
+    )
     restart_at: str | None
     borrowed: bool = Field(
         description="Its current attempt was placed beyond its group's nominal share, on "
@@ -1082,7 +1109,8 @@ MESSAGES: dict[str, str] = {
     "roles": 'Give each role a package and instances: {"worker": {...}, ...}.',
     "roles.*": 'Give {"package": NAME, "instances": N}.',
     "roles.*.package": 'Give the package\'s name, e.g. "cpu-1".',
-    "roles.*.instances": "Instances must be a whole number.",
+    "roles.*.instances": 'Instances must be a whole number, or {"min": N, "max": M} for '
+    "elastic workers.",
     "kvstore": "The kvstore mode is a string: dist_sync, dist_device_sync or dist_async.",
     "priority": 'Give a priority class\'s name as a string, e.g. "high".',
     "restart": 'Give {"policy": "never" | "on-failure", "max_restarts": N}.',
@@ -1103,6 +1131,10 @@ MESSAGES: dict[str, str] = {
 }
 
 
+# How pydantic names the branches of a union in an error's location (RoleIn.instances).
+UNION_BRANCHES = frozenset({"int", "InstanceRangeIn"})
+
+
 def field_errors(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> dict[str, list[str]]:
     """pydantic's error list as {"roles.worker.instances": ["Instances must be a whole
     number."]}: one message per field, list indexes folded into their list's field, and
@@ -1112,7 +1144,12 @@ def field_errors(errors: Iterable[Mapping[str, Any]], strip: int = 0) -> dict[st
     unknown: dict[str, list[str]] = {}
     for error in errors:
         loc = [str(p) for p in error.get("loc", ())[strip:] if not isinstance(p, int)]
-        if error.get("type") == "extra_forbidden" and loc:
+        branch = next((i for i, p in enumerate(loc) if p in UNION_BRANCHES), None)
+        if branch is not None:
+            # A value that is none of a union's types: one message for the field, not one
+            # per type it might have been.
+            loc, error = loc[:branch], {}
+        elif error.get("type") == "extra_forbidden" and loc:
             unknown.setdefault(".".join(loc[:-1]) or "request", []).append(loc[-1])
             continue
         field = ".".join(loc) or "request"

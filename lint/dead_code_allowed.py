@@ -170,3 +170,4 @@ __getattr__  # unused function (stack/oidc_provider.py): the module's urlconf an
 daemon_threads  # unused variable (stack/oidc_provider.py): socketserver's ThreadingMixIn reads it
 log_message  # unused method (stack/oidc_provider.py): wsgiref's handler calls it
 _split_scope  # unused method (tests/file_groups.py): pytest-xdist's scheduler calls it
+max_workers  # unused variable (jobs/forms.py): a form field, read from cleaned_data by name

@@ -568,6 +568,8 @@ FAST_FAULTS = {
     "TRAINYARD_KEEPER_GRACE_SECONDS": "12",
     "TRAINYARD_ACK_GRACE_SECONDS": "4",
     "TRAINYARD_RECONCILE_SECONDS": "1",
+    # An elastic job grows once its size has held this long (production: a minute).
+    "TRAINYARD_ELASTIC_SETTLE_SECONDS": "3",
 }
 
 

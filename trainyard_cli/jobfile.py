@@ -205,15 +205,24 @@ def check_text(body: Any, field: str = "") -> None:
 
 
 def parse_role(text: str) -> tuple[str, dict[str, Any]]:
-    """--role ROLE=PACKAGE[:INSTANCES], e.g. worker=cpu-1:2 (one instance when not given)."""
+    """--role ROLE=PACKAGE[:INSTANCES], e.g. worker=cpu-1:2 (one instance when not given), or
+    an elastic range, worker=cpu-1:1-3 (torchrun's --nnodes=MIN:MAX, written with a dash)."""
     role, sep, rest = text.partition("=")
     package, _, count = rest.partition(":")
     if not sep or not role or not package:
-        raise CliError(f"--role {text}: write ROLE=PACKAGE or ROLE=PACKAGE:INSTANCES.", BAD_INPUT)
+        raise CliError(
+            f"--role {text}: write ROLE=PACKAGE, ROLE=PACKAGE:INSTANCES or ROLE=PACKAGE:MIN-MAX.",
+            BAD_INPUT,
+        )
+    fewest, dash, most = count.partition("-")
     try:
+        if dash:
+            return role, {"package": package, "instances": {"min": int(fewest), "max": int(most)}}
         instances = int(count) if count else 1
     except ValueError:
-        raise CliError(f"--role {text}: {count!r} is not a whole number.", BAD_INPUT) from None
+        raise CliError(
+            f"--role {text}: {count!r} is not a whole number or a range MIN-MAX.", BAD_INPUT
+        ) from None
     return role, {"package": package, "instances": instances}
 
 

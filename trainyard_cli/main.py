@@ -643,7 +643,8 @@ def show(
     currency = _console_display(api)
     totals = job["totals"]
     roles = ", ".join(
-        f"{name} {r['instances']} × {r['package']}" for name, r in job["roles"].items()
+        f"{name} {render.count_of(r['instances'])} × {r['package']}"
+        for name, r in job["roles"].items()
     )
     program = job["program"]
     code = f" (code {program['snapshot'][:12]})" if program.get("snapshot") else ""

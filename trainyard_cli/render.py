@@ -115,7 +115,18 @@ def instances(job: dict[str, Any]) -> str:
     counted = job.get("instances")
     if isinstance(counted, dict) and "text" in counted:
         return str(counted["text"])
-    return str(sum(role["instances"] for role in job.get("roles", {}).values()))
+    return str(sum(_most(role["instances"]) for role in job.get("roles", {}).values()))
+
+
+def count_of(instances: int | dict[str, int]) -> str:
+    """ "3", or an elastic role's "1-3"."""
+    if isinstance(instances, dict):
+        return f"{instances['min']}-{instances['max']}"
+    return str(instances)
+
+
+def _most(instances: int | dict[str, int]) -> int:
+    return instances["max"] if isinstance(instances, dict) else instances
 
 
 def table(

@@ -99,6 +99,7 @@ def build_processes(
             contract.TRAINYARD_RESTART_COUNT: str(spec.attempt),
             contract.TORCHELASTIC_RESTART_COUNT: str(spec.attempt),
             contract.TORCHELASTIC_MAX_RESTARTS: str(spec.max_restarts),
+            contract.TRAINYARD_RESIZE_COUNT: str(spec.resize_count),
         }
     )
     # An instance without GPUs must not pick up the host's GPUs by accident.

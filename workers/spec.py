@@ -54,6 +54,9 @@ class ReplicaSpec:
     # restarts the job may use, and the key naming its checkpoint folder on every attempt.
     attempt: int = 0
     max_restarts: int = 0
+    # An elastic job's resizes so far (each is an attempt too, but neither a failure nor a
+    # restart of its policy).
+    resize_count: int = 0
     checkpoint_key: str = ""
     # The image is a container (workers/containers.py): its reference; empty: the host's Python.
     container_image: str = ""

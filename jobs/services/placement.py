@@ -124,14 +124,19 @@ class _Attempt:
         return set(self.assignment.values())
 
 
-def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
+def _best_fit(
+    demands: Sequence[Demand],
+    rooms: Sequence[Room],
+    placed: dict[tuple[str, int], str] | None = None,
+) -> _Attempt:
     """Best fit, largest demand first: each instance goes to the node it leaves least room on.
 
     Packing tightly keeps whole nodes free for large (GPU) requests instead of leaving
-    fragments everywhere. Works on copies: the rooms passed in are not changed.
+    fragments everywhere. Works on copies: the rooms passed in are not changed. `placed`: where
+    instances of the same job already went (their room already taken out of `rooms`).
     """
     free = [Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms]
-    attempt = _Attempt({}, None, free)
+    attempt = _Attempt(dict(placed or {}), None, free)
     for demand in sorted(demands, key=lambda d: (d.gpus, d.cpu, d.memory_gb), reverse=True):
         taken = attempt.taken() if demand.alone else set()
         candidates = [r for r in free if r.fits(demand) and r.node not in taken]
@@ -155,6 +160,48 @@ def _best_fit(demands: Sequence[Demand], rooms: Sequence[Room]) -> _Attempt:
 def place(demands: Sequence[Demand], rooms: Sequence[Room]) -> dict[tuple[str, int], str] | None:
     """{(role, index): node} for every instance, or None when not all of them fit now."""
     attempt = _best_fit(demands, _open(demands, rooms))
+    return None if attempt.stuck is not None else attempt.assignment
+
+
+def place_elastic(
+    required: Sequence[Demand],
+    extra: Sequence[Demand],
+    rooms: Sequence[Room],
+    kept: Sequence[tuple[str, str]] = (),
+) -> dict[tuple[str, int], str] | None:
+    """An elastic job's placement: every `required` instance and as many of `extra` as fit
+    beside them, in their order (the lowest worker indices first, so ranks stay contiguous);
+    None when not even the required ones fit. `kept`, (role, node) of the attempt before,
+    are tried first: a resize keeps its instances where they ran (their data and caches are
+    there, and a grow does not move the group), the torch elastic way."""
+    for count in range(len(extra), -1, -1):
+        assignment = place_keeping([*required, *extra[:count]], rooms, kept)
+        if assignment is not None:
+            return assignment
+    return None
+
+
+def place_keeping(
+    demands: Sequence[Demand], rooms: Sequence[Room], kept: Sequence[tuple[str, str]]
+) -> dict[tuple[str, int], str] | None:
+    """place(), each (role, node) of `kept` first taking an instance of that role to that node
+    where it fits there; the rest placed by best fit."""
+    if not kept:
+        return place(demands, rooms)
+    free = {r.node: Room(r.node, r.cpu, r.gpus, r.memory_gb) for r in rooms}
+    waiting = sorted(demands, key=lambda d: d.key)
+    placed: dict[tuple[str, int], str] = {}
+    for role, node in kept:
+        room = free.get(node)
+        demand = next((d for d in waiting if d.key[0] == role), None)
+        if room is None or demand is None or not room.fits(demand):
+            continue
+        if demand.alone and node in placed.values():
+            continue
+        room.take(demand)
+        placed[demand.key] = node
+        waiting.remove(demand)
+    attempt = _best_fit(waiting, _open(waiting, list(free.values())), placed)
     return None if attempt.stuck is not None else attempt.assignment
 
 

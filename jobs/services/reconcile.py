@@ -45,7 +45,7 @@ from redis import RedisError
 from jobs.models import Job, Node, Replica
 from jobs.redis_client import get_redis
 from jobs.services import agent_access
-from jobs.services.lifecycle import dispatch, outcomes, reports, restarts, time_limits
+from jobs.services.lifecycle import dispatch, elastic, outcomes, reports, restarts, time_limits
 from jobs.services.periodic import PeriodicPass
 from jobs.services.scheduler import scheduling
 
@@ -155,8 +155,9 @@ def run_pass(listening_since: datetime | None = None, now: datetime | None = Non
         _check_node(node, holding.pop(node.pk, []), now, listening_since, report)
     report.restarts_resumed = _resume_restarts()
     report.timed_out = time_limits.enforce(now)
-    if report.repaired or _jobs_wait():
-        # Room was freed, or a schedule request was lost with a broker that went away.
+    if report.repaired or _jobs_wait() or elastic.may_grow():
+        # Room was freed, or a schedule request was lost with a broker that went away, or an
+        # elastic job may have held its size long enough to grow.
         scheduling.schedule()
     report.seconds = time.perf_counter() - started
     return report

@@ -31,7 +31,7 @@ def request_of(job: Job, viewer: User | AnonymousUser) -> dict[str, Any]:
         "image": job.image.name,
         "program": program,
         "roles": {
-            r.role: {"package": r.package.name, "instances": r.instances}
+            r.role: {"package": r.package.name, "instances": r.asked}
             for r in job.roles.select_related("package").order_by("id")
         },
         "restart": {

@@ -40,7 +40,15 @@ from jobs.models import (
     SlurmPool,
 )
 from jobs.runconfig import config_of
-from jobs.schemas import JobIn, LogLimitsIn, ProgramIn, RestartIn, RoleIn, field_errors
+from jobs.schemas import (
+    InstanceRangeIn,
+    JobIn,
+    LogLimitsIn,
+    ProgramIn,
+    RestartIn,
+    RoleIn,
+    field_errors,
+)
 from jobs.services import identity as unix_identity
 from jobs.services import quota, run_labels, snapshots
 from jobs.services.lifecycle import schedule_requests, transitions
@@ -248,8 +256,16 @@ def _check_roles(
                 f"roles.{role}.package",
                 f"Package {package.name!r} is for {', '.join(package.roles)}, not {role}.",
             )
-        instances = spec.instances
         low = minimum.get(role, 0)
+        fewest: int | None = None
+        if isinstance(spec.instances, InstanceRangeIn):
+            fewest, instances = spec.instances.min, spec.instances.max
+            why = _elastic_refusal(role, fewest, instances, low, limit)
+            if why:
+                errors.add(f"roles.{role}.instances", why)
+                continue
+        else:
+            instances = spec.instances
         if role == "master" and instances != 1:
             errors.add("roles.master.instances", "A PyTorch job has exactly 1 master.")
         elif instances < low:
@@ -257,8 +273,24 @@ def _check_roles(
         elif instances > limit:
             errors.add(f"roles.{role}.instances", f"At most {limit} instances per role.")
         elif package is not None and package.allows_role(role):
-            roles.append(RoleRequest(role, package, instances))
+            roles.append(RoleRequest(role, package, instances, fewest))
     return roles
+
+
+def _elastic_refusal(role: str, fewest: int, most: int, low: int, limit: int) -> str:
+    """Why {"min": fewest, "max": most} is no elastic range for `role`; "" when it is."""
+    if role != "worker":
+        return (
+            "Only the workers may be elastic: the other roles hold the job's state, and it "
+            "cannot go on without one of them."
+        )
+    if fewest < max(low, 1):
+        return f"The minimum must be at least {max(low, 1)}."
+    if most > limit:
+        return f"At most {limit} instances per role."
+    if most <= fewest:
+        return 'The maximum must be above the minimum (a fixed count is a number: "instances": N).'
+    return ""
 
 
 def _check_kvstore(raw: str | None, image: FrameworkImage | None, errors: _Errors) -> str:
@@ -511,6 +543,12 @@ def check_job_request(data: Any, owner: User | None = None) -> JobRequest:
         errors.add("time_limit", str(exc))
     priority = _check_priority(body.priority, errors)
     slurm_pool = _check_pool(body.pool, image, roles, errors)
+    if slurm_pool is not None and any(r.min_instances is not None for r in roles):
+        errors.add(
+            "roles.worker.instances",
+            "Elastic workers run on the console's own nodes: a Slurm allocation does not grow "
+            "or shrink. Give a number of instances.",
+        )
     container_image = _check_container_image(body.container_image, image, slurm_pool, errors)
     choices = _check_slurm_choices(body, slurm_pool, errors)
     data_folders, results_folder = _check_folder_names(body.data, body.results, errors)
@@ -700,6 +738,7 @@ def create_job(
     restart = request.restart
     log_limits = request.log_limits
     priority = request.priority
+    roles = request.roles
     job = Job.objects.create(
         owner=owner,
         name=request.name,
@@ -738,13 +777,21 @@ def create_job(
         log_max_mb=log_limits.max_mb,
         metric_points_per_second=log_limits.metric_points_per_second,
         time_limit=time_limit,
+        min_size=sum(r.instances if r.min_instances is None else r.min_instances for r in roles),
+        max_size=sum(r.instances for r in roles),
         priority_class=priority,
         priority=priority.value if priority is not None else 0,
     )
     JobAttempt.objects.create(job=job, number=0)
     run_labels.file_new_job(job, request.filing)
     JobRole.objects.bulk_create(
-        JobRole(job=job, role=role.role, package=role.package, instances=role.instances)
+        JobRole(
+            job=job,
+            role=role.role,
+            package=role.package,
+            instances=role.instances,
+            min_instances=role.min_instances,
+        )
         for role in request.roles
     )
     replicas = []

@@ -17,7 +17,8 @@ FORMULA_UNITS = {"cpu": "", "gpus": "", "memory_gb": " GB"}
 class RoleRequest:
     role: str
     package: Package
-    instances: int
+    instances: int  # elastic: the most it runs with, what the quota is charged
+    min_instances: int | None = None  # elastic: the fewest; None: fixed
 
 
 @dataclass(frozen=True)

@@ -292,11 +292,22 @@ def test_a_list_shows_the_same_job_as_its_own_page(client: Client, alice: User) 
         assert job == alone
 
 
+INSTANCES_IN_WORDS = (
+    'Instances must be a whole number, or {"min": N, "max": M} for elastic workers.'
+)
+
+
 @pytest.mark.parametrize(
     ("change", "field", "message"),
     [
-        ({"instances": True}, "roles.worker.instances", "Instances must be a whole number."),
-        ({"instances": "2"}, "roles.worker.instances", "Instances must be a whole number."),
+        ({"instances": {"min": 1}}, "roles.worker.instances", INSTANCES_IN_WORDS),
+        (
+            {"instances": {"min": 1, "max": 3, "step": 1}},
+            "roles.worker.instances",
+            INSTANCES_IN_WORDS,
+        ),
+        ({"instances": True}, "roles.worker.instances", INSTANCES_IN_WORDS),
+        ({"instances": "2"}, "roles.worker.instances", INSTANCES_IN_WORDS),
         ({"package": 7}, "roles.worker.package", 'Give the package\'s name, e.g. "cpu-1".'),
     ],
 )

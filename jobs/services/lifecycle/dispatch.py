@@ -159,6 +159,7 @@ def _attempt_fields(job: Job, instances: int) -> dict[str, Any]:
         "results_folder": job.results_folder,
         "attempt": job.attempt,
         "max_restarts": job.max_restarts,
+        "resize_count": job.resizes,
         "checkpoint_key": job.checkpoint_key,
         "container_image": job.container_image,
         # The image's defaults as they were at submission, under the job's own variables.

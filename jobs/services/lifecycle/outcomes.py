@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from jobs.models import Job, Replica
 from jobs.redis_client import get_redis
-from jobs.services.lifecycle import dispatch, restarts, schedule_requests, transitions
+from jobs.services.lifecycle import dispatch, elastic, restarts, schedule_requests, transitions
 from jobs.time_limit_text import reached
 from workers.logsink import LogSink
 
@@ -104,7 +104,11 @@ def _ended_by_the_console(job: Job) -> bool:
 
 def attempt_failed(job: Job, replica: Replica) -> None:
     """One instance down means the distributed job cannot go on: restart the whole job if its
-    policy allows, else fail it."""
+    policy allows, else fail it. An elastic job decides once its other instances have ended
+    (elastic.regroup): what failed first may have been a node, which it is not known yet."""
+    if job.is_elastic:
+        elastic.regroup(job, replica)
+        return
     node = replica.node.name if replica.node else ""
     end_attempt(
         job, restarts.Cause.INSTANCE_FAILED, root_cause(job), f"{replica.tag} failed", node=node
@@ -173,9 +177,10 @@ def root_cause(job: Job) -> str:
     failed = _failed_replicas(job)
     if not failed:
         return job.reason
-    first = _earliest(failed)
+    first = restarts.earliest(failed)
+    assert first is not None
     node = first.node.name if first.node else (first.slurm_node or "?")
-    if first.reason.startswith((node + " ", node + ":")):
+    if restarts.node_wide(first):
         # A node-wide cause ("node-1 lost: …") speaks for every instance that ran there.
         there = [r.tag for r in failed if r.node_id == first.node_id and r.reason == first.reason]
         return f"{first.reason} ({', '.join(there)} ran there)"
@@ -186,7 +191,7 @@ def first_failure(job: Job) -> Replica | None:
     """The instance whose failure the job's reason names (root_cause): the earliest to fail
     in its current attempt."""
     failed = _failed_replicas(job)
-    return _earliest(failed) if failed else None
+    return restarts.earliest(failed)
 
 
 def _failed_replicas(job: Job) -> list[Replica]:
@@ -196,10 +201,6 @@ def _failed_replicas(job: Job) -> list[Replica]:
         .select_related("node")
         .order_by("id")
     )
-
-
-def _earliest(failed: list[Replica]) -> Replica:
-    return min(failed, key=lambda r: (r.cause_at or r.finished or timezone.now(), r.pk))
 
 
 def stop_the_rest(job: Job, reason: str, grace_seconds: float | None = None) -> None:

@@ -129,27 +129,39 @@ def begin(
     counts: bool = True,
     grace_seconds: float | None = None,
     uncounted: str = "evicted",
+    resize: str = "",
+    judged: bool = True,
 ) -> None:
     """End the current attempt because of `why` and prepare the next one.
 
     `exclude` names nodes the next attempts avoid; `counts=False` (an eviction, a preemption:
     `uncounted` says which) does not use up a restart. The old attempt's processes get SIGTERM,
-    then SIGKILL after `grace_seconds` (the agent's default when None).
+    then SIGKILL after `grace_seconds` (the agent's default when None). An elastic job's
+    resize (`resize`, its reason in words) is neither counted nor delayed by the back-off;
+    `judged=False` leaves the decision to when every old instance has ended
+    (jobs.services.lifecycle.elastic.judge). The next attempt of an elastic job is prepared
+    at its largest size: the scheduler places as many as fit.
     """
     now = timezone.now()
     old = job.attempt
     used = job.restarts_used + (1 if counts else 0)
     excluded, kept = _exclusions(job, exclude or [])
-    backoff = timedelta(seconds=job.restart_backoff_seconds)
-    label = (
-        f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
-    )
-    wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
+    backoff = timedelta(seconds=0 if resize or not judged else job.restart_backoff_seconds)
     note = f" ({', '.join(kept)} not excluded: the job does not fit without it)" if kept else ""
+    if resize:
+        reason = f"resizing: {resize}; attempt {old + 1} stops to restart at the new size"
+    elif not judged:
+        reason = (
+            f"regrouping after attempt {old + 1} ended: {why}; waiting for its other instances "
+            "to end, to tell whether a node was lost"
+        )
+    else:
+        reason = f"{restart_label(job, counts, used, uncounted)} after attempt {old + 1} ended: "
+        reason += f"{why}{note}"
     moved = transitions.move_job(
         job,
         Job.State.RESTARTING,
-        f"{label}{wait} after attempt {old + 1} ended: {why}{note}",
+        reason,
         attempt=old + 1,
         restarts_used=used,
         restart_at=now + backoff,
@@ -157,14 +169,16 @@ def begin(
     )
     if not moved:
         return
-    JobAttempt.objects.filter(job=job, number=old).update(finished=now, reason=why, counted=counts)
+    JobAttempt.objects.filter(job=job, number=old).update(
+        finished=now, reason=resize or why, counted=counts, judged=judged
+    )
     JobAttempt.objects.create(job=job, number=job.attempt)
     previous = list(
         Replica.objects.filter(job=job, attempt=old).select_related("node").order_by("id")
     )
     Replica.objects.bulk_create(
         Replica(job=job, attempt=job.attempt, role=r.role, index=r.index, package=r.package)
-        for r in previous
+        for r in _next_slots(job, previous)
     )
     transitions.stop_unplaced(job, attempt=old)
     holding = [r for r in previous if r.state in Replica.HOLDING_STATES]
@@ -174,6 +188,37 @@ def begin(
         )
     log.warning("job %s: %s", job.pk, job.reason)
     resume_when_ready(job)
+
+
+def restart_label(job: Job, counts: bool, used: int, uncounted: str) -> str:
+    """ "restart 2 of 3", "restart (not counted: evicted)", and the back-off it waits."""
+    label = (
+        f"restart {used} of {job.max_restarts}" if counts else f"restart (not counted: {uncounted})"
+    )
+    wait = f" in {job.restart_backoff_seconds} s" if job.restart_backoff_seconds else ""
+    return label + wait
+
+
+def _next_slots(job: Job, previous: list[Replica]) -> list[Replica]:
+    """The slots of the next attempt: the old attempt's; an elastic job's, with its elastic
+    role's indices filled up to its largest size again."""
+    if not job.is_elastic:
+        return previous
+    slots = list(previous)
+    workers = [r for r in previous if r.role == "worker"]
+    charged = sum(1 for r in previous if r.package is not None)
+    role = job.roles.filter(role="worker").select_related("package").first()
+    if role is None:
+        return slots
+    first = contract.first_index("worker", bool(job.kvstore))
+    taken = {r.index for r in workers}
+    index = first
+    while charged < job.max_size:
+        if index not in taken:
+            slots.append(Replica(role="worker", index=index, package=role.package))
+            charged += 1
+        index += 1
+    return slots
 
 
 def _exclusions(job: Job, wanted: list[str]) -> tuple[list[str], list[str]]:
@@ -204,6 +249,9 @@ def resume_when_ready(job: Job) -> bool:
         job=job, attempt__lt=job.attempt, state__in=Replica.HOLDING_STATES
     ).exists():
         return False  # the last one to end calls again
+    if JobAttempt.objects.filter(job=job, number=job.attempt - 1, judged=False).exists():
+        if not judge_regrouped(job):
+            return False
     now = timezone.now()
     if job.restart_at is not None and job.restart_at > now:
         delay = (job.restart_at - now).total_seconds()
@@ -258,6 +306,69 @@ def finished_before_its_stop(job: Job) -> bool:
         "job %s: attempt %s had finished before its stop arrived: succeeded", job.pk, ended + 1
     )
     return True
+
+
+def node_wide(replica: Replica) -> bool:
+    """Whether the replica's end is its node's (lost, its agent gone), not its trainer's: the
+    reconciler's reasons for those start with the node's name."""
+    node = replica.node.name if replica.node else replica.slurm_node
+    return bool(node) and replica.reason.startswith((node + " ", node + ":"))
+
+
+def judge_regrouped(job: Job) -> bool:
+    """Every instance of the attempt a failure ended has ended: decide what it was. A node's
+    end (the earliest failure among them is node-wide) shrinks the job, uncounted; the job's
+    own failure is a restart of its policy, or its end. Returns whether the next attempt may
+    go on (False: the job failed)."""
+    ended = job.attempt - 1
+    failed = list(
+        Replica.objects.filter(job=job, attempt=ended, state=Replica.State.FAILED)
+        .select_related("node")
+        .order_by("id")
+    )
+    first = earliest(failed)
+    JobAttempt.objects.filter(job=job, number=ended).update(judged=True)
+    if first is None:
+        why = "stopped"
+        cause_is_the_node = False
+    else:
+        node = first.node.name if first.node else (first.slurm_node or "?")
+        cause_is_the_node = node_wide(first)
+        why = first.reason if cause_is_the_node else f"{first.tag} on {node}: {first.reason}"
+    if cause_is_the_node:
+        JobAttempt.objects.filter(job=job, number=ended).update(reason=why, counted=False)
+        transitions.set_job_reason(
+            job, f"regrouping after attempt {ended + 1} ended: {why} (not counted: a node's)"
+        )
+        return True
+    decision = decide(job, Cause.INSTANCE_FAILED, why)
+    if decision.restart:
+        used = job.restarts_used + 1
+        label = restart_label(job, True, used, "")
+        Job.objects.filter(pk=job.pk).update(
+            restarts_used=used,
+            restart_at=timezone.now() + timedelta(seconds=job.restart_backoff_seconds),
+        )
+        job.refresh_from_db(fields=["restarts_used", "restart_at"])
+        JobAttempt.objects.filter(job=job, number=ended).update(reason=why, counted=True)
+        transitions.set_job_reason(job, f"{label} after attempt {ended + 1} ended: {why}")
+        return True
+    # The job ends in the attempt that failed: the one prepared for after it never was.
+    Replica.objects.filter(job=job, attempt=job.attempt).delete()
+    JobAttempt.objects.filter(job=job, number=job.attempt).delete()
+    Job.objects.filter(pk=job.pk).update(attempt=ended)
+    job.attempt = ended
+    reason = final_reason(job, decision.why)
+    if transitions.move_job(job, Job.State.FAILED, reason):
+        JobAttempt.objects.filter(job=job, number=ended).update(reason=reason)
+    return False
+
+
+def earliest(failed: list[Replica]) -> Replica | None:
+    """The first to fail of these: by when what ended it happened, not by its report."""
+    return min(
+        failed, key=lambda r: (r.cause_at or r.finished or timezone.now(), r.pk), default=None
+    )
 
 
 def _resume_later(job_id: int, delay: float) -> None:

@@ -20,7 +20,13 @@ from django.utils import timezone
 
 from jobs.access import sees_jobs_of
 from jobs.models import Job, JobAttempt, Node, Replica
-from jobs.services.lifecycle import dispatch, schedule_requests, time_limits, transitions
+from jobs.services.lifecycle import (
+    dispatch,
+    elastic,
+    schedule_requests,
+    time_limits,
+    transitions,
+)
 from jobs.services.placement import (
     Demand,
     Holding,
@@ -28,6 +34,7 @@ from jobs.services.placement import (
     gang_never_fits,
     never_fits,
     place,
+    place_elastic,
     smallest,
 )
 from jobs.services.plain_rows import aware_dates, plain_rows
@@ -163,10 +170,13 @@ def schedule() -> list[int]:
     starts, so a large job is never starved.
     """
     schedule_requests.answered()
-    if not Replica.objects.filter(
-        state=Replica.State.PENDING, job__state=Job.State.QUEUED, job__slurm_pool__isnull=True
-    ).exists():
-        return []  # nothing waits: no need for the write lock
+    if (
+        not Replica.objects.filter(
+            state=Replica.State.PENDING, job__state=Job.State.QUEUED, job__slurm_pool__isnull=True
+        ).exists()
+        and not elastic.may_grow()
+    ):
+        return []  # nothing waits, nothing may grow: no need for the write lock
     with transaction.atomic():
         # Locking the node rows makes schedulers take turns. Waiting jobs are not locked as
         # they are read (ten thousand row locks a pass): one is locked, and read again, only
@@ -268,7 +278,15 @@ class SchedulingPass:
         transitions.set_waiting_reasons(new_reasons)
         head, start = self.head_start or (None, None)
         transitions.set_estimated_start(head, start)
+        if self.blocker is None and not self._others_wait(order):
+            # Room nobody waits for: an elastic job below its largest size may take it.
+            elastic.grow_into(self.rooms)
         return self.dispatched
+
+    def _others_wait(self, order: list[waitlist.Queued]) -> bool:
+        """Whether a job the pass judged still waits (it was not placed)."""
+        placed = set(self.dispatched)
+        return any(q.pk not in placed for q in order)
 
     def _judge(
         self, jobs: list[waitlist.Queued], new_reasons: dict[int, str], far_back: bool
@@ -336,6 +354,8 @@ class SchedulingPass:
         assignment = self._fit(job, allowed)
         if assignment is not None:
             assignment, why = self._backfill(job, allowed, assignment)
+            if assignment is not None and job.extra:
+                need = self._need_of(job, assignment)
             if why is not None:
                 return why
         if assignment is None:
@@ -344,6 +364,16 @@ class SchedulingPass:
                 why = self._reclaim(job, allowed, need, verdict.lender)
             return why if why is not None else self._explain(job, allowed)
         return self.start_placed(job, assignment, need, verdict.borrowing)
+
+    @staticmethod
+    def _need_of(job: WaitingJob, assignment: dict[tuple[str, int], str]) -> dict[str, int]:
+        """What an elastic job placed with `assignment` takes: its minimum and what it added."""
+        placed = [d for d in [*job.demands, *job.extra] if d.key in assignment]
+        return borrowing.need_of(
+            sum(d.cpu for d in placed),
+            sum(d.gpus for d in placed),
+            sum(d.memory_gb for d in placed),
+        )
 
     def _group_limit(self, job: WaitingJob, verdict: borrowing.Verdict) -> str | None:
         """Its group is at its borrowing limit (room on the nodes would not help, so it holds
@@ -391,7 +421,10 @@ class SchedulingPass:
         room_key = (job.shape, job.excluded_nodes)
         if self._unplaced_key(job) in self.memo.reasons or room_key in self.memo.no_room:
             return None
-        assignment = place(job.demands, allowed)
+        if job.min_size:
+            assignment = place_elastic(job.demands, job.extra, allowed, job.kept)
+        else:
+            assignment = place(job.demands, allowed)
         if assignment is None:
             self.memo.no_room.add(room_key)
         return assignment
@@ -403,6 +436,9 @@ class SchedulingPass:
         cannot delay the head (EASY backfill): (where it goes, None), or (None, why not)."""
         if self.easy.reservation is None:
             return assignment, None
+        if job.extra:
+            # An elastic job is held to what it takes for sure: its smallest size.
+            assignment = {d.key: assignment[d.key] for d in job.demands}
         limit = None if job.time_limit is None else timedelta(seconds=job.time_limit)
         held_back = ("held back", job.shape, job.excluded_nodes, limit, job.owner_id)
         admitted = None
@@ -451,6 +487,11 @@ class SchedulingPass:
             why = self.memo.shortfalls[short_key].in_words(self._visible_to(job.owner_id))
             if job.excluded_nodes:
                 why += f" ({', '.join(job.excluded_nodes)} excluded after failures)"
+            if job.min_size:
+                why += (
+                    f" (elastic: it starts with at least {job.min_size} instances, its minimum, "
+                    f"and takes up to {job.min_size + len(job.extra)} where they fit)"
+                )
             self.memo.reasons[key] = why
         reason = self.memo.reasons[key]
         if self.blocker is not None:
@@ -530,13 +571,19 @@ class SchedulingPass:
         )
         alone = job.one_instance_per_node
         if model is None or sorted(demands_of(replicas, alone), key=_by_key) != sorted(
-            job.demands, key=_by_key
+            [*job.demands, *job.extra], key=_by_key
         ):
             return None  # it left the queue (or was restarted) since the pass read it
         self.memo.changed()  # the rooms change now
+        if job.extra:
+            # The instances an elastic job goes without this time are not part of its attempt.
+            left_out = [r for r in replicas if r.package is not None and _slot(r) not in assignment]
+            Replica.objects.filter(pk__in=[r.pk for r in left_out]).delete()
+            replicas = [r for r in replicas if r not in left_out]
+        placed_demands = [d for d in [*job.demands, *job.extra] if d.key in assignment]
         node_ids = {n.name: n.pk for n in self.usable}
         by_room = {room.node: room for room in self.rooms}
-        for demand in job.demands:
+        for demand in placed_demands:
             by_room[assignment[demand.key]].take(demand)  # keep `rooms` true for the rest
             self.held.append(
                 Holding(job.pk, assignment[demand.key], demand.cpu, demand.gpus, demand.memory_gb)
@@ -546,6 +593,7 @@ class SchedulingPass:
             key = ("server", 0) if replica.package is None else (replica.role, replica.index)
             replica.node_id = node_ids[assignment[key]]
         transitions.place_replicas(replicas, sent=timezone.now())
+        elastic.placed(model, [assignment[d.key] for d in placed_demands])
         self.ledger.take(job.owner_id, need)
         transitions.mark_borrowed(model, borrowed)
         if job.pk in self.reserved:
@@ -600,6 +648,10 @@ def _by_key(demand: Demand) -> tuple[str, int]:
     return demand.key
 
 
+def _slot(replica: Replica) -> tuple[str, int]:
+    return (replica.role, replica.index)
+
+
 def why_never_placeable(
     roles: list[RoleRequest], one_instance_per_node: bool = False
 ) -> dict[str, str]:
@@ -628,7 +680,12 @@ def why_never_placeable(
     if problems:
         return problems
     alone = one_instance_per_node
-    demands = [Demand.of((r.role, i), r.package, alone) for r in roles for i in range(r.instances)]
+    # An elastic role starts with its minimum: the most is only where room is.
+    demands = [
+        Demand.of((r.role, i), r.package, alone)
+        for r in roles
+        for i in range(r.instances if r.min_instances is None else r.min_instances)
+    ]
     if gang_never_fits(demands, capacities):
         holders = sum(1 for c in capacities if c.fits(smallest(demands)))
         if alone and holders < len(demands):

@@ -36,15 +36,31 @@ class WaitingJob:
     time_limit: int | None
     one_instance_per_node: bool = False
     demands: list[Demand] = field(default_factory=list)  # its charged unplaced instances
+    # An elastic job: `demands` are the instances it needs to start (its minimum), `extra`
+    # those it takes as well where they fit (up to its maximum), and `kept` (role, node) where
+    # its attempt before ran, tried first (placement.place_elastic).
+    min_size: int = 0
+    extra: list[Demand] = field(default_factory=list)
+    kept: tuple[tuple[str, str], ...] = ()
     # Its demands sorted, as (cpu, gpus, memory_gb, alone): jobs of one shape place (or fail)
     # alike.
-    shape: tuple[tuple[int, int, int, bool], ...] = ()
+    shape: tuple[tuple[object, ...], ...] = ()
     # What decides its fate in a pass but for its own identity: two jobs alike meet the same
     # rooms, ledger, reservation and preemption choices the same way.
     alike: tuple[object, ...] = ()
 
     def demands_known(self) -> None:
+        if self.min_size and len(self.demands) > self.min_size:
+            # The workers of the highest indices are the ones it may go without.
+            workers = sorted((d for d in self.demands if d.key[0] == "worker"), key=_index)
+            self.extra = workers[-(len(self.demands) - self.min_size) :]
+            extra = {d.key for d in self.extra}
+            self.demands = [d for d in self.demands if d.key not in extra]
         self.shape = tuple(sorted((d.cpu, d.gpus, d.memory_gb, d.alone) for d in self.demands))
+        if self.extra:
+            # Two elastic jobs place alike only if what they may add, and keep, is alike too.
+            more = tuple(sorted((d.cpu, d.gpus, d.memory_gb, d.alone) for d in self.extra))
+            self.shape += ((-1, more, self.kept),)
         self.alike = (
             self.owner_id,
             self.shape,
@@ -58,7 +74,8 @@ class WaitingJob:
 
 JOB_FIELDS = (
     "id", "owner_id", "created", "reason", "excluded_nodes", "priority",
-    "priority_class_id", "preempted_by", "time_limit", "one_instance_per_node",
+    "priority_class_id", "preempted_by", "time_limit", "one_instance_per_node", "min_size",
+    "max_size", "attempt",
 )  # fmt: skip
 
 
@@ -94,13 +111,18 @@ def read(job_ids: list[int]) -> list[WaitingJob]:
     found: dict[int, WaitingJob] = {}
     rows = Job.objects.filter(pk__in=job_ids, state=Job.State.QUEUED)
     aware = aware_dates(rows.db)
-    for pk, owner, created, reason, excluded, priority, pclass, by, limit, alone in plain_rows(
-        rows.values_list(*JOB_FIELDS)
-    ):
+    resumed: list[tuple[int, int]] = []  # elastic jobs' (id, attempt before)
+    for (
+        pk, owner, created, reason, excluded, priority, pclass, by, limit, alone, least, most,
+        attempt,
+    ) in plain_rows(rows.values_list(*JOB_FIELDS)):  # fmt: skip
+        elastic = least < most
         found[pk] = WaitingJob(
             pk, owner, aware(created), reason, _names(excluded), priority, pclass, _ids(by), limit,
-            bool(alone),
+            bool(alone), min_size=least if elastic else 0,
         )  # fmt: skip
+        if elastic and attempt > 0:
+            resumed.append((pk, attempt - 1))
     demands = (
         Replica.objects.filter(
             job_id__in=list(found), state=Replica.State.PENDING, package__isnull=False
@@ -112,10 +134,33 @@ def read(job_ids: list[int]) -> list[WaitingJob]:
     for job_id, role, index, cpu, gpus, memory_gb in plain_rows(demands):
         job = found[job_id]
         job.demands.append(Demand((role, index), cpu, gpus, memory_gb, job.one_instance_per_node))
+    if resumed:
+        _read_kept(found, resumed)
     jobs = [found[pk] for pk in job_ids if pk in found]
     for job in jobs:
         job.demands_known()
     return jobs
+
+
+def _index(demand: Demand) -> int:
+    return demand.key[1]
+
+
+def _read_kept(found: dict[int, WaitingJob], resumed: list[tuple[int, int]]) -> None:
+    """Where each resumed elastic job's attempt before ran, by role and index."""
+    wanted = Q()
+    for pk, before in resumed:
+        wanted |= Q(job_id=pk, attempt=before)
+    rows = (
+        Replica.objects.filter(wanted, node__isnull=False, package__isnull=False)
+        .order_by("job_id", "role", "index")
+        .values_list("job_id", "role", "node__name")
+    )
+    kept: dict[int, list[tuple[str, str]]] = {}
+    for job_id, role, node in plain_rows(rows):
+        kept.setdefault(job_id, []).append((role, node))
+    for job_id, slots in kept.items():
+        found[job_id].kept = tuple(slots)
 
 
 def _names(value: Any) -> tuple[str, ...]:

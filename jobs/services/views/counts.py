@@ -16,8 +16,9 @@ from jobs.services.views.presenters import related
 
 @dataclass(frozen=True)
 class InstanceCount:
-    trainers: int  # the instances the user asked for, over the roles
+    trainers: int  # the instances the user asked for, over the roles (elastic: the most)
     platform: tuple[str, ...]  # the roles the platform adds, one instance each
+    fewest: int | None = None  # an elastic job's fewest trainers; None: a fixed count
 
     @property
     def total(self) -> int:
@@ -25,7 +26,11 @@ class InstanceCount:
 
     @property
     def text(self) -> str:
-        """ "3"; "5 (4 trainers + scheduler)" where the platform adds its own."""
+        """ "3"; "5 (4 trainers + scheduler)" where the platform adds its own; an elastic
+        job's "2-4 (elastic)"."""
+        if self.fewest is not None:
+            extra = f" + {' + '.join(self.platform)}" if self.platform else ""
+            return f"{self.fewest}-{self.trainers} (elastic){extra}"
         if not self.platform:
             return str(self.total)
         trainers = f"{self.trainers} trainer{'' if self.trainers == 1 else 's'}"
@@ -37,4 +42,5 @@ def instance_count(job: Job) -> InstanceCount:
     return InstanceCount(
         trainers=sum(r.instances for r in asked),
         platform=tuple(r for r in job.image.roles if r in PLATFORM_ROLES),
+        fewest=job.min_size if job.is_elastic else None,
     )

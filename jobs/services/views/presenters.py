@@ -35,7 +35,7 @@ _JOBS_PER_READ = 500
 # What job_state_payload reads of a job itself (not its program, variables and rules).
 _STATE_FIELDS = (
     "id", "state", "reason", "started", "finished", "attempt", "restarts_used", "max_restarts",
-    "restart_at", "borrowed",
+    "restart_at", "borrowed", "resizes",
 )  # fmt: skip
 
 
@@ -107,6 +107,7 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
         if job.state == Job.State.RESTARTING and job.restart_at
         else None,
         "borrowed": job.borrowed,
+        "resizes": job.resizes,
         "attempts": [
             {
                 "number": a.number + 1,
@@ -116,6 +117,8 @@ def job_state_payload(job: Job, queue_positions: dict[int, int] | None = None) -
                 "args": job.args_of_attempt(a.number),
                 "reason": a.reason,
                 "counted": a.counted,
+                "instances": a.instances,
+                "resize": a.resize,
                 "slurm": a.slurm_accounting or None,
                 "slurm_job_id": a.slurm_job_id,
             }

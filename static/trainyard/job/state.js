@@ -139,10 +139,19 @@ function renderAttempts(state) {
     let why = a.reason ? a.reason.split("\n")[0] : "";
     if (!a.finished) why = state.state === "restarting" ? "waiting to start" : "current";
     else if (a.reason && !a.counted) why += " (not counted against the restarts)";
-    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), "–", (a.args || []).join(" "), why]);
+    // An elastic job's size over time: each attempt's instances, and why it changed.
+    const size = a.instances === null || a.instances === undefined ? "–" : String(a.instances);
+    cells(tr, [`#${a.number}`, when(a.started), when(a.finished), "–", size, (a.args || []).join(" "), why]);
     if (a.nodes && a.nodes.length) tr.children[3].replaceChildren(...nodeNames(a.nodes));
-    tr.children[4].className = "attempt-args";
-    tr.children[4].hidden = !argsDiffer;
+    tr.children[4].className = "attempt-size";
+    if (a.resize) {
+      const note = document.createElement("span");
+      note.className = "muted resize";
+      note.textContent = ` ${a.resize}`;
+      tr.children[4].append(note);
+    }
+    tr.children[5].className = "attempt-args";
+    tr.children[5].hidden = !argsDiffer;
     tr.lastElementChild.title = a.reason || "";
     body.appendChild(tr);
   }
